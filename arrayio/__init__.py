@@ -1,0 +1,54 @@
+"""arrayio: fast, framework-neutral array I/O between storage and CPU or GPU memory.
+
+>>> import arrayio, numpy as np
+>>> arrayio.save("/tmp/example.safetensors", {"w": np.ones((2, 3), np.float32), "step": 7})
+>>> arrayio.load("/tmp/example.safetensors")["step"]
+7
+
+Importing arrayio imports no framework (JAX, CuPy, torch), no KvikIO and no zarr: arrays are
+recognised through ``sys.modules``, and a framework is imported only when the caller asks
+for it by name (``like="jax"``).
+"""
+
+from __future__ import annotations
+
+from . import config, errors
+from ._api import load, open, read_into, save
+from ._reader import ArrayInfo, Reader
+from .errors import (
+    ArrayioError,
+    ChecksumError,
+    DeviceError,
+    FormatError,
+    FrameworkNotAvailableError,
+    HeaderTooLargeError,
+    KeyNotFoundError,
+    MismatchError,
+    TruncatedFileError,
+    UnsupportedDtypeError,
+    UnsupportedObjectError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArrayInfo",
+    "ArrayioError",
+    "ChecksumError",
+    "DeviceError",
+    "FormatError",
+    "FrameworkNotAvailableError",
+    "HeaderTooLargeError",
+    "KeyNotFoundError",
+    "MismatchError",
+    "Reader",
+    "TruncatedFileError",
+    "UnsupportedDtypeError",
+    "UnsupportedObjectError",
+    "config",
+    "errors",
+    "load",
+    "open",
+    "read_into",
+    "save",
+]

@@ -1,0 +1,226 @@
+"""The public functions: :func:`save`, :func:`load`, :func:`read_into` and :func:`open`."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import _pytree, _transfer, config
+from ._atomic import atomic_write
+from ._frameworks import export, is_array
+from ._reader import Reader
+from .formats import npy, safetensors
+from .errors import UnsupportedObjectError
+
+__all__ = ["load", "open", "read_into", "save"]
+
+PathLike = str | os.PathLike[str]
+
+
+def save(path: PathLike, obj: Any, *, metadata: Mapping[str, Any] | None = None) -> None:
+    """Save an array, or a pytree of arrays, atomically.
+
+    Parameters
+    ----------
+    path
+        Destination. A name ending in ``.npy`` writes one array as NumPy's ``.npy``; any other
+        name writes a safetensors-compatible container.
+    obj
+        An array of any DLPack framework (NumPy, JAX, CuPy, torch...) on the CPU or a GPU, or a
+        pytree of them: nested ``dict``, ``list``, ``tuple``, named tuples, ``None``, Python
+        scalars, and any registered JAX pytree node when JAX is imported.
+    metadata
+        String keys and JSON-able values, stored in the safetensors ``__metadata__`` (strings
+        as they are, other values as JSON) and returned by :attr:`Reader.metadata`.
+
+    Raises
+    ------
+    UnsupportedObjectError
+        For leaves that are not arrays or constants, colliding keys, or metadata ``.npy``
+        cannot hold.
+    UnsupportedDtypeError
+        For dtypes arrayio does not store (or ``.npy`` cannot describe).
+
+    Notes
+    -----
+    The file is written under a temporary name in the same directory, fsynced, and renamed
+    over ``path``: an interrupted save leaves any previous file intact. Each array's CRC-32C is
+    recorded and checked on load.
+    """
+    path = os.fspath(path)
+    if path.endswith(".npy"):
+        _save_npy(path, obj, metadata)
+        return
+    leaves, tree = _pytree.flatten(obj)
+    exported = {key: export(x) for key, x in leaves}
+    stored_metadata, json_keys = _encode_metadata(metadata)
+    frameworks = sorted({e.framework for e in exported.values()})
+    arrayio: dict[str, Any] = {"tree": tree, "framework": ",".join(frameworks) or None}
+    if json_keys:
+        arrayio["json_metadata"] = json_keys
+    layout = safetensors.plan(
+        [(key, e.dtype, e.shape) for key, e in exported.items()],
+        metadata=stored_metadata, arrayio=arrayio, alignment=config.get().alignment,
+        checksums=True,
+    )
+    staging = _transfer.Staging()
+    with atomic_write(path) as fd:
+        checksums = {}
+        for entry in layout.entries:
+            checksums[entry.key] = _transfer.write_from(
+                fd, entry.start, exported[entry.key].data, with_checksum=True, staging=staging
+            )
+        header = layout.header(checksums)
+        _write_all(fd, header, 0)
+        if os.fstat(fd).st_size < layout.file_size:  # only an empty last tensor can cause this
+            os.ftruncate(fd, layout.file_size)
+
+
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+def _encode_metadata(metadata: Mapping[str, Any] | None) -> tuple[dict[str, str], list[str]]:
+    if metadata is None:
+        return {}, []
+    if not isinstance(metadata, Mapping):
+        raise UnsupportedObjectError(f"metadata must be a mapping, got {type(metadata).__name__}")
+    stored: dict[str, str] = {}
+    json_keys: list[str] = []
+    for key, value in metadata.items():
+        if not isinstance(key, str):
+            raise UnsupportedObjectError(f"metadata keys must be strings, got {key!r}")
+        if key == safetensors.ARRAYIO_KEY:
+            raise UnsupportedObjectError(f"metadata key {key!r} is reserved for arrayio")
+        if isinstance(value, str):
+            stored[key] = value
+            continue
+        try:
+            stored[key] = json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise UnsupportedObjectError(f"metadata {key!r} is not JSON-able: {error}") from None
+        json_keys.append(key)
+    return stored, json_keys
+
+
+def _save_npy(path: str, obj: Any, metadata: Mapping[str, Any] | None) -> None:
+    if not is_array(obj):
+        raise UnsupportedObjectError(
+            f".npy holds one array, got {type(obj).__name__}; save pytrees to a container "
+            "(any other extension, e.g. .safetensors)"
+        )
+    if metadata:
+        raise UnsupportedObjectError(".npy cannot hold metadata; use a .safetensors container")
+    exported = export(obj)
+    header = npy.encode_header(exported.dtype, exported.shape, config.get().alignment)
+    with atomic_write(path) as fd:
+        _transfer.write_from(fd, len(header), exported.data)
+        _write_all(fd, header, 0)
+
+
+def open(path: PathLike, *, verify: bool | None = None) -> Reader:  # noqa: A001 - like io.open
+    """Open a file lazily: its keys, dtypes, shapes and metadata, without reading data.
+
+    Parameters
+    ----------
+    path
+        An arrayio or safetensors container, or a ``.npy`` file (told apart by content).
+    verify
+        Check each whole array's CRC-32C as it is read (default: ``config`` setting, on).
+
+    Returns
+    -------
+    Reader
+        Use it as a context manager; ``reader.read(key, index=slice(1000, 2000))`` reads only
+        those rows.
+
+    Raises
+    ------
+    FormatError
+        (and subclasses) for a damaged or hostile file, before any data is allocated.
+    FileNotFoundError
+        If ``path`` does not exist.
+    """
+    return Reader(path, verify=verify)
+
+
+def load(
+    path: PathLike,
+    *,
+    like: Any = None,
+    device: Any = None,
+    keys: str | Sequence[str] | None = None,
+    structure: Any = None,
+    verify: bool | None = None,
+) -> Any:
+    """Load what :func:`save` wrote (or any safetensors / ``.npy`` file).
+
+    Parameters
+    ----------
+    path
+        The file.
+    like
+        The framework of the result: ``"numpy"``, ``"jax"``, ``"cupy"``, ``"torch"``, or an
+        example array (whose device is also used when ``device`` is not given). Default: NumPy,
+        or CuPy when ``device`` is a GPU, or the framework of a ``device`` object.
+    device
+        ``"cpu"``, ``"cuda"``, ``"cuda:N"``, a ``jax.Device``, a ``torch.device``... Default:
+        the CPU.
+    keys
+        Load only these arrays: one key returns that array; a list returns a flat ``dict``
+        from key to array. A key naming a subtree (``"params"``) selects every array below it.
+    structure
+        An example pytree (arrays, ``jax.ShapeDtypeStruct`` or anything in their place) to
+        rebuild, for custom JAX pytree classes that arrayio cannot rebuild on its own.
+    verify
+        Check CRC-32C checksums (default: on; ``ARRAYIO_VERIFY_CHECKSUMS=0`` turns it off).
+
+    Returns
+    -------
+    The saved structure with arrays of the requested framework on the requested device.
+
+    Raises
+    ------
+    KeyNotFoundError, ChecksumError, FormatError, UnsupportedDtypeError, DeviceError
+    """
+    with Reader(path, verify=verify) as reader:
+        return reader.load(keys=keys, like=like, device=device, structure=structure)
+
+
+def read_into(
+    path: PathLike, out: Any, *, key: str | None = None, verify: bool | None = None
+) -> Any:
+    """Fill ``out``, an array the caller allocated (NumPy, CuPy or torch), in place.
+
+    No second full-size buffer is allocated: bytes go from the file into ``out`` (through a
+    bounded pinned staging buffer for GPU memory).
+
+    Parameters
+    ----------
+    path
+        The file.
+    out
+        A contiguous, writable array of the stored dtype and shape.
+    key
+        Which array; may be omitted when the file holds one.
+    verify
+        Check the array's CRC-32C (default: on).
+
+    Returns
+    -------
+    ``out``
+
+    Raises
+    ------
+    MismatchError
+        If ``out``'s dtype or shape differ from the stored array's.
+    UnsupportedObjectError
+        For a JAX array (immutable) or a non-contiguous ``out``.
+    """
+    with Reader(path, verify=verify) as reader:
+        return reader.read_into(out, key)

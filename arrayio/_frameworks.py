@@ -1,0 +1,564 @@
+"""Frameworks: detection through ``sys.modules``, export of bytes, allocation of results.
+
+arrayio never imports a framework the caller has not imported: an array can only belong to
+a framework that is already in ``sys.modules`` (array-api-compat's rule), and asking for
+``like="jax"`` is the caller's explicit request to import JAX.
+
+Two directions meet the byte mover (:mod:`arrayio._transfer`) here:
+
+* :func:`export` turns an array into its dtype, shape and a flat, C-ordered byte buffer
+  (a NumPy ``uint8`` array on the host, or a :class:`DeviceBuffer` on a GPU), zero-copy
+  whenever the array is already contiguous.
+* :func:`allocate` makes an empty result for a framework and device and hands out a
+  writable byte buffer over it; ``finish()`` returns the array to give the caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from . import _dtypes
+from ._dtypes import DType
+from .errors import (
+    DeviceError,
+    FrameworkNotAvailableError,
+    UnsupportedDtypeError,
+    UnsupportedObjectError,
+)
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+__all__ = [
+    "FRAMEWORKS",
+    "DeviceBuffer",
+    "Exported",
+    "Placement",
+    "Target",
+    "aligned_empty",
+    "allocate",
+    "export",
+    "framework_of",
+    "is_array",
+    "parse_target",
+    "writable_view",
+]
+
+FRAMEWORKS = ("numpy", "jax", "torch", "cupy")
+
+# Host buffers are aligned for O_DIRECT (4096) and, as a by-product, for JAX's zero-copy
+# import of host memory (which needs 64).
+HOST_ALIGNMENT = 4096
+
+
+# --------------------------------------------------------------------------- placement
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Placement:
+    """Where an array lives: ``("cpu", 0)`` or ``("cuda", index)``."""
+
+    kind: str
+    index: int = 0
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.kind == "cuda"
+
+    def __str__(self) -> str:
+        return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
+
+
+CPU = Placement("cpu")
+
+
+def _module(name: str) -> ModuleType | None:
+    return sys.modules.get(name)
+
+
+def _parse_device(device: Any) -> tuple[Placement, str | None, Any]:
+    """Return (placement, framework implied by the device object or None, the jax Device)."""
+    if device is None:
+        return CPU, None, None
+    if isinstance(device, str):
+        text = device.strip().lower()
+        kind, _, index = text.partition(":")
+        if kind in ("cpu", "host"):
+            return CPU, None, None
+        if kind in ("cuda", "gpu"):
+            try:
+                return Placement("cuda", int(index) if index else 0), None, None
+            except ValueError:
+                pass
+        raise DeviceError(f"cannot parse device {device!r}; use 'cpu', 'cuda' or 'cuda:N'")
+    if isinstance(device, int) and not isinstance(device, bool):
+        return Placement("cuda", device), None, None
+    module = type(device).__module__.split(".")[0]
+    if module == "torch":
+        if device.type == "cpu":
+            return CPU, "torch", None
+        if device.type == "cuda":
+            return Placement("cuda", device.index or 0), "torch", None
+    if module in ("jax", "jaxlib"):
+        if device.platform == "cpu":
+            return CPU, "jax", device
+        if device.platform in ("gpu", "cuda"):
+            return Placement("cuda", device.local_hardware_id or 0), "jax", device
+    if module == "cupy":
+        return Placement("cuda", device.id), "cupy", None
+    raise DeviceError(f"cannot use {device!r} as a device")
+
+
+def framework_of(x: Any) -> str | None:
+    """Name the framework that owns ``x``, looking only at frameworks already imported."""
+    if isinstance(x, np.ndarray | np.generic):
+        return "numpy"
+    torch = _module("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return "torch"
+    jax = _module("jax")
+    if jax is not None and isinstance(x, jax.Array):
+        return "jax"
+    cupy = _module("cupy")
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return "cupy"
+    return None
+
+
+def is_array(x: Any) -> bool:
+    """Whether arrayio saves ``x`` as an array (rather than a container or a constant)."""
+    return framework_of(x) is not None or hasattr(x, "__dlpack__")
+
+
+def placement_of(x: Any) -> Placement:
+    """Return the device an array lives on."""
+    framework = framework_of(x)
+    if framework == "torch":
+        return Placement("cuda", x.device.index or 0) if x.device.type == "cuda" else CPU
+    if framework == "jax":
+        devices = x.devices()
+        device = next(iter(devices))
+        if len(devices) == 1 and device.platform in ("gpu", "cuda"):
+            return Placement("cuda", device.local_hardware_id or 0)
+        return CPU
+    if framework == "cupy":
+        return Placement("cuda", x.device.id)
+    if framework is None and hasattr(x, "__dlpack_device__"):
+        kind, index = x.__dlpack_device__()
+        if int(kind) == 2:  # kDLCUDA
+            return Placement("cuda", int(index))
+    return CPU
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Request:
+    """What the caller asked a load to return: a framework, a placement, a jax Device."""
+
+    framework: str
+    placement: Placement
+    jax_device: Any = None
+
+
+def parse_target(like: Any, device: Any) -> Request:
+    """Resolve ``like`` and ``device`` into a framework and placement.
+
+    Raises
+    ------
+    DeviceError
+        For an unparseable device, or one that does not fit the framework (NumPy on a GPU).
+    FrameworkNotAvailableError
+        For a framework that is not installed.
+    """
+    placement, implied, jax_device = _parse_device(device)
+    if like is None:
+        framework = implied or ("cupy" if placement.is_cuda else "numpy")
+    elif isinstance(like, str):
+        framework = like.strip().lower()
+        if framework not in FRAMEWORKS:
+            raise ValueError(f"like={like!r}: expected one of {FRAMEWORKS} or an example array")
+    else:
+        framework = framework_of(like)
+        if framework is None:
+            raise ValueError(f"like={type(like).__name__} is not an array of {FRAMEWORKS}")
+        if device is None:
+            placement = placement_of(like)
+            if framework == "jax":
+                jax_device = next(iter(like.devices()))
+    if framework == "numpy" and placement.is_cuda:
+        raise DeviceError(f"NumPy arrays live on the CPU; device={device!r} needs like='cupy', "
+                          "'jax' or 'torch'")
+    if framework == "cupy" and not placement.is_cuda:
+        raise DeviceError("CuPy arrays live on a GPU: pass device='cuda' (or 'cuda:N')")
+    _require(framework)
+    return Request(framework, placement, jax_device)
+
+
+def _require(framework: str) -> ModuleType:
+    """Import a framework the caller asked for by name, with an install hint if missing."""
+    module = _module(framework)
+    if module is not None:
+        return module
+    import importlib
+
+    try:
+        return importlib.import_module(framework)
+    except ImportError:
+        extra = {"cupy": "gpu"}.get(framework, framework)
+        raise FrameworkNotAvailableError(
+            f"{framework} is not installed: pip install 'arrayio[{extra}]'"
+        ) from None
+
+
+def _cupy() -> ModuleType | None:
+    """CuPy, if importable: the GPU byte mover's workhorse, never required."""
+    module = _module("cupy")
+    if module is not None:
+        return module
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy
+
+
+# --------------------------------------------------------------------------- buffers
+
+
+def aligned_empty(nbytes: int, alignment: int = HOST_ALIGNMENT) -> np.ndarray:
+    """Return an uninitialised host ``uint8`` array of ``nbytes`` starting on ``alignment``."""
+    raw = np.empty(nbytes + alignment, dtype=np.uint8)
+    start = (-raw.ctypes.data) % alignment
+    return raw[start : start + nbytes]
+
+
+class DeviceBuffer(Protocol):
+    """A flat range of GPU memory that the byte mover copies to and from through the host."""
+
+    nbytes: int
+    device_index: int
+
+    def copy_from_host(self, offset: int, src: np.ndarray) -> None: ...
+
+    def copy_to_host(self, offset: int, dst: np.ndarray) -> None: ...
+
+    def pinned_empty(self, nbytes: int) -> np.ndarray: ...
+
+
+@dataclasses.dataclass
+class CupyDeviceBuffer:
+    """Device bytes held as a flat CuPy ``uint8`` array."""
+
+    array: Any
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.array.nbytes)
+
+    @property
+    def device_index(self) -> int:
+        return int(self.array.device.id)
+
+    def copy_from_host(self, offset: int, src: np.ndarray) -> None:
+        with self.array.device:
+            self.array[offset : offset + src.nbytes].set(src)
+
+    def copy_to_host(self, offset: int, dst: np.ndarray) -> None:
+        with self.array.device:
+            self.array[offset : offset + dst.nbytes].get(out=dst)
+
+    def pinned_empty(self, nbytes: int) -> np.ndarray:
+        import cupyx
+
+        return cupyx.empty_pinned((nbytes,), dtype=np.uint8)
+
+
+@dataclasses.dataclass
+class TorchDeviceBuffer:
+    """Device bytes held as a flat torch ``uint8`` CUDA tensor (no CuPy needed)."""
+
+    tensor: Any
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.tensor.numel())
+
+    @property
+    def device_index(self) -> int:
+        return int(self.tensor.device.index or 0)
+
+    def copy_from_host(self, offset: int, src: np.ndarray) -> None:
+        import torch
+
+        self.tensor[offset : offset + src.nbytes].copy_(torch.from_numpy(src))
+
+    def copy_to_host(self, offset: int, dst: np.ndarray) -> None:
+        import torch
+
+        torch.from_numpy(dst).copy_(self.tensor[offset : offset + dst.nbytes])
+
+    def pinned_empty(self, nbytes: int) -> np.ndarray:
+        import torch
+
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+
+
+def _flat_bytes_numpy(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
+
+
+def _torch_flat_bytes(t: Any) -> Any:
+    import torch
+
+    return t.reshape(-1).view(torch.uint8)
+
+
+# --------------------------------------------------------------------------- export
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Exported:
+    """An array ready to be written: its bytes in C order, on the host or a device."""
+
+    dtype: DType
+    shape: tuple[int, ...]
+    data: np.ndarray | DeviceBuffer
+    framework: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.dtype.itemsize * math.prod(self.shape)
+
+
+def export(x: Any) -> Exported:
+    """Return the bytes of ``x`` in C order, zero-copy where ``x`` is already contiguous.
+
+    Raises
+    ------
+    UnsupportedDtypeError
+        For a dtype arrayio does not store.
+    UnsupportedObjectError
+        For an object that is not an array of a known framework nor a DLPack producer.
+    """
+    framework = framework_of(x)
+    if framework == "numpy":
+        return _export_numpy(np.asarray(x), "numpy")
+    if framework == "torch":
+        return _export_torch(x)
+    if framework == "jax":
+        return _export_jax(x)
+    if framework == "cupy":
+        return _export_cupy(x, "cupy")
+    if hasattr(x, "__dlpack__"):
+        if placement_of(x).is_cuda and (cupy := _cupy()) is not None:
+            return _export_cupy(cupy.from_dlpack(x), "dlpack")
+        return _export_numpy(np.from_dlpack(x), "dlpack")
+    raise UnsupportedObjectError(f"cannot save an object of type {type(x).__name__}")
+
+
+def _export_numpy(a: np.ndarray, framework: str) -> Exported:
+    if a.dtype.hasobject or a.dtype.fields is not None:
+        raise UnsupportedDtypeError(f"cannot save arrays of dtype {a.dtype}")
+    dtype = _dtypes.dtype_of(a.dtype)
+    shape = tuple(a.shape)
+    if not a.flags.c_contiguous:  # a copy only for strided or Fortran-ordered input
+        a = np.ascontiguousarray(a)
+    return Exported(dtype, shape, _flat_bytes_numpy(a), framework)
+
+
+def _export_torch(t: Any) -> Exported:
+    dtype = _dtypes.dtype_of(t.dtype)
+    t = t.detach().resolve_conj().resolve_neg().contiguous()
+    shape = tuple(t.shape)
+    if t.device.type == "cuda":
+        return Exported(dtype, shape, TorchDeviceBuffer(_torch_flat_bytes(t)), "torch")
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return Exported(dtype, shape, _torch_flat_bytes(t).numpy(), "torch")
+
+
+def _export_jax(x: Any) -> Exported:
+    dtype = _dtypes.dtype_of(x.dtype)
+    placement = placement_of(x)
+    cupy = _cupy() if placement.is_cuda else None
+    if cupy is None:
+        # CPU arrays: np.asarray is a zero-copy, read-only view. GPU arrays without CuPy
+        # (or sharded over several devices): a device-to-host copy.
+        return _export_numpy(np.asarray(x), "jax")
+    if dtype.name.startswith("float8"):  # CuPy has no float8: move the bits as uint8.
+        import jax
+
+        x = jax.lax.bitcast_convert_type(x, np.uint8)
+        return Exported(dtype, tuple(x.shape), _export_cupy(cupy.from_dlpack(x), "jax").data,
+                        "jax")
+    return _export_cupy(cupy.from_dlpack(x), "jax", dtype)
+
+
+def _export_cupy(a: Any, framework: str, dtype: DType | None = None) -> Exported:
+    import cupy
+
+    dtype = dtype or _dtypes.dtype_of(a.dtype)
+    shape = tuple(a.shape)
+    with a.device:
+        a = cupy.ascontiguousarray(a)
+        flat = a.reshape(-1).view(cupy.uint8)
+    return Exported(dtype, shape, CupyDeviceBuffer(flat), framework)
+
+
+# --------------------------------------------------------------------------- allocation
+
+
+@dataclasses.dataclass
+class Target:
+    """An empty result: fill ``data`` (host ``uint8`` or device bytes), then ``finish()``."""
+
+    data: np.ndarray | DeviceBuffer
+    finish: Callable[[], Any]
+
+
+def allocate(request: Request, dtype: DType, shape: tuple[int, ...]) -> Target:
+    """Allocate an empty ``shape``/``dtype`` result for the requested framework and device.
+
+    Raises
+    ------
+    UnsupportedDtypeError
+        When the framework has no such dtype (CuPy and float8, JAX without x64 and 64-bit
+        types...).
+    """
+    nbytes = dtype.itemsize * math.prod(shape)
+    framework, placement = request.framework, request.placement
+    if framework == "numpy":
+        host = aligned_empty(nbytes)
+        return Target(host, lambda: host.view(_dtypes.numpy_dtype(dtype)).reshape(shape))
+    if framework == "torch":
+        return _allocate_torch(dtype, shape, nbytes, placement)
+    if framework == "jax":
+        return _allocate_jax(dtype, shape, nbytes, request)
+    if framework == "cupy":
+        cupy = _require("cupy")
+        np_dtype = _cupy_dtype(cupy, dtype)
+        with cupy.cuda.Device(placement.index):
+            array = cupy.empty(shape, dtype=np_dtype)
+            flat = array.reshape(-1).view(cupy.uint8)
+        return Target(CupyDeviceBuffer(flat), lambda: array)
+    raise AssertionError(framework)
+
+
+def torch_dtype(dtype: DType) -> Any:
+    """Return torch's dtype for ``dtype`` or raise UnsupportedDtypeError."""
+    torch = _require("torch")
+    result = getattr(torch, dtype.name, None)
+    if result is None or not isinstance(result, torch.dtype):
+        raise UnsupportedDtypeError(f"torch {torch.__version__} has no {dtype.name} dtype")
+    return result
+
+
+def _allocate_torch(dtype: DType, shape: tuple[int, ...], nbytes: int, placement: Placement):
+    torch = _require("torch")
+    t_dtype = torch_dtype(dtype)
+    if placement.is_cuda:
+        tensor = torch.empty(shape, dtype=t_dtype, device=f"cuda:{placement.index}")
+        return Target(TorchDeviceBuffer(_torch_flat_bytes(tensor)), lambda: tensor)
+    host = aligned_empty(nbytes)
+    return Target(host, lambda: torch.from_numpy(host).view(t_dtype).reshape(shape))
+
+
+def _cupy_dtype(cupy: ModuleType, dtype: DType) -> np.dtype:
+    np_dtype = _dtypes.numpy_dtype(dtype)
+    try:
+        cupy.empty((0,), dtype=np_dtype)
+    except (TypeError, ValueError, NotImplementedError):
+        raise UnsupportedDtypeError(f"CuPy {cupy.__version__} has no {dtype.name} dtype") from None
+    return np_dtype
+
+
+_JAX_X64_ONLY = frozenset({"int64", "uint64", "float64", "complex128"})
+
+
+def _allocate_jax(dtype: DType, shape: tuple[int, ...], nbytes: int, request: Request) -> Target:
+    jax = _require("jax")
+    if dtype.name in _JAX_X64_ONLY and not jax.config.jax_enable_x64:
+        raise UnsupportedDtypeError(
+            f"JAX would silently narrow {dtype.name} to 32 bits: enable 64-bit types with "
+            "jax.config.update('jax_enable_x64', True), or load with like='numpy'"
+        )
+    np_dtype = _dtypes.numpy_dtype(dtype)
+    placement = request.placement
+    cupy = _cupy() if placement.is_cuda else None
+    if cupy is not None:
+        with cupy.cuda.Device(placement.index):
+            flat = cupy.empty((nbytes,), dtype=cupy.uint8)
+
+        def finish_cuda() -> Any:
+            if dtype.name.startswith("float8"):  # CuPy has no float8: bitcast inside JAX.
+                as_bytes = jax.dlpack.from_dlpack(flat.reshape(*shape, 1))
+                return jax.lax.bitcast_convert_type(as_bytes, np_dtype).reshape(shape)
+            return jax.dlpack.from_dlpack(flat.view(np_dtype).reshape(shape))  # zero-copy
+
+        return Target(CupyDeviceBuffer(flat), finish_cuda)
+
+    host = aligned_empty(nbytes)
+
+    def finish_host() -> Any:
+        array = host.view(np_dtype).reshape(shape)
+        if placement.is_cuda or request.jax_device is not None or not dtype.numpy_native:
+            device = request.jax_device or _jax_device(jax, placement)
+            return jax.device_put(array, device)
+        return jax.dlpack.from_dlpack(array)  # zero-copy: the buffer is 4096-aligned
+
+    return Target(host, finish_host)
+
+
+def _jax_device(jax: ModuleType, placement: Placement) -> Any:
+    if not placement.is_cuda:
+        return jax.devices("cpu")[0]
+    for device in jax.devices():
+        if device.platform in ("gpu", "cuda") and device.local_hardware_id == placement.index:
+            return device
+    raise DeviceError(f"JAX sees no GPU {placement}")
+
+
+def writable_view(out: Any) -> tuple[DType, tuple[int, ...], np.ndarray | DeviceBuffer]:
+    """Return the dtype, shape and a writable byte view of an array the caller allocated.
+
+    Raises
+    ------
+    UnsupportedObjectError
+        For an immutable (JAX) or non-contiguous ``out``: filling it would need a second
+        full-size allocation.
+    """
+    framework = framework_of(out)
+    if framework == "jax":
+        raise UnsupportedObjectError(
+            "JAX arrays are immutable: use arrayio.load(..., like='jax') instead of read_into"
+        )
+    if framework is None:
+        raise UnsupportedObjectError(
+            f"read_into needs a NumPy, CuPy or torch array, got {type(out).__name__}"
+        )
+    dtype = _dtypes.dtype_of(out.dtype)
+    shape = tuple(out.shape)
+    if framework == "numpy":
+        if not (out.flags.c_contiguous and out.flags.writeable):
+            raise UnsupportedObjectError("read_into needs a writable, C-contiguous NumPy array")
+        return dtype, shape, _flat_bytes_numpy(out)
+    if framework == "torch":
+        if not out.is_contiguous():
+            raise UnsupportedObjectError("read_into needs a contiguous torch tensor")
+        flat = _torch_flat_bytes(out.detach())
+        if out.device.type == "cuda":
+            return dtype, shape, TorchDeviceBuffer(flat)
+        if out.device.type != "cpu":
+            raise UnsupportedObjectError(f"read_into cannot fill a tensor on {out.device}")
+        return dtype, shape, flat.numpy()
+    import cupy
+
+    if not out.flags.c_contiguous:
+        raise UnsupportedObjectError("read_into needs a C-contiguous CuPy array")
+    with out.device:
+        return dtype, shape, CupyDeviceBuffer(out.reshape(-1).view(cupy.uint8))

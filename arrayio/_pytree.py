@@ -1,0 +1,287 @@
+"""Pytrees: flatten nested containers of arrays to named leaves, record the structure as JSON,
+and rebuild it.
+
+Containers handled without any framework: ``dict`` (insertion order kept; ``str`` or ``int``
+keys), ``list``, ``tuple``, named tuples and ``None``. Python scalars and strings are stored
+in the structure itself and come back as they were. Any other node registered with JAX
+(flax structs, equinox modules, custom classes) is flattened through ``jax.tree_util`` when
+JAX is already imported; it comes back as a ``dict`` of its children unless the caller
+passes ``structure=`` (an example tree, as orbax's restore target).
+
+Leaf names join the path with ``"."``: ``{"params": {"w": x}}`` gives ``"params.w"``, list and
+tuple items their index, named-tuple and JAX attribute children their field name.
+
+No class named by a file is ever imported: a named tuple is rebuilt with its class only if
+that class's module is already in ``sys.modules``, else as an equivalent
+``collections.namedtuple``.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ._frameworks import is_array
+from .errors import FormatError, KeyNotFoundError, UnsupportedObjectError
+
+__all__ = [
+    "SINGLE_ARRAY_KEY",
+    "flatten",
+    "leaf_keys",
+    "leaves_by_key",
+    "rebuild_like",
+    "unflatten",
+]
+
+# The key a lone array (not in any container) is stored under.
+SINGLE_ARRAY_KEY = "array"
+_SEPARATOR = "."
+
+Node = dict[str, Any]
+
+
+def _join(prefix: str, name: object) -> str:
+    return f"{prefix}{_SEPARATOR}{name}" if prefix else str(name)
+
+
+def _constant(x: Any) -> Node | None:
+    if x is None:
+        return {"none": None}
+    if isinstance(x, bool):
+        return {"bool": x}
+    if isinstance(x, int):
+        return {"int": str(x)}
+    if isinstance(x, float):
+        return {"float": repr(x)}
+    if isinstance(x, complex):
+        return {"complex": [repr(x.real), repr(x.imag)]}
+    if isinstance(x, str):
+        return {"str": x}
+    return None
+
+
+def _is_namedtuple(x: Any) -> bool:
+    return isinstance(x, tuple) and hasattr(type(x), "_fields")
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _jax_children(x: Any) -> list[tuple[str, Any]] | None:
+    """Children of a JAX-registered node, one level down, or None if JAX sees a leaf."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return None
+    pairs, _ = jax.tree_util.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)
+    if len(pairs) == 1 and pairs[0][0] == () and pairs[0][1] is x:
+        return None
+    return [(_key_entry_name(path[0]), child) for path, child in pairs]
+
+
+def _key_entry_name(entry: Any) -> str:
+    for attribute in ("key", "idx", "name"):
+        if hasattr(entry, attribute):
+            return str(getattr(entry, attribute))
+    return str(entry)
+
+
+def flatten(obj: Any) -> tuple[list[tuple[str, Any]], Node]:
+    """Flatten ``obj`` into ``[(key, array), ...]`` and a JSON-able structure.
+
+    Raises
+    ------
+    UnsupportedObjectError
+        For leaves that are neither arrays nor constants, unsupported dict keys, or two
+        leaves whose names collide.
+    """
+    leaves: list[tuple[str, Any]] = []
+    seen: set[str] = set()
+
+    def leaf(key: str, x: Any) -> Node:
+        if key in seen:
+            raise UnsupportedObjectError(
+                f"two leaves would both be stored under the key {key!r}; rename one "
+                f"(keys join the path with {_SEPARATOR!r})"
+            )
+        if key == "__metadata__":
+            raise UnsupportedObjectError("'__metadata__' is reserved by the file format")
+        seen.add(key)
+        leaves.append((key, x))
+        return {"leaf": key}
+
+    def visit(x: Any, key: str) -> Node:
+        if is_array(x):
+            return leaf(key or SINGLE_ARRAY_KEY, x)
+        constant = _constant(x)
+        if constant is not None:
+            return constant
+        if isinstance(x, dict):
+            items = []
+            for k, v in x.items():
+                if not isinstance(k, str | int) or isinstance(k, bool):
+                    raise UnsupportedObjectError(
+                        f"dict keys must be str or int, got {k!r} at {key or 'the root'!r}"
+                    )
+                items.append([k, visit(v, _join(key, k))])
+            return {"dict": items}
+        if _is_namedtuple(x):
+            fields = list(type(x)._fields)
+            return {
+                "namedtuple": _class_path(type(x)),
+                "fields": fields,
+                "children": [visit(v, _join(key, f)) for f, v in zip(fields, x, strict=True)],
+            }
+        if isinstance(x, list | tuple):
+            kind = "list" if isinstance(x, list) else "tuple"
+            return {kind: [visit(v, _join(key, i)) for i, v in enumerate(x)]}
+        children = _jax_children(x)
+        if children is None:
+            raise UnsupportedObjectError(
+                f"cannot save {type(x).__name__} at {key or 'the root'!r}: not an array, a "
+                "dict/list/tuple, a Python scalar or a registered JAX pytree node"
+            )
+        return {
+            "custom": _class_path(type(x)),
+            "children": [[name, visit(child, _join(key, name))] for name, child in children],
+        }
+
+    return leaves, visit(obj, "")
+
+
+def leaf_keys(tree: Node) -> list[str]:
+    """Return the keys of the array leaves of a stored structure, in order."""
+    keys: list[str] = []
+
+    def visit(node: Node) -> None:
+        if "leaf" in node:
+            keys.append(node["leaf"])
+        for child in _child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return keys
+
+
+def _child_nodes(node: Node) -> list[Node]:
+    if "dict" in node:
+        return [child for _, child in node["dict"]]
+    if "custom" in node:
+        return [child for _, child in node["children"]]
+    for kind in ("list", "tuple", "namedtuple"):
+        if kind in node:
+            return list(node["children" if kind == "namedtuple" else kind])
+    return []
+
+
+def _namedtuple_class(path: str, fields: list[str]) -> type:
+    module_name, _, qualname = path.partition(":")
+    found: Any = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    if isinstance(found, type) and issubclass(found, tuple) and list(
+        getattr(found, "_fields", ())
+    ) == fields:
+        return found
+    name = qualname.rpartition(".")[2]
+    return collections.namedtuple(name if name.isidentifier() else "Record", fields)
+
+
+def unflatten(tree: Node, leaf: Callable[[str], Any]) -> Any:
+    """Rebuild a structure recorded by :func:`flatten`, asking ``leaf(key)`` for each array.
+
+    Raises
+    ------
+    FormatError
+        For a structure that is not one :func:`flatten` writes.
+    """
+    try:
+        return _unflatten(tree, leaf)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+        if isinstance(error, KeyNotFoundError | UnsupportedObjectError):
+            raise
+        raise FormatError(f"malformed pytree structure in arrayio metadata: {error!r}") from None
+
+
+def _unflatten(node: Node, leaf: Callable[[str], Any]) -> Any:
+    if not isinstance(node, dict) or len(node) == 0:
+        raise ValueError(f"bad node {node!r}")
+    if "leaf" in node:
+        return leaf(node["leaf"])
+    if "none" in node:
+        return None
+    if "bool" in node:
+        return bool(node["bool"])
+    if "int" in node:
+        return int(node["int"])
+    if "float" in node:
+        return float(node["float"])
+    if "complex" in node:
+        real, imag = node["complex"]
+        return complex(float(real), float(imag))
+    if "str" in node:
+        return str(node["str"])
+    if "dict" in node:
+        return {k: _unflatten(child, leaf) for k, child in node["dict"]}
+    if "list" in node:
+        return [_unflatten(child, leaf) for child in node["list"]]
+    if "tuple" in node:
+        return tuple(_unflatten(child, leaf) for child in node["tuple"])
+    if "namedtuple" in node:
+        cls = _namedtuple_class(node["namedtuple"], list(node["fields"]))
+        return cls(*(_unflatten(child, leaf) for child in node["children"]))
+    if "custom" in node:
+        return {name: _unflatten(child, leaf) for name, child in node["children"]}
+    raise ValueError(f"unknown node kind {sorted(node)}")
+
+
+def leaves_by_key(obj: Any) -> dict[str, Any]:
+    """Map each leaf of a loaded tree (arrays and constants) to its key, as :func:`flatten`
+    names them."""
+    found: dict[str, Any] = {}
+
+    def visit(x: Any, key: str) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                visit(v, _join(key, k))
+        elif _is_namedtuple(x):
+            for f, v in zip(x._fields, x, strict=True):
+                visit(v, _join(key, f))
+        elif isinstance(x, list | tuple):
+            for i, v in enumerate(x):
+                visit(v, _join(key, i))
+        else:
+            found[key or SINGLE_ARRAY_KEY] = x
+
+    visit(obj, "")
+    return found
+
+
+def rebuild_like(structure: Any, lookup: Callable[[str], Any]) -> Any:
+    """Rebuild ``structure`` (an example tree) with each leaf replaced by ``lookup(key)``.
+
+    The example's leaves may be arrays, ``jax.ShapeDtypeStruct`` placeholders or constants;
+    only its shape as a tree matters. Custom JAX nodes are rebuilt with JAX's own unflatten.
+    """
+
+    def visit(x: Any, key: str) -> Any:
+        if isinstance(x, dict):
+            return type(x)((k, visit(v, _join(key, k))) for k, v in x.items())
+        if _is_namedtuple(x):
+            return type(x)(*(visit(v, _join(key, f)) for f, v in zip(x._fields, x, strict=True)))
+        if isinstance(x, list | tuple):
+            return type(x)(visit(v, _join(key, i)) for i, v in enumerate(x))
+        if x is None:
+            return None
+        children = None if is_array(x) or _constant(x) is not None else _jax_children(x)
+        if children is None:
+            return lookup(key or SINGLE_ARRAY_KEY)
+        jax = sys.modules["jax"]
+        _, treedef = jax.tree_util.tree_flatten(x, is_leaf=lambda y: y is not x)
+        return jax.tree_util.tree_unflatten(
+            treedef, [visit(child, _join(key, name)) for name, child in children]
+        )
+
+    return visit(structure, "")

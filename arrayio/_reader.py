@@ -1,0 +1,357 @@
+"""The lazy reader behind :func:`arrayio.open`, :func:`arrayio.load` and
+:func:`arrayio.read_into`.
+
+Opening a file reads and validates only its header; arrays are read when asked for, and a
+leading-axis index reads only the rows it needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import operator
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _pytree, _transfer, config, formats
+from ._dtypes import DType
+from ._frameworks import Request, allocate, parse_target, writable_view
+from .errors import ChecksumError, FormatError, KeyNotFoundError, MismatchError
+
+__all__ = ["ArrayInfo", "Reader"]
+
+_ARRAY = object()  # stands for an array leaf where only constants are wanted
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ArrayInfo:
+    """What a file says of one array, known without reading its data."""
+
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    file_offset: int
+    crc32c: str | None = None
+
+    def __repr__(self) -> str:
+        return f"ArrayInfo({self.key!r}, {self.dtype}{list(self.shape)}, {self.nbytes} bytes)"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Stored:
+    key: str
+    dtype: DType
+    shape: tuple[int, ...]  # as the caller sees it
+    start: int
+    crc32c: int | None
+    fortran_order: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return self.dtype.itemsize * math.prod(self.shape)
+
+
+class Reader:
+    """An open arrayio, safetensors or ``.npy`` file; see :func:`arrayio.open`.
+
+    Attributes
+    ----------
+    path : str
+        The file.
+    format : str
+        ``"safetensors"`` (arrayio's container) or ``"npy"``.
+    metadata : dict
+        The caller's metadata saved with the file (empty for ``.npy``).
+    framework : str or None
+        The framework the arrays were saved from, when arrayio wrote the file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool | None = None) -> None:
+        self.path = os.fspath(path)
+        self._verify = config.get().verify_checksums if verify is None else verify
+        self._fd: int | None = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            self.format = formats.sniff(self._fd, self.path)
+            if self.format == "npy":
+                self._open_npy(self._fd)
+            else:
+                self._open_safetensors(self._fd)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_npy(self, fd: int) -> None:
+        header = formats.npy.read_header(fd, self.path)
+        key = _pytree.SINGLE_ARRAY_KEY
+        self._stored = {key: _Stored(key, header.dtype, header.shape, header.data_start, None,
+                                     header.fortran_order)}
+        self._tree: dict[str, Any] = {"leaf": key}
+        self.metadata: dict[str, Any] = {}
+        self.framework: str | None = None
+
+    def _open_safetensors(self, fd: int) -> None:
+        header = formats.safetensors.read_header(fd, self.path)
+        self._stored = {
+            key: _Stored(key, e.dtype, e.shape, e.start, e.crc32c)
+            for key, e in header.entries.items()
+        }
+        arrayio = header.arrayio
+        metadata = dict(header.metadata)
+        if arrayio is None:
+            self._tree = {"dict": [[key, {"leaf": key}] for key in self._stored]}
+            self.framework = None
+        else:
+            metadata.pop(formats.safetensors.ARRAYIO_KEY)
+            self._tree = arrayio.get("tree") or {"dict": []}
+            self.framework = arrayio.get("framework")
+            for key in arrayio.get("json_metadata", []):
+                if key in metadata:
+                    try:
+                        metadata[key] = json.loads(metadata[key])
+                    except json.JSONDecodeError:
+                        raise FormatError(f"{self.path}: metadata {key!r} is not JSON") from None
+            missing = set(_pytree.leaf_keys(self._tree)) - self._stored.keys()
+            if missing:
+                raise FormatError(f"{self.path}: structure names tensors the file lacks: "
+                                  f"{sorted(missing)[:5]}")
+        self.metadata = metadata
+
+    # ------------------------------------------------------------------ description
+
+    def keys(self) -> list[str]:
+        """The keys of the arrays, in the order of the saved structure."""
+        ordered = _pytree.leaf_keys(self._tree)
+        return ordered + [key for key in self._stored if key not in set(ordered)]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self._stored)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._stored
+
+    def __getitem__(self, key: str) -> ArrayInfo:
+        stored = self._entry(key)
+        crc = f"{stored.crc32c:08x}" if stored.crc32c is not None else None
+        return ArrayInfo(key, stored.dtype.name, stored.shape, stored.nbytes, stored.start, crc)
+
+    @property
+    def arrays(self) -> dict[str, ArrayInfo]:
+        """Every array's :class:`ArrayInfo`, by key."""
+        return {key: self[key] for key in self.keys()}
+
+    @property
+    def structure(self) -> Any:
+        """The saved pytree with an :class:`ArrayInfo` in place of each array."""
+        return _pytree.unflatten(self._tree, self.__getitem__)
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes of array data."""
+        return sum(s.nbytes for s in self._stored.values())
+
+    def __repr__(self) -> str:
+        state = "closed" if self._fd is None else f"{len(self)} arrays, {self.nbytes} bytes"
+        return f"<arrayio.Reader {self.path!r} ({self.format}, {state})>"
+
+    def _entry(self, key: str) -> _Stored:
+        try:
+            return self._stored[key]
+        except KeyError:
+            close = difflib.get_close_matches(str(key), list(self._stored), n=3)
+            hint = f"; did you mean {close}?" if close else ""
+            raise KeyNotFoundError(f"{self.path}: no array {key!r}{hint}") from None
+
+    def _single_key(self, key: str | None) -> str:
+        if key is not None:
+            return key
+        if len(self._stored) != 1:
+            raise KeyNotFoundError(
+                f"{self.path} holds {len(self._stored)} arrays: name one with key= "
+                f"(keys: {self.keys()[:5]}{'...' if len(self) > 5 else ''})"
+            )
+        return next(iter(self._stored))
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def fd(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"I/O on a closed arrayio reader ({self.path})")
+        return self._fd
+
+    def read(
+        self, key: str | None = None, index: Any = None, *, like: Any = None, device: Any = None,
+    ) -> Any:
+        """Read one array, or only the rows ``index`` selects along its leading axis.
+
+        Parameters
+        ----------
+        key
+            The array's key; may be omitted when the file holds one array.
+        index
+            ``None`` (everything), an ``int``, or a ``slice`` (positive step) along the leading
+            axis, optionally in a tuple followed by full slices ``:``. Only the bytes of the
+            selected rows are read; checksums are verified only for whole-array reads.
+        like, device
+            The framework and device of the result, as for :func:`arrayio.load`.
+
+        Raises
+        ------
+        KeyNotFoundError, IndexError, ChecksumError, TruncatedFileError
+        """
+        stored = self._entry(self._single_key(key))
+        request = parse_target(like, device)
+        if index is None or stored.fortran_order:
+            result = self._read_whole(stored, request, _transfer.Staging())
+            return result if index is None else result[index]
+        return self._read_rows(stored, index, request)
+
+    def _read_whole(self, stored: _Stored, request: Request, staging: _transfer.Staging) -> Any:
+        shape = stored.shape[::-1] if stored.fortran_order else stored.shape
+        target = allocate(request, stored.dtype, shape)
+        self._fill(stored, target.data, staging)
+        result = target.finish()
+        return _transpose(result) if stored.fortran_order else result
+
+    def _fill(self, stored: _Stored, data: Any, staging: _transfer.Staging) -> None:
+        check = self._verify and stored.crc32c is not None
+        crc = _transfer.read_into(self.fd, stored.start, data, path=self.path,
+                                  with_checksum=check, staging=staging)
+        if check and crc != stored.crc32c:
+            raise ChecksumError(
+                f"{self.path}: array {stored.key!r} has CRC-32C {crc:08x}, the file recorded "
+                f"{stored.crc32c:08x}: the data is damaged (verify=False skips this check)"
+            )
+
+    def _read_rows(self, stored: _Stored, index: Any, request: Request) -> Any:
+        if not stored.shape:
+            raise IndexError(f"{self.path}: array {stored.key!r} is 0-d and cannot be indexed")
+        rows, squeeze = _leading_rows(index, stored.shape[0])
+        row_bytes = stored.nbytes // stored.shape[0] if stored.shape[0] else 0
+        first = rows.start if len(rows) else 0
+        span = (rows[-1] - rows.start + 1) if len(rows) else 0
+        piece = dataclasses.replace(
+            stored, shape=(span, *stored.shape[1:]), start=stored.start + first * row_bytes,
+            crc32c=None,
+        )
+        result = self._read_whole(piece, request, _transfer.Staging())
+        if rows.step != 1 and span:
+            result = result[:: rows.step]
+        return result[0] if squeeze else result
+
+    def read_into(self, out: Any, key: str | None = None) -> Any:
+        """Fill ``out`` (NumPy, CuPy or torch, contiguous) in place with one array; return it.
+
+        Raises
+        ------
+        MismatchError
+            If ``out`` has another dtype or shape than the stored array.
+        """
+        stored = self._entry(self._single_key(key))
+        dtype, shape, data = writable_view(out)
+        if dtype != stored.dtype or shape != stored.shape:
+            raise MismatchError(
+                f"{self.path}: array {stored.key!r} is {stored.dtype.name}{list(stored.shape)}, "
+                f"out is {dtype.name}{list(shape)}"
+            )
+        if stored.fortran_order:
+            raise MismatchError(f"{self.path}: Fortran-ordered .npy data cannot fill a C-ordered "
+                                "array in place; use read() or load()")
+        self._fill(stored, data, _transfer.Staging())
+        return out
+
+    def load(
+        self, *, keys: str | Sequence[str] | None = None, like: Any = None, device: Any = None,
+        structure: Any = None,
+    ) -> Any:
+        """Read arrays into the saved structure; see :func:`arrayio.load`."""
+        request = parse_target(like, device)
+        staging = _transfer.Staging()
+
+        def read(key: str) -> Any:
+            return self._read_whole(self._entry(key), request, staging)
+
+        if keys is not None:
+            if isinstance(keys, str):
+                return read(self._entry(keys).key)
+            return {key: read(key) for key in self._select(keys)}
+        if structure is not None:
+            constants = _pytree.leaves_by_key(_pytree.unflatten(self._tree, lambda key: _ARRAY))
+
+            def lookup(key: str) -> Any:
+                if key in self._stored:
+                    return read(key)
+                if constants.get(key, _ARRAY) is not _ARRAY:
+                    return constants[key]
+                raise KeyNotFoundError(f"{self.path}: the structure asks for {key!r}, which the "
+                                       f"file lacks (keys: {self.keys()[:5]}...)")
+
+            return _pytree.rebuild_like(structure, lookup)
+        return _pytree.unflatten(self._tree, read)
+
+    def _select(self, keys: Sequence[str]) -> list[str]:
+        chosen: list[str] = []
+        for wanted in keys:
+            matches = [k for k in self.keys() if k == wanted or k.startswith(wanted + ".")]
+            if not matches:
+                self._entry(wanted)  # raises with suggestions
+            chosen.extend(k for k in matches if k not in chosen)
+        return chosen
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Close the file; further reads raise ``ValueError``."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _leading_rows(index: Any, length: int) -> tuple[range, bool]:
+    """The rows an index selects along the leading axis, and whether that axis is dropped."""
+    if isinstance(index, tuple):
+        first, rest = (index[0], index[1:]) if index else (slice(None), ())
+        if any(not (r is Ellipsis or r == slice(None)) for r in rest):
+            raise IndexError("only the leading axis can be indexed; later axes must be ':'")
+        index = first
+    if isinstance(index, slice):
+        rows = range(*index.indices(length))
+        if rows.step < 0:
+            raise IndexError("negative slice steps are not supported; read, then flip")
+        return rows, False
+    try:
+        position = operator.index(index)
+    except TypeError:
+        raise IndexError(f"unsupported index {index!r}: use an int or a slice") from None
+    if not -length <= position < length:
+        raise IndexError(f"index {position} is out of bounds for an axis of {length}")
+    position %= length
+    return range(position, position + 1), True
+
+
+def _transpose(x: Any) -> Any:
+    if isinstance(x, np.ndarray) or not hasattr(x, "permute"):
+        return x.T
+    return x.permute(*reversed(range(x.ndim)))

@@ -1,0 +1,96 @@
+"""Settings in one place: defaults, ``ARRAYIO_*`` environment variables, and ``set()``.
+
+``config.set(verify_checksums=False)`` changes a setting for the whole process (worker threads
+included, as ``kvikio.defaults.set`` does); used as a ``with`` block it restores the previous
+settings on exit.
+
+Environment variables, read once at import:
+
+``ARRAYIO_VERIFY_CHECKSUMS``  ``0`` to skip checksum verification on load (default ``1``).
+``ARRAYIO_ALIGNMENT``         byte alignment of tensor data in written files (default 4096).
+``ARRAYIO_STAGING_BYTES``     size of each pinned host staging buffer for GPU I/O (default 64 MiB).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+__all__ = ["Settings", "get", "set"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Settings:
+    """arrayio's settings; see the module docstring for their environment variables."""
+
+    verify_checksums: bool = True
+    alignment: int = 4096
+    staging_bytes: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        if self.alignment < 1 or self.alignment & (self.alignment - 1):
+            raise ValueError(f"alignment must be a power of two, got {self.alignment}")
+        if self.staging_bytes < 4096:
+            raise ValueError(f"staging_bytes must be at least 4096, got {self.staging_bytes}")
+
+
+def _from_environment() -> Settings:
+    def flag(name: str, default: bool) -> bool:
+        value = os.environ.get(name)
+        if value is None:
+            return default
+        return value.strip().lower() not in ("0", "false", "no", "off", "")
+
+    def integer(name: str, default: int) -> int:
+        value = os.environ.get(name)
+        return default if value is None else int(value)
+
+    return Settings(
+        verify_checksums=flag("ARRAYIO_VERIFY_CHECKSUMS", True),
+        alignment=integer("ARRAYIO_ALIGNMENT", 4096),
+        staging_bytes=integer("ARRAYIO_STAGING_BYTES", 64 << 20),
+    )
+
+
+_current: Settings = _from_environment()
+
+
+def get() -> Settings:
+    """Return the settings in force."""
+    return _current
+
+
+class _Restore:
+    def __init__(self, previous: Settings) -> None:
+        self._previous = previous
+
+    def __enter__(self) -> Settings:
+        return _current
+
+    def __exit__(self, *exc: Any) -> None:
+        global _current
+        _current = self._previous
+
+
+def set(**changes: Any) -> _Restore:  # noqa: A001 - mirrors kvikio.defaults.set
+    """Change settings; usable as a ``with`` block that restores them on exit.
+
+    Parameters
+    ----------
+    **changes
+        Field names of :class:`Settings` and their new values.
+
+    Raises
+    ------
+    TypeError
+        For a name that is not a setting.
+    """
+    global _current
+    known = [f.name for f in dataclasses.fields(Settings)]
+    unknown = sorted(name for name in changes if name not in known)
+    if unknown:
+        raise TypeError(f"unknown arrayio setting(s) {unknown}; known: {known}")
+    previous = _current
+    _current = dataclasses.replace(previous, **changes)
+    return _Restore(previous)

@@ -1,0 +1,322 @@
+"""The safetensors-compatible container: layout, header encoding, and a header parser that
+distrusts its input.
+
+The file is a plain safetensors file (8-byte little-endian header length, JSON header, data),
+so the ``safetensors`` package reads what arrayio writes and the reverse. Within what the
+format allows, data is laid out for direct I/O: the header is padded with spaces so the data
+section starts on ``alignment`` bytes, and tensors whose size is a multiple of the alignment
+go first so that they all start aligned (safetensors forbids gaps between tensors, so a
+tensor after an odd-sized one cannot be realigned).
+
+arrayio's own facts live in ``__metadata__["arrayio"]``, a JSON string: the format version,
+the pytree structure, the source framework, a CRC-32C per tensor, and the real dtype of
+tensors stored under another safetensors dtype (complex128 as float64 pairs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .. import _dtypes
+from .._dtypes import DType
+from ..errors import FormatError, HeaderTooLargeError, TruncatedFileError, UnsupportedDtypeError
+
+__all__ = [
+    "ARRAYIO_KEY",
+    "MAX_HEADER_BYTES",
+    "Entry",
+    "Header",
+    "Layout",
+    "plan",
+    "read_header",
+]
+
+ARRAYIO_KEY = "arrayio"
+FORMAT_VERSION = 1
+# As the safetensors package: a header larger than this is refused before it is read.
+MAX_HEADER_BYTES = 100_000_000
+_PREFIX = struct.Struct("<Q")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+    """One tensor of a container: its dtype, shape and absolute byte range in the file."""
+
+    key: str
+    dtype: DType
+    shape: tuple[int, ...]
+    start: int
+    stop: int
+    crc32c: int | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.stop - self.start
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Header:
+    """A parsed, validated container header."""
+
+    entries: dict[str, Entry]
+    metadata: dict[str, Any]
+    arrayio: dict[str, Any] | None
+    data_start: int
+
+
+# --------------------------------------------------------------------------- writing
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Layout:
+    """Where each tensor of a file-to-be goes, and how to encode its header."""
+
+    entries: list[Entry]
+    data_start: int
+    file_size: int
+    _header: dict[str, Any]
+    _arrayio: dict[str, Any]
+    _header_bytes: int
+
+    def header(self, checksums: Mapping[str, int] | None) -> bytes:
+        """Encode the header (with the checksums now known), padded to its planned size."""
+        encoded = _encode(self._header, self._arrayio, checksums)
+        if len(encoded) > self._header_bytes:
+            raise AssertionError("header grew after planning")
+        return _PREFIX.pack(self._header_bytes) + encoded.ljust(self._header_bytes, b" ")
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _encode(
+    header: dict[str, Any], arrayio: dict[str, Any], checksums: Mapping[str, int] | None
+) -> bytes:
+    if checksums is not None:
+        # Fixed width: a placeholder of 0 encodes to as many bytes as the real checksum.
+        arrayio = {**arrayio, "crc32c": {key: f"{crc:08x}" for key, crc in checksums.items()}}
+    metadata = {**header["__metadata__"], ARRAYIO_KEY: _dumps(arrayio)}
+    return _dumps({**header, "__metadata__": metadata}).encode()
+
+
+def plan(
+    tensors: Sequence[tuple[str, DType, tuple[int, ...]]],
+    *,
+    metadata: Mapping[str, str],
+    arrayio: Mapping[str, Any],
+    alignment: int,
+    checksums: bool,
+) -> Layout:
+    """Place ``tensors`` (key, dtype, shape) in a new file and size its header.
+
+    The header's size is fixed here, with placeholder checksums of the final width, so the
+    data can be written first and the header, with the real checksums, last.
+    """
+    order = sorted(
+        range(len(tensors)),
+        key=lambda i: (_nbytes(tensors[i]) % alignment != 0, -_nbytes(tensors[i]), i),
+    )
+    offset = 0
+    offsets: dict[int, tuple[int, int]] = {}
+    for i in order:
+        offsets[i] = (offset, offset + _nbytes(tensors[i]))
+        offset += _nbytes(tensors[i])
+    data_bytes = offset
+
+    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    real_dtypes = {}
+    for i in order:
+        key, dtype, shape = tensors[i]
+        stored_shape = list(shape) + ([dtype.storage_lanes] if dtype.storage_lanes > 1 else [])
+        header[key] = {"dtype": dtype.storage_code, "shape": stored_shape,
+                       "data_offsets": list(offsets[i])}
+        if dtype.code is None:
+            real_dtypes[key] = dtype.name
+    full_arrayio = {"version": FORMAT_VERSION, **arrayio}
+    if real_dtypes:
+        full_arrayio["dtypes"] = real_dtypes
+    placeholder = {key: 0 for key, _, _ in tensors} if checksums else None
+
+    unpadded = len(_encode(header, full_arrayio, placeholder))
+    data_start = _round_up(_PREFIX.size + unpadded, alignment)
+    header_bytes = data_start - _PREFIX.size
+    entries = [
+        Entry(tensors[i][0], tensors[i][1], tensors[i][2], data_start + offsets[i][0],
+              data_start + offsets[i][1])
+        for i in order
+    ]
+    return Layout(entries, data_start, data_start + data_bytes, header, full_arrayio,
+                  header_bytes)
+
+
+def _nbytes(tensor: tuple[str, DType, tuple[int, ...]]) -> int:
+    return tensor[1].itemsize * math.prod(tensor[2])
+
+
+def _round_up(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_header(fd: int, path: str) -> Header:
+    """Read and validate a container header; nothing larger than the file is allocated.
+
+    Raises
+    ------
+    TruncatedFileError
+        If the file is shorter than its header or data claim.
+    HeaderTooLargeError
+        If the header length is beyond the file or beyond :data:`MAX_HEADER_BYTES`.
+    FormatError
+        For invalid JSON, missing fields, bad shapes, or offsets out of range or overlapping.
+    UnsupportedDtypeError
+        For a dtype code arrayio does not know.
+    """
+    file_size = os.fstat(fd).st_size
+    if file_size < _PREFIX.size:
+        raise TruncatedFileError(f"{path}: {file_size} bytes is too short for a safetensors file")
+    (header_bytes,) = _PREFIX.unpack(os.pread(fd, _PREFIX.size, 0))
+    if header_bytes > MAX_HEADER_BYTES:
+        raise HeaderTooLargeError(
+            f"{path}: header claims {header_bytes} bytes, more than the {MAX_HEADER_BYTES} "
+            "arrayio accepts"
+        )
+    if header_bytes > file_size - _PREFIX.size:
+        raise HeaderTooLargeError(
+            f"{path}: header claims {header_bytes} bytes but the file has only "
+            f"{file_size - _PREFIX.size} after the length prefix"
+        )
+    raw = os.pread(fd, header_bytes, _PREFIX.size)
+    if len(raw) != header_bytes:
+        raise TruncatedFileError(f"{path}: header cut short while reading")
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise FormatError(f"{path}: header is not valid UTF-8 JSON ({error})") from None
+    if not isinstance(header, dict):
+        raise FormatError(f"{path}: header is a JSON {type(header).__name__}, expected an object")
+
+    data_start = _PREFIX.size + header_bytes
+    data_bytes = file_size - data_start
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise FormatError(f"{path}: __metadata__ must map strings to strings")
+    arrayio = _parse_arrayio(metadata.get(ARRAYIO_KEY), path)
+    real_dtypes = arrayio.get("dtypes", {}) if arrayio else {}
+    checksums = arrayio.get("crc32c", {}) if arrayio else {}
+
+    entries: dict[str, Entry] = {}
+    for key, info in header.items():
+        entries[key] = _parse_entry(key, info, path, data_start, data_bytes,
+                                    real_dtypes.get(key), checksums.get(key))
+    _check_overlaps(entries.values(), path)
+    if arrayio is not None:
+        _check_arrayio_keys(arrayio, entries, path)
+    return Header(entries, metadata, arrayio, data_start)
+
+
+def _parse_arrayio(text: str | None, path: str) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        arrayio = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise FormatError(f"{path}: __metadata__[{ARRAYIO_KEY!r}] is not JSON ({error})") from None
+    if not isinstance(arrayio, dict) or not isinstance(arrayio.get("version"), int):
+        raise FormatError(f"{path}: __metadata__[{ARRAYIO_KEY!r}] lacks a format version")
+    if arrayio["version"] > FORMAT_VERSION:
+        raise FormatError(
+            f"{path}: written by a newer arrayio (format {arrayio['version']}, this one reads "
+            f"up to {FORMAT_VERSION}); upgrade arrayio"
+        )
+    for field in ("dtypes", "crc32c"):
+        value = arrayio.get(field, {})
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise FormatError(f"{path}: arrayio metadata field {field!r} must map keys to strings")
+    for key, crc in arrayio.get("crc32c", {}).items():
+        if len(crc) != 8 or any(c not in "0123456789abcdef" for c in crc):
+            raise FormatError(f"{path}: checksum of {key!r} is {crc!r}, expected 8 hex digits")
+    return arrayio
+
+
+def _parse_entry(
+    key: str, info: Any, path: str, data_start: int, data_bytes: int,
+    real_dtype: str | None, crc: str | None,
+) -> Entry:
+    where = f"{path}: tensor {key!r}: "
+    if not isinstance(info, dict):
+        raise FormatError(f"{where}entry must be an object")
+    missing = {"dtype", "shape", "data_offsets"} - info.keys()
+    if missing:
+        raise FormatError(f"{where}missing {sorted(missing)}")
+    stored = _dtypes.by_code(info["dtype"], where=f"{where}dtype ")
+    shape = info["shape"]
+    if not isinstance(shape, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
+    ):
+        raise FormatError(f"{where}shape {shape!r} is not a list of non-negative integers")
+    offsets = info["data_offsets"]
+    if not (
+        isinstance(offsets, list) and len(offsets) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) for n in offsets)
+    ):
+        raise FormatError(f"{where}data_offsets {offsets!r} is not a pair of integers")
+    begin, end = offsets
+    if not 0 <= begin <= end:
+        raise FormatError(f"{where}data_offsets {offsets!r} out of order or negative")
+    expected = stored.itemsize * math.prod(shape)
+    if end - begin != expected:
+        raise FormatError(
+            f"{where}shape {shape} of {stored.name} needs {expected} bytes but data_offsets "
+            f"{offsets} span {end - begin}"
+        )
+    if end > data_bytes:
+        raise TruncatedFileError(
+            f"{where}data_offsets {offsets} reach past the end of the data ({data_bytes} bytes)"
+        )
+    dtype, shape = _real_dtype(stored, tuple(shape), real_dtype, where)
+    return Entry(key, dtype, shape, data_start + begin, data_start + end,
+                 int(crc, 16) if crc is not None else None)
+
+
+def _real_dtype(
+    stored: DType, shape: tuple[int, ...], real: str | None, where: str
+) -> tuple[DType, tuple[int, ...]]:
+    if real is None:
+        return stored, shape
+    dtype = _dtypes.by_name(real)
+    if dtype.storage_code != stored.code or dtype.storage_lanes == 1:
+        raise UnsupportedDtypeError(f"{where}cannot be {real} when stored as {stored.code}")
+    if not shape or shape[-1] != dtype.storage_lanes:
+        raise FormatError(f"{where}{real} stored as {stored.code} needs a last axis of "
+                          f"{dtype.storage_lanes}, shape is {list(shape)}")
+    return dtype, shape[:-1]
+
+
+def _check_overlaps(entries: Any, path: str) -> None:
+    previous: Entry | None = None
+    for entry in sorted((e for e in entries if e.nbytes), key=lambda e: e.start):
+        if previous is not None and entry.start < previous.stop:
+            raise FormatError(
+                f"{path}: tensors {previous.key!r} and {entry.key!r} overlap in the file"
+            )
+        previous = entry
+
+
+def _check_arrayio_keys(arrayio: dict[str, Any], entries: dict[str, Entry], path: str) -> None:
+    for field in ("dtypes", "crc32c"):
+        unknown = set(arrayio.get(field, {})) - entries.keys()
+        if unknown:
+            raise FormatError(f"{path}: arrayio metadata {field!r} names unknown tensors "
+                              f"{sorted(unknown)[:5]}")
