@@ -464,6 +464,8 @@ def _allocate_torch(dtype: DType, shape: tuple[int, ...], nbytes: int, placement
     if placement.is_cuda:
         tensor = torch.empty(shape, dtype=t_dtype, device=f"cuda:{placement.index}")
         return Target(TorchDeviceBuffer(_torch_flat_bytes(tensor)), lambda: tensor)
+    if nbytes == 0:  # torch cannot reinterpret an empty byte tensor
+        return Target(aligned_empty(0), lambda: torch.empty(shape, dtype=t_dtype))
     host = aligned_empty(nbytes)
     return Target(host, lambda: torch.from_numpy(host).view(t_dtype).reshape(shape))
 

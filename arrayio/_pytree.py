@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._frameworks import is_array
-from .errors import FormatError, KeyNotFoundError, UnsupportedObjectError
+from .errors import ArrayioError, FormatError, UnsupportedObjectError
 
 __all__ = [
     "SINGLE_ARRAY_KEY",
@@ -200,7 +200,7 @@ def unflatten(tree: Node, leaf: Callable[[str], Any]) -> Any:
     try:
         return _unflatten(tree, leaf)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
-        if isinstance(error, KeyNotFoundError | UnsupportedObjectError):
+        if isinstance(error, ArrayioError):  # raised reading a leaf: not a structure problem
             raise
         raise FormatError(f"malformed pytree structure in arrayio metadata: {error!r}") from None
 

@@ -1,0 +1,141 @@
+"""Baseline of the core's simple byte path against torch and safetensors, in one run.
+
+``python -m benchmarks.core_baseline --out results.json [--gib 1] [--repeats 3] [--device cuda]``
+
+Saves and loads a checkpoint-like dict of float32 arrays (16 arrays of 1/16 of the total)
+on the GPU (or the CPU) with arrayio's public API, ``torch.save``/``torch.load`` and
+``safetensors.torch``, each save fsynced, each load cold (page cache dropped, needs root)
+and warm. Reports medians in GB/s. This is the reference the transfer-tools dispatcher must
+beat; it makes no claim of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import arrayio
+
+
+def drop_caches() -> bool:
+    """Drop the page cache (root only); return whether it worked."""
+    try:
+        subprocess.run(["sync"], check=True)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def timed(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dir", default=None, help="directory on the disk under test")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    device = args.device
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    total = int(args.gib * (1 << 30))
+    count = 16
+    tensors = {f"layer{i}.weight": torch.randn(total // count // 4, device=device)
+               for i in range(count)}
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    directory = tempfile.mkdtemp(dir=args.dir)
+
+    def peers() -> dict[str, tuple[Callable[[str], None], Callable[[str], Any], str]]:
+        from safetensors.torch import load_file, save_file
+
+        def torch_save(path: str) -> None:
+            torch.save(tensors, path)
+            fsync_path(path)
+
+        def st_save(path: str) -> None:
+            save_file(tensors, path)
+            fsync_path(path)
+
+        return {
+            "arrayio": (lambda p: arrayio.save(p, tensors),
+                        lambda p: arrayio.load(p, like="torch", device=device), "safetensors"),
+            "torch": (torch_save, lambda p: torch.load(p, map_location=device), "pt"),
+            "safetensors": (st_save, lambda p: load_file(p, device=device), "safetensors"),
+        }
+
+    results: dict[str, Any] = {}
+    cold_ok = True
+    for name, (save, load, suffix) in peers().items():
+        path = os.path.join(directory, f"{name}.{suffix}")
+        writes, colds, warms = [], [], []
+        for _ in range(args.repeats):
+            writes.append(timed(lambda: save(path), sync))
+            cold_ok = drop_caches() and cold_ok
+            colds.append(timed(lambda: load(path), sync))
+            warms.append(timed(lambda: load(path), sync))
+        back = load(path)
+        assert all(torch.equal(back[k], tensors[k]) for k in tensors), name
+        os.unlink(path)
+        results[name] = {
+            "write_GBps": nbytes / statistics.median(writes) / 1e9,
+            "cold_read_GBps": nbytes / statistics.median(colds) / 1e9 if cold_ok else None,
+            "warm_read_GBps": nbytes / statistics.median(warms) / 1e9,
+            "seconds": {"write": writes, "cold": colds, "warm": warms},
+        }
+        print(f"{name:12s} write {results[name]['write_GBps']:6.2f} GB/s   cold read "
+              f"{results[name]['cold_read_GBps'] or float('nan'):6.2f} GB/s   warm read "
+              f"{results[name]['warm_read_GBps']:6.2f} GB/s", flush=True)
+
+    report = {
+        "benchmark": "core_baseline",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable), "-m", "benchmarks.core_baseline",
+                             *(argv if argv is not None else sys.argv[1:])]),
+        "machine": {
+            "host": platform.node(),
+            "python": platform.python_version(),
+            "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
+            "torch": torch.__version__,
+            "cpus": os.cpu_count(),
+        },
+        "bytes": nbytes,
+        "arrays": count,
+        "device": device,
+        "repeats": args.repeats,
+        "cold_cache_dropped": cold_ok,
+        "results": results,
+    }
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

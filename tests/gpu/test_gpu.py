@@ -1,0 +1,118 @@
+"""GPU round trips: CuPy, JAX and torch on cuda:0, every dtype, bit for bit; zero-copy
+exchange between CuPy and JAX; in-place reads into device memory; the staging path in
+several chunks. Run on the GPU machine with ``pytest -m gpu``; skipped cleanly elsewhere."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import arrayio
+from arrayio._dtypes import DTYPES, by_name
+from arrayio.testing import FRAMEWORK_PARAMS, Framework, random_array, supports
+
+pytestmark = pytest.mark.gpu
+
+GPU_FRAMEWORKS = [f for f in FRAMEWORK_PARAMS if f.device == "cuda"]
+ALL_FRAMEWORKS = list(FRAMEWORK_PARAMS)
+SHAPES = [(), (0,), (7,), (3, 5, 2)]
+
+
+def _assert_same(framework: Framework, loaded, expected: np.ndarray) -> None:
+    assert tuple(loaded.shape) == expected.shape
+    assert framework.dtype_name(loaded) == expected.dtype.name
+    assert framework.to_bytes(loaded) == expected.tobytes()
+
+
+@pytest.mark.parametrize("target", ALL_FRAMEWORKS, ids=lambda f: f.id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_gpu_round_trip_every_dtype(tmp_path, gpu_xp: Framework, target: Framework, dtype):
+    if not (supports(gpu_xp, dtype) and supports(target, dtype)):
+        pytest.skip(f"{gpu_xp.name} or {target.name} has no {dtype.name}")
+    tree = {str(i): random_array(dtype, shape, seed=i) for i, shape in enumerate(SHAPES)}
+    path = tmp_path / "gpu.safetensors"
+    arrayio.save(path, {k: gpu_xp.from_numpy(v) for k, v in tree.items()})
+    loaded = arrayio.load(path, like=target.name, device=target.device)
+    for key, expected in tree.items():
+        _assert_same(target, loaded[key], expected)
+
+
+def test_cupy_has_no_float8_and_says_so(tmp_path):
+    path = tmp_path / "f8.safetensors"
+    arrayio.save(path, {"x": random_array(by_name("float8_e4m3fn"), (4,))})
+    with pytest.raises(arrayio.UnsupportedDtypeError, match="CuPy"):
+        arrayio.load(path, like="cupy", device="cuda")
+
+
+def test_cupy_and_jax_exchange_buffers_zero_copy():
+    cupy = pytest.importorskip("cupy")
+    jax = pytest.importorskip("jax")
+    from arrayio._frameworks import allocate, export, parse_target
+
+    for dtype in ("float32", "bfloat16", "int8"):
+        x = jax.device_put(np.arange(64).astype(np.float32), jax.devices("gpu")[0]).astype(dtype)
+        exported = export(x)
+        assert exported.data.array.data.ptr == x.unsafe_buffer_pointer(), dtype
+        target = allocate(parse_target("jax", "cuda:0"), by_name(dtype), (8, 8))
+        target.data.array[:] = 1
+        y = target.finish()
+        assert y.unsafe_buffer_pointer() == target.data.array.data.ptr, dtype
+    c = cupy.arange(10, dtype=cupy.float32)
+    assert jax.dlpack.from_dlpack(c).unsafe_buffer_pointer() == c.data.ptr
+
+
+def test_load_to_jax_device_object_and_torch_device(tmp_path):
+    jax = pytest.importorskip("jax")
+    torch = pytest.importorskip("torch")
+    a = random_array(by_name("bfloat16"), (16, 16))
+    path = tmp_path / "x.safetensors"
+    arrayio.save(path, a)
+    device = jax.devices("gpu")[0]
+    as_jax = arrayio.load(path, device=device)
+    assert isinstance(as_jax, jax.Array) and as_jax.devices() == {device}
+    as_torch = arrayio.load(path, device=torch.device("cuda:0"))
+    assert as_torch.is_cuda and as_torch.dtype == torch.bfloat16
+    assert np.asarray(as_jax).tobytes() == a.tobytes()
+
+
+def test_read_into_device_memory_in_place(tmp_path):
+    cupy = pytest.importorskip("cupy")
+    torch = pytest.importorskip("torch")
+    a = random_array(by_name("float32"), (256, 33))
+    path = tmp_path / "x.safetensors"
+    arrayio.save(path, {"x": a})
+    out = cupy.zeros(a.shape, dtype=a.dtype)
+    pointer = out.data.ptr
+    assert arrayio.read_into(path, out, key="x") is out
+    assert out.data.ptr == pointer and cupy.asnumpy(out).tobytes() == a.tobytes()
+    t = torch.zeros(a.shape, dtype=torch.float32, device="cuda")
+    arrayio.read_into(path, t, key="x")
+    assert t.cpu().numpy().tobytes() == a.tobytes()
+
+
+@pytest.mark.parametrize("source", GPU_FRAMEWORKS, ids=lambda f: f.id)
+def test_large_array_through_small_staging_buffers(tmp_path, source):
+    # 48 MiB through 1 MiB staging buffers: dozens of chunks each way, checksums verified.
+    a = random_array(by_name("float16"), (3 << 20, 8))
+    path = tmp_path / "big.safetensors"
+    with arrayio.config.set(staging_bytes=1 << 20):
+        arrayio.save(path, {"x": source.from_numpy(a)})
+        back = arrayio.load(path, like=source.name, device="cuda")["x"]
+        rows = arrayio.open(path).read("x", index=slice(1000, 5000), like=source.name,
+                                       device="cuda")
+    assert source.to_bytes(back) == a.tobytes()
+    assert source.to_bytes(rows) == a[1000:5000].tobytes()
+
+
+def test_corruption_is_caught_on_gpu_loads(tmp_path):
+    a = random_array(by_name("float32"), (1024,))
+    path = tmp_path / "x.safetensors"
+    arrayio.save(path, {"x": a})
+    offset = arrayio.open(path)["x"].file_offset
+    with open(path, "r+b") as f:
+        f.seek(offset + 100)
+        byte = f.read(1)
+        f.seek(offset + 100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(arrayio.ChecksumError):
+        arrayio.load(path, like="cupy", device="cuda")

@@ -1,0 +1,131 @@
+"""Choosing the result's framework and device, and clear errors where a framework lacks a
+dtype or a device makes no sense."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import arrayio
+from arrayio._dtypes import by_name
+from arrayio._frameworks import Placement, parse_target
+from arrayio.testing import random_array
+
+
+@pytest.fixture
+def saved(tmp_path):
+    path = tmp_path / "x.safetensors"
+    tree = {
+        "f64": random_array(by_name("float64"), (4,)),
+        "bf16": random_array(by_name("bfloat16"), (2, 3)),
+        "f32": np.arange(6, dtype=np.float32),
+    }
+    arrayio.save(path, tree)
+    return path, tree
+
+
+@pytest.mark.parametrize(
+    ("like", "device", "framework", "placement"),
+    [
+        (None, None, "numpy", Placement("cpu")),
+        ("numpy", "cpu", "numpy", Placement("cpu")),
+        (None, "cuda", "cupy", Placement("cuda", 0)),
+        ("torch", "cuda:1", "torch", Placement("cuda", 1)),
+        ("jax", "gpu:0", "jax", Placement("cuda", 0)),
+    ],
+)
+def test_parse_target(like, device, framework, placement, monkeypatch) -> None:
+    # Only the parsing is under test: pretend every framework is importable.
+    monkeypatch.setattr("arrayio._frameworks._require", lambda name: None)
+    request = parse_target(like, device)
+    assert (request.framework, request.placement) == (framework, placement)
+
+
+@pytest.mark.parametrize(
+    ("like", "device", "error"),
+    [
+        ("numpy", "cuda", arrayio.DeviceError),
+        ("cupy", "cpu", arrayio.DeviceError),
+        (None, "tpu:0", arrayio.DeviceError),
+        (None, "cuda:x", arrayio.DeviceError),
+        ("tensorflow", None, ValueError),
+        (object(), None, ValueError),
+    ],
+)
+def test_bad_targets(like, device, error) -> None:
+    with pytest.raises(error):
+        parse_target(like, device)
+
+
+def test_device_error_is_value_error() -> None:
+    with pytest.raises(ValueError, match="cuda"):
+        parse_target("numpy", "cuda:0")
+
+
+def test_like_an_example_array_picks_framework(saved) -> None:
+    torch = pytest.importorskip("torch")
+    path, tree = saved
+    loaded = arrayio.load(path, like=torch.zeros(1))
+    assert isinstance(loaded["f32"], torch.Tensor)
+    assert loaded["f32"].tolist() == tree["f32"].tolist()
+
+
+def test_numpy_without_ml_dtypes_is_a_clear_error(saved, monkeypatch) -> None:
+    path, tree = saved
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # makes `import ml_dtypes` fail
+    with pytest.raises(arrayio.FrameworkNotAvailableError, match="ml_dtypes"):
+        arrayio.load(path)
+    # Arrays of NumPy's own dtypes still load.
+    assert arrayio.load(path, keys="f32").tolist() == tree["f32"].tolist()
+
+
+def test_jax_without_x64_refuses_to_narrow(saved) -> None:
+    jax = pytest.importorskip("jax")
+    path, tree = saved
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", False)
+    try:
+        with pytest.raises(arrayio.UnsupportedDtypeError, match="jax_enable_x64"):
+            arrayio.load(path, like="jax")
+        bf16 = arrayio.load(path, like="jax", keys="bf16")
+        assert np.asarray(bf16).tobytes() == tree["bf16"].tobytes()
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+
+
+def test_jax_bfloat16_to_torch_and_numpy(tmp_path) -> None:
+    jax = pytest.importorskip("jax")
+    torch = pytest.importorskip("torch")
+    x = jax.numpy.linspace(-3, 3, 24, dtype=jax.numpy.bfloat16).reshape(4, 6)
+    path = tmp_path / "bf16.safetensors"
+    arrayio.save(path, {"x": x})
+    as_torch = arrayio.load(path, like="torch")["x"]
+    as_numpy = arrayio.load(path)["x"]
+    assert as_torch.dtype == torch.bfloat16
+    assert as_torch.view(torch.int16).numpy().tobytes() == np.asarray(x).tobytes()
+    assert as_numpy.dtype.name == "bfloat16"
+    assert as_numpy.tobytes() == np.asarray(x).tobytes()
+    assert arrayio.open(path).framework == "jax"
+
+
+def test_jax_load_on_cpu_is_zero_copy_for_native_dtypes(tmp_path) -> None:
+    jax = pytest.importorskip("jax")
+    from arrayio._frameworks import allocate
+
+    request = parse_target("jax", "cpu")
+    target = allocate(request, by_name("float32"), (8, 8))
+    target.data[:] = 7
+    result = target.finish()
+    assert isinstance(result, jax.Array)
+    assert result.unsafe_buffer_pointer() == target.data.ctypes.data
+
+
+def test_numpy_save_is_zero_copy_for_contiguous_arrays() -> None:
+    from arrayio._frameworks import export
+
+    a = np.arange(1000, dtype=np.float64)
+    assert np.shares_memory(export(a).data, a)
+    strided = a[::2]
+    assert not np.shares_memory(export(strided).data, a)  # made contiguous: a copy
