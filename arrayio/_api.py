@@ -172,8 +172,9 @@ def load(
         ``"cpu"``, ``"cuda"``, ``"cuda:N"``, a ``jax.Device``, a ``torch.device``... Default:
         the CPU.
     keys
-        Load only these arrays: one key returns that array; a list returns a flat ``dict``
-        from key to array. A key naming a subtree (``"params"``) selects every array below it.
+        Load only these arrays: the key of one array returns that array; a list returns a
+        flat ``dict`` from key to array. A key naming a subtree (``"params"``) selects every
+        array below it (alone, it also returns a flat ``dict``).
     structure
         An example pytree (arrays, ``jax.ShapeDtypeStruct`` or anything in their place) to
         rebuild, for custom JAX pytree classes that arrayio cannot rebuild on its own.

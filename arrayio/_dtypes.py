@@ -69,29 +69,30 @@ _KNOWN_UNSUPPORTED_CODES = frozenset(
 )
 
 
-def by_name(name: str) -> DType:
-    """Return the dtype called ``name`` (NumPy naming), or raise UnsupportedDtypeError."""
-    try:
+def by_name(name: str, *, where: str = "") -> DType:
+    """Return the dtype called ``name`` (NumPy naming), or raise UnsupportedDtypeError.
+
+    ``where`` prefixes the error message (a file and key).
+    """
+    if isinstance(name, str) and name in _BY_NAME:
         return _BY_NAME[name]
-    except KeyError:
-        raise UnsupportedDtypeError(
-            f"dtype {name!r} is not supported by arrayio; supported: {sorted(_BY_NAME)}"
-        ) from None
+    raise UnsupportedDtypeError(
+        f"{where}dtype {name!r} is not supported by arrayio; supported: {sorted(_BY_NAME)}"
+    )
 
 
 def by_code(code: object, *, where: str = "") -> DType:
     """Return the dtype whose safetensors code is ``code``, or raise UnsupportedDtypeError."""
     if isinstance(code, str) and code in _BY_CODE:
         return _BY_CODE[code]
-    what = "a safetensors dtype arrayio does not handle" if code in _KNOWN_UNSUPPORTED_CODES else (
-        "an unknown dtype"
-    )
+    known = isinstance(code, str) and code in _KNOWN_UNSUPPORTED_CODES
+    what = "a safetensors dtype arrayio does not handle" if known else "an unknown dtype"
     raise UnsupportedDtypeError(
         f"{where}{code!r} is {what}; supported: {sorted(_BY_CODE)}"
     )
 
 
-def dtype_of(dtype: Any) -> DType:
+def dtype_of(dtype: Any, *, where: str = "") -> DType:
     """Map a framework dtype (NumPy, ml_dtypes, JAX, CuPy, torch) to arrayio's dtype."""
     module = type(dtype).__module__
     if module.startswith("torch"):
@@ -100,13 +101,14 @@ def dtype_of(dtype: Any) -> DType:
         try:
             np_dtype = np.dtype(dtype)
         except TypeError:
-            raise UnsupportedDtypeError(f"cannot interpret {dtype!r} as a dtype") from None
+            raise UnsupportedDtypeError(f"{where}cannot interpret {dtype!r} as a dtype") from None
         if np_dtype.byteorder == ">":
             raise UnsupportedDtypeError(
-                f"big-endian dtype {np_dtype.str!r}: convert with .astype({np_dtype.name!r}) first"
+                f"{where}big-endian dtype {np_dtype.str!r} is not supported: convert with "
+                f".astype({np_dtype.name!r}) first"
             )
         name = np_dtype.name
-    return by_name(name)
+    return by_name(name, where=where)
 
 
 def numpy_dtype(dtype: DType) -> np.dtype:

@@ -264,13 +264,23 @@ class CupyDeviceBuffer:
     def device_index(self) -> int:
         return int(self.array.device.id)
 
+    # CuPy copies to and from pinned memory asynchronously on the current stream: wait, or
+    # the caller would reuse the staging buffer while the copy is still reading it.
     def copy_from_host(self, offset: int, src: np.ndarray) -> None:
+        import cupy
+
         with self.array.device:
-            self.array[offset : offset + src.nbytes].set(src)
+            stream = cupy.cuda.get_current_stream()
+            self.array[offset : offset + src.nbytes].set(src, stream=stream)
+            stream.synchronize()
 
     def copy_to_host(self, offset: int, dst: np.ndarray) -> None:
+        import cupy
+
         with self.array.device:
-            self.array[offset : offset + dst.nbytes].get(out=dst)
+            stream = cupy.cuda.get_current_stream()
+            self.array[offset : offset + dst.nbytes].get(stream=stream, out=dst)
+            stream.synchronize()
 
     def pinned_empty(self, nbytes: int) -> np.ndarray:
         import cupyx

@@ -100,7 +100,8 @@ def flatten(obj: Any) -> tuple[list[tuple[str, Any]], Node]:
     leaves: list[tuple[str, Any]] = []
     seen: set[str] = set()
 
-    def leaf(key: str, x: Any) -> Node:
+    def claim(key: str) -> str:
+        # Constants count too: a structure= load finds every leaf by its key.
         if key in seen:
             raise UnsupportedObjectError(
                 f"two leaves would both be stored under the key {key!r}; rename one "
@@ -109,14 +110,16 @@ def flatten(obj: Any) -> tuple[list[tuple[str, Any]], Node]:
         if key == "__metadata__":
             raise UnsupportedObjectError("'__metadata__' is reserved by the file format")
         seen.add(key)
-        leaves.append((key, x))
-        return {"leaf": key}
+        return key
 
     def visit(x: Any, key: str) -> Node:
         if is_array(x):
-            return leaf(key or SINGLE_ARRAY_KEY, x)
+            key = claim(key or SINGLE_ARRAY_KEY)
+            leaves.append((key, x))
+            return {"leaf": key}
         constant = _constant(x)
         if constant is not None:
+            claim(key or SINGLE_ARRAY_KEY)
             return constant
         if isinstance(x, dict):
             items = []
@@ -189,20 +192,40 @@ def _namedtuple_class(path: str, fields: list[str]) -> type:
     return collections.namedtuple(name if name.isidentifier() else "Record", fields)
 
 
-def unflatten(tree: Node, leaf: Callable[[str], Any]) -> Any:
+def unflatten(tree: Node, leaf: Callable[[str], Any], *, where: str = "") -> Any:
     """Rebuild a structure recorded by :func:`flatten`, asking ``leaf(key)`` for each array.
 
     Raises
     ------
     FormatError
-        For a structure that is not one :func:`flatten` writes.
+        For a structure that is not one :func:`flatten` writes (``where`` names the file).
     """
     try:
         return _unflatten(tree, leaf)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as error:
         if isinstance(error, ArrayioError):  # raised reading a leaf: not a structure problem
             raise
-        raise FormatError(f"malformed pytree structure in arrayio metadata: {error!r}") from None
+        raise FormatError(f"{where}malformed pytree structure in arrayio metadata: "
+                          f"{error!r}") from None
+
+
+def validate(tree: Node, *, where: str = "") -> list[str]:
+    """Check a stored structure completely and return its array keys, in order.
+
+    Raises
+    ------
+    FormatError
+        For anything :func:`unflatten` would trip on later.
+    """
+    keys: list[str] = []
+
+    def collect(key: Any) -> None:
+        if not isinstance(key, str):
+            raise ValueError(f"leaf key {key!r} is not a string")
+        keys.append(key)
+
+    unflatten(tree, collect, where=where)
+    return keys
 
 
 def _unflatten(node: Node, leaf: Callable[[str], Any]) -> Any:

@@ -109,14 +109,19 @@ class Reader:
         else:
             metadata.pop(formats.safetensors.ARRAYIO_KEY)
             self._tree = arrayio.get("tree") or {"dict": []}
-            self.framework = arrayio.get("framework")
-            for key in arrayio.get("json_metadata", []):
+            framework = arrayio.get("framework")
+            self.framework = framework if isinstance(framework, str) else None
+            json_keys = arrayio.get("json_metadata", [])
+            if not isinstance(json_keys, list) or not all(isinstance(k, str) for k in json_keys):
+                raise FormatError(f"{self.path}: arrayio 'json_metadata' must list strings")
+            for key in json_keys:
                 if key in metadata:
                     try:
                         metadata[key] = json.loads(metadata[key])
-                    except json.JSONDecodeError:
+                    except (ValueError, RecursionError):
                         raise FormatError(f"{self.path}: metadata {key!r} is not JSON") from None
-            missing = set(_pytree.leaf_keys(self._tree)) - self._stored.keys()
+            leaf_keys = _pytree.validate(self._tree, where=f"{self.path}: ")
+            missing = set(leaf_keys) - self._stored.keys()
             if missing:
                 raise FormatError(f"{self.path}: structure names tensors the file lacks: "
                                   f"{sorted(missing)[:5]}")
@@ -127,7 +132,8 @@ class Reader:
     def keys(self) -> list[str]:
         """The keys of the arrays, in the order of the saved structure."""
         ordered = _pytree.leaf_keys(self._tree)
-        return ordered + [key for key in self._stored if key not in set(ordered)]
+        listed = set(ordered)
+        return ordered + [key for key in self._stored if key not in listed]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())
@@ -282,7 +288,9 @@ class Reader:
 
         if keys is not None:
             if isinstance(keys, str):
-                return read(self._entry(keys).key)
+                if keys in self._stored:
+                    return read(keys)
+                keys = [keys]  # a subtree: a flat dict of the arrays below it
             return {key: read(key) for key in self._select(keys)}
         if structure is not None:
             constants = _pytree.leaves_by_key(_pytree.unflatten(self._tree, lambda key: _ARRAY))
@@ -296,7 +304,7 @@ class Reader:
                                        f"file lacks (keys: {self.keys()[:5]}...)")
 
             return _pytree.rebuild_like(structure, lookup)
-        return _pytree.unflatten(self._tree, read)
+        return _pytree.unflatten(self._tree, read, where=f"{self.path}: ")
 
     def _select(self, keys: Sequence[str]) -> list[str]:
         chosen: list[str] = []

@@ -6,8 +6,6 @@ where no CUDA device is usable; a missing framework skips only its own cases.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from arrayio.testing import FRAMEWORK_PARAMS, Framework, gpu_available
@@ -24,15 +22,9 @@ def _params(device: str | None = None) -> list:
 
 
 def _skip_unless_usable(framework: Framework) -> Framework:
-    if importlib.util.find_spec(framework.name) is None:
-        pytest.skip(f"{framework.name} is not installed")
-    if framework.device == "cuda" and not gpu_available():
-        pytest.skip("no CUDA GPU")
-    if framework.name == "jax":
-        import jax
-
-        # Round trips cover 64-bit dtypes; the x64-disabled error has its own test.
-        jax.config.update("jax_enable_x64", True)
+    reason = framework.usable()
+    if reason is not None:
+        pytest.skip(reason)
     return framework
 
 

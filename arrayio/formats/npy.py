@@ -105,13 +105,15 @@ def read_header(fd: int, path: str) -> NpyHeader:
             # 3.0 differs from 2.0 only in allowing UTF-8 field names, which arrayio refuses.
             shape, fortran, np_dtype = np.lib.format.read_array_header_2_0(
                 stream, max_header_size=MAX_HEADER_BYTES)
-    except (ValueError, SyntaxError, TypeError) as error:
-        raise FormatError(f"{path}: malformed .npy header ({error})") from None
+    except Exception as error:  # noqa: BLE001 - NumPy's parser raises several kinds
+        raise FormatError(f"{path}: malformed .npy header ({error!r})") from None
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise FormatError(f"{path}: .npy shape {shape!r} is not a tuple of non-negative integers")
     if np_dtype.hasobject or np_dtype.fields is not None:
         raise UnsupportedDtypeError(f"{path}: .npy of dtype {np_dtype} (object or structured) "
                                     "cannot be loaded by arrayio")
-    dtype = _dtypes.dtype_of(np_dtype)
-    header = NpyHeader(dtype, tuple(int(n) for n in shape), bool(fortran), data_start)
+    dtype = _dtypes.dtype_of(np_dtype, where=f"{path}: ")
+    header = NpyHeader(dtype, tuple(shape), bool(fortran), data_start)
     if data_start + header.nbytes > file_size:
         raise TruncatedFileError(
             f"{path}: {header.nbytes} bytes of data expected after the header, file holds "

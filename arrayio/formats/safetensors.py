@@ -200,7 +200,7 @@ def read_header(fd: int, path: str) -> Header:
         raise TruncatedFileError(f"{path}: header cut short while reading")
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (ValueError, RecursionError) as error:  # bad UTF-8 or JSON, huge ints, deep nesting
         raise FormatError(f"{path}: header is not valid UTF-8 JSON ({error})") from None
     if not isinstance(header, dict):
         raise FormatError(f"{path}: header is a JSON {type(header).__name__}, expected an object")
@@ -231,9 +231,10 @@ def _parse_arrayio(text: str | None, path: str) -> dict[str, Any] | None:
         return None
     try:
         arrayio = json.loads(text)
-    except json.JSONDecodeError as error:
+    except (ValueError, RecursionError) as error:
         raise FormatError(f"{path}: __metadata__[{ARRAYIO_KEY!r}] is not JSON ({error})") from None
-    if not isinstance(arrayio, dict) or not isinstance(arrayio.get("version"), int):
+    version = arrayio.get("version") if isinstance(arrayio, dict) else None
+    if not isinstance(version, int) or isinstance(version, bool):
         raise FormatError(f"{path}: __metadata__[{ARRAYIO_KEY!r}] lacks a format version")
     if arrayio["version"] > FORMAT_VERSION:
         raise FormatError(
@@ -295,7 +296,7 @@ def _real_dtype(
 ) -> tuple[DType, tuple[int, ...]]:
     if real is None:
         return stored, shape
-    dtype = _dtypes.by_name(real)
+    dtype = _dtypes.by_name(real, where=where)
     if dtype.storage_code != stored.code or dtype.storage_lanes == 1:
         raise UnsupportedDtypeError(f"{where}cannot be {real} when stored as {stored.code}")
     if not shape or shape[-1] != dtype.storage_lanes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.util
 from typing import Any
 
 import numpy as np
@@ -29,8 +30,18 @@ class Framework:
     def id(self) -> str:
         return self.name if self.device == "cpu" else f"{self.name}-{self.device}"
 
-    def module(self) -> Any:
-        return importlib.import_module(self.name)
+    def usable(self) -> str | None:
+        """Return why this framework cannot run here, or None; readies JAX for 64-bit types."""
+        if importlib.util.find_spec(self.name) is None:
+            return f"{self.name} is not installed"
+        if self.device == "cuda" and not gpu_available():
+            return "no CUDA GPU"
+        if self.name == "jax":
+            import jax
+
+            # Round trips cover 64-bit dtypes; the x64-disabled error has a test of its own.
+            jax.config.update("jax_enable_x64", True)
+        return None
 
     def from_numpy(self, a: np.ndarray) -> Any:
         """Return an array of this framework and device holding exactly ``a``'s bytes."""

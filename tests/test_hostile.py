@@ -1,0 +1,574 @@
+"""Hostile and damaged files: every one must be refused with a precise arrayio error.
+
+Each case checks, for ``arrayio.open``, ``arrayio.load`` and ``arrayio.read_into``:
+
+* the specific error class (``HeaderTooLargeError``, ``TruncatedFileError``, ``FormatError``,
+  ``UnsupportedDtypeError``, ``ChecksumError``), which is an ``ArrayioError`` and also the
+  builtin a caller would catch without knowing arrayio (``ValueError``, ``EOFError``,
+  ``TypeError``);
+* that the message names the file;
+* for files that claim huge sizes, that the refusal comes before any large allocation
+  (measured with ``tracemalloc``).
+
+Hostile containers are built by hand: an 8-byte little-endian header length, a JSON header,
+then data. Damaged files start as real ``arrayio.save`` output and are then cut or corrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import arrayio
+
+# The builtins each error class must also be, as errors.py documents them. Written out here
+# (not derived from the classes) so that a change to the hierarchy fails a test.
+BUILTINS: dict[type[arrayio.ArrayioError], tuple[type[Exception], ...]] = {
+    arrayio.FormatError: (ValueError,),
+    arrayio.HeaderTooLargeError: (ValueError,),
+    arrayio.TruncatedFileError: (ValueError, EOFError),
+    arrayio.ChecksumError: (ValueError,),
+    arrayio.UnsupportedDtypeError: (TypeError,),
+}
+
+NPY_MAGIC = b"\x93NUMPY"
+
+# A hostile file may not make arrayio allocate more than this while refusing it.
+ALLOCATION_LIMIT = 1 << 20
+
+
+# --------------------------------------------------------------------------- file builders
+
+
+def container(header: Any, data: bytes = b"", *, header_length: int | None = None) -> bytes:
+    """A safetensors container: length prefix, header (JSON-encoded unless bytes), data.
+
+    ``header_length`` overrides the length written in the prefix.
+    """
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    length = len(raw) if header_length is None else header_length
+    return struct.pack("<Q", length) + raw + data
+
+
+def tensor(dtype: Any = "F32", shape: Any = (1,), offsets: Any = (0, 4)) -> dict[str, Any]:
+    """One header entry; tuples become JSON lists, anything else is written as given."""
+    as_json = (lambda v: list(v) if isinstance(v, tuple) else v)
+    return {"dtype": dtype, "shape": as_json(shape), "data_offsets": as_json(offsets)}
+
+
+def npy(header: str | bytes, data: bytes = b"", *, version: int = 1,
+        header_length: int | None = None) -> bytes:
+    """A ``.npy`` file: magic, version, header length, header text padded to 64 bytes, data.
+
+    ``header_length`` overrides the length written after the version.
+    """
+    text = header.encode("latin1") if isinstance(header, str) else header
+    length_format = "<H" if version == 1 else "<I"
+    prefix = len(NPY_MAGIC) + 2 + struct.calcsize(length_format)
+    total = -(-(prefix + len(text) + 1) // 64) * 64
+    body = text.ljust(total - prefix - 1, b" ") + b"\n"
+    length = len(body) if header_length is None else header_length
+    return NPY_MAGIC + bytes([version, 0]) + struct.pack(length_format, length) + body + data
+
+
+def npy_dict(descr: str = "<f4", shape: tuple[int, ...] = (1,)) -> str:
+    """The dict literal of a ``.npy`` header."""
+    return f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': {shape!r}, }}"
+
+
+def write(tmp_path: Path, blob: bytes, name: str = "hostile.safetensors") -> Path:
+    path = tmp_path / name
+    path.write_bytes(blob)
+    return path
+
+
+def read_container(path: Path) -> tuple[dict[str, Any], bytes]:
+    """Split a container into its parsed header and its data section."""
+    blob = path.read_bytes()
+    (length,) = struct.unpack("<Q", blob[:8])
+    return json.loads(blob[8 : 8 + length]), blob[8 + length :]
+
+
+def save_sample(tmp_path: Path, name: str = "sample.safetensors") -> Path:
+    """A real container written by arrayio: ``w`` (4096 bytes, first) and ``b`` (80 bytes)."""
+    path = tmp_path / name
+    arrayio.save(path, {"w": np.arange(1024, dtype=np.float32), "b": np.arange(10)})
+    return path
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        (byte,) = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte ^ 0xFF]))
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def _open(path: Path) -> None:
+    with arrayio.open(path):
+        pass
+
+
+def _load(path: Path) -> None:
+    arrayio.load(path)
+
+
+def _read_into(path: Path) -> None:
+    # open fails before the output's shape is compared, so any output will do.
+    arrayio.read_into(path, np.empty(1, np.float32))
+
+
+ENTRY_POINTS: dict[str, Callable[[Path], None]] = {
+    "open": _open,
+    "load": _load,
+    "read_into": _read_into,
+}
+
+
+def check_error(error: BaseException, expected: type[arrayio.ArrayioError], path: Path,
+                *, exact: bool = True) -> None:
+    """``error`` is ``expected`` (exactly, unless ``exact=False``), an ArrayioError, the
+    builtins its class promises, and its message names ``path``."""
+    if exact:
+        assert type(error) is expected, f"expected {expected.__name__}, got {error!r}"
+    assert isinstance(error, expected)
+    assert isinstance(error, arrayio.ArrayioError)
+    for builtin in BUILTINS[expected]:
+        assert isinstance(error, builtin), f"{type(error).__name__} is not a {builtin.__name__}"
+    assert str(path) in str(error), f"message does not name the file: {error}"
+
+
+def expect(call: Callable[[Path], None], path: Path,
+           expected: type[arrayio.ArrayioError], *, exact: bool = True) -> BaseException:
+    # Catch everything so that a raw builtin (TypeError, RecursionError...) fails with a clear
+    # message rather than as an error of the test itself.
+    try:
+        call(path)
+    except Exception as error:  # noqa: BLE001
+        check_error(error, expected, path, exact=exact)
+        return error
+    pytest.fail(f"no error for {path.name}; expected {expected.__name__}")
+
+
+# --------------------------------------------------------------------------- sanity of the builders
+
+
+def test_builders_make_valid_files(tmp_path: Path) -> None:
+    """The hand-built files below differ from these valid ones only in the defect tested."""
+    data = np.array([1.5, -2.0], np.float32).tobytes() + np.array([7], np.int64).tobytes()
+    header = {"a": tensor("F32", (2,), (0, 8)), "b": tensor("I64", (), (8, 16))}
+    path = write(tmp_path, container(header, data))
+    loaded = arrayio.load(path)
+    np.testing.assert_array_equal(loaded["a"], np.array([1.5, -2.0], np.float32))
+    assert loaded["b"] == 7 and loaded["b"].dtype == np.int64
+
+    path = write(tmp_path, npy(npy_dict("<f4", (2,)), data[:8]), "valid.npy")
+    np.testing.assert_array_equal(arrayio.load(path), np.array([1.5, -2.0], np.float32))
+
+
+# --------------------------------------------------------------------------- hand-built containers
+
+ONE_F32 = {"a": tensor()}
+FOUR_BYTES = b"\0" * 4
+# A header that would be valid, with its encoded size, to claim lengths relative to it.
+_VALID = json.dumps(ONE_F32).encode()
+
+CONTAINER_CASES = [
+    # --- too short to hold a length prefix
+    pytest.param(b"", arrayio.TruncatedFileError, id="empty-file"),
+    pytest.param(b"\x05\x00\x00", arrayio.TruncatedFileError, id="3-bytes"),
+    pytest.param(b"\x02\x00\x00\x00\x00\x00\x00", arrayio.TruncatedFileError, id="7-bytes"),
+    # --- header length beyond the file or beyond any sane header
+    pytest.param(container(b"{}", header_length=2**63), arrayio.HeaderTooLargeError,
+                 id="header-length-2**63"),
+    pytest.param(container(b"{}", header_length=2**64 - 1), arrayio.HeaderTooLargeError,
+                 id="header-length-2**64-1"),
+    pytest.param(container(b"{}", header_length=4 << 30), arrayio.HeaderTooLargeError,
+                 id="header-length-4GiB"),
+    pytest.param(container(b"{}", header_length=99_999_999), arrayio.HeaderTooLargeError,
+                 id="header-length-under-cap-beyond-file"),
+    pytest.param(container(_VALID, FOUR_BYTES, header_length=len(_VALID) + 4 + 1),
+                 arrayio.HeaderTooLargeError, id="header-length-1-past-end"),
+    # --- header is not a JSON object
+    pytest.param(container(b"{not json"), arrayio.FormatError, id="not-json"),
+    pytest.param(container(b'{"a": "\xff\xfe"}'), arrayio.FormatError, id="not-utf8"),
+    pytest.param(container(b"[]"), arrayio.FormatError, id="json-list"),
+    pytest.param(container(b'"a string"'), arrayio.FormatError, id="json-string"),
+    pytest.param(container(b"null"), arrayio.FormatError, id="json-null"),
+    pytest.param(container(b""), arrayio.FormatError, id="zero-length-header"),
+    # Python's json refuses integers over 4300 digits with a plain ValueError.
+    pytest.param(container(b'{"a": {"dtype": "F32", "shape": [' + b"9" * 5000
+                           + b'], "data_offsets": [0, 4]}}', FOUR_BYTES),
+                 arrayio.FormatError, id="integer-of-5000-digits"),
+    # Deep nesting makes json.loads raise RecursionError.
+    pytest.param(container(b"[" * 100_000 + b"]" * 100_000), arrayio.FormatError,
+                 id="deeply-nested-json"),
+    # --- __metadata__ must map strings to strings
+    pytest.param(container({"__metadata__": {"k": 1}, **ONE_F32}, FOUR_BYTES),
+                 arrayio.FormatError, id="metadata-value-not-string"),
+    pytest.param(container({"__metadata__": "text", **ONE_F32}, FOUR_BYTES),
+                 arrayio.FormatError, id="metadata-not-object"),
+    # --- malformed entries
+    pytest.param(container({"a": 5}, FOUR_BYTES), arrayio.FormatError, id="entry-not-object"),
+    *(
+        pytest.param(container({"a": {k: v for k, v in tensor().items() if k != field}},
+                               FOUR_BYTES),
+                     arrayio.FormatError, id=f"entry-missing-{field}")
+        for field in ("dtype", "shape", "data_offsets")
+    ),
+    pytest.param(container({"a": tensor(shape=[-1], offsets=(0, 4))}, FOUR_BYTES),
+                 arrayio.FormatError, id="shape-negative"),
+    # Two negative axes multiply to a positive size that matches the offsets.
+    pytest.param(container({"a": tensor(shape=[-1, -1], offsets=(0, 4))}, FOUR_BYTES),
+                 arrayio.FormatError, id="shape-two-negatives"),
+    pytest.param(container({"a": tensor(shape=[1.0])}, FOUR_BYTES), arrayio.FormatError,
+                 id="shape-float"),
+    pytest.param(container({"a": tensor(shape=["1"])}, FOUR_BYTES), arrayio.FormatError,
+                 id="shape-string-entry"),
+    pytest.param(container({"a": tensor(shape=[True])}, FOUR_BYTES), arrayio.FormatError,
+                 id="shape-boolean"),
+    pytest.param(container({"a": tensor(shape=[[1]])}, FOUR_BYTES), arrayio.FormatError,
+                 id="shape-nested-list"),
+    pytest.param(container({"a": tensor(shape=1)}, FOUR_BYTES), arrayio.FormatError,
+                 id="shape-not-list"),
+    pytest.param(container({"a": tensor(shape=None)}, FOUR_BYTES), arrayio.FormatError,
+                 id="shape-null"),
+    pytest.param(container({"a": tensor(offsets=[0])}, FOUR_BYTES), arrayio.FormatError,
+                 id="offsets-single"),
+    pytest.param(container({"a": tensor(offsets=[0, 4, 8])}, FOUR_BYTES), arrayio.FormatError,
+                 id="offsets-triple"),
+    pytest.param(container({"a": tensor(offsets="0,4")}, FOUR_BYTES), arrayio.FormatError,
+                 id="offsets-string"),
+    pytest.param(container({"a": tensor(offsets={"begin": 0, "end": 4})}, FOUR_BYTES),
+                 arrayio.FormatError, id="offsets-object"),
+    pytest.param(container({"a": tensor(offsets=[0, 4.0])}, FOUR_BYTES), arrayio.FormatError,
+                 id="offsets-float"),
+    pytest.param(container({"a": tensor(shape=[], offsets=[False, 4])}, FOUR_BYTES),
+                 arrayio.FormatError, id="offsets-boolean"),
+    pytest.param(container({"a": tensor(offsets=[-4, 0])}, FOUR_BYTES), arrayio.FormatError,
+                 id="offsets-negative"),
+    pytest.param(container({"a": tensor(offsets=[4, 0])}, FOUR_BYTES), arrayio.FormatError,
+                 id="offsets-begin-after-end"),
+    # --- shape and byte range disagree
+    pytest.param(container({"a": tensor(shape=[2, 2], offsets=[0, 12])}, b"\0" * 12),
+                 arrayio.FormatError, id="shape-2x2-f32-in-12-bytes"),
+    pytest.param(container({"a": tensor(shape=[0], offsets=[0, 4])}, FOUR_BYTES),
+                 arrayio.FormatError, id="empty-shape-with-bytes"),
+    # --- byte ranges outside the data section
+    pytest.param(container({"a": tensor(shape=[2], offsets=[0, 8])}, FOUR_BYTES),
+                 arrayio.TruncatedFileError, id="offsets-past-end"),
+    pytest.param(container({"a": tensor(), "b": tensor(offsets=[4, 8])}, b"\0" * 6),
+                 arrayio.TruncatedFileError, id="second-tensor-past-end"),
+    pytest.param(container({"a": tensor(shape=[100_000, 100_000],
+                                        offsets=[0, 100_000 * 100_000 * 4])}, FOUR_BYTES),
+                 arrayio.TruncatedFileError, id="40GB-tensor-in-4-bytes"),
+    # --- overlapping tensors
+    pytest.param(container({"a": tensor(shape=[2], offsets=[0, 8]),
+                            "b": tensor(shape=[2], offsets=[4, 12])}, b"\0" * 12),
+                 arrayio.FormatError, id="overlap-partial"),
+    pytest.param(container({"a": tensor(shape=[2], offsets=[0, 8]),
+                            "b": tensor(shape=[2], offsets=[0, 8])}, b"\0" * 8),
+                 arrayio.FormatError, id="overlap-same-range"),
+    pytest.param(container({"a": tensor(shape=[4], offsets=[0, 16]),
+                            "b": tensor(shape=[1], offsets=[4, 8])}, b"\0" * 16),
+                 arrayio.FormatError, id="overlap-nested"),
+    # --- dtypes
+    *(
+        pytest.param(container({"a": tensor(dtype=code)}, FOUR_BYTES),
+                     arrayio.UnsupportedDtypeError, id=f"dtype-{code or 'empty'}")
+        for code in ("F7", "C128", "f32", "float32", "")
+    ),
+    # Real safetensors codes that arrayio does not handle.
+    *(
+        pytest.param(container({"a": tensor(dtype=code, offsets=(0, 1))}, b"\0"),
+                     arrayio.UnsupportedDtypeError, id=f"dtype-known-unsupported-{code}")
+        for code in ("F8_E8M0", "F8_E4M3FNUZ")
+    ),
+    # A dtype that is not a string at all is still an unknown dtype, whatever its JSON type.
+    *(
+        pytest.param(container({"a": tensor(dtype=code)}, FOUR_BYTES),
+                     arrayio.UnsupportedDtypeError, id=f"dtype-json-{kind}")
+        for kind, code in (("number", 32), ("null", None), ("list", ["F32"]),
+                           ("object", {"F32": 1}))
+    ),
+]
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize(("blob", "expected"), CONTAINER_CASES)
+def test_hostile_container(tmp_path: Path, blob: bytes, expected: type, entry: str) -> None:
+    path = write(tmp_path, blob)
+    expect(ENTRY_POINTS[entry], path, expected)
+
+
+# --------------------------------------------------------------------------- corrupted arrayio metadata
+
+# Each mutation edits the ``__metadata__["arrayio"]`` blob of a real saved file: given the
+# blob's text, it returns the new text.
+
+
+def _edit(change: Callable[[dict[str, Any]], None]) -> Callable[[str], str]:
+    def mutate(text: str) -> str:
+        blob = json.loads(text)
+        change(blob)
+        return json.dumps(blob)
+
+    return mutate
+
+
+def _set(field: str, value: Any) -> Callable[[str], str]:
+    return _edit(lambda blob: blob.__setitem__(field, value))
+
+
+METADATA_CASES = [
+    pytest.param(lambda text: text[:-3], arrayio.FormatError, id="blob-cut-short"),
+    pytest.param(lambda text: "not json", arrayio.FormatError, id="blob-not-json"),
+    pytest.param(lambda text: "[1, 2]", arrayio.FormatError, id="blob-json-list"),
+    pytest.param(_edit(lambda blob: blob.pop("version")), arrayio.FormatError,
+                 id="version-missing"),
+    pytest.param(_set("version", "1"), arrayio.FormatError, id="version-string"),
+    pytest.param(_set("version", 999), arrayio.FormatError, id="version-999"),
+    pytest.param(_set("crc32c", {"w": "xyz"}), arrayio.FormatError, id="crc-not-hex"),
+    pytest.param(_set("crc32c", {"w": "1234567"}), arrayio.FormatError, id="crc-7-digits"),
+    pytest.param(_set("crc32c", {"w": "123456789"}), arrayio.FormatError, id="crc-9-digits"),
+    pytest.param(_set("crc32c", {"w": "ABCDEF01"}), arrayio.FormatError, id="crc-uppercase"),
+    pytest.param(_set("crc32c", {"w": 12345678}), arrayio.FormatError, id="crc-number"),
+    pytest.param(_set("crc32c", ["00000000"]), arrayio.FormatError, id="crc-not-object"),
+    pytest.param(_edit(lambda blob: blob["crc32c"].__setitem__("ghost", "00000000")),
+                 arrayio.FormatError, id="crc-of-unknown-tensor"),
+    pytest.param(_set("tree", {"dict": [["w", {"leaf": "ghost"}]]}), arrayio.FormatError,
+                 id="tree-names-missing-tensor"),
+    pytest.param(_set("tree", 5), arrayio.FormatError, id="tree-number"),
+    pytest.param(_set("tree", {"dict": 5}), arrayio.FormatError, id="tree-dict-of-number"),
+    pytest.param(_set("tree", {"leaf": ["w"]}), arrayio.FormatError, id="tree-leaf-list"),
+    pytest.param(_set("json_metadata", 5), arrayio.FormatError, id="json-metadata-number"),
+    pytest.param(_set("dtypes", {"w": "complex128"}), arrayio.UnsupportedDtypeError,
+                 id="real-dtype-mismatch"),
+    pytest.param(_set("dtypes", {"w": "no-such-dtype"}), arrayio.UnsupportedDtypeError,
+                 id="real-dtype-unknown"),
+]
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize(("mutate", "expected"), METADATA_CASES)
+def test_corrupt_arrayio_metadata(tmp_path: Path, mutate: Callable[[str], str],
+                                  expected: type, entry: str) -> None:
+    header, data = read_container(save_sample(tmp_path))
+    header["__metadata__"]["arrayio"] = mutate(header["__metadata__"]["arrayio"])
+    path = write(tmp_path, container(header, data))
+    expect(ENTRY_POINTS[entry], path, expected)
+
+
+def test_undamaged_sample_round_trips(tmp_path: Path) -> None:
+    """Re-encoding an unmodified header gives a valid file: the cases above test only their
+    one change."""
+    header, data = read_container(save_sample(tmp_path))
+    path = write(tmp_path, container(header, data))
+    loaded = arrayio.load(path)
+    np.testing.assert_array_equal(loaded["w"], np.arange(1024, dtype=np.float32))
+    np.testing.assert_array_equal(loaded["b"], np.arange(10))
+
+
+# --------------------------------------------------------------------------- truncated real files
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize("cut", [1, 3, 80, 81, 4000])
+def test_truncated_container(tmp_path: Path, cut: int, entry: str) -> None:
+    # The sample's data is 4096 bytes of "w" then 80 of "b": the cuts end inside "b", exactly
+    # at its start, and inside "w".
+    path = save_sample(tmp_path)
+    os.truncate(path, path.stat().st_size - cut)
+    expect(ENTRY_POINTS[entry], path, arrayio.TruncatedFileError)
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_container_cut_to_its_header(tmp_path: Path, entry: str) -> None:
+    path = save_sample(tmp_path)
+    with arrayio.open(path) as reader:
+        data_start = min(info.file_offset for info in reader.arrays.values())
+    os.truncate(path, data_start)
+    expect(ENTRY_POINTS[entry], path, arrayio.TruncatedFileError)
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_container_cut_inside_its_header(tmp_path: Path, entry: str) -> None:
+    path = save_sample(tmp_path)
+    os.truncate(path, 100)
+    expect(ENTRY_POINTS[entry], path, arrayio.HeaderTooLargeError)
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_truncated_npy(tmp_path: Path, entry: str) -> None:
+    path = tmp_path / "x.npy"
+    arrayio.save(path, np.arange(100, dtype=np.float32))
+    os.truncate(path, path.stat().st_size - 3)
+    expect(ENTRY_POINTS[entry], path, arrayio.TruncatedFileError)
+
+
+# --------------------------------------------------------------------------- checksums
+
+
+@pytest.fixture
+def damaged(tmp_path: Path) -> tuple[Path, int]:
+    """A saved sample with one byte of ``w`` flipped; returns the path and the byte's index
+    within ``w``."""
+    path = save_sample(tmp_path)
+    with arrayio.open(path) as reader:
+        offset = reader["w"].file_offset
+    flip_byte(path, offset + 101)
+    return path, 101
+
+
+CHECKSUM_READS: dict[str, Callable[[Path], Any]] = {
+    "load": lambda path: arrayio.load(path),
+    "load-keys-str": lambda path: arrayio.load(path, keys="w"),
+    "load-keys-list": lambda path: arrayio.load(path, keys=["w", "b"]),
+    "reader-read": lambda path: arrayio.open(path).read("w"),
+    "read_into": lambda path: arrayio.read_into(path, np.empty(1024, np.float32), key="w"),
+}
+
+
+@pytest.mark.parametrize("read", CHECKSUM_READS)
+def test_flipped_byte_fails_checksum(damaged: tuple[Path, int], read: str) -> None:
+    path, _ = damaged
+    error = expect(CHECKSUM_READS[read], path, arrayio.ChecksumError)
+    assert "'w'" in str(error), f"message does not name the damaged array: {error}"
+
+
+def test_checksums_are_per_array(damaged: tuple[Path, int]) -> None:
+    path, _ = damaged
+    np.testing.assert_array_equal(arrayio.load(path, keys="b"), np.arange(10))
+
+
+def _assert_shows_flipped_byte(w: np.ndarray, index: int) -> None:
+    expected = np.arange(1024, dtype=np.float32).view(np.uint8).copy()
+    expected[index] ^= 0xFF
+    np.testing.assert_array_equal(np.asarray(w).view(np.uint8), expected)
+
+
+def test_verify_false_loads_damaged_data(damaged: tuple[Path, int]) -> None:
+    path, index = damaged
+    _assert_shows_flipped_byte(arrayio.load(path, verify=False)["w"], index)
+    with arrayio.open(path, verify=False) as reader:
+        _assert_shows_flipped_byte(reader.read("w"), index)
+    out = np.empty(1024, np.float32)
+    _assert_shows_flipped_byte(arrayio.read_into(path, out, key="w", verify=False), index)
+
+
+def test_config_turns_verification_off_within_block(damaged: tuple[Path, int]) -> None:
+    path, index = damaged
+    with arrayio.config.set(verify_checksums=False):
+        _assert_shows_flipped_byte(arrayio.load(path)["w"], index)
+        # An explicit verify=True still wins over the setting.
+        with pytest.raises(arrayio.ChecksumError):
+            arrayio.load(path, keys="w", verify=True)
+    assert arrayio.config.get().verify_checksums is True
+    with pytest.raises(arrayio.ChecksumError):
+        arrayio.load(path, keys="w")
+
+
+# --------------------------------------------------------------------------- hostile .npy
+
+NPY_CASES = [
+    pytest.param(b"\x93NUMPX\x01\x00" + b"\0" * 120, arrayio.FormatError, id="bad-magic"),
+    pytest.param(b"\x93NUMP", arrayio.TruncatedFileError, id="cut-inside-magic"),
+    pytest.param(NPY_MAGIC + b"\x01", arrayio.TruncatedFileError, id="cut-inside-version"),
+    pytest.param(NPY_MAGIC + b"\x01\x00\x76", arrayio.TruncatedFileError,
+                 id="cut-inside-length"),
+    pytest.param(npy(npy_dict())[:50], arrayio.HeaderTooLargeError, id="cut-inside-header"),
+    pytest.param(npy(npy_dict(), b"\0" * 4, header_length=0xFFFF), arrayio.HeaderTooLargeError,
+                 id="v1-header-length-65535"),
+    pytest.param(npy(npy_dict(), b"\0" * 4, version=2, header_length=0xFFFF_FFFF),
+                 arrayio.HeaderTooLargeError, id="v2-header-length-4GiB"),
+    pytest.param(npy(npy_dict(), b"\0" * 4, version=9), arrayio.FormatError,
+                 id="unknown-version"),
+    pytest.param(npy("[1, 2]"), arrayio.FormatError, id="header-list-literal"),
+    pytest.param(npy("{'descr': '<f4'"), arrayio.FormatError, id="header-unclosed-dict"),
+    pytest.param(npy("{'descr': '<f4'}"), arrayio.FormatError, id="header-missing-keys"),
+    # Not a literal: must be refused by the parser, never evaluated.
+    pytest.param(npy("__import__('os').getcwd()"), arrayio.FormatError, id="header-code"),
+    pytest.param(npy(b"\xff" * 20), arrayio.FormatError, id="header-binary"),
+    pytest.param(npy(npy_dict("<f4", (-1,))), arrayio.FormatError, id="shape-negative"),
+    pytest.param(npy(npy_dict("<f4", (-1, -1)), b"\0" * 4), arrayio.FormatError,
+                 id="shape-two-negatives"),
+    pytest.param(npy(npy_dict("|O"), b"\0" * 8), arrayio.UnsupportedDtypeError,
+                 id="object-dtype"),
+    pytest.param(npy("{'descr': [('x', '<f4')], 'fortran_order': False, 'shape': (1,), }",
+                     b"\0" * 4), arrayio.UnsupportedDtypeError, id="structured-dtype"),
+    pytest.param(npy(npy_dict(">f4"), b"\0" * 4), arrayio.UnsupportedDtypeError,
+                 id="big-endian-dtype"),
+    pytest.param(npy(npy_dict("<U1"), b"\0" * 4), arrayio.UnsupportedDtypeError,
+                 id="unicode-dtype"),
+    pytest.param(npy(npy_dict("<f4", (2,)), b"\0" * 4), arrayio.TruncatedFileError,
+                 id="shape-one-element-too-many"),
+    pytest.param(npy(npy_dict("<f4", (100_000, 100_000)), b"\0" * 4),
+                 arrayio.TruncatedFileError, id="40GB-shape-in-4-bytes"),
+]
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize(("blob", "expected"), NPY_CASES)
+def test_hostile_npy(tmp_path: Path, blob: bytes, expected: type, entry: str) -> None:
+    path = write(tmp_path, blob, "hostile.npy")
+    # A file with a wrong magic is not recognised as .npy at all (it is read as a container
+    # with a garbage header length): any FormatError will do.
+    bad_magic = not NPY_MAGIC.startswith(blob[:6])
+    expect(ENTRY_POINTS[entry], path, expected, exact=not bad_magic)
+
+
+# --------------------------------------------------------------------------- no large allocation
+
+MEMORY_CASES = [
+    pytest.param(container(b"{}", header_length=2**63), "x.safetensors",
+                 arrayio.HeaderTooLargeError, id="header-length-2**63"),
+    pytest.param(container(b"{}", header_length=8 << 30), "x.safetensors",
+                 arrayio.HeaderTooLargeError, id="header-length-8GiB"),
+    # Under the header size cap, so only the file size stops it being read.
+    pytest.param(container(b"{}", header_length=99_999_999), "x.safetensors",
+                 arrayio.HeaderTooLargeError, id="header-length-under-cap"),
+    pytest.param(container({"a": tensor(shape=[100_000, 100_000],
+                                        offsets=[0, 100_000 * 100_000 * 4])}, FOUR_BYTES),
+                 "x.safetensors", arrayio.TruncatedFileError, id="40GB-tensor"),
+    pytest.param(npy(npy_dict("<f4", (100_000, 100_000)), FOUR_BYTES), "x.npy",
+                 arrayio.TruncatedFileError, id="npy-40GB-shape"),
+    pytest.param(npy(npy_dict(), FOUR_BYTES, version=2, header_length=0xFFFF_FFFF), "x.npy",
+                 arrayio.HeaderTooLargeError, id="npy-header-length-4GiB"),
+]
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize(("blob", "name", "expected"), MEMORY_CASES)
+def test_refused_before_large_allocation(tmp_path: Path, blob: bytes, name: str,
+                                         expected: type, entry: str) -> None:
+    path = write(tmp_path, blob, name)
+    call = ENTRY_POINTS[entry]
+
+    def attempt() -> Exception | None:
+        try:
+            call(path)
+        except Exception as error:  # noqa: BLE001 - checked below, after the measurement
+            return error
+        return None
+
+    attempt()  # once untraced, so that imports and caches are warm
+    tracemalloc.start()
+    try:
+        error = attempt()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < ALLOCATION_LIMIT, f"peak traced memory {peak} bytes while refusing {name}"
+    assert error is not None, f"no error for {name}; expected {expected.__name__}"
+    check_error(error, expected, path)

@@ -1,0 +1,799 @@
+"""The lazy reader (``arrayio.open``), key selection, ``read_into`` and pytree round trips.
+
+* Opening a file reads only its header: keys, dtypes, shapes, metadata and structure are known
+  without touching array data (proved by making the byte mover raise).
+* ``Reader.read(key, index=...)`` reads only the bytes of the rows it returns (proved by
+  spying on the byte mover, ``arrayio._transfer.read_into``).
+* ``read_into`` fills a caller's array in place, and refuses what it cannot fill.
+* Saved pytrees (containers, named tuples, constants, JAX custom nodes) come back as saved.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import math
+import os
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+import arrayio
+from arrayio import _transfer
+
+# --------------------------------------------------------------------------- helpers
+
+
+class Point(NamedTuple):
+    x: np.ndarray
+    y: np.ndarray
+
+
+Pair = collections.namedtuple("Pair", ["first", "second"])
+
+
+class DataNotAllowed(AssertionError):
+    """Raised by the byte mover where a test forbids reading array data."""
+
+
+def forbid_data_reads(monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise DataNotAllowed("array data was read")
+
+    monkeypatch.setattr(_transfer, "read_into", refuse)
+
+
+def spy_on_reads(monkeypatch) -> list[tuple[int, int]]:
+    """Record ``(file_offset, nbytes)`` of every read the byte mover makes."""
+    calls: list[tuple[int, int]] = []
+    real = _transfer.read_into
+
+    def spy(fd, file_offset, dest, **kwargs):
+        calls.append((file_offset, dest.nbytes))
+        return real(fd, file_offset, dest, **kwargs)
+
+    monkeypatch.setattr(_transfer, "read_into", spy)
+    return calls
+
+
+def assert_tree_equal(actual, expected, path="root") -> None:
+    """Same container types all the way down, same constants, arrays with the same bytes."""
+    if isinstance(expected, np.ndarray):
+        assert isinstance(actual, np.ndarray), (path, type(actual))
+        assert actual.dtype == expected.dtype, path
+        assert actual.shape == expected.shape, path
+        assert actual.tobytes() == expected.tobytes(), path
+        return
+    assert type(actual) is type(expected), (path, type(actual), type(expected))
+    if isinstance(expected, dict):
+        assert list(actual) == list(expected), path
+        for key in expected:
+            assert_tree_equal(actual[key], expected[key], f"{path}[{key!r}]")
+    elif isinstance(expected, list | tuple):
+        assert len(actual) == len(expected), path
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            assert_tree_equal(a, e, f"{path}[{i}]")
+    elif isinstance(expected, float) and math.isnan(expected):
+        assert math.isnan(actual), path
+    else:
+        assert actual == expected, path
+        assert repr(actual) == repr(expected), path  # -0.0 vs 0.0, 1 vs True
+
+
+def roundtrip(tmp_path, obj, **load_kwargs):
+    path = tmp_path / "tree.safetensors"
+    arrayio.save(path, obj)
+    return arrayio.load(path, **load_kwargs)
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    """A small pytree file, its arrays by key, and its metadata."""
+    rng = np.random.default_rng(0)
+    arrays = {
+        "params.w": rng.standard_normal((3, 4)).astype(np.float32),
+        "params.b": np.arange(4, dtype=np.int64),
+        "params_ema.w": rng.standard_normal((3, 4)).astype(np.float32),
+    }
+    tree = {
+        "params": {"w": arrays["params.w"], "b": arrays["params.b"]},
+        "params_ema": {"w": arrays["params_ema.w"]},
+        "step": 7,
+    }
+    metadata = {
+        "name": "run-1",
+        "looks_like_json": "[1, 2]",  # a str stays a str
+        "empty": "",
+        "epoch": 3,
+        "lr": 0.5,
+        "flag": True,
+        "nothing": None,
+        "sizes": [1, "two", None, 3.5],
+        "nested": {"k": [1, 2], "m": {"x": False}},
+    }
+    path = tmp_path / "model.safetensors"
+    arrayio.save(path, tree, metadata=metadata)
+    return path, arrays, metadata
+
+
+@pytest.fixture
+def rows_file(tmp_path):
+    """A (5000, 64) float32 array under key "x"; 0-d "s" and 1-d "v" arrays beside it."""
+    x = np.random.default_rng(1).standard_normal((5000, 64)).astype(np.float32)
+    path = tmp_path / "rows.safetensors"
+    arrayio.save(path, {"x": x, "s": np.float32(2.5), "v": np.arange(10, dtype=np.int16)})
+    return path, x
+
+
+# --------------------------------------------------------------------------- open without reading
+
+
+def test_open_describes_file_without_reading_data(monkeypatch, model_file):
+    path, arrays, metadata = model_file
+    forbid_data_reads(monkeypatch)
+
+    with arrayio.open(path) as reader:
+        assert reader.format == "safetensors"
+        assert reader.framework == "numpy"
+        assert reader.keys() == ["params.w", "params.b", "params_ema.w"]
+        assert list(reader) == reader.keys()
+        assert len(reader) == 3
+        assert "params.w" in reader and "params" not in reader
+        for key, array in arrays.items():
+            info = reader[key]
+            assert isinstance(info, arrayio.ArrayInfo)
+            assert info.key == key
+            assert info.dtype == array.dtype.name
+            assert info.shape == array.shape
+            assert info.nbytes == array.nbytes
+            assert info.file_offset > 0
+            assert isinstance(info.crc32c, str) and len(info.crc32c) == 8
+            int(info.crc32c, 16)
+        assert reader.arrays == {key: reader[key] for key in arrays}
+        structure = reader.structure
+        assert structure["step"] == 7
+        assert structure["params"]["w"] == reader["params.w"]
+        assert structure["params_ema"]["w"] == reader["params_ema.w"]
+        assert reader.nbytes == sum(a.nbytes for a in arrays.values())
+        # Metadata values come back typed: strings as saved, the rest through JSON.
+        assert reader.metadata == metadata
+        assert type(reader.metadata["epoch"]) is int
+        assert type(reader.metadata["flag"]) is bool
+        assert reader.metadata["looks_like_json"] == "[1, 2]"
+        # And data reads really go through the byte mover that is refusing here.
+        with pytest.raises(DataNotAllowed):
+            reader.read("params.w")
+
+
+def test_open_npy_without_reading_data(monkeypatch, tmp_path):
+    path = tmp_path / "a.npy"
+    np.save(path, np.zeros((4, 2), dtype=np.float16))
+    forbid_data_reads(monkeypatch)
+    with arrayio.open(path) as reader:
+        assert reader.format == "npy"
+        assert reader.keys() == ["array"]
+        assert reader["array"].dtype == "float16"
+        assert reader["array"].shape == (4, 2)
+        assert reader["array"].crc32c is None
+        assert reader.metadata == {}
+        assert reader.framework is None
+        assert reader.structure == reader["array"]
+
+
+def test_lone_array_is_stored_under_array(tmp_path):
+    a = np.arange(6, dtype=np.uint8).reshape(2, 3)
+    path = tmp_path / "a.safetensors"
+    arrayio.save(path, a)
+    with arrayio.open(path) as reader:
+        assert reader.keys() == ["array"]
+        np.testing.assert_array_equal(reader.read(), a)
+    np.testing.assert_array_equal(arrayio.load(path), a)
+
+
+# --------------------------------------------------------------------------- partial reads
+
+
+def test_row_slice_reads_only_those_rows(monkeypatch, rows_file):
+    path, x = rows_file
+    with arrayio.open(path) as reader:
+        start = reader["x"].file_offset
+        calls = spy_on_reads(monkeypatch)
+        rows = reader.read("x", index=slice(1000, 2000))
+    np.testing.assert_array_equal(rows, x[1000:2000])
+    assert rows.dtype == np.float32
+    row_bytes = 64 * 4
+    assert calls == [(start + 1000 * row_bytes, 1000 * row_bytes)]
+
+
+def test_int_index_reads_one_row(monkeypatch, rows_file):
+    path, x = rows_file
+    with arrayio.open(path) as reader:
+        start = reader["x"].file_offset
+        calls = spy_on_reads(monkeypatch)
+        row = reader.read("x", index=-3)
+    np.testing.assert_array_equal(row, x[-3])
+    assert row.shape == (64,)
+    assert calls == [(start + 4997 * 64 * 4, 64 * 4)]
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        0,
+        4999,
+        -1,
+        -5000,
+        np.int64(12),
+        slice(None),
+        slice(4990, 9000),  # clamped, as NumPy does
+        slice(-10, None),
+        slice(10, 100, 3),
+        slice(None, None, 7),
+        slice(10, 10),  # empty
+        slice(3000, 1000),  # empty
+        (slice(10, 20), slice(None)),
+        (5, slice(None)),
+        (slice(10, 20), Ellipsis),
+        (slice(10, 20),),
+    ],
+    ids=repr,
+)
+def test_index_matches_numpy(rows_file, index):
+    path, x = rows_file
+    with arrayio.open(path) as reader:
+        result = reader.read("x", index=index)
+    expected = x[index]
+    assert result.shape == expected.shape
+    assert result.dtype == expected.dtype
+    np.testing.assert_array_equal(result, expected)
+
+
+def test_strided_slice_reads_no_more_than_its_span(monkeypatch, rows_file):
+    path, x = rows_file
+    with arrayio.open(path) as reader:
+        calls = spy_on_reads(monkeypatch)
+        result = reader.read("x", index=slice(100, 200, 3))
+    np.testing.assert_array_equal(result, x[100:200:3])
+    assert sum(n for _, n in calls) <= (199 - 100 + 1) * 64 * 4
+
+
+def test_index_on_small_arrays(rows_file):
+    path, _ = rows_file
+    with arrayio.open(path) as reader:
+        np.testing.assert_array_equal(reader.read("v", index=slice(2, 5)), np.arange(2, 5))
+        assert reader.read("v", index=-1) == 9
+        assert reader.read("s").shape == ()
+        assert reader.read("s") == np.float32(2.5)
+
+
+@pytest.mark.parametrize(
+    ("key", "index"),
+    [
+        ("x", 5000),
+        ("x", -5001),
+        ("v", 10),
+        ("s", 0),  # 0-d
+        ("s", slice(None)),  # 0-d
+        ("x", (slice(None), 3)),  # later axis
+        ("x", (0, slice(0, 2))),  # later axis
+        ("x", slice(None, None, -1)),  # negative step
+        ("x", 1.5),
+    ],
+    ids=repr,
+)
+def test_bad_index_raises_index_error(rows_file, key, index):
+    path, _ = rows_file
+    with arrayio.open(path) as reader, pytest.raises(IndexError):
+        reader.read(key, index=index)
+
+
+def test_read_index_as_torch(rows_file):
+    torch = pytest.importorskip("torch")
+    path, x = rows_file
+    with arrayio.open(path) as reader:
+        rows = reader.read("x", index=slice(5, 9), like="torch")
+    assert isinstance(rows, torch.Tensor)
+    np.testing.assert_array_equal(rows.numpy(), x[5:9])
+
+
+# --------------------------------------------------------------------------- lifetime
+
+
+def test_context_manager_closes_file(model_file):
+    path, _, _ = model_file
+    identity = os.stat(path)
+    with arrayio.open(path) as reader:
+        fd = reader.fd
+        assert not reader.closed
+        assert reader.read("params.b").shape == (4,)
+    assert reader.closed
+    # The descriptor is closed (or, if already reused, no longer our file).
+    try:
+        status = os.fstat(fd)
+    except OSError:
+        pass
+    else:
+        assert (status.st_dev, status.st_ino) != (identity.st_dev, identity.st_ino)
+    with pytest.raises(ValueError):
+        reader.read("params.b")
+    with pytest.raises(ValueError):
+        reader.load()
+    with pytest.raises(ValueError):
+        reader.read_into(np.empty(4, np.int64), "params.b")
+    reader.close()  # closing twice is harmless
+
+
+def test_context_manager_closes_on_error(model_file):
+    path, _, _ = model_file
+    with pytest.raises(RuntimeError), arrayio.open(path) as reader:
+        raise RuntimeError
+    assert reader.closed
+
+
+def test_explicit_close(model_file):
+    path, _, _ = model_file
+    reader = arrayio.open(path)
+    reader.close()
+    with pytest.raises(ValueError):
+        reader.read("params.w")
+
+
+# --------------------------------------------------------------------------- keys=
+
+
+def test_load_one_key_returns_the_array(model_file):
+    path, arrays, _ = model_file
+    result = arrayio.load(path, keys="params.w")
+    assert isinstance(result, np.ndarray)
+    np.testing.assert_array_equal(result, arrays["params.w"])
+    with arrayio.open(path) as reader:
+        np.testing.assert_array_equal(reader.load(keys="params.b"), arrays["params.b"])
+
+
+def test_load_key_list_returns_flat_dict(model_file):
+    path, arrays, _ = model_file
+    result = arrayio.load(path, keys=["params_ema.w", "params.b"])
+    assert list(result) == ["params_ema.w", "params.b"]
+    for key, array in result.items():
+        np.testing.assert_array_equal(array, arrays[key])
+
+
+def test_load_key_list_with_subtree_prefix(model_file):
+    path, arrays, _ = model_file
+    result = arrayio.load(path, keys=["params"])
+    # Everything below "params" and nothing from "params_ema", which merely shares a prefix.
+    assert set(result) == {"params.w", "params.b"}
+    for key, array in result.items():
+        np.testing.assert_array_equal(array, arrays[key])
+    # Overlapping selections do not repeat keys.
+    assert list(arrayio.load(path, keys=["params", "params.w"])) == ["params.w", "params.b"]
+
+
+def test_load_key_str_naming_subtree(model_file):
+    # The docstring of arrayio.load: 'A key naming a subtree ("params") selects every array
+    # below it.' A lone string naming a subtree selects the same arrays as ["params"].
+    path, arrays, _ = model_file
+    result = arrayio.load(path, keys="params")
+    assert isinstance(result, dict)
+    assert set(result) == {"params.w", "params.b"}
+    for key, array in result.items():
+        np.testing.assert_array_equal(array, arrays[key])
+
+
+@pytest.mark.parametrize("keys", ["params.ww", ["params.w", "parms.b"]], ids=repr)
+def test_unknown_key_suggests_near_miss(model_file, keys):
+    path, _, _ = model_file
+    with pytest.raises(arrayio.KeyNotFoundError) as caught:
+        arrayio.load(path, keys=keys)
+    assert isinstance(caught.value, KeyError)
+    assert isinstance(caught.value, arrayio.ArrayioError)
+    message = str(caught.value)
+    assert "did you mean" in message
+    assert "params." in message
+
+
+def test_unknown_key_far_from_any(model_file):
+    path, _, _ = model_file
+    with arrayio.open(path) as reader:
+        for lookup in (lambda: reader["zzzzzz"], lambda: reader.read("zzzzzz")):
+            with pytest.raises(KeyError) as caught:
+                lookup()
+            assert isinstance(caught.value, arrayio.KeyNotFoundError)
+            assert "zzzzzz" in str(caught.value)
+            assert "did you mean" not in str(caught.value)
+
+
+def test_read_without_key_needs_a_single_array(model_file, tmp_path):
+    path, _, _ = model_file
+    with arrayio.open(path) as reader, pytest.raises(arrayio.KeyNotFoundError):
+        reader.read()
+    single = tmp_path / "single.safetensors"
+    arrayio.save(single, {"only": np.ones(3)})
+    with arrayio.open(single) as reader:
+        np.testing.assert_array_equal(reader.read(), np.ones(3))
+
+
+# --------------------------------------------------------------------------- read_into
+
+
+def test_read_into_numpy_in_place(model_file):
+    path, arrays, _ = model_file
+    out = np.zeros((3, 4), dtype=np.float32)
+    result = arrayio.read_into(path, out, key="params.w")
+    assert result is out
+    assert np.shares_memory(result, out)
+    np.testing.assert_array_equal(out, arrays["params.w"])
+
+    with arrayio.open(path) as reader:
+        out = np.zeros(4, dtype=np.int64)
+        assert reader.read_into(out, "params.b") is out
+        np.testing.assert_array_equal(out, arrays["params.b"])
+
+
+def test_read_into_torch_in_place(model_file):
+    torch = pytest.importorskip("torch")
+    path, arrays, _ = model_file
+    out = torch.zeros(3, 4, dtype=torch.float32)
+    pointer = out.data_ptr()
+    result = arrayio.read_into(path, out, key="params.w")
+    assert result is out
+    assert out.data_ptr() == pointer
+    np.testing.assert_array_equal(out.numpy(), arrays["params.w"])
+
+
+def test_read_into_torch_bfloat16(tmp_path):
+    torch = pytest.importorskip("torch")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = np.linspace(-2, 2, 12, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(3, 4)
+    path = tmp_path / "bf16.safetensors"
+    arrayio.save(path, {"a": a})
+    out = torch.empty(3, 4, dtype=torch.bfloat16)
+    arrayio.read_into(path, out, key="a")
+    assert out.view(torch.int16).numpy().tobytes() == a.tobytes()
+
+
+@pytest.mark.parametrize(
+    "out",
+    [
+        pytest.param(np.zeros((3, 4), np.float64), id="dtype"),
+        pytest.param(np.zeros((4, 3), np.float32), id="shape"),
+        pytest.param(np.zeros((12,), np.float32), id="flat"),
+        pytest.param(np.zeros((3, 4, 1), np.float32), id="extra-axis"),
+    ],
+)
+def test_read_into_mismatch(model_file, out):
+    path, _, _ = model_file
+    before = out.copy()
+    with pytest.raises(arrayio.MismatchError) as caught:
+        arrayio.read_into(path, out, key="params.w")
+    assert isinstance(caught.value, ValueError)
+    np.testing.assert_array_equal(out, before)  # untouched
+
+
+def test_read_into_torch_mismatch(model_file):
+    torch = pytest.importorskip("torch")
+    path, _, _ = model_file
+    with pytest.raises(arrayio.MismatchError):
+        arrayio.read_into(path, torch.zeros(3, 4, dtype=torch.float16), key="params.w")
+
+
+@pytest.mark.parametrize(
+    "make_out",
+    [
+        pytest.param(lambda: np.zeros((3, 8), np.float32)[:, ::2], id="strided"),
+        pytest.param(lambda: np.asfortranarray(np.zeros((3, 4), np.float32)), id="fortran"),
+        pytest.param(lambda: np.zeros((4, 3), np.float32).T, id="transposed"),
+    ],
+)
+def test_read_into_non_contiguous_numpy(model_file, make_out):
+    path, _, _ = model_file
+    out = make_out()
+    assert out.shape == (3, 4) and not out.flags.c_contiguous
+    with pytest.raises(arrayio.UnsupportedObjectError):
+        arrayio.read_into(path, out, key="params.w")
+
+
+def test_read_into_read_only_numpy(model_file):
+    path, _, _ = model_file
+    out = np.zeros((3, 4), np.float32)
+    out.flags.writeable = False
+    with pytest.raises(arrayio.UnsupportedObjectError):
+        arrayio.read_into(path, out, key="params.w")
+
+
+def test_read_into_non_contiguous_torch(model_file):
+    torch = pytest.importorskip("torch")
+    path, _, _ = model_file
+    out = torch.zeros(4, 3, dtype=torch.float32).T
+    with pytest.raises(arrayio.UnsupportedObjectError):
+        arrayio.read_into(path, out, key="params.w")
+
+
+def test_read_into_jax_array(model_file):
+    jnp = pytest.importorskip("jax.numpy")
+    path, _, _ = model_file
+    with pytest.raises(arrayio.UnsupportedObjectError):
+        arrayio.read_into(path, jnp.zeros((3, 4), jnp.float32), key="params.w")
+
+
+def test_read_into_not_an_array(model_file):
+    path, _, _ = model_file
+    with pytest.raises(arrayio.UnsupportedObjectError):
+        arrayio.read_into(path, [0.0] * 12, key="params.w")
+
+
+def test_read_into_multi_array_file_needs_key(model_file):
+    path, _, _ = model_file
+    with pytest.raises(arrayio.KeyNotFoundError):
+        arrayio.read_into(path, np.zeros((3, 4), np.float32))
+
+
+def test_read_into_single_array_file_without_key(tmp_path):
+    a = np.arange(5, dtype=np.int32)
+    path = tmp_path / "a.safetensors"
+    arrayio.save(path, a)
+    out = np.empty_like(a)
+    assert arrayio.read_into(path, out) is out
+    np.testing.assert_array_equal(out, a)
+
+
+def test_read_into_fortran_npy_is_a_mismatch(tmp_path):
+    a = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    path = tmp_path / "f.npy"
+    np.save(path, a)
+    with pytest.raises(arrayio.MismatchError):
+        arrayio.read_into(path, np.empty((3, 4), np.float32))
+
+
+# --------------------------------------------------------------------------- pytrees
+
+
+def test_nested_containers_and_constants_round_trip(tmp_path):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    tree = {
+        "a": {"b": [x, (x[0].copy(), None)], "c": ()},
+        "point": Point(x=np.arange(3), y=np.ones(2, np.float16)),
+        "pair": Pair(first=np.zeros(1, np.uint8), second="second"),
+        "constants": [
+            0, -1, 2**70, -(2**70), 1.5, -0.0, float("inf"), float("nan"), 1e-300,
+            True, False, "text", "", "ünïcödé", 1 + 2j, complex(0, -0.5), None,
+        ],
+        "int_keys": {0: np.arange(2), 10: "ten", -3: None},
+        "empty_dict": {},
+        "empty_list": [],
+        "empty_tuple": (),
+        "nested_empty": [{}, [], ()],
+        "tuple_of_arrays": (np.arange(4).reshape(2, 2), np.bool_(True)),
+    }
+    loaded = roundtrip(tmp_path, tree)
+    expected = dict(tree)
+    # A NumPy scalar is an array: it comes back as a 0-d array of its dtype.
+    expected["tuple_of_arrays"] = (tree["tuple_of_arrays"][0], np.array(True))
+    assert_tree_equal(loaded, expected)
+    assert type(loaded["point"]) is Point
+    assert type(loaded["pair"]) is Pair
+    assert list(loaded["int_keys"]) == [0, 10, -3]
+
+
+def test_leaf_keys_join_paths_with_dots(tmp_path):
+    tree = {"layers": [{"w": np.zeros(1)}, {"w": np.ones(1)}], "p": Point(np.zeros(1), None),
+            "t": (None, np.zeros(2)), 5: np.zeros(3)}
+    path = tmp_path / "t.safetensors"
+    arrayio.save(path, tree)
+    with arrayio.open(path) as reader:
+        assert reader.keys() == ["layers.0.w", "layers.1.w", "p.x", "t.1", "5"]
+
+
+@pytest.mark.parametrize(
+    "root",
+    [None, 5, 2.5, True, "s", 3j, {}, [], (), {"a": None}, [None, [None]]],
+    ids=repr,
+)
+def test_constant_roots_round_trip(tmp_path, root):
+    loaded = roundtrip(tmp_path, root)
+    assert_tree_equal(loaded, root)
+    with arrayio.open(tmp_path / "tree.safetensors") as reader:
+        assert reader.keys() == []
+
+
+def test_namedtuple_of_unimportable_class(tmp_path):
+    Local = collections.namedtuple("Local", ["a", "b"])  # noqa: PYI024
+    loaded = roundtrip(tmp_path, Local(a=np.arange(2), b=3))
+    # Not importable by its path: an equivalent namedtuple with the same name and fields.
+    assert type(loaded) is not Local
+    assert type(loaded).__name__ == "Local"
+    assert loaded._fields == ("a", "b")
+    np.testing.assert_array_equal(loaded.a, np.arange(2))
+    assert loaded.b == 3
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [
+        pytest.param({"a.b": np.zeros(1), "a": {"b": np.ones(1)}}, id="dotted-vs-nested"),
+        pytest.param({"0": np.zeros(1), 0: np.ones(1)}, id="str-vs-int-key"),
+        pytest.param({"x": [np.zeros(1), np.ones(1)], "x.1": np.ones(1)}, id="list-index"),
+        pytest.param({"__metadata__": np.zeros(1)}, id="reserved-key"),
+    ],
+)
+def test_colliding_or_reserved_keys_are_refused(tmp_path, tree):
+    path = tmp_path / "bad.safetensors"
+    with pytest.raises(arrayio.UnsupportedObjectError):
+        arrayio.save(path, tree)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [
+        pytest.param({"a": {"b": np.ones(1)}, "a.b": 1}, id="array-vs-constant"),
+        pytest.param({"a": {"b": 2}, "a.b": 1}, id="constant-vs-constant"),
+    ],
+)
+def test_colliding_constant_keys_never_mix_up_values(tmp_path, tree):
+    # Refusing the tree (as for two colliding arrays) is fine; loading wrong values is not.
+    path = tmp_path / "c.safetensors"
+    try:
+        arrayio.save(path, tree)
+    except arrayio.UnsupportedObjectError:
+        return
+    assert_tree_equal(arrayio.load(path), tree)
+    assert_tree_equal(arrayio.load(path, structure=tree), tree)
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [
+        pytest.param({"a": object()}, id="object"),
+        pytest.param([{1, 2}], id="set"),
+        pytest.param({"a": b"bytes"}, id="bytes"),
+        pytest.param({(1, 2): np.zeros(1)}, id="tuple-key"),
+        pytest.param({True: np.zeros(1)}, id="bool-key"),
+        pytest.param({1.5: np.zeros(1)}, id="float-key"),
+    ],
+)
+def test_unsupported_leaves_and_keys_are_refused(tmp_path, tree):
+    path = tmp_path / "bad.safetensors"
+    with pytest.raises(arrayio.UnsupportedObjectError):
+        arrayio.save(path, tree)
+    assert os.listdir(tmp_path) == []
+
+
+def test_unsupported_dtype_is_refused(tmp_path):
+    with pytest.raises(arrayio.UnsupportedDtypeError):
+        arrayio.save(tmp_path / "bad.safetensors", {"s": np.array(["a", "b"])})
+    with pytest.raises(arrayio.UnsupportedDtypeError):
+        arrayio.save(tmp_path / "bad.safetensors", {"o": np.array([None], dtype=object)})
+    assert os.listdir(tmp_path) == []
+
+
+def test_jax_dataclass_node(tmp_path):
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+
+    @functools.partial(jax.tree_util.register_dataclass, data_fields=["w", "b"],
+                       meta_fields=["name"])
+    @dataclasses.dataclass
+    class Linear:
+        w: object
+        b: object
+        name: str
+
+    w = jnp.arange(6, dtype=jnp.float32).reshape(2, 3)
+    b = jnp.ones(3, dtype=jnp.bfloat16)
+    tree = {"layer": Linear(w=w, b=b, name="dense"), "step": 3}
+    path = tmp_path / "jax.safetensors"
+    arrayio.save(path, tree)
+    with arrayio.open(path) as reader:
+        assert reader.keys() == ["layer.w", "layer.b"]
+        assert reader.framework == "jax"
+
+    # Without structure=: a dict of the node's children.
+    plain = arrayio.load(path)
+    assert set(plain) == {"layer", "step"}
+    assert set(plain["layer"]) == {"w", "b"}
+    np.testing.assert_array_equal(plain["layer"]["w"], np.asarray(w))
+    assert plain["layer"]["b"].dtype.name == "bfloat16"
+    assert plain["step"] == 3
+
+    # With structure=: the original class, arrays of the requested framework.
+    example = {
+        "layer": Linear(w=jax.ShapeDtypeStruct((2, 3), jnp.float32),
+                        b=jax.ShapeDtypeStruct((3,), jnp.bfloat16), name="dense"),
+        "step": 0,
+    }
+    restored = arrayio.load(path, structure=example, like="jax")
+    assert type(restored["layer"]) is Linear
+    assert restored["layer"].name == "dense"
+    assert isinstance(restored["layer"].w, jax.Array)
+    np.testing.assert_array_equal(np.asarray(restored["layer"].w), np.asarray(w))
+    assert restored["layer"].b.dtype == jnp.bfloat16
+    assert restored["step"] == 3  # constants come from the file, not the example
+    assert jax.tree_util.tree_structure(restored) == jax.tree_util.tree_structure(
+        {"layer": Linear(w=w, b=b, name="dense"), "step": 3})
+
+
+def test_jax_pytree_node_class(tmp_path):
+    jax = pytest.importorskip("jax")
+
+    class Box:
+        def __init__(self, items, label):
+            self.items, self.label = items, label
+
+    jax.tree_util.register_pytree_node(
+        Box, lambda box: (box.items, box.label), lambda label, items: Box(items, label)
+    )
+    first, second = np.arange(3, dtype=np.int32), np.ones((2, 2), np.float32)
+    path = tmp_path / "box.safetensors"
+    arrayio.save(path, Box([first, second], "box"))
+
+    plain = arrayio.load(path)
+    assert isinstance(plain, dict) and len(plain) == 2
+    values = list(plain.values())
+    np.testing.assert_array_equal(values[0], first)
+    np.testing.assert_array_equal(values[1], second)
+
+    restored = arrayio.load(path, structure=Box([0, 0], "box"))
+    assert type(restored) is Box
+    assert restored.label == "box"
+    np.testing.assert_array_equal(restored.items[0], first)
+    np.testing.assert_array_equal(restored.items[1], second)
+
+
+def test_structure_for_plain_containers(tmp_path):
+    tree = {"a": [np.arange(2), np.ones(3)], "b": Point(np.zeros(1), np.ones(1))}
+    path = tmp_path / "t.safetensors"
+    arrayio.save(path, tree)
+    restored = arrayio.load(path, structure={"a": [0, 0], "b": Point(0, 0)})
+    assert_tree_equal(restored, tree)
+    # The example may cover part of the file.
+    assert_tree_equal(arrayio.load(path, structure={"b": Point(0, 0)}), {"b": tree["b"]})
+    with pytest.raises(arrayio.KeyNotFoundError):
+        arrayio.load(path, structure={"missing": 0})
+
+
+def test_jax_64_bit_arrays_need_x64(tmp_path):
+    jax = pytest.importorskip("jax")
+    a = np.arange(5, dtype=np.int64)
+    path = tmp_path / "i64.safetensors"
+    arrayio.save(path, {"a": a})
+    with jax.enable_x64(False), pytest.raises(arrayio.UnsupportedDtypeError):
+        arrayio.load(path, like="jax")
+    with jax.enable_x64(True):
+        loaded = arrayio.load(path, like="jax")["a"]
+        assert isinstance(loaded, jax.Array)
+        assert loaded.dtype == np.int64
+        np.testing.assert_array_equal(np.asarray(loaded), a)
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        pytest.param({"arrayio": "mine"}, id="reserved"),
+        pytest.param({1: "one"}, id="int-key"),
+        pytest.param({("a",): "tuple"}, id="tuple-key"),
+        pytest.param({"obj": object()}, id="not-json"),
+        pytest.param({"nan": float("nan")}, id="nan"),
+        pytest.param({"arr": np.zeros(2)}, id="array"),
+        pytest.param([("a", "b")], id="not-a-mapping"),
+    ],
+)
+def test_bad_metadata_is_refused(tmp_path, metadata):
+    path = tmp_path / "m.safetensors"
+    with pytest.raises(arrayio.UnsupportedObjectError):
+        arrayio.save(path, {"x": np.zeros(2)}, metadata=metadata)
+    assert os.listdir(tmp_path) == []
+
+
+def test_metadata_round_trips_through_load_and_open(model_file):
+    path, _, metadata = model_file
+    assert arrayio.open(path).metadata == metadata
+    with arrayio.open(path) as reader:
+        assert reader.load(keys="params.b").tolist() == [0, 1, 2, 3]
+        assert reader.metadata["nested"] == {"k": [1, 2], "m": {"x": False}}
