@@ -16,3 +16,9 @@ def test_ci_runs_the_readme_test_command() -> None:
     command = [line for line in test_block.splitlines() if line and not line.startswith("#")]
     assert len(command) == 1
     assert command[0] in ci.splitlines()
+
+
+def test_readme_results_table_is_generated_from_committed_json() -> None:
+    from benchmarks.readme_table import main
+
+    assert main(["--check"]) == 0, "run: python -m benchmarks.readme_table"

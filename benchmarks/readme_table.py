@@ -1,0 +1,62 @@
+"""Render the README's results table from the committed JSON under ``benchmarks/results/``.
+
+``python -m benchmarks.readme_table`` rewrites the block between the README's
+``<!-- results:start -->`` and ``<!-- results:end -->`` markers; ``--check`` only reports
+whether the README is up to date (exit 1 if not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def render(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") -> str:
+    lines: list[str] = []
+    for path in sorted(results_dir.glob("*/core_baseline.json")):
+        report = json.loads(path.read_text())
+        machine = report["machine"]
+        where = f"{machine.get('gpu') or 'CPU'}, {machine['cpus']} cores"
+        size = report["bytes"] / (1 << 30)
+        lines += [
+            f"**Core baseline** ({report['date'][:10]}, {where}; `{report['command']}`; "
+            f"[{path.parent.name}]({path.relative_to(ROOT).as_posix()})): a {size:g} GiB dict of "
+            f"{report['arrays']} float32 arrays on `{report['device']}`, median of "
+            f"{report['repeats']}, saves fsynced, cold reads after dropping the page cache.",
+            "",
+            "| library | write GB/s | cold read GB/s | warm read GB/s |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for name, row in report["results"].items():
+            lines.append(f"| {name} | {_fmt(row['write_GBps'])} | {_fmt(row['cold_read_GBps'])} "
+                         f"| {_fmt(row['warm_read_GBps'])} |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    readme_path = ROOT / "README.md"
+    readme = readme_path.read_text()
+    head, rest = readme.split(START, 1)
+    _, tail = rest.split(END, 1)
+    updated = f"{head}{START}\n{render()}{END}{tail}"
+    if args.check:
+        return 0 if updated == readme else 1
+    readme_path.write_text(updated)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
