@@ -11,8 +11,8 @@ from . import _pytree, _transfer, config
 from ._atomic import atomic_write
 from ._frameworks import export, is_array
 from ._reader import Reader
-from .formats import npy, safetensors
 from .errors import UnsupportedObjectError
+from .formats import npy, safetensors
 
 __all__ = ["load", "open", "read_into", "save"]
 
@@ -123,7 +123,7 @@ def _save_npy(path: str, obj: Any, metadata: Mapping[str, Any] | None) -> None:
         _write_all(fd, header, 0)
 
 
-def open(path: PathLike, *, verify: bool | None = None) -> Reader:  # noqa: A001 - like io.open
+def open(path: PathLike, *, verify: bool | None = None) -> Reader:
     """Open a file lazily: its keys, dtypes, shapes and metadata, without reading data.
 
     Parameters

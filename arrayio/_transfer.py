@@ -2,7 +2,7 @@
 
 Everything else in arrayio calls :func:`read_into` and :func:`write_from` with a file
 descriptor, a byte offset and a buffer: a host ``uint8`` NumPy array, or a
-:class:`~arrayio._frameworks.DeviceBuffer`. This simple path (``pread``/``pwrite`` loops; GPU
+:class:`~arrayio._buffers.DeviceBuffer`. This simple path (``pread``/``pwrite`` loops; GPU
 memory staged through one pinned host buffer) is correct everywhere; the transfer-tools
 dispatcher replaces it with faster tools behind the same two functions.
 
@@ -22,7 +22,7 @@ from . import config
 from .errors import TruncatedFileError
 
 if TYPE_CHECKING:
-    from ._frameworks import DeviceBuffer
+    from ._buffers import DeviceBuffer
 
 __all__ = ["Staging", "checksum", "read_into", "write_from"]
 

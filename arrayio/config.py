@@ -73,7 +73,7 @@ class _Restore:
         _current = self._previous
 
 
-def set(**changes: Any) -> _Restore:  # noqa: A001 - mirrors kvikio.defaults.set
+def set(**changes: Any) -> _Restore:
     """Change settings; usable as a ``with`` block that restores them on exit.
 
     Parameters

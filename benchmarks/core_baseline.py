@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
@@ -108,10 +109,10 @@ def main(argv: list[str] | None = None) -> None:
         path = os.path.join(directory, f"{name}.{suffix}")
         writes, colds, warms = [], [], []
         for _ in range(args.repeats):
-            writes.append(timed(lambda: save(path), sync))
+            writes.append(timed(functools.partial(save, path), sync))
             cold_ok = drop_caches() and cold_ok
-            colds.append(timed(lambda: load(path), sync))
-            warms.append(timed(lambda: load(path), sync))
+            colds.append(timed(functools.partial(load, path), sync))
+            warms.append(timed(functools.partial(load, path), sync))
         back = load(path)
         assert all(torch.equal(back[k], tensors[k]) for k in tensors), name
         os.unlink(path)

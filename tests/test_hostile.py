@@ -60,7 +60,9 @@ def container(header: Any, data: bytes = b"", *, header_length: int | None = Non
 
 def tensor(dtype: Any = "F32", shape: Any = (1,), offsets: Any = (0, 4)) -> dict[str, Any]:
     """One header entry; tuples become JSON lists, anything else is written as given."""
-    as_json = (lambda v: list(v) if isinstance(v, tuple) else v)
+    def as_json(v: Any) -> Any:
+        return list(v) if isinstance(v, tuple) else v
+
     return {"dtype": dtype, "shape": as_json(shape), "data_offsets": as_json(offsets)}
 
 
@@ -155,7 +157,7 @@ def expect(call: Callable[[Path], None], path: Path,
     # message rather than as an error of the test itself.
     try:
         call(path)
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         check_error(error, expected, path, exact=exact)
         return error
     pytest.fail(f"no error for {path.name}; expected {expected.__name__}")
@@ -312,7 +314,7 @@ def test_hostile_container(tmp_path: Path, blob: bytes, expected: type, entry: s
     expect(ENTRY_POINTS[entry], path, expected)
 
 
-# --------------------------------------------------------------------------- corrupted arrayio metadata
+# ------------------------------------------------------------- corrupted arrayio metadata
 
 # Each mutation edits the ``__metadata__["arrayio"]`` blob of a real saved file: given the
 # blob's text, it returns the new text.
@@ -558,7 +560,7 @@ def test_refused_before_large_allocation(tmp_path: Path, blob: bytes, name: str,
     def attempt() -> Exception | None:
         try:
             call(path)
-        except Exception as error:  # noqa: BLE001 - checked below, after the measurement
+        except Exception as error:
             return error
         return None
 

@@ -17,7 +17,7 @@ from arrayio.testing import Framework, random_array, supports
 from arrayio.testing.strategies import arrays
 
 SETTINGS = settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 
 

@@ -56,8 +56,8 @@ class Framework:
         if self.name == "torch":
             import torch
 
-            from .._frameworks import torch_dtype
             from .._dtypes import dtype_of
+            from .._frameworks import torch_dtype
 
             t_dtype = torch_dtype(dtype_of(a.dtype))
             if not flat.nbytes:  # torch cannot reinterpret an empty byte tensor
@@ -122,11 +122,11 @@ def gpu_available() -> bool:
         import cupy
 
         return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: all mean "no GPU"
+    except Exception:
         pass
     try:
         import torch
 
         return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
