@@ -16,7 +16,9 @@ __all__ = [
     "HeaderTooLargeError",
     "KeyNotFoundError",
     "MismatchError",
+    "ToolUnavailableError",
     "TruncatedFileError",
+    "UnknownToolError",
     "UnsupportedDtypeError",
     "UnsupportedObjectError",
 ]
@@ -67,3 +69,17 @@ class FrameworkNotAvailableError(ArrayioError, ImportError):
 
 class DeviceError(ArrayioError, ValueError):
     """A device that cannot be parsed, or that does not fit the requested framework."""
+
+
+class ToolUnavailableError(ArrayioError, OSError):
+    """A transfer tool cannot serve this request here (O_DIRECT refused, no libcuda...).
+
+    The dispatcher catches it, marks the tool unavailable for that context and falls back.
+    """
+
+
+class UnknownToolError(ArrayioError, KeyError):
+    """A transfer tool name that is not registered."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

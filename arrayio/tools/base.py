@@ -1,0 +1,211 @@
+"""The contract every transfer tool fulfils.
+
+A tool moves a byte range between a file and a buffer: a host buffer (a flat, C-contiguous
+NumPy ``uint8`` array) or device memory (a :class:`~arrayio._buffers.DeviceBuffer`). Each
+operation has a non-blocking form returning an :class:`IOFuture` (``pread``/``pwrite``, as
+KvikIO's ``CuFile``) and a blocking twin (``read``/``write``) that is just ``.get()``.
+
+A tool states what it can do (:class:`Capabilities`) and whether it can run here
+(:meth:`Tool.availability`, with the reason when it cannot); the dispatcher only offers it
+work it declares it can do. A tool may raise on any call (O_DIRECT refused by the file
+system, a KvikIO error): the dispatcher then marks it unavailable for that context and
+retries the whole range with another tool, which is safe because a read fills the whole
+destination again and a write rewrites the whole range.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from .._buffers import DeviceBuffer
+from .._checksum import ChecksumParts
+
+__all__ = [
+    "Availability",
+    "Capabilities",
+    "Buffer",
+    "IOFuture",
+    "Tool",
+    "buffer_kind",
+]
+
+T = TypeVar("T")
+
+Buffer = np.ndarray | DeviceBuffer
+"""Host memory (flat ``uint8`` NumPy array) or device memory."""
+
+
+def buffer_kind(buffer: Buffer) -> str:
+    """``"host"`` or ``"cuda"``."""
+    return "host" if isinstance(buffer, np.ndarray) else "cuda"
+
+
+class IOFuture(Generic[T]):
+    """The result of a non-blocking operation: ``get()`` waits and returns it (or raises)."""
+
+    __slots__ = ("_future", "_value")
+
+    def __init__(self, future: Future[T] | None = None, value: T | None = None) -> None:
+        self._future = future
+        self._value = value
+
+    @classmethod
+    def completed(cls, value: T) -> IOFuture[T]:
+        """A future that is already done (for tools that work synchronously)."""
+        return cls(None, value)
+
+    @classmethod
+    def gather(cls, futures: list[IOFuture[int]], finish: Callable[[int], T] | None = None
+               ) -> IOFuture[Any]:
+        """A future for the sum of several byte counts (and an optional final step)."""
+        return _Gathered(futures, finish)
+
+    def get(self) -> T:
+        """Wait for the operation and return its result (bytes moved), or raise its error."""
+        if self._future is not None:
+            return self._future.result()
+        return self._value  # type: ignore[return-value]
+
+    def done(self) -> bool:
+        """Whether the operation has finished."""
+        return self._future is None or self._future.done()
+
+
+class _Gathered(IOFuture[Any]):
+    __slots__ = ("_parts", "_finish")
+
+    def __init__(self, parts: list[IOFuture[int]], finish: Callable[[int], Any] | None) -> None:
+        super().__init__()
+        self._parts = parts
+        self._finish = finish
+
+    def get(self) -> Any:
+        total = 0
+        error: BaseException | None = None
+        for part in self._parts:  # wait for every part, even after a failure
+            try:
+                total += part.get()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                error = error or exc
+        if error is not None:
+            raise error
+        return self._finish(total) if self._finish is not None else total
+
+    def done(self) -> bool:
+        return all(part.done() for part in self._parts)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a tool can do.
+
+    Attributes
+    ----------
+    memory
+        The memory kinds it serves: ``"host"``, ``"cuda"``.
+    directions
+        ``"read"``, ``"write"``.
+    alignment
+        The alignment it needs of file offsets, sizes and host addresses; 1 means any. Tools
+        that need more must still accept any request (by bouncing through aligned buffers),
+        so this is a statement about speed, not a precondition.
+    checksums
+        Whether it can report the CRC-32C of the bytes it moves (into a
+        :class:`~arrayio._checksum.ChecksumParts`) while they pass through host memory.
+    """
+
+    memory: frozenset[str]
+    directions: frozenset[str] = frozenset({"read", "write"})
+    alignment: int = 1
+    checksums: bool = True
+
+    def serves(self, direction: str, memory: str) -> bool:
+        return direction in self.directions and memory in self.memory
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Availability:
+    """Whether a tool can run here, and if not, why."""
+
+    available: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.available
+
+
+class Tool(abc.ABC):
+    """A way to move bytes between a file and memory; see the module docstring.
+
+    Subclasses set ``name`` and ``capabilities`` and implement :meth:`pread` and
+    :meth:`pwrite`. Their tunable parameters (thread count, task size...) are keyword
+    arguments of the constructor, reported by :attr:`params`, so that the dispatcher can
+    learn a tool *with* its parameters.
+    """
+
+    name: str = "tool"
+    capabilities: Capabilities = Capabilities(frozenset({"host"}))
+
+    def __init__(self, **params: Any) -> None:
+        self._params = dict(params)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The tool's parameters, as given to its constructor."""
+        return dict(self._params)
+
+    @property
+    def label(self) -> str:
+        """``name`` and parameters, e.g. ``posix(threads=8,task_size=4194304)``."""
+        inner = ",".join(f"{k}={v}" for k, v in sorted(self._params.items()))
+        return f"{self.name}({inner})" if inner else self.name
+
+    @classmethod
+    def availability(cls) -> Availability:
+        """Whether the tool can run on this machine (libraries, drivers); cheap and cached."""
+        return Availability(True)
+
+    @abc.abstractmethod
+    def pread(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> IOFuture[int]:
+        """Start reading ``buffer.nbytes`` bytes at ``file_offset`` into ``buffer``.
+
+        The future gives the number of bytes read: fewer than ``buffer.nbytes`` only when the
+        file ends first (the rest of ``buffer`` is then unspecified). With ``checksum`` (only
+        passed to tools whose capabilities say ``checksums``), the tool records the CRC-32C
+        of every byte it read, in pieces, before the future completes.
+        """
+
+    @abc.abstractmethod
+    def pwrite(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> IOFuture[int]:
+        """Start writing all of ``buffer`` at ``file_offset``; the future gives the byte count.
+
+        With ``checksum``, the tool records the CRC-32C of the bytes it wrote.
+        """
+
+    def read(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> int:
+        """Blocking :meth:`pread`."""
+        return self.pread(fd, buffer, file_offset, checksum=checksum).get()
+
+    def write(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> int:
+        """Blocking :meth:`pwrite`."""
+        return self.pwrite(fd, buffer, file_offset, checksum=checksum).get()
+
+    def close(self) -> None:
+        """Release threads and buffers; the tool may be used again afterwards."""
+
+    def __repr__(self) -> str:
+        return f"<arrayio tool {self.label}>"

@@ -1,0 +1,95 @@
+"""The baseline: one thread, one ``pread``/``pwrite`` loop; device memory staged through a
+single pinned host buffer, one chunk at a time, with no overlap.
+
+It is what arrayio did before it had a dispatcher, and what every other tool is measured
+against. It serves every memory kind and never fails for a reason other than the file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import config
+from .._buffers import DeviceBuffer
+from .._checksum import ChecksumParts
+from ._io import pread_full, pwrite_full
+from .base import Buffer, Capabilities, IOFuture, Tool
+
+__all__ = ["NaiveTool"]
+
+# Linux moves at most 0x7FFFF000 bytes a call; smaller chunks also let the checksum run on
+# bytes still in cache.
+_HOST_CHUNK = 64 << 20
+
+
+class NaiveTool(Tool):
+    """Read everything to the host, then copy; see the module docstring."""
+
+    name = "naive"
+    capabilities = Capabilities(frozenset({"host", "cuda"}))
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self._staging: dict[int, np.ndarray] = {}
+
+    def _host_for(self, device: DeviceBuffer) -> np.ndarray:
+        need = min(config.get().staging_bytes, max(device.nbytes, 1))
+        buffer = self._staging.get(device.device_index)
+        if buffer is None or buffer.nbytes < need:
+            buffer = device.pinned_empty(need)
+            self._staging[device.device_index] = buffer
+        return buffer
+
+    def pread(self, fd: int, buffer: Buffer, file_offset: int, *,
+              checksum: ChecksumParts | None = None) -> IOFuture[int]:
+        if isinstance(buffer, np.ndarray):
+            chunks = ((start, buffer[start : start + _HOST_CHUNK])
+                      for start in range(0, buffer.nbytes, _HOST_CHUNK))
+            return IOFuture.completed(self._read_chunks(fd, chunks, file_offset, checksum))
+        host = self._host_for(buffer)
+        done = 0
+        for start in range(0, buffer.nbytes, host.nbytes):
+            chunk = host[: min(host.nbytes, buffer.nbytes - start)]
+            got = pread_full(fd, chunk, file_offset + start)
+            if checksum is not None:
+                checksum.add_data(start, chunk[:got])
+            buffer.copy_from_host(start, chunk[:got])
+            done += got
+            if got < chunk.nbytes:
+                break
+        return IOFuture.completed(done)
+
+    @staticmethod
+    def _read_chunks(fd, chunks, file_offset, checksum) -> int:
+        done = 0
+        for start, chunk in chunks:
+            got = pread_full(fd, chunk, file_offset + start)
+            if checksum is not None:
+                checksum.add_data(start, chunk[:got])
+            done += got
+            if got < chunk.nbytes:
+                break
+        return done
+
+    def pwrite(self, fd: int, buffer: Buffer, file_offset: int, *,
+               checksum: ChecksumParts | None = None) -> IOFuture[int]:
+        if isinstance(buffer, np.ndarray):
+            for start in range(0, buffer.nbytes, _HOST_CHUNK):
+                chunk = buffer[start : start + _HOST_CHUNK]
+                if checksum is not None:
+                    checksum.add_data(start, chunk)
+                pwrite_full(fd, chunk, file_offset + start)
+            return IOFuture.completed(buffer.nbytes)
+        host = self._host_for(buffer)
+        for start in range(0, buffer.nbytes, host.nbytes):
+            chunk = host[: min(host.nbytes, buffer.nbytes - start)]
+            buffer.copy_to_host(start, chunk)
+            if checksum is not None:
+                checksum.add_data(start, chunk)
+            pwrite_full(fd, chunk, file_offset + start)
+        return IOFuture.completed(buffer.nbytes)
+
+    def close(self) -> None:
+        self._staging.clear()
