@@ -15,6 +15,7 @@ from __future__ import annotations
 from . import config, errors
 from ._api import load, open, read_into, save
 from ._reader import ArrayInfo, Reader
+from ._tuning import DispatchReport, explain, tune
 from .errors import (
     ArrayioError,
     ChecksumError,
@@ -24,7 +25,9 @@ from .errors import (
     HeaderTooLargeError,
     KeyNotFoundError,
     MismatchError,
+    ToolUnavailableError,
     TruncatedFileError,
+    UnknownToolError,
     UnsupportedDtypeError,
     UnsupportedObjectError,
 )
@@ -35,6 +38,7 @@ __all__ = [
     "ArrayInfo",
     "ArrayioError",
     "ChecksumError",
+    "DispatchReport",
     "DeviceError",
     "FormatError",
     "FrameworkNotAvailableError",
@@ -42,13 +46,17 @@ __all__ = [
     "KeyNotFoundError",
     "MismatchError",
     "Reader",
+    "ToolUnavailableError",
     "TruncatedFileError",
+    "UnknownToolError",
     "UnsupportedDtypeError",
     "UnsupportedObjectError",
     "config",
     "errors",
+    "explain",
     "load",
     "open",
     "read_into",
     "save",
+    "tune",
 ]

@@ -19,7 +19,9 @@ __all__ = ["load", "open", "read_into", "save"]
 PathLike = str | os.PathLike[str]
 
 
-def save(path: PathLike, obj: Any, *, metadata: Mapping[str, Any] | None = None) -> None:
+def save(
+    path: PathLike, obj: Any, *, metadata: Mapping[str, Any] | None = None, tool: Any = None
+) -> None:
     """Save an array, or a pytree of arrays, atomically.
 
     Parameters
@@ -34,6 +36,9 @@ def save(path: PathLike, obj: Any, *, metadata: Mapping[str, Any] | None = None)
     metadata
         String keys and JSON-able values, stored in the safetensors ``__metadata__`` (strings
         as they are, other values as JSON) and returned by :attr:`Reader.metadata`.
+    tool
+        Force a transfer tool (``"posix"``, ``"direct(threads=4)"``...) instead of letting
+        the dispatcher choose; also ``ARRAYIO_TOOL``.
 
     Raises
     ------
@@ -51,7 +56,7 @@ def save(path: PathLike, obj: Any, *, metadata: Mapping[str, Any] | None = None)
     """
     path = os.fspath(path)
     if path.endswith(".npy"):
-        _save_npy(path, obj, metadata)
+        _save_npy(path, obj, metadata, tool)
         return
     leaves, tree = _pytree.flatten(obj)
     exported = {key: export(x) for key, x in leaves}
@@ -65,13 +70,13 @@ def save(path: PathLike, obj: Any, *, metadata: Mapping[str, Any] | None = None)
         metadata=stored_metadata, arrayio=arrayio, alignment=config.get().alignment,
         checksums=True,
     )
-    staging = _transfer.Staging()
     with atomic_write(path) as fd:
         checksums = {}
         for entry in layout.entries:
-            checksums[entry.key] = _transfer.write_from(
-                fd, entry.start, exported[entry.key].data, with_checksum=True, staging=staging
-            )
+            crc = _transfer.write_from(fd, entry.start, exported[entry.key].data,
+                                       with_checksum=True, tool=tool)
+            if crc is not None:  # None only from a forced tool that cannot checksum
+                checksums[entry.key] = crc
         header = layout.header(checksums)
         _write_all(fd, header, 0)
         if os.fstat(fd).st_size < layout.file_size:  # only an empty last tensor can cause this
@@ -108,7 +113,7 @@ def _encode_metadata(metadata: Mapping[str, Any] | None) -> tuple[dict[str, str]
     return stored, json_keys
 
 
-def _save_npy(path: str, obj: Any, metadata: Mapping[str, Any] | None) -> None:
+def _save_npy(path: str, obj: Any, metadata: Mapping[str, Any] | None, tool: Any) -> None:
     if not is_array(obj):
         raise UnsupportedObjectError(
             f".npy holds one array, got {type(obj).__name__}; save pytrees to a container "
@@ -119,11 +124,11 @@ def _save_npy(path: str, obj: Any, metadata: Mapping[str, Any] | None) -> None:
     exported = export(obj)
     header = npy.encode_header(exported.dtype, exported.shape, config.get().alignment)
     with atomic_write(path) as fd:
-        _transfer.write_from(fd, len(header), exported.data)
+        _transfer.write_from(fd, len(header), exported.data, tool=tool)
         _write_all(fd, header, 0)
 
 
-def open(path: PathLike, *, verify: bool | None = None) -> Reader:
+def open(path: PathLike, *, verify: bool | None = None, tool: Any = None) -> Reader:
     """Open a file lazily: its keys, dtypes, shapes and metadata, without reading data.
 
     Parameters
@@ -132,6 +137,8 @@ def open(path: PathLike, *, verify: bool | None = None) -> Reader:
         An arrayio or safetensors container, or a ``.npy`` file (told apart by content).
     verify
         Check each whole array's CRC-32C as it is read (default: ``config`` setting, on).
+    tool
+        Force a transfer tool for this reader's reads (see :func:`save`).
 
     Returns
     -------
@@ -146,7 +153,7 @@ def open(path: PathLike, *, verify: bool | None = None) -> Reader:
     FileNotFoundError
         If ``path`` does not exist.
     """
-    return Reader(path, verify=verify)
+    return Reader(path, verify=verify, tool=tool)
 
 
 def load(
@@ -157,6 +164,7 @@ def load(
     keys: str | Sequence[str] | None = None,
     structure: Any = None,
     verify: bool | None = None,
+    tool: Any = None,
 ) -> Any:
     """Load what :func:`save` wrote (or any safetensors / ``.npy`` file).
 
@@ -180,6 +188,8 @@ def load(
         rebuild, for custom JAX pytree classes that arrayio cannot rebuild on its own.
     verify
         Check CRC-32C checksums (default: on; ``ARRAYIO_VERIFY_CHECKSUMS=0`` turns it off).
+    tool
+        Force a transfer tool (see :func:`save`).
 
     Returns
     -------
@@ -189,17 +199,18 @@ def load(
     ------
     KeyNotFoundError, ChecksumError, FormatError, UnsupportedDtypeError, DeviceError
     """
-    with Reader(path, verify=verify) as reader:
+    with Reader(path, verify=verify, tool=tool) as reader:
         return reader.load(keys=keys, like=like, device=device, structure=structure)
 
 
 def read_into(
-    path: PathLike, out: Any, *, key: str | None = None, verify: bool | None = None
+    path: PathLike, out: Any, *, key: str | None = None, verify: bool | None = None,
+    tool: Any = None,
 ) -> Any:
     """Fill ``out``, an array the caller allocated (NumPy, CuPy or torch), in place.
 
-    No second full-size buffer is allocated: bytes go from the file into ``out`` (through a
-    bounded pinned staging buffer for GPU memory).
+    No second full-size buffer is allocated: bytes go from the file into ``out`` (through
+    bounded pinned staging buffers for GPU memory).
 
     Parameters
     ----------
@@ -211,6 +222,8 @@ def read_into(
         Which array; may be omitted when the file holds one.
     verify
         Check the array's CRC-32C (default: on).
+    tool
+        Force a transfer tool (see :func:`save`).
 
     Returns
     -------
@@ -223,5 +236,5 @@ def read_into(
     UnsupportedObjectError
         For a JAX array (immutable) or a non-contiguous ``out``.
     """
-    with Reader(path, verify=verify) as reader:
+    with Reader(path, verify=verify, tool=tool) as reader:
         return reader.read_into(out, key)

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 
 __all__ = ["HOST_ALIGNMENT", "CupyDeviceBuffer", "DeviceBuffer", "TorchDeviceBuffer",
-           "aligned_empty"]
+           "aligned_empty", "synchronize_device"]
 
 # Host buffers are aligned for O_DIRECT (4096) and, as a by-product, for JAX's zero-copy
 # import of host memory (which needs 64).
@@ -33,6 +33,11 @@ class DeviceBuffer(Protocol):
     nbytes: int
     device_index: int
 
+    @property
+    def cuda_array(self) -> Any:
+        """The memory as an object with ``__cuda_array_interface__`` (for KvikIO, CuPy)."""
+        ...
+
     def copy_from_host(self, offset: int, src: np.ndarray) -> None: ...
 
     def copy_to_host(self, offset: int, dst: np.ndarray) -> None: ...
@@ -45,6 +50,10 @@ class CupyDeviceBuffer:
     """Device bytes held as a flat CuPy ``uint8`` array."""
 
     array: Any
+
+    @property
+    def cuda_array(self) -> Any:
+        return self.array
 
     @property
     def nbytes(self) -> int:
@@ -85,6 +94,10 @@ class TorchDeviceBuffer:
     tensor: Any
 
     @property
+    def cuda_array(self) -> Any:
+        return self.tensor
+
+    @property
     def nbytes(self) -> int:
         return int(self.tensor.numel())
 
@@ -106,3 +119,17 @@ class TorchDeviceBuffer:
         import torch
 
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+
+
+def synchronize_device(buffer: DeviceBuffer) -> None:
+    """Wait for all work on the buffer's GPU, so that its bytes are final before a tool that
+    runs on its own streams or threads reads them."""
+    if isinstance(buffer, TorchDeviceBuffer):
+        import torch
+
+        torch.cuda.synchronize(buffer.device_index)
+        return
+    import cupy
+
+    with cupy.cuda.Device(buffer.device_index):
+        cupy.cuda.runtime.deviceSynchronize()

@@ -96,7 +96,9 @@ class ChecksumParts:
                 continue
             if offset != position:
                 raise AssertionError(f"checksum pieces do not tile the range at byte {position}")
-            crc = combine(crc, part, length)
+            # The CRC of nothing is 0, and combining onto 0 is the identity: skip the arithmetic
+            # for the first piece (for a one-piece range, all of it).
+            crc = combine(crc, part, length) if position else part
             position += length
         if position != self.nbytes:
             raise AssertionError(f"checksum pieces cover {position} of {self.nbytes} bytes")

@@ -72,9 +72,11 @@ class Reader:
         The framework the arrays were saved from, when arrayio wrote the file.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, verify: bool | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool | None = None,
+                 tool: Any = None) -> None:
         self.path = os.fspath(path)
         self._verify = config.get().verify_checksums if verify is None else verify
+        self._tool = tool
         self._fd: int | None = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             self.format = formats.sniff(self._fd, self.path)
@@ -217,21 +219,21 @@ class Reader:
         stored = self._entry(self._single_key(key))
         request = parse_target(like, device)
         if index is None or stored.fortran_order:
-            result = self._read_whole(stored, request, _transfer.Staging())
+            result = self._read_whole(stored, request)
             return result if index is None else result[index]
         return self._read_rows(stored, index, request)
 
-    def _read_whole(self, stored: _Stored, request: Request, staging: _transfer.Staging) -> Any:
+    def _read_whole(self, stored: _Stored, request: Request) -> Any:
         shape = stored.shape[::-1] if stored.fortran_order else stored.shape
         target = allocate(request, stored.dtype, shape)
-        self._fill(stored, target.data, staging)
+        self._fill(stored, target.data)
         result = target.finish()
         return _transpose(result) if stored.fortran_order else result
 
-    def _fill(self, stored: _Stored, data: Any, staging: _transfer.Staging) -> None:
+    def _fill(self, stored: _Stored, data: Any) -> None:
         check = self._verify and stored.crc32c is not None
         crc = _transfer.read_into(self.fd, stored.start, data, path=self.path,
-                                  with_checksum=check, staging=staging)
+                                  with_checksum=check, tool=self._tool)
         if check and crc != stored.crc32c:
             raise ChecksumError(
                 f"{self.path}: array {stored.key!r} has CRC-32C {crc:08x}, the file recorded "
@@ -249,7 +251,7 @@ class Reader:
             stored, shape=(span, *stored.shape[1:]), start=stored.start + first * row_bytes,
             crc32c=None,
         )
-        result = self._read_whole(piece, request, _transfer.Staging())
+        result = self._read_whole(piece, request)
         if rows.step != 1 and span:
             result = result[:: rows.step]
         return result[0] if squeeze else result
@@ -272,7 +274,7 @@ class Reader:
         if stored.fortran_order:
             raise MismatchError(f"{self.path}: Fortran-ordered .npy data cannot fill a C-ordered "
                                 "array in place; use read() or load()")
-        self._fill(stored, data, _transfer.Staging())
+        self._fill(stored, data)
         return out
 
     def load(
@@ -281,10 +283,8 @@ class Reader:
     ) -> Any:
         """Read arrays into the saved structure; see :func:`arrayio.load`."""
         request = parse_target(like, device)
-        staging = _transfer.Staging()
-
         def read(key: str) -> Any:
-            return self._read_whole(self._entry(key), request, staging)
+            return self._read_whole(self._entry(key), request)
 
         if keys is not None:
             if isinstance(keys, str):

@@ -9,6 +9,11 @@ Environment variables, read once at import:
 ``ARRAYIO_VERIFY_CHECKSUMS``  ``0`` to skip checksum verification on load (default ``1``).
 ``ARRAYIO_ALIGNMENT``         byte alignment of tensor data in written files (default 4096).
 ``ARRAYIO_STAGING_BYTES``     size of each pinned host staging buffer for GPU I/O (default 64 MiB).
+``ARRAYIO_TOOL``              force one transfer tool for every transfer (``posix``, or with
+                              parameters ``posix(threads=4)``); unset: the dispatcher chooses.
+``ARRAYIO_CACHE_DIR``         where the dispatcher keeps what it learned (default
+                              ``$XDG_CACHE_HOME/arrayio`` or ``~/.cache/arrayio``); ``none``
+                              keeps it in memory only.
 """
 
 from __future__ import annotations
@@ -27,12 +32,19 @@ class Settings:
     verify_checksums: bool = True
     alignment: int = 4096
     staging_bytes: int = 64 << 20
+    tool: str | None = None
+    cache_dir: str | None = dataclasses.field(default_factory=lambda: _default_cache_dir())
 
     def __post_init__(self) -> None:
         if self.alignment < 1 or self.alignment & (self.alignment - 1):
             raise ValueError(f"alignment must be a power of two, got {self.alignment}")
         if self.staging_bytes < 4096:
             raise ValueError(f"staging_bytes must be at least 4096, got {self.staging_bytes}")
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "arrayio")
 
 
 def _from_environment() -> Settings:
@@ -50,7 +62,15 @@ def _from_environment() -> Settings:
         verify_checksums=flag("ARRAYIO_VERIFY_CHECKSUMS", True),
         alignment=integer("ARRAYIO_ALIGNMENT", 4096),
         staging_bytes=integer("ARRAYIO_STAGING_BYTES", 64 << 20),
+        tool=os.environ.get("ARRAYIO_TOOL") or None,
+        cache_dir=_cache_dir_from(os.environ.get("ARRAYIO_CACHE_DIR")),
     )
+
+
+def _cache_dir_from(value: str | None) -> str | None:
+    if value is None or value == "":
+        return _default_cache_dir()
+    return None if value.strip().lower() == "none" else value
 
 
 _current: Settings = _from_environment()

@@ -52,6 +52,18 @@ def any_xp(request: pytest.FixtureRequest) -> Framework:
     return _skip_unless_usable(request.param)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # What the dispatcher learns during the tests stays in a scratch directory, never in the
+    # user's ~/.cache/arrayio.
+    import tempfile
+
+    import arrayio
+    from arrayio.dispatch import dispatcher
+
+    arrayio.config.set(cache_dir=tempfile.mkdtemp(prefix="arrayio-test-cache-"))
+    dispatcher.reset()
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") is not None and not gpu_available():
         pytest.skip("no CUDA GPU")

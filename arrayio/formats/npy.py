@@ -105,7 +105,7 @@ def read_header(fd: int, path: str) -> NpyHeader:
             # 3.0 differs from 2.0 only in allowing UTF-8 field names, which arrayio refuses.
             shape, fortran, np_dtype = np.lib.format.read_array_header_2_0(
                 stream, max_header_size=MAX_HEADER_BYTES)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - NumPy's parser raises several kinds
         raise FormatError(f"{path}: malformed .npy header ({error!r})") from None
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
         raise FormatError(f"{path}: .npy shape {shape!r} is not a tuple of non-negative integers")

@@ -100,7 +100,8 @@ def _encode(
     header: dict[str, Any], arrayio: dict[str, Any], checksums: Mapping[str, int] | None
 ) -> bytes:
     if checksums is not None:
-        # Fixed width: a placeholder of 0 encodes to as many bytes as the real checksum.
+        # Fixed width: a placeholder of 0 encodes to as many bytes as the real checksum, and
+        # a tensor without one (written by a tool that cannot checksum) only shortens it.
         arrayio = {**arrayio, "crc32c": {key: f"{crc:08x}" for key, crc in checksums.items()}}
     metadata = {**header["__metadata__"], ARRAYIO_KEY: _dumps(arrayio)}
     return _dumps({**header, "__metadata__": metadata}).encode()

@@ -122,11 +122,11 @@ def gpu_available() -> bool:
         import cupy
 
         return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
+    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: all mean "no GPU"
         pass
     try:
         import torch
 
         return bool(torch.cuda.is_available())
-    except Exception:
+    except Exception:  # noqa: BLE001 - same: any failure means no GPU
         return False

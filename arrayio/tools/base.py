@@ -204,7 +204,7 @@ class Tool(abc.ABC):
         """Blocking :meth:`pwrite`."""
         return self.pwrite(fd, buffer, file_offset, checksum=checksum).get()
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release threads and buffers; the tool may be used again afterwards."""
 
     def __repr__(self) -> str:

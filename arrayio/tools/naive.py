@@ -45,9 +45,7 @@ class NaiveTool(Tool):
     def pread(self, fd: int, buffer: Buffer, file_offset: int, *,
               checksum: ChecksumParts | None = None) -> IOFuture[int]:
         if isinstance(buffer, np.ndarray):
-            chunks = ((start, buffer[start : start + _HOST_CHUNK])
-                      for start in range(0, buffer.nbytes, _HOST_CHUNK))
-            return IOFuture.completed(self._read_chunks(fd, chunks, file_offset, checksum))
+            return IOFuture.completed(self._read_host(fd, buffer, file_offset, checksum))
         host = self._host_for(buffer)
         done = 0
         for start in range(0, buffer.nbytes, host.nbytes):
@@ -62,9 +60,16 @@ class NaiveTool(Tool):
         return IOFuture.completed(done)
 
     @staticmethod
-    def _read_chunks(fd, chunks, file_offset, checksum) -> int:
+    def _read_host(fd: int, buffer: np.ndarray, file_offset: int,
+                   checksum: ChecksumParts | None) -> int:
+        if buffer.nbytes <= _HOST_CHUNK:  # the common case, kept to a few calls
+            got = pread_full(fd, buffer, file_offset)
+            if checksum is not None:
+                checksum.add_data(0, buffer[:got] if got < buffer.nbytes else buffer)
+            return got
         done = 0
-        for start, chunk in chunks:
+        for start in range(0, buffer.nbytes, _HOST_CHUNK):
+            chunk = buffer[start : start + _HOST_CHUNK]
             got = pread_full(fd, chunk, file_offset + start)
             if checksum is not None:
                 checksum.add_data(start, chunk[:got])

@@ -1,0 +1,246 @@
+"""``arrayio.tune`` builds the dispatcher's table ahead of time; ``arrayio.explain`` shows it.
+
+Both work on the process-wide dispatcher (:mod:`arrayio.dispatch.dispatcher`), whose table is
+saved under ``ARRAYIO_CACHE_DIR`` and reloaded by the next process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import html
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _dtypes, config, tools
+from ._frameworks import allocate, parse_target
+from .dispatch import dispatcher as dispatch
+from .dispatch.context import Context
+from .dispatch.policy import Explanation
+from .errors import KeyNotFoundError
+
+__all__ = ["DispatchReport", "explain", "tune"]
+
+_DEFAULT_SIZES = (64 << 10, 1 << 20, 16 << 20, 256 << 20)  # smaller ones are not learned
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatchReport:
+    """What the dispatcher chose (or would choose) per context, why, and what it measured.
+
+    ``str()`` gives a text table; Jupyter shows an HTML one. ``tools`` maps each registered
+    tool to ``None`` when it can run here, or to the reason it cannot.
+    """
+
+    explanations: tuple[Explanation, ...]
+    tools: dict[str, str | None]
+    table_path: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"table_path": self.table_path, "tools": dict(self.tools),
+                "contexts": [e.as_dict() for e in self.explanations]}
+
+    def __str__(self) -> str:
+        lines = [f"arrayio dispatch table: {self.table_path or '(in memory only)'}"]
+        for name, reason in self.tools.items():
+            lines.append(f"  tool {name:8s} {'available' if reason is None else reason}")
+        if not self.explanations:
+            lines.append("  nothing learned yet: transfers (or arrayio.tune) teach it")
+        for explanation in self.explanations:
+            lines.append("")
+            lines.append(f"{explanation.key}: {explanation.chosen or '-'}  "
+                         f"[{explanation.reason}]")
+            for arm in explanation.arms:
+                figure = (f"{arm.gbps:8.2f} GB/s" if arm.gbps is not None else " " * 13)
+                extra = f" ({arm.samples} samples, {arm.count} calls)" if arm.count else ""
+                reason = f"  {arm.reason}" if arm.reason else ""
+                lines.append(f"    {arm.label:44s} {arm.state:12s}{figure}{extra}{reason}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        rows = []
+        for e in self.explanations:
+            for arm in e.arms:
+                gbps = f"{arm.gbps:.2f}" if arm.gbps is not None else ""
+                cells = [e.key if arm is e.arms[0] else "", arm.label, arm.state, gbps,
+                         str(arm.count), arm.reason or ""]
+                style = ' style="font-weight:bold"' if arm.state == "chosen" else ""
+                rows.append(f"<tr{style}>" + "".join(f"<td>{html.escape(c)}</td>"
+                                                     for c in cells) + "</tr>")
+        unavailable = ", ".join(f"{html.escape(n)} ({html.escape(r)})"
+                                for n, r in self.tools.items() if r is not None)
+        return ("<div><b>arrayio dispatch table</b> "
+                f"<code>{html.escape(self.table_path or 'in memory')}</code>"
+                + (f"<br>unavailable tools: {unavailable}" if unavailable else "")
+                + "<table><tr><th>context</th><th>arm</th><th>state</th><th>GB/s</th>"
+                "<th>calls</th><th>note</th></tr>" + "".join(rows) + "</table></div>")
+
+
+def _tool_availability() -> dict[str, str | None]:
+    report: dict[str, str | None] = {}
+    for name in tools.names():
+        try:
+            availability = tools.tool_class(name).availability()
+        except ImportError as error:
+            report[name] = f"cannot import: {error}"
+            continue
+        report[name] = None if availability else availability.reason
+    return report
+
+
+def _context_of(attributes: dict[str, Any]) -> Context | None:
+    try:
+        return Context(**attributes)
+    except TypeError:
+        return None
+
+
+def explain(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    key: str | None = None,
+    device: Any = None,
+    verify: bool | None = None,
+) -> DispatchReport:
+    """Show what the dispatcher learned, or what it would do for reading a file.
+
+    Parameters
+    ----------
+    path
+        A file arrayio can open. Without it, every learned context is shown.
+    key
+        With ``path``: only this array (default: every array of the file).
+    device
+        With ``path``: where the arrays would be read to (default: the CPU).
+    verify
+        With ``path``: whether the read would verify checksums (default: the setting).
+
+    Returns
+    -------
+    DispatchReport
+        Per context: the chosen arm and why, each arm's measured bandwidth, and the arms
+        marked unavailable (the fallbacks) with the error that caused it.
+    """
+    active = dispatch.get()
+    explanations: list[Explanation] = []
+    if path is None:
+        for _, entry in active.table.items():
+            context = _context_of(entry.attributes)
+            if context is not None:
+                explanations.append(active.policy.explain(context))
+    else:
+        from ._reader import Reader
+
+        memory = "cuda" if parse_target(None, device).placement.is_cuda else "host"
+        check = config.get().verify_checksums if verify is None else verify
+        with Reader(path) as reader:
+            keys = [key] if key is not None else reader.keys()
+            seen = set()
+            for name in keys:
+                if name not in reader:
+                    raise KeyNotFoundError(f"{reader.path}: no array {name!r}")
+                info = reader[name]
+                context = active.context("read", reader.fd, info.file_offset, info.nbytes,
+                                         memory, check and info.crc32c is not None)
+                if context.key() not in seen and info.nbytes:
+                    seen.add(context.key())
+                    explanations.append(
+                        active.policy.explain(context, force=active.forced_arm(None)))
+    return DispatchReport(tuple(explanations), _tool_availability(), active.table_path)
+
+
+def tune(
+    directory: str | os.PathLike[str] = ".",
+    *,
+    device: Any = None,
+    sizes: Iterable[int] = _DEFAULT_SIZES,
+    directions: Sequence[str] = ("read", "write"),
+    caches: Sequence[str] = ("warm", "cold"),
+    verify: bool | None = None,
+    max_calls: int = 400,
+) -> DispatchReport:
+    """Teach the dispatcher this machine ahead of time, on a scratch file in ``directory``.
+
+    For every size, direction and (for reads) cache state, transfers run through the
+    dispatcher until it stops exploring; the table is then saved, so later processes start
+    from it. Cold reads evict the file's pages first (``posix_fadvise``; no root needed).
+
+    Parameters
+    ----------
+    directory
+        A directory on the storage to tune for (the scratch file is removed afterwards).
+    device
+        ``"cpu"`` (default) or a GPU (``"cuda:0"``...): where the bytes go.
+    sizes
+        Transfer sizes in bytes.
+    directions
+        ``"read"`` and/or ``"write"``.
+    caches
+        ``"warm"`` and/or ``"cold"``, for reads.
+    verify
+        Tune for checksummed transfers (the default, as loads verify by default) or not.
+    max_calls
+        At most this many calls per context.
+
+    Returns
+    -------
+    DispatchReport
+        The tuned contexts.
+    """
+    active = dispatch.get()
+    sizes = sorted(set(int(s) for s in sizes))
+    check = config.get().verify_checksums if verify is None else verify
+    request = parse_target("cupy" if _is_gpu(device) else None, device)
+    uint8 = _dtypes.by_name("uint8")
+    fd_data, data_path = tempfile.mkstemp(prefix=".arrayio-tune-", dir=directory)
+    write_path = data_path + ".w"
+    tuned: dict[str, Context] = {}
+    try:
+        pattern = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8)
+        for start in range(0, sizes[-1], pattern.nbytes):
+            os.pwrite(fd_data, pattern[: min(pattern.nbytes, sizes[-1] - start)], start)
+        os.fsync(fd_data)
+        for nbytes in sizes:
+            buffer = allocate(request, uint8, (nbytes,)).data
+            for direction in directions:
+                for cache in (caches if direction == "read" else ("-",)):
+                    context = _tune_one(active, direction, cache, fd_data, write_path,
+                                        buffer, check, max_calls)
+                    if context is not None:
+                        tuned[context.key()] = context
+    finally:
+        os.close(fd_data)
+        for name in (data_path, write_path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)
+    active.save()
+    return DispatchReport(tuple(active.policy.explain(c) for c in tuned.values()),
+                          _tool_availability(), active.table_path)
+
+
+def _is_gpu(device: Any) -> bool:
+    return device is not None and parse_target(None, device).placement.is_cuda
+
+
+def _tune_one(active: dispatch.Dispatcher, direction: str, cache: str, fd_data: int,
+              write_path: str, buffer: Any, check: bool, max_calls: int) -> Context | None:
+    context = None
+    for _ in range(max_calls):
+        if direction == "read":
+            if cache == "cold":
+                os.posix_fadvise(fd_data, 0, 0, os.POSIX_FADV_DONTNEED)
+            active.read(fd_data, buffer, 0, with_checksum=check)
+        else:
+            fd = os.open(write_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                active.write(fd, buffer, 0, with_checksum=check)
+            finally:
+                os.close(fd)
+        context = active.last[0] if active.last is not None else None
+        if context is None or active.policy.explain(context).phase == "exploiting":
+            break  # learned, or a small transfer that is never learned
+    return context

@@ -1,0 +1,22 @@
+"""Adaptive dispatch: learn on real work which transfer tool, with which parameters, is fastest.
+
+:class:`Policy` explores the candidate arms of each context, exploits the fastest, re-explores
+when its bandwidth drifts and falls back when a tool fails; :class:`Table` holds what it
+learned and persists it as JSON. Importing this package imports no tool and no framework.
+"""
+
+from __future__ import annotations
+
+from .policy import Arm, ArmReport, Explanation, Policy, is_tool_failure
+from .table import ArmStats, ContextEntry, Table
+
+__all__ = [
+    "Arm",
+    "ArmReport",
+    "ArmStats",
+    "ContextEntry",
+    "Explanation",
+    "Policy",
+    "Table",
+    "is_tool_failure",
+]

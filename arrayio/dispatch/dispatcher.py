@@ -1,0 +1,300 @@
+"""The dispatcher every arrayio transfer goes through.
+
+For each transfer it works out the :class:`~arrayio.dispatch.context.Context`, asks the
+:class:`~arrayio.dispatch.policy.Policy` for the arm (tool and parameters) to use, which is
+exploration for the first calls in a context and the fastest measured arm after that, runs
+it, and falls back to the next arm if the tool fails. What it learns is kept in one JSON file
+per machine under ``ARRAYIO_CACHE_DIR``, saved at most every few seconds and at exit.
+
+The candidate arms per context are a short list, best guess first: enough parameter
+settings to cover the regimes that matter (one thread for small transfers; 4 threads to
+fill a disk queue; 16 to pull from the page cache), few enough that exploring them costs a
+handful of calls.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import os
+import platform
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import config, tools
+from .._checksum import ChecksumParts
+from ..errors import ToolUnavailableError, TruncatedFileError, UnknownToolError
+from ..tools import Buffer, Tool, buffer_kind
+from .context import Context, InFlight, cache_state, size_class, storage_of
+from .policy import Arm, Policy
+from .table import Table
+
+__all__ = ["Dispatcher", "candidate_arms", "get", "machine_fingerprint", "parse_arm", "reset"]
+
+logger = logging.getLogger("arrayio.dispatch")
+
+_MiB = 1 << 20
+_SAVE_INTERVAL = 5.0  # seconds between saves of the learned table
+# Below this size a transfer is one system call's latency whatever the tool: it goes
+# straight to the naive tool, with no context probe, no timing and no learning, whose cost
+# (several microseconds) would exceed any difference between tools.
+SMALL_TRANSFER = 1 << 20
+
+
+def _arm(name: str, **params: Any) -> Arm:
+    return Arm.of(name, **params)
+
+
+_NAIVE = _arm("naive")
+
+
+def candidate_arms(context: Context) -> list[Arm]:
+    """The arms worth trying in ``context``, best guess first (before availability)."""
+    big = context.size_class > 20  # more than 1 MiB
+    reads = context.direction == "read"
+    cold = context.cache in ("cold", "mixed")
+    if context.memory == "cuda":
+        if not big:
+            arms = [_arm("naive"), _arm("staged", threads=1, chunk_size=4 * _MiB)]
+        elif reads:
+            staged = [_arm("staged", threads=16, chunk_size=8 * _MiB),
+                      _arm("staged", threads=4, chunk_size=16 * _MiB, direct=True),
+                      _arm("staged", threads=16, chunk_size=8 * _MiB, direct=True)]
+            arms = [*(staged[1:] if cold else staged[:1]), *(staged[:1] if cold else
+                                                              staged[1:]), _arm("naive")]
+        else:
+            arms = [_arm("staged", threads=4, chunk_size=16 * _MiB),
+                    _arm("staged", threads=16, chunk_size=8 * _MiB), _arm("naive")]
+        kvikio = [_arm("kvikio", threads=16, task_size=4 * _MiB)]
+    elif not big:
+        arms = [_arm("naive"), _arm("posix", threads=1, task_size=4 * _MiB)]
+        if reads and context.size_class >= 16:
+            arms.append(_arm("mmap", threads=1))
+        kvikio = []
+    elif reads:
+        posix = [_arm("posix", threads=16, task_size=4 * _MiB),
+                 _arm("posix", threads=4, task_size=8 * _MiB)]
+        direct = [_arm("direct", threads=4, task_size=8 * _MiB),
+                  _arm("direct", threads=16, task_size=8 * _MiB)]
+        arms = [*(direct + posix if cold else posix + direct), _arm("mmap", threads=4),
+                _arm("naive")]
+        kvikio = [_arm("kvikio", threads=16, task_size=4 * _MiB)]
+    else:
+        arms = [_arm("posix", threads=4, task_size=8 * _MiB),
+                _arm("posix", threads=16, task_size=4 * _MiB),
+                _arm("direct", threads=4, task_size=8 * _MiB), _arm("naive")]
+        kvikio = [_arm("kvikio", threads=16, task_size=4 * _MiB)]
+    # KvikIO never sees the bytes on the host, so it cannot produce checksums.
+    return arms if context.checksum else arms + kvikio
+
+
+def _available(arm: Arm) -> bool:
+    try:
+        return bool(tools.tool_class(arm.name).availability())
+    except (UnknownToolError, ImportError):
+        return False
+
+
+_VALUE = re.compile(r"^-?\d+$")
+
+
+def parse_arm(spec: str | Arm | Tool) -> Arm:
+    """An arm from ``"posix"``, ``"posix(threads=4,task_size=1048576)"``, an Arm or a Tool.
+
+    Raises
+    ------
+    UnknownToolError
+        For a tool name nobody registered.
+    ValueError
+        For a malformed specification.
+    """
+    if isinstance(spec, Arm):
+        return spec
+    if isinstance(spec, Tool):
+        return Arm.from_tool(spec)
+    match = re.fullmatch(r"\s*([\w.-]+)\s*(?:\((.*)\))?\s*", spec)
+    if match is None:
+        raise ValueError(f"cannot parse tool {spec!r}; expected NAME or NAME(key=value,...)")
+    name, inner = match.group(1), match.group(2)
+    tools.tool_class(name)  # unknown names fail here, with the list of known ones
+    params: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in (inner or "").split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"cannot parse {item!r} in tool {spec!r}; expected key=value")
+        value = value.strip()
+        params[key.strip()] = (int(value) if _VALUE.match(value) else
+                               {"true": True, "false": False}.get(value.lower(), value))
+    return _arm(name, **params)
+
+
+def machine_fingerprint() -> str:
+    """A short hash of what makes tool speeds differ between machines."""
+    parts = [platform.node(), platform.machine(), platform.release(), str(os.cpu_count())]
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            parts += [line for line in cpuinfo if line.startswith("model name")][:1]
+    except OSError:
+        pass
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+class Dispatcher:
+    """Chooses, runs and learns; see the module docstring.
+
+    Parameters
+    ----------
+    table_path
+        The JSON file to load and save what is learned; None keeps it in memory.
+    clock
+        Monotonic seconds, for timing transfers (tests pass a fake one).
+    """
+
+    def __init__(self, table_path: str | None, *,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.table_path = table_path
+        self.table = Table.load(table_path) if table_path else Table()
+        self.policy = Policy(self.candidates, self.table, clock=clock)
+        self.in_flight = InFlight()
+        self._last_save = time.monotonic()
+        self._save_lock = threading.Lock()
+        # The latest choice, for benchmarks and tune(); no context for small transfers.
+        self.last: tuple[Context | None, Arm] | None = None
+
+    def candidates(self, context: Context) -> list[Arm]:
+        """The available arms for ``context``, best guess first."""
+        return [arm for arm in candidate_arms(context) if _available(arm)]
+
+    def context(self, direction: str, fd: int, file_offset: int, nbytes: int, memory: str,
+                checksum: bool) -> Context:
+        """Describe a transfer."""
+        cache = cache_state(fd, file_offset, nbytes) if direction == "read" else "-"
+        return Context(direction, memory, size_class(nbytes), storage_of(fd), cache,
+                       self.in_flight.bucket(), checksum)
+
+    def forced_arm(self, tool: str | Arm | Tool | None) -> Arm | None:
+        """The arm ``tool`` (or, if None, ``ARRAYIO_TOOL``) forces, or None."""
+        spec = tool if tool is not None else config.get().tool
+        return None if spec is None else parse_arm(spec)
+
+    def read(self, fd: int, buffer: Buffer, file_offset: int, *, path: str = "<file>",
+             with_checksum: bool = False, tool: str | Arm | Tool | None = None) -> int | None:
+        """Fill ``buffer`` from ``fd`` at ``file_offset``; return its CRC-32C if asked.
+
+        Raises
+        ------
+        TruncatedFileError
+            If the file ends before the buffer is full (a data error: no fallback).
+        """
+        nbytes = buffer.nbytes
+        if nbytes == 0:
+            return 0 if with_checksum else None
+        forced = self.forced_arm(tool)
+
+        def operation(t: Tool) -> int | None:
+            if with_checksum and not t.capabilities.checksums:
+                    raise ToolUnavailableError(
+                    f"{t.name} cannot checksum what it reads: load with verify=False to "
+                    "use it")
+            parts = ChecksumParts(nbytes) if with_checksum else None
+            got = t.read(fd, buffer, file_offset, checksum=parts)
+            if got != nbytes:
+                raise TruncatedFileError(
+                    f"{path}: file ends at byte {file_offset + got}, {nbytes - got} bytes "
+                    "short of the array (truncated while reading?)")
+            return parts.value() if parts is not None else None
+
+        if forced is None and nbytes < SMALL_TRANSFER:
+            self.last = (None, _NAIVE)
+            return operation(self.policy.tool(_NAIVE))
+        with self.in_flight:
+            context = self.context("read", fd, file_offset, nbytes, buffer_kind(buffer),
+                                   with_checksum)
+            result, arm = self.policy.run(context, nbytes, operation, force=forced)
+        self.last = (context, arm)
+        self._maybe_save()
+        return result
+
+    def write(self, fd: int, buffer: Buffer, file_offset: int, *,
+              with_checksum: bool = False, tool: str | Arm | Tool | None = None) -> int | None:
+        """Write all of ``buffer`` at ``file_offset``; return its CRC-32C if asked and the
+        tool could compute one (a forced tool without checksums gives None)."""
+        nbytes = buffer.nbytes
+        if nbytes == 0:
+            return 0 if with_checksum else None
+        forced = self.forced_arm(tool)
+
+        def operation(t: Tool) -> int | None:
+            parts = (ChecksumParts(nbytes) if with_checksum and t.capabilities.checksums
+                     else None)
+            t.write(fd, buffer, file_offset, checksum=parts)
+            return parts.value() if parts is not None else None
+
+        if forced is None and nbytes < SMALL_TRANSFER:
+            self.last = (None, _NAIVE)
+            return operation(self.policy.tool(_NAIVE))
+        with self.in_flight:
+            context = self.context("write", fd, file_offset, nbytes, buffer_kind(buffer),
+                                   with_checksum)
+            result, arm = self.policy.run(context, nbytes, operation, force=forced)
+        self.last = (context, arm)
+        self._maybe_save()
+        return result
+
+    def _maybe_save(self, force: bool = False) -> None:
+        if self.table_path is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_save < _SAVE_INTERVAL:
+            return
+        with self._save_lock:
+            self._last_save = now
+            try:
+                self.table.save(self.table_path)
+            except OSError as error:
+                logger.warning("arrayio could not save its dispatch table to %s: %s",
+                               self.table_path, error)
+
+    def save(self) -> None:
+        """Save what was learned now."""
+        self._maybe_save(force=True)
+
+    def close(self) -> None:
+        """Save, and release the tools' threads and buffers."""
+        self.save()
+        self.policy.close()
+
+
+_lock = threading.Lock()
+_dispatcher: Dispatcher | None = None
+
+
+def _table_path() -> str | None:
+    directory = config.get().cache_dir
+    if directory is None:
+        return None
+    return os.path.join(directory, f"dispatch-{machine_fingerprint()}.json")
+
+
+def get() -> Dispatcher:
+    """The process-wide dispatcher, created on first use."""
+    global _dispatcher
+    with _lock:
+        if _dispatcher is None:
+            _dispatcher = Dispatcher(_table_path())
+            atexit.register(_dispatcher.close)
+        return _dispatcher
+
+
+def reset(dispatcher: Dispatcher | None = None) -> None:
+    """Replace the process-wide dispatcher (None: a new one on next use), closing the old
+    one's tools (their threads and pinned buffers)."""
+    global _dispatcher
+    with _lock:
+        previous, _dispatcher = _dispatcher, dispatcher
+    if previous is not None:
+        previous.close()

@@ -1,0 +1,341 @@
+"""Parallel ``O_DIRECT`` reads and writes between files and host memory, bypassing the page
+cache: what reads a file larger than memory at the disk's speed, and what writes one without
+evicting everything else.
+
+``O_DIRECT`` needs the file offset, the length and the memory address of every request to be
+multiples of the device's logical block size; this tool uses 4096, which covers every
+common device. A request of any shape is cut at 4096-byte file boundaries:
+
+- the aligned interior goes straight between the disk and the caller's buffer when the
+  buffer's address and the file offset are congruent modulo 4096, and through a 4096-aligned
+  bounce buffer (one per worker, reused across calls) otherwise;
+- a partial block at either end is read whole through the bounce buffer, and only the
+  caller's bytes are copied out; it is *written* with a plain buffered ``pwrite`` on the
+  caller's descriptor, because ``O_DIRECT`` can only write whole blocks and a
+  read-modify-write of the neighbouring bytes would race with other writers of that block.
+  The kernel keeps the two coherent: buffered and direct requests never share a page here,
+  and a direct read first writes back dirty cached pages of its range.
+
+The tool opens its own ``O_DIRECT`` descriptor on the caller's file (through
+``/proc/self/fd``) for each call, and closes it before the call's future completes. A file
+system that refuses ``O_DIRECT`` (``EINVAL``) raises
+:class:`~arrayio.errors.ToolUnavailableError` rather than falling back silently: the
+dispatcher falls back, and records why.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import errno
+import functools
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from .._buffers import aligned_empty
+from .._checksum import ChecksumParts
+from ..errors import ToolUnavailableError
+from ._io import pwrite_full
+from .base import Availability, Buffer, Capabilities, IOFuture, Tool
+
+__all__ = ["DirectTool"]
+
+_BLOCK = 4096
+
+
+def _down(n: int) -> int:
+    return n - n % _BLOCK
+
+
+def _up(n: int) -> int:
+    return -(-n // _BLOCK) * _BLOCK
+
+
+def _pieces(file_offset: int, nbytes: int, task_size: int) -> list[tuple[int, int]]:
+    """Cut ``[file_offset, file_offset + nbytes)`` into ``(start, end)`` file ranges.
+
+    A range within at most two blocks and no whole block is one piece; otherwise a partial
+    head block, ``task_size`` pieces of the aligned interior, and a partial tail block.
+    """
+    end = file_offset + nbytes
+    low, high = _up(file_offset), _down(end)
+    if low >= high:
+        return [(file_offset, end)]
+    pieces = [(file_offset, low)] if file_offset < low else []
+    pieces += [(start, min(start + task_size, high)) for start in range(low, high, task_size)]
+    if high < end:
+        pieces.append((high, end))
+    return pieces
+
+
+def _whole_blocks(start: int, end: int) -> bool:
+    return start % _BLOCK == 0 and end % _BLOCK == 0
+
+
+def _file_system(fd: int) -> tuple[str, str]:
+    """The path of ``fd`` and the type of the file system holding it (for error messages)."""
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return f"<fd {fd}>", "unknown"
+    best, kind = "", "unknown"
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        pass
+    return path, kind
+
+
+def _refused(fd: int, exc: OSError, what: str) -> ToolUnavailableError:
+    path, kind = _file_system(fd)
+    return ToolUnavailableError(
+        f"O_DIRECT {what} refused for {path} on its {kind} file system "
+        f"([Errno {exc.errno}] {exc.strerror})"
+    )
+
+
+def _open_direct(fd: int, flags: int) -> int:
+    """Open the file behind ``fd`` again, with ``O_DIRECT`` and ``flags``.
+
+    Raises
+    ------
+    ToolUnavailableError
+        If the file system refuses ``O_DIRECT`` (tmpfs before Linux 6.6, some FUSE and
+        network file systems).
+    """
+    direct = getattr(os, "O_DIRECT", 0)
+    if not direct:
+        raise ToolUnavailableError("O_DIRECT does not exist on this platform")
+    try:
+        return os.open(f"/proc/self/fd/{fd}", flags | direct)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            raise _refused(fd, exc, "open") from exc
+        raise
+
+
+def _pread_direct(direct_fd: int, view: np.ndarray, file_offset: int) -> int:
+    """Read whole blocks into ``view`` (aligned); return the count, short only at EOF."""
+    done = 0
+    memory = memoryview(view)
+    while done < view.nbytes:
+        try:
+            got = os.preadv(direct_fd, [memory[done:]], file_offset + done)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:  # the device wants more than 4096-byte alignment
+                raise _refused(direct_fd, exc, "read") from exc
+            raise
+        done += got
+        # Only EOF ends a direct read short of a block, and an unaligned offset cannot resume.
+        if got == 0 or done % _BLOCK:
+            break
+    return done
+
+
+def _pwrite_direct(direct_fd: int, fd: int, view: np.ndarray, file_offset: int) -> int:
+    """Write all of ``view`` (whole blocks, aligned) at ``file_offset``; return the count."""
+    done = 0
+    memory = memoryview(view)
+    while done < view.nbytes:
+        if done % _BLOCK:  # a short, unaligned direct write cannot resume with O_DIRECT
+            return done + pwrite_full(fd, view[done:], file_offset + done)
+        try:
+            done += os.pwritev(direct_fd, [memory[done:]], file_offset + done)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                raise _refused(direct_fd, exc, "write") from exc
+            raise
+    return done
+
+
+def _fan_out(pool: concurrent.futures.Executor, jobs: list[Callable[[], int]],
+             cleanup: Callable[[], None]) -> concurrent.futures.Future[int]:
+    """Run ``jobs`` (at least one) on ``pool``; a future for the sum of their counts that
+    completes only after every job has ended and ``cleanup`` has run, whatever failed."""
+    outcome: concurrent.futures.Future[int] = concurrent.futures.Future()
+    lock = threading.Lock()
+    state: dict[str, Any] = {"left": len(jobs), "total": 0, "error": None}
+
+    def finished(job: concurrent.futures.Future[int]) -> None:
+        with lock:
+            if job.exception() is None:
+                state["total"] += job.result()
+            elif state["error"] is None:
+                state["error"] = job.exception()
+            state["left"] -= 1
+            if state["left"]:
+                return
+        try:
+            cleanup()
+        except BaseException as exc:  # noqa: BLE001 - reported through the future
+            state["error"] = state["error"] or exc
+        if state["error"] is not None:
+            outcome.set_exception(state["error"])
+        else:
+            outcome.set_result(state["total"])
+
+    for job in jobs:
+        try:
+            submitted = pool.submit(job)
+        except BaseException as exc:  # noqa: BLE001 - a shut-down pool: the job failed
+            submitted = concurrent.futures.Future()
+            submitted.set_exception(exc)
+        submitted.add_done_callback(finished)
+    return outcome
+
+
+@functools.cache
+def _availability() -> Availability:
+    if not getattr(os, "O_DIRECT", 0):
+        return Availability(False, "O_DIRECT does not exist on this platform")
+    if not os.path.isdir("/proc/self/fd"):
+        return Availability(False, "no /proc/self/fd to reopen files with O_DIRECT")
+    return Availability(True)
+
+
+class DirectTool(Tool):
+    """Parallel ``O_DIRECT`` ``pread``/``pwrite`` on host buffers; see the module docstring.
+
+    Parameters
+    ----------
+    threads
+        Worker threads (1 runs every task in the caller's thread).
+    task_size
+        Bytes per task, rounded up to a multiple of 4096.
+
+    Raises
+    ------
+    ValueError
+        If ``threads`` or ``task_size`` is not positive.
+    """
+
+    name = "direct"
+    capabilities = Capabilities(frozenset({"host"}), alignment=_BLOCK, checksums=True)
+
+    def __init__(self, threads: int = 8, task_size: int = 8 << 20, **params: Any) -> None:
+        if threads < 1 or task_size < 1:
+            raise ValueError(f"threads and task_size must be positive, got {threads}, {task_size}")
+        task_size = _up(task_size)
+        super().__init__(threads=threads, task_size=task_size, **params)
+        self.threads, self.task_size = threads, task_size
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._spare: list[np.ndarray] = []
+
+    @classmethod
+    def availability(cls) -> Availability:
+        return _availability()
+
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    self.threads, thread_name_prefix=f"arrayio-{self.name}")
+            return self._pool
+
+    @contextlib.contextmanager
+    def _bounce(self) -> Iterator[np.ndarray]:
+        """An aligned buffer of ``task_size`` (at least two blocks), reused across tasks."""
+        with self._lock:
+            buffer = self._spare.pop() if self._spare else None
+        if buffer is None:
+            buffer = aligned_empty(max(self.task_size, 2 * _BLOCK), _BLOCK)
+        try:
+            yield buffer
+        finally:
+            with self._lock:
+                if len(self._spare) <= self.threads:
+                    self._spare.append(buffer)
+
+    def _run(self, task: Callable[[int, int], int], pieces: list[tuple[int, int]],
+             nbytes: int, direct_fd: int | None) -> IOFuture[int]:
+        def cleanup() -> None:
+            if direct_fd is not None:
+                os.close(direct_fd)
+
+        if self.threads == 1 or nbytes <= self.task_size:
+            try:
+                return IOFuture.completed(sum(task(start, end) for start, end in pieces))
+            finally:
+                cleanup()
+        try:
+            pool = self._executor()
+        except BaseException:
+            cleanup()
+            raise
+        jobs = [functools.partial(task, start, end) for start, end in pieces]
+        return IOFuture(_fan_out(pool, jobs, cleanup))
+
+    def pread(self, fd: int, buffer: Buffer, file_offset: int, *,
+              checksum: ChecksumParts | None = None) -> IOFuture[int]:
+        if not isinstance(buffer, np.ndarray):
+            raise TypeError(f"{self.name} reads into host memory only")
+        if buffer.nbytes == 0:
+            return IOFuture.completed(0)
+        congruent = (buffer.__array_interface__["data"][0] - file_offset) % _BLOCK == 0
+        pieces = _pieces(file_offset, buffer.nbytes, self.task_size)
+        direct_fd = _open_direct(fd, os.O_RDONLY)
+
+        def task(start: int, end: int) -> int:
+            at = start - file_offset
+            if congruent and _whole_blocks(start, end):
+                count = _pread_direct(direct_fd, buffer[at : at + end - start], start)
+            else:
+                first = _down(start)
+                with self._bounce() as bounce:
+                    got = _pread_direct(direct_fd, bounce[: _up(end) - first], first)
+                    count = min(max(first + got - start, 0), end - start)
+                    buffer[at : at + count] = bounce[start - first : start - first + count]
+            if checksum is not None:
+                checksum.add_data(at, buffer[at : at + count])
+            return count
+
+        return self._run(task, pieces, buffer.nbytes, direct_fd)
+
+    def pwrite(self, fd: int, buffer: Buffer, file_offset: int, *,
+               checksum: ChecksumParts | None = None) -> IOFuture[int]:
+        if not isinstance(buffer, np.ndarray):
+            raise TypeError(f"{self.name} writes from host memory only")
+        if buffer.nbytes == 0:
+            return IOFuture.completed(0)
+        congruent = (buffer.__array_interface__["data"][0] - file_offset) % _BLOCK == 0
+        pieces = _pieces(file_offset, buffer.nbytes, self.task_size)
+        whole = any(_whole_blocks(start, end) for start, end in pieces)
+        direct_fd = _open_direct(fd, os.O_WRONLY) if whole else None
+
+        def task(start: int, end: int) -> int:
+            at = start - file_offset
+            view = buffer[at : at + end - start]
+            if checksum is not None:
+                checksum.add_data(at, view)
+            if not _whole_blocks(start, end):
+                # O_DIRECT writes whole blocks only; see the module docstring.
+                return pwrite_full(fd, view, start)
+            assert direct_fd is not None
+            if congruent:
+                return _pwrite_direct(direct_fd, fd, view, start)
+            with self._bounce() as bounce:
+                staged = bounce[: view.nbytes]
+                staged[...] = view
+                return _pwrite_direct(direct_fd, fd, staged, start)
+
+        return self._run(task, pieces, buffer.nbytes, direct_fd)
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+            self._spare.clear()
+        if pool is not None:
+            pool.shutdown(wait=True)

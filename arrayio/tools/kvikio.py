@@ -1,0 +1,142 @@
+"""cuFile through KvikIO: GPUDirect Storage where the driver has it, KvikIO's POSIX
+compatibility mode otherwise, into device or host memory, on KvikIO's thread pool sized by
+arrayio.
+
+KvikIO moves bytes straight into device memory and never exposes them on the host, so it
+cannot checksum what it moves (``checksums=False``): the dispatcher offers it only when the
+caller does not verify checksums. :attr:`KvikioTool.mode` says which path ran: ``"gds"`` or
+``"compat"``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from .._buffers import synchronize_device
+from .._checksum import ChecksumParts
+from ..errors import ToolUnavailableError
+from .base import Availability, Buffer, Capabilities, IOFuture, Tool
+
+__all__ = ["KvikioTool"]
+
+# KvikIO's thread pool and task size are process-wide: set them under a lock, only on change.
+_settings_lock = threading.Lock()
+
+
+class _Future(IOFuture[int]):
+    """A KvikIO future that closes its file handle once the transfer is done."""
+
+    __slots__ = ("_kvikio_future", "_handle")
+
+    def __init__(self, kvikio_future: Any, handle: Any) -> None:
+        super().__init__()
+        self._kvikio_future, self._handle = kvikio_future, handle
+
+    def get(self) -> int:
+        try:
+            return int(self._kvikio_future.get())
+        finally:
+            self._handle.close()
+
+    def done(self) -> bool:
+        return bool(self._kvikio_future.done())
+
+
+class KvikioTool(Tool):
+    """KvikIO ``CuFile.pread``/``pwrite``; see the module docstring.
+
+    Parameters
+    ----------
+    threads
+        KvikIO's thread pool size (process-wide in KvikIO, set before each transfer).
+    task_size
+        Bytes per KvikIO task.
+    """
+
+    name = "kvikio"
+    capabilities = Capabilities(frozenset({"host", "cuda"}), alignment=4096, checksums=False)
+
+    def __init__(self, threads: int = 16, task_size: int = 4 << 20, **params: Any) -> None:
+        super().__init__(threads=threads, task_size=task_size, **params)
+        self.threads, self.task_size = threads, task_size
+
+    @classmethod
+    @functools.cache
+    def availability(cls) -> Availability:
+        try:
+            import kvikio  # noqa: F401
+        except ImportError:
+            return Availability(False, "kvikio is not installed (pip install 'arrayio[gpu]')")
+        try:
+            ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return Availability(False, "no libcuda.so.1: KvikIO needs the NVIDIA driver")
+        return Availability(True)
+
+    @property
+    def mode(self) -> str:
+        """``"gds"`` when cuFile drives GPUDirect Storage, ``"compat"`` for POSIX I/O."""
+        import kvikio
+        import kvikio.cufile_driver
+        import kvikio.defaults
+
+        if kvikio.defaults.is_compat_mode_preferred():
+            return "compat"
+        try:
+            return "gds" if kvikio.cufile_driver.get("is_gds_available") else "compat"
+        except RuntimeError:
+            return "compat"
+
+    def _open(self, fd: int, flags: str) -> Any:
+        if not self.availability():
+            raise ToolUnavailableError(self.availability().reason)
+        import kvikio
+        import kvikio.defaults
+
+        with _settings_lock:
+            if kvikio.defaults.get("num_threads") != self.threads:
+                kvikio.defaults.set("num_threads", self.threads)
+            if kvikio.defaults.get("task_size") != self.task_size:
+                kvikio.defaults.set("task_size", self.task_size)
+        return kvikio.CuFile(os.readlink(f"/proc/self/fd/{fd}"), flags)
+
+    @staticmethod
+    def _target(buffer: Buffer) -> Any:
+        return buffer if isinstance(buffer, np.ndarray) else buffer.cuda_array
+
+    def pread(self, fd: int, buffer: Buffer, file_offset: int, *,
+              checksum: ChecksumParts | None = None) -> IOFuture[int]:
+        if checksum is not None:
+            raise ToolUnavailableError("kvikio cannot checksum the bytes it moves")
+        if buffer.nbytes == 0:
+            return IOFuture.completed(0)
+        handle = self._open(fd, "r")
+        try:
+            future = handle.pread(self._target(buffer), buffer.nbytes, file_offset, self.task_size)
+        except BaseException:
+            handle.close()
+            raise
+        return _Future(future, handle)
+
+    def pwrite(self, fd: int, buffer: Buffer, file_offset: int, *,
+               checksum: ChecksumParts | None = None) -> IOFuture[int]:
+        if checksum is not None:
+            raise ToolUnavailableError("kvikio cannot checksum the bytes it moves")
+        if buffer.nbytes == 0:
+            return IOFuture.completed(0)
+        if not isinstance(buffer, np.ndarray):
+            synchronize_device(buffer)  # the producer's kernels must be done
+        handle = self._open(fd, "r+")
+        try:
+            future = handle.pwrite(self._target(buffer), buffer.nbytes, file_offset,
+                                   self.task_size)
+        except BaseException:
+            handle.close()
+            raise
+        return _Future(future, handle)

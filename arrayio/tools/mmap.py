@@ -1,0 +1,121 @@
+"""Reads through memory maps: the file's pages are mapped read-only and copied into the
+caller's host buffer by NumPy, in chunks on ``threads`` threads (the copy releases the GIL).
+
+No system call per chunk moves data: page faults do, with the kernel's readahead, which
+``MADV_SEQUENTIAL`` and ``MADV_WILLNEED`` widen. That suits data already in the page cache.
+
+Each chunk maps only its own page-aligned range, so a chunk's mapping is released as soon as
+its copy ends and no mapping is shared between threads. Touching a mapped page beyond the
+end of the file raises SIGBUS, which kills the process; the range is therefore clamped to the
+size that ``fstat`` reports first. A file truncated by someone else *during* the read can
+still do that: memory maps are for files that do not change while they are read.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import mmap
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from .._checksum import ChecksumParts
+from ..errors import ToolUnavailableError
+from .base import Buffer, Capabilities, IOFuture, Tool
+
+__all__ = ["MmapTool"]
+
+_CHUNK = 8 << 20
+_ADVICE = [getattr(mmap, name) for name in ("MADV_SEQUENTIAL", "MADV_WILLNEED")
+           if hasattr(mmap, name)]
+
+
+def _copy_mapped(fd: int, view: np.ndarray, file_offset: int) -> None:
+    """Copy the ``view.nbytes`` bytes at ``file_offset`` (all inside the file) into ``view``."""
+    base = file_offset - file_offset % mmap.ALLOCATIONGRANULARITY
+    mapped = mmap.mmap(fd, file_offset + view.nbytes - base, offset=base,
+                       access=mmap.ACCESS_READ)
+    try:
+        for advice in _ADVICE:
+            mapped.madvise(advice)
+        source = np.frombuffer(mapped, np.uint8, count=view.nbytes, offset=file_offset - base)
+        try:
+            np.copyto(view, source)
+        finally:
+            # A live view of the map makes close() raise BufferError; the del runs even when
+            # the copy fails, so that an exception's traceback does not keep the view alive.
+            del source
+    finally:
+        mapped.close()
+
+
+class MmapTool(Tool):
+    """Parallel copies out of read-only memory maps; see the module docstring.
+
+    Parameters
+    ----------
+    threads
+        Worker threads (1 copies every chunk in the caller's thread).
+
+    Raises
+    ------
+    ValueError
+        If ``threads`` is not positive.
+    """
+
+    name = "mmap"
+    capabilities = Capabilities(frozenset({"host"}), directions=frozenset({"read"}))
+
+    def __init__(self, threads: int = 4, **params: Any) -> None:
+        if threads < 1:
+            raise ValueError(f"threads must be positive, got {threads}")
+        super().__init__(threads=threads, **params)
+        self.threads = threads
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    self.threads, thread_name_prefix=f"arrayio-{self.name}")
+            return self._pool
+
+    def pread(self, fd: int, buffer: Buffer, file_offset: int, *,
+              checksum: ChecksumParts | None = None) -> IOFuture[int]:
+        if not isinstance(buffer, np.ndarray):
+            raise TypeError(f"{self.name} reads into host memory only")
+        # Never map past the end of the file: touching such a page raises SIGBUS.
+        count = max(0, min(buffer.nbytes, os.fstat(fd).st_size - file_offset))
+
+        def task(start: int) -> int:
+            view = buffer[start : min(start + _CHUNK, count)]
+            _copy_mapped(fd, view, file_offset + start)
+            if checksum is not None:
+                checksum.add_data(start, view)
+            return view.nbytes
+
+        starts = range(0, count, _CHUNK)
+        if self.threads == 1 or len(starts) <= 1:
+            return IOFuture.completed(sum(task(start) for start in starts))
+        pool = self._executor()
+        return IOFuture.gather([IOFuture(pool.submit(task, start)) for start in starts])
+
+    def pwrite(self, fd: int, buffer: Buffer, file_offset: int, *,
+               checksum: ChecksumParts | None = None) -> IOFuture[int]:
+        """Not supported: the capabilities say reads only, so the dispatcher never asks.
+
+        Raises
+        ------
+        ToolUnavailableError
+            Always.
+        """
+        raise ToolUnavailableError("mmap reads only")
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)

@@ -1,0 +1,409 @@
+"""Size sweep of every transfer tool and of the dispatcher, beside the hardware's ceilings.
+
+``python -m benchmarks.sweep --out sweep.json [--plot sweep.png] [--memory host,cuda]
+[--sizes 4K,64K,1M,16M,256M,1G] [--repeats 3] [--dir DIR] [--quick]``
+
+In one run, on one data file in ``--dir``:
+
+* ceilings: parallel O_DIRECT cold read (best of 4, 8 and 16 threads), warm buffered read
+  with 16 threads, write with fsync (best of buffered and O_DIRECT, 4 threads), and pinned
+  host-to-device copy (GPU runs);
+* every candidate arm (tool and parameters) the dispatcher would consider, at every size,
+  for reads (cold and warm) and writes (fsync included), into host and/or GPU memory;
+* the dispatcher, after it has learned (its first calls in each context explore; those are
+  not timed), choosing per call.
+
+Cold means the file's pages were evicted with ``posix_fadvise(DONTNEED)`` before each
+timed read (no root needed; ``--drop-caches`` also writes ``/proc/sys/vm/drop_caches``).
+Every figure is the median of ``--repeats`` timed runs, in GB/s (10^9 bytes per second).
+Transfers carry checksums, as arrayio's loads and saves do by default (``--no-checksum``
+measures without, which also admits KvikIO). Results go to JSON; ``--plot`` draws bandwidth
+against size per tool, one panel per direction, cache state and memory kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from arrayio import tools
+from arrayio._buffers import CupyDeviceBuffer, aligned_empty
+from arrayio._checksum import ChecksumParts
+from arrayio.dispatch import dispatcher as dispatch
+from arrayio.dispatch.context import Context, size_class, storage_of
+
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    return int(float(text[:-1]) * _UNITS[text[-1]]) if text[-1] in _UNITS else int(text)
+
+
+def evict(path: str, drop_caches: bool) -> None:
+    """Push the file's pages out of the page cache (and all caches with --drop-caches)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    if drop_caches:
+        try:
+            os.sync()
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+        except OSError:
+            pass
+
+
+def warm(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        tools.make("posix", threads=8, task_size=8 << 20).read(
+            fd, aligned_empty(os.fstat(fd).st_size), 0)
+    finally:
+        os.close(fd)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.directory = tempfile.mkdtemp(prefix="arrayio-sweep-", dir=args.dir)
+        self.data_path = os.path.join(self.directory, "data.bin")
+        self.write_path = os.path.join(self.directory, "write.bin")
+        self.max_size = max(args.sizes)
+        self.host = aligned_empty(self.max_size)
+        self.device: Any = None
+        if "cuda" in args.memory:
+            import cupy
+
+            self.device = cupy.empty(self.max_size, dtype=cupy.uint8)
+        self._make_data()
+
+    def _make_data(self) -> None:
+        rng = np.random.default_rng(0)
+        block = rng.integers(0, 256, 64 << 20, dtype=np.uint8)
+        with open(self.data_path, "wb") as f:
+            for start in range(0, self.max_size, block.nbytes):
+                f.write(block[: min(block.nbytes, self.max_size - start)])
+            f.flush()
+            os.fsync(f.fileno())
+        self.host[:] = np.fromfile(self.data_path, dtype=np.uint8)
+        if self.device is not None:
+            self.device.set(self.host)
+
+    def buffer(self, memory: str, nbytes: int) -> Any:
+        if memory == "host":
+            return self.host[:nbytes]
+        return CupyDeviceBuffer(self.device[:nbytes])
+
+    # ---------------------------------------------------------------- timing
+
+    def timed(self, run: Callable[[], Any], prepare: Callable[[], None]) -> float:
+        """Median seconds of ``run`` over the repeats, ``prepare`` untimed before each."""
+        seconds = []
+        for _ in range(self.args.repeats):
+            prepare()
+            start = time.perf_counter()
+            run()
+            seconds.append(time.perf_counter() - start)
+        return statistics.median(seconds)
+
+    def prepare_read(self, cache: str) -> Callable[[], None]:
+        if cache == "cold":
+            return lambda: evict(self.data_path, self.args.drop_caches)
+        return lambda: None
+
+    def read_once(self, runner: Callable[[int, Any], Any], memory: str, nbytes: int,
+                  cache: str) -> float:
+        def run() -> None:
+            fd = os.open(self.data_path, os.O_RDONLY)
+            try:
+                runner(fd, self.buffer(memory, nbytes))
+            finally:
+                os.close(fd)
+
+        if cache == "warm":
+            warm(self.data_path)
+        return nbytes / self.timed(run, self.prepare_read(cache)) / 1e9
+
+    def write_once(self, runner: Callable[[int, Any], Any], memory: str, nbytes: int) -> float:
+        def run() -> None:
+            fd = os.open(self.write_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                runner(fd, self.buffer(memory, nbytes))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        return nbytes / self.timed(run, lambda: None) / 1e9
+
+    # ---------------------------------------------------------------- measurements
+
+    def ceilings(self) -> dict[str, float]:
+        size = self.max_size
+        out: dict[str, float] = {}
+        direct = [lambda fd, b, t=t: tools.make("direct", threads=t, task_size=16 << 20)
+                  .read(fd, b, 0) for t in (4, 8, 16)]
+        try:
+            out["cold_read_direct"] = max(self.read_once(r, "host", size, "cold")
+                                          for r in direct)
+        except Exception as error:  # noqa: BLE001 - e.g. O_DIRECT refused: report, go on
+            out["cold_read_direct_error"] = repr(error)  # type: ignore[assignment]
+        out["warm_read_16_threads"] = self.read_once(
+            lambda fd, b: tools.make("posix", threads=16, task_size=16 << 20).read(fd, b, 0),
+            "host", size, "warm")
+        writers = [lambda fd, b: tools.make("posix", threads=4, task_size=16 << 20)
+                   .write(fd, b, 0)]
+        writers.append(lambda fd, b: tools.make("direct", threads=4, task_size=16 << 20)
+                       .write(fd, b, 0))
+        speeds = []
+        for writer in writers:
+            try:
+                speeds.append(self.write_once(writer, "host", size))
+            except Exception:  # noqa: BLE001
+                pass
+        out["write_fsync"] = max(speeds)
+        if self.device is not None:
+            import cupy
+            import cupyx
+
+            pinned = cupyx.empty_pinned((size,), dtype=np.uint8)
+            pinned[:] = 1
+
+            def copy() -> None:
+                self.device.set(pinned)
+                cupy.cuda.Device().synchronize()
+
+            out["pinned_host_to_device"] = size / self.timed(copy, lambda: None) / 1e9
+        return out
+
+    def contexts(self, nbytes: int, memory: str, direction: str, cache: str) -> Context:
+        fd = os.open(self.data_path, os.O_RDONLY)
+        try:
+            storage = storage_of(fd)
+        finally:
+            os.close(fd)
+        return Context(direction, memory, size_class(nbytes), storage, cache, 1,
+                       self.args.checksum)
+
+    def arm_runner(self, arm: dispatch.Arm, direction: str, nbytes: int
+                   ) -> Callable[[int, Any], Any]:
+        tool = arm.make()
+        checksum = self.args.checksum and tool.capabilities.checksums
+
+        def run(fd: int, buffer: Any) -> None:
+            parts = ChecksumParts(nbytes) if checksum else None
+            if direction == "read":
+                got = tool.read(fd, buffer, 0, checksum=parts)
+                if got != nbytes:
+                    raise RuntimeError(f"{arm.label} read {got} of {nbytes} bytes")
+            else:
+                tool.write(fd, buffer, 0, checksum=parts)
+            if parts is not None:
+                parts.value()
+
+        return run
+
+    def sweep(self) -> list[dict[str, Any]]:
+        rows = []
+        for memory in self.args.memory:
+            for direction, cache in (("read", "cold"), ("read", "warm"), ("write", "-")):
+                if direction == "read" and cache not in self.args.cache:
+                    continue
+                dispatcher = dispatch.Dispatcher(None)
+                for nbytes in self.args.sizes:
+                    rows.append(self.measure(dispatcher, memory, direction, cache, nbytes))
+                    print(json.dumps(rows[-1]["summary"]), flush=True)
+        return rows
+
+    def measure(self, dispatcher: dispatch.Dispatcher, memory: str, direction: str,
+                cache: str, nbytes: int) -> dict[str, Any]:
+        context = self.contexts(nbytes, memory, direction, cache)
+        tools_speed: dict[str, float | str] = {}
+        for arm in dispatcher.candidates(context):
+            if self.args.checksum and not arm.make().capabilities.checksums:
+                continue
+            runner = self.arm_runner(arm, direction, nbytes)
+            try:
+                tools_speed[arm.label] = (self.read_once(runner, memory, nbytes, cache)
+                                          if direction == "read" else
+                                          self.write_once(runner, memory, nbytes))
+            except Exception as error:  # noqa: BLE001 - a tool that fails here is reported
+                tools_speed[arm.label] = f"failed: {type(error).__name__}: {error}"
+
+        def through_dispatcher(fd: int, buffer: Any) -> None:
+            if direction == "read":
+                dispatcher.read(fd, buffer, 0, with_checksum=self.args.checksum)
+            else:
+                dispatcher.write(fd, buffer, 0, with_checksum=self.args.checksum)
+
+        # Learning: untimed calls until the policy exploits in this context (transfers too
+        # small to be learned go straight through).
+        for _ in range(self.args.learn_calls):
+            if direction == "read":
+                self.read_once_untimed(through_dispatcher, memory, nbytes, cache)
+            else:
+                self.write_once_untimed(through_dispatcher, memory, nbytes)
+            learned = dispatcher.last[0] if dispatcher.last else None
+            if learned is None or dispatcher.policy.explain(learned).phase == "exploiting":
+                break
+        speed = (self.read_once(through_dispatcher, memory, nbytes, cache)
+                 if direction == "read" else self.write_once(through_dispatcher, memory, nbytes))
+        # KvikIO cannot checksum: with checksums on it is no candidate, but show it anyway.
+        unchecked: dict[str, float | str] = {}
+        if self.args.checksum and memory == "cuda" and nbytes >= 1 << 20:
+            arm = dispatch.Arm.of("kvikio", threads=16, task_size=4 << 20)
+            if tools.tool_class("kvikio").availability():
+                runner = self.arm_runner(arm, direction, nbytes)
+                try:
+                    unchecked[arm.label] = (
+                        self.read_once(runner, memory, nbytes, cache) if direction == "read"
+                        else self.write_once(runner, memory, nbytes))
+                except Exception as error:  # noqa: BLE001 - reported, not fatal
+                    unchecked[arm.label] = f"failed: {type(error).__name__}: {error}"
+        measured = {k: v for k, v in tools_speed.items() if isinstance(v, float)}
+        best = max(measured, key=measured.__getitem__) if measured else None
+        context_used, arm_used = dispatcher.last
+        return {
+            "memory": memory, "direction": direction, "cache": cache, "bytes": nbytes,
+            "tools_GBps": tools_speed, "dispatcher_GBps": speed,
+            "without_checksum_GBps": unchecked,
+            "dispatcher_choice": {
+                "context": context_used.key() if context_used else "small transfer, not learned",
+                "arm": arm_used.label},
+            "summary": {
+                "case": f"{direction}/{cache}/{memory}/{nbytes}", "best_tool": best,
+                "best_GBps": measured.get(best) if best else None,
+                "dispatcher_GBps": speed,
+                "ratio": speed / measured[best] if best else None,
+            },
+        }
+
+    def read_once_untimed(self, runner: Callable[[int, Any], Any], memory: str, nbytes: int,
+                          cache: str) -> None:
+        if cache == "cold":
+            evict(self.data_path, self.args.drop_caches)
+        fd = os.open(self.data_path, os.O_RDONLY)
+        try:
+            runner(fd, self.buffer(memory, nbytes))
+        finally:
+            os.close(fd)
+
+    def write_once_untimed(self, runner: Callable[[int, Any], Any], memory: str,
+                           nbytes: int) -> None:
+        fd = os.open(self.write_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            runner(fd, self.buffer(memory, nbytes))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["direction"], r["cache"], r["memory"]) for r in report["rows"]})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (direction, cache, memory) in zip(axes[0], panels, strict=True):
+        rows = [r for r in report["rows"]
+                if (r["direction"], r["cache"], r["memory"]) == (direction, cache, memory)]
+        labels = sorted({k for r in rows for k, v in r["tools_GBps"].items()
+                         if isinstance(v, float)})
+        for label in labels:
+            points = [(r["bytes"], r["tools_GBps"][label]) for r in rows
+                      if isinstance(r["tools_GBps"].get(label), float)]
+            ax.plot(*zip(*points, strict=True), marker=".", linewidth=1, label=label)
+        ax.plot([r["bytes"] for r in rows], [r["dispatcher_GBps"] for r in rows], "k-o",
+                linewidth=2.5, label="dispatcher")
+        for name, value in report["ceilings"].items():
+            if isinstance(value, float) and (
+                (direction == "write") == name.startswith("write")
+                and (cache != "cold" or "cold" in name or "device" in name)
+                and (cache != "warm" or "warm" in name or "device" in name)
+            ):
+                ax.axhline(value, linestyle="--", linewidth=1, color="gray")
+                ax.annotate(name, (rows[0]["bytes"], value), fontsize=7, color="gray")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("GB/s")
+        ax.set_title(f"{direction} {cache if cache != '-' else ''} {memory}")
+        ax.legend(fontsize=6)
+    fig.suptitle(f"arrayio tools sweep, {report['date'][:10]}, {report['machine']['summary']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"host": platform.node(), "python": platform.python_version(),
+                            "cpus": os.cpu_count(), "kernel": platform.release()}
+    try:
+        import cupy
+
+        info["gpu"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    except Exception:  # noqa: BLE001 - no GPU: a CPU-only run
+        info["gpu"] = None
+    info["summary"] = f"{info['gpu'] or 'CPU only'}, {info['cpus']} cores"
+    return info
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--plot")
+    parser.add_argument("--dir", default=None)
+    parser.add_argument("--memory", default="host")
+    parser.add_argument("--sizes", default="4K,64K,1M,16M,256M,1G")
+    parser.add_argument("--cache", default="cold,warm")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--learn-calls", type=int, default=40)
+    parser.add_argument("--no-checksum", dest="checksum", action="store_false")
+    parser.add_argument("--drop-caches", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help="CI smoke test: sizes up to 4 MiB, one repeat")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.repeats = "4K,64K,1M,4M", 1
+    args.sizes = [parse_size(s) for s in args.sizes.split(",")]
+    args.memory = args.memory.split(",")
+    args.cache = args.cache.split(",")
+
+    bench = Bench(args)
+    report = {
+        "benchmark": "sweep",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "-m", "benchmarks.sweep",
+                             *(argv if argv is not None else sys.argv[1:])]),
+        "machine": machine(),
+        "checksum": args.checksum,
+        "repeats": args.repeats,
+        "ceilings": bench.ceilings(),
+        "rows": [],
+    }
+    print(json.dumps(report["ceilings"]), flush=True)
+    report["rows"] = bench.sweep()
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    if args.plot:
+        plot(report, args.plot)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,711 @@
+"""The learning policy, on fake tools that advance a fake clock: nothing here does real I/O.
+
+A :class:`World` holds the simulated machine: the speed of every arm (bytes per second, or a
+function of the call size), which calls fail and how, and one clock per thread that a fake
+tool advances by ``nbytes / speed`` when it "moves" bytes, so that concurrent threads each
+measure exactly their own simulated time.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+import random
+import threading
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import arrayio.tools
+from arrayio.dispatch import Arm, Policy, Table, is_tool_failure
+from arrayio.dispatch.context import Context
+from arrayio.dispatch.table import EXPLOITING, EXPLORING
+from arrayio.errors import (
+    ChecksumError,
+    FormatError,
+    HeaderTooLargeError,
+    ToolUnavailableError,
+    TruncatedFileError,
+    UnknownToolError,
+)
+from arrayio.tools import Availability, Capabilities, IOFuture, Tool
+
+GB = 1e9
+MiB = 1 << 20
+WALL = 1_700_000_000.0
+
+Speed = float | Callable[[int], float]
+
+
+class World:
+    """The simulated machine; see the module docstring."""
+
+    def __init__(self, speeds: dict[str, Speed]) -> None:
+        self.speeds = dict(speeds)
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.failures: dict[str, tuple[Callable[[], BaseException], set[int] | None]] = {}
+        self.wall = WALL
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    def clock(self) -> float:
+        return getattr(self._local, "now", 0.0)
+
+    def wall_clock(self) -> float:
+        return self.wall
+
+    def fail(self, label: str, error: Callable[[], BaseException],
+             calls: set[int] | None = None) -> None:
+        """Make ``label`` raise ``error()`` on the given call numbers (1-based), or always."""
+        self.failures[label] = (error, calls)
+
+    def heal(self, label: str) -> None:
+        self.failures.pop(label, None)
+
+    def make(self, arm: Arm) -> FakeTool:
+        return FakeTool(self, arm)
+
+    def transfer(self, label: str, nbytes: int) -> int:
+        with self._lock:
+            self.calls[label] += 1
+            call = self.calls[label]
+            failure = self.failures.get(label)
+            speed = self.speeds[label]
+        if failure is not None and (failure[1] is None or call in failure[1]):
+            raise failure[0]()
+        rate = speed(nbytes) if callable(speed) else speed
+        self._local.now = self.clock() + nbytes / rate
+        return nbytes
+
+
+class FakeTool(Tool):
+    """A tool whose transfers only advance the world's clock."""
+
+    capabilities = Capabilities(frozenset({"host", "cuda"}))
+
+    def __init__(self, world: World, arm: Arm) -> None:
+        super().__init__(**dict(arm.params))
+        self.name = arm.name
+        self.world = world
+        self.closed = False
+
+    def transfer(self, nbytes: int) -> int:
+        return self.world.transfer(self.label, nbytes)
+
+    def pread(self, fd, buffer, file_offset, *, checksum=None):
+        return IOFuture.completed(self.transfer(buffer.nbytes))
+
+    def pwrite(self, fd, buffer, file_offset, *, checksum=None):
+        return IOFuture.completed(self.transfer(buffer.nbytes))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def context(size_class: int = 20, *, direction: str = "read", memory: str = "host",
+            storage: str = "vda", cache: str = "warm", load: int = 1) -> Context:
+    return Context(direction, memory, size_class, storage, cache, load)
+
+
+def make_policy(world: World, arms: list[Arm] | Callable[[Context], list[Arm]],
+                table: Table | None = None, **tunables) -> Policy:
+    candidates = arms if callable(arms) else (lambda _context: list(arms))
+    table = table if table is not None else Table(clock=world.wall_clock)
+    return Policy(candidates, table, clock=world.clock, make=world.make, **tunables)
+
+
+def call(policy: Policy, ctx: Context, nbytes: int = MiB, **kwargs) -> Arm:
+    result, arm = policy.run(ctx, nbytes, lambda tool: tool.transfer(nbytes), **kwargs)
+    assert result == nbytes
+    return arm
+
+
+def labels(policy: Policy, ctx: Context, count: int, nbytes: int = MiB) -> list[str]:
+    return [call(policy, ctx, nbytes).label for _ in range(count)]
+
+
+def entry_of(policy: Policy, ctx: Context):
+    with policy.table.lock:
+        return policy.table.get(ctx.key())
+
+
+A, B, C, D, E = (Arm(name) for name in "abcde")
+
+
+# -- arms -------------------------------------------------------------------------------------
+
+
+def test_arm_labels_match_tool_labels():
+    arm = Arm.of("posix", threads=16, task_size=8 << 20)
+    tool = arrayio.tools.make("posix", threads=16, task_size=8 << 20)
+    try:
+        assert arm.label == tool.label == "posix(task_size=8388608,threads=16)"
+        assert Arm.from_tool(tool) == arm
+    finally:
+        tool.close()
+    assert Arm("naive").label == arrayio.tools.make("naive").label == "naive"
+    assert str(arm) == arm.label
+
+
+def test_arms_are_values():
+    unsorted = Arm("posix", (("threads", 16), ("task_size", 1)))
+    assert unsorted == Arm("posix", {"task_size": 1, "threads": 16}) == Arm.of(
+        "posix", threads=16, task_size=1)
+    assert unsorted.params == (("task_size", 1), ("threads", 16))
+    assert len({unsorted, Arm.of("posix", task_size=1, threads=16)}) == 1
+    with pytest.raises(ValueError, match="repeated"):
+        Arm("posix", (("threads", 1), ("threads", 2)))
+
+
+def test_the_default_make_uses_the_registry(monkeypatch):
+    world = World({"dispatch-test-fake(speed=1)": 1 * GB})
+
+    class Registered(FakeTool):
+        def __init__(self, **params) -> None:
+            super().__init__(world, Arm("dispatch-test-fake", params))
+
+    monkeypatch.setattr(arrayio.tools, "_REGISTRY", dict(arrayio.tools._REGISTRY))
+    arrayio.tools.register("dispatch-test-fake", Registered, clobber=True)
+    arm = Arm.of("dispatch-test-fake", speed=1)
+    policy = Policy(lambda _context: [arm], clock=world.clock)
+    assert call(policy, context()) == arm
+    tool = policy.tool(arm)
+    assert isinstance(tool, Registered) and tool.label == arm.label
+    assert policy.tool(arm) is tool  # one instance per arm: tools hold pools and buffers
+    policy.close()
+    assert tool.closed
+    assert policy.tool(arm) is not tool
+
+
+# -- exploring and exploiting -----------------------------------------------------------------
+
+
+def test_exploration_visits_every_arm_in_rounds_then_exploits_the_fastest():
+    world = World({"a": 2 * GB, "b": 3 * GB, "c": 2.5 * GB})
+    policy = make_policy(world, [A, B, C])
+    ctx = context()
+    assert labels(policy, ctx, 6) == ["a", "b", "c", "a", "b", "c"]
+    assert entry_of(policy, ctx).phase == EXPLOITING
+    assert labels(policy, ctx, 5) == ["b"] * 5
+    explanation = policy.explain(ctx)
+    assert (explanation.phase, explanation.chosen) == (EXPLOITING, "b")
+    assert explanation.reason == "fastest of 3 measured"
+    report = {arm.label: arm for arm in explanation.arms}
+    assert report["a"].gbps == pytest.approx(2.0)
+    assert report["b"].samples == 7 and report["b"].state == "chosen"
+    assert report["c"].state == "measured"
+
+
+def test_one_sample_each_when_asked():
+    world = World({"a": 2 * GB, "b": 3 * GB, "c": 2.5 * GB})
+    policy = make_policy(world, [A, B, C], explore_samples=1)
+    assert labels(policy, context(), 5) == ["a", "b", "c", "b", "b"]
+
+
+@pytest.mark.parametrize(("order", "expected"), [
+    ([A, B, C], ["a", "b", "c", "a", "c", "a", "a"]),
+    ([B, A, C], ["b", "a", "c", "a", "c", "a", "a"]),  # b is pruned once a is measured
+])
+def test_an_arm_far_below_the_best_gets_one_sample(order, expected):
+    world = World({"a": 10 * GB, "b": 1 * GB, "c": 9 * GB})
+    policy = make_policy(world, order)
+    ctx = context()
+    assert labels(policy, ctx, len(expected)) == expected
+    assert world.calls["b"] == 1
+    states = {arm.label: arm.state for arm in policy.explain(ctx).arms}
+    assert states == {"a": "chosen", "b": "pruned", "c": "measured"}
+
+
+def test_exploration_overhead_is_bounded():
+    # The worst prior order: slowest first. Pruning keeps the slow arms to one call each.
+    speeds = {"a": 1 * GB, "b": 2 * GB, "c": 5 * GB, "d": 8 * GB, "e": 10 * GB}
+    calls, nbytes = 200, 64 * MiB
+    best_only = calls * nbytes / speeds["e"]
+
+    def total(**tunables) -> float:
+        world = World(speeds)
+        policy = make_policy(world, [A, B, C, D, E], **tunables)
+        assert labels(policy, context(26), calls, nbytes)[-1] == "e"
+        return world.clock()
+
+    pruned, unpruned = total(), total(prune_ratio=0)
+    assert pruned <= 1.1 * best_only
+    assert pruned < unpruned <= 1.2 * best_only
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    speeds=st.lists(st.floats(0.05, 50), min_size=1, max_size=6),
+    explore_samples=st.integers(1, 3),
+    prune_ratio=st.sampled_from([0.0, 0.5, 0.9]),
+)
+def test_after_exploration_the_fastest_arm_is_chosen(speeds, explore_samples, prune_ratio):
+    arms = [Arm.of("t", i=i) for i in range(len(speeds))]
+    world = World({arm.label: speed * GB for arm, speed in zip(arms, speeds, strict=True)})
+    policy = make_policy(world, arms, explore_samples=explore_samples, prune_ratio=prune_ratio)
+    ctx = context()
+    exploring_calls = 0
+    while entry_of(policy, ctx) is None or entry_of(policy, ctx).phase == EXPLORING:
+        call(policy, ctx)
+        exploring_calls += 1
+        assert exploring_calls <= len(arms) * explore_samples
+    assert set(world.calls) == {arm.label for arm in arms}  # every arm measured
+    assert max(world.calls.values()) <= explore_samples
+    chosen = call(policy, ctx)
+    assert world.speeds[chosen.label] >= max(world.speeds.values()) * (1 - 1e-9)
+
+
+def test_calls_under_way_explore_different_arms():
+    world = World({"a": 2 * GB, "b": 3 * GB})
+    policy = make_policy(world, [A, B], explore_samples=1)
+    ctx = context()
+    seen = []
+
+    def outer(tool: Tool) -> int:
+        seen.append(tool.label)
+        seen.append(call(policy, ctx).label)  # a second call while the first is measuring
+        return tool.transfer(MiB)
+
+    policy.run(ctx, MiB, outer)
+    assert seen == ["a", "b"]
+
+
+def test_small_calls_are_summed_into_one_sample():
+    world = World({"a": 2 * GB, "b": 3 * GB})
+    policy = make_policy(world, [A, B], explore_samples=1, min_bytes_to_learn=64 << 10)
+    ctx = context(12)
+    assert labels(policy, ctx, 34, nbytes=4096) == ["a"] * 16 + ["b"] * 16 + ["b"] * 2
+    entry = entry_of(policy, ctx)
+    assert entry.arms["a"].count == 1
+    assert entry.arms["a"].estimate == pytest.approx(2 * GB)
+
+
+def test_calls_of_no_bytes_teach_nothing():
+    world = World({"a": 2 * GB, "b": 3 * GB})
+    policy = make_policy(world, [A, B])
+    ctx = context(0)
+    policy.record(ctx, A, 0, 1.0)
+    assert entry_of(policy, ctx) is None
+    assert labels(policy, ctx, 3, nbytes=0) == ["a"] * 3
+    assert entry_of(policy, ctx).arms == {}
+
+
+def test_a_new_candidate_is_explored_without_measuring_the_others_again():
+    world = World({"a": 2 * GB, "b": 3 * GB, "c": 5 * GB})
+    table = Table(clock=world.wall_clock)
+    ctx = context()
+    labels(make_policy(world, [A, B], table), ctx, 4)
+    world.calls.clear()
+    assert labels(make_policy(world, [A, B, C], table), ctx, 4) == ["c", "c", "c", "c"]
+
+
+def test_explain_does_not_change_anything():
+    world = World({"a": 4 * GB, "b": 3 * GB, "c": 5 * GB})
+    policy = make_policy(world, [A, B, C])
+    ctx = context()
+    explanation = policy.explain(ctx)
+    assert (explanation.phase, explanation.chosen) == (EXPLORING, "a")
+    assert explanation.reason == "exploring: 3 arms left"
+    assert [arm.state for arm in explanation.arms] == ["unmeasured"] * 3
+    assert ctx.key() not in policy.table
+    labels(policy, ctx, 4)  # a has both its samples; b and c one each
+    assert policy.explain(ctx).reason == "exploring: 2 arms left"
+    assert policy.explain(ctx).chosen == "b"
+    data = policy.explain(ctx).as_dict()
+    assert data["key"] == ctx.key() and isinstance(data["arms"], list)
+    assert data["arms"][0]["label"] == "a"
+
+
+# -- seeding from the nearest learned context -------------------------------------------------
+
+
+def small_is_c(nbytes: int) -> float:
+    return 9 * GB if nbytes <= MiB else 1 * GB
+
+
+def test_a_new_context_is_seeded_with_its_nearest_neighbours_winner():
+    world = World({"a": 2 * GB, "b": lambda n: 3 * GB if n <= MiB else 10 * GB,
+                   "c": small_is_c})
+    policy = make_policy(world, [A, B, C])
+    labels(policy, context(16), 6, nbytes=64 << 10)  # c wins small calls
+    labels(policy, context(24), 6, nbytes=16 * MiB)  # b wins large ones
+    assert policy.explain(context(16)).chosen == "c"
+    assert policy.explain(context(24)).chosen == "b"
+
+    assert call(policy, context(22), 4 * MiB) == B
+    assert call(policy, context(17), 128 << 10) == C
+    assert call(policy, context(24, load=2), 16 * MiB) == B  # same size, other load
+    assert call(policy, context(24, storage="nvme0n1"), 16 * MiB) == A  # nothing alike
+    assert call(policy, context(24, direction="write"), 16 * MiB) == A
+    explanation = policy.explain(context(22))
+    assert explanation.seed == "b"
+    assert explanation.reason.endswith("seeded with b")
+    assert [arm.label for arm in explanation.arms] == ["b", "a", "c"]
+
+
+def test_the_nearest_size_wins_over_the_same_load():
+    world = World({"a": 2 * GB, "b": 5 * GB, "c": small_is_c})
+    policy = make_policy(world, [A, B, C])
+    labels(policy, context(20, load=4), 6)  # c wins (1 MiB calls)
+    labels(policy, context(26), 6, nbytes=64 * MiB)  # b wins
+    assert call(policy, context(21)) == C
+
+
+# -- drift ------------------------------------------------------------------------------------
+
+
+def test_a_lasting_slowdown_reexplores_and_converges_to_the_new_best():
+    world = World({"a": 10 * GB, "b": 6 * GB})
+    policy = make_policy(world, [A, B])
+    ctx = context()
+    assert labels(policy, ctx, 5) == ["a", "b", "a", "b", "a"]
+    world.speeds["a"] = 2 * GB
+    assert labels(policy, ctx, 2) == ["a", "a"]
+    assert (entry_of(policy, ctx).phase, entry_of(policy, ctx).drift) == (EXPLOITING, 2)
+    assert labels(policy, ctx, 1) == ["a"]  # the third in a row: re-explore
+    entry = entry_of(policy, ctx)
+    assert (entry.phase, entry.reexplorations) == (EXPLORING, 1)
+    assert policy.explain(ctx).reason == "exploring: 2 arms left (re-exploration 1)"
+    assert labels(policy, ctx, 5) == ["a", "b", "b", "b", "b"]  # a is pruned at 2 GB/s
+    assert policy.explain(ctx).chosen == "b"
+    assert entry_of(policy, ctx).arms["a"].count == 7  # history is kept
+
+
+def test_a_short_slowdown_does_not_reexplore():
+    world = World({"a": 10 * GB, "b": 6 * GB})
+    policy = make_policy(world, [A, B])
+    ctx = context()
+    labels(policy, ctx, 4)
+    world.speeds["a"] = 2 * GB
+    assert labels(policy, ctx, 2) == ["a", "a"]
+    world.speeds["a"] = 10 * GB
+    assert labels(policy, ctx, 3) == ["a", "a", "a"]
+    entry = entry_of(policy, ctx)
+    assert (entry.phase, entry.reexplorations, entry.drift, entry.held) == (
+        EXPLOITING, 0, 0, [])
+    assert entry.arms["a"].samples == 7  # the slow samples were real: admitted at the end
+    assert entry.arms["a"].estimate == pytest.approx(10 * GB)
+
+
+def test_a_winner_that_becomes_faster_is_not_drifting():
+    world = World({"a": 10 * GB, "b": 6 * GB})
+    policy = make_policy(world, [A, B])
+    ctx = context()
+    labels(policy, ctx, 4)
+    world.speeds["a"] = 40 * GB
+    assert labels(policy, ctx, 10) == ["a"] * 10
+    assert entry_of(policy, ctx).reexplorations == 0
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+
+def einval() -> OSError:
+    return OSError(errno.EINVAL, "Invalid argument")
+
+
+def test_a_failing_tool_is_marked_and_the_call_falls_back():
+    world = World({"a": 10 * GB, "b": 5 * GB, "c": 4 * GB})
+    world.fail("a", einval, calls={1})
+    policy = make_policy(world, [A, B, C])
+    ctx = context()
+    assert call(policy, ctx) == B
+    assert labels(policy, ctx, 10) == ["c", "b", "c", "b", "b", "b", "b", "b", "b", "b"]
+    assert world.calls["a"] == 1
+    explanation = policy.explain(ctx)
+    assert explanation.chosen == "b"
+    assert explanation.unavailable == {"a": "OSError: [Errno 22] Invalid argument"}
+    [report] = [arm for arm in explanation.arms if arm.label == "a"]
+    assert (report.state, report.failures) == ("unavailable", 1)
+    # Other contexts still use it.
+    assert call(policy, context(20, storage="nvme0n1")) == A
+
+
+def test_losing_the_winner_reexplores_the_others():
+    world = World({"a": 10 * GB, "b": 5 * GB, "c": 6 * GB})
+    policy = make_policy(world, [A, B, C])
+    ctx = context()
+    assert labels(policy, ctx, 7)[-1] == "a"
+    world.fail("a", lambda: RuntimeError("cuFile: driver gone"))
+    assert call(policy, ctx) == B
+    entry = entry_of(policy, ctx)
+    assert (entry.phase, entry.reexplorations) == (EXPLORING, 1)
+    assert labels(policy, ctx, 5) == ["c", "b", "c", "c", "c"]
+    assert policy.explain(ctx).unavailable == {"a": "RuntimeError: cuFile: driver gone"}
+
+
+TOOL_FAILURES = {
+    "ToolUnavailableError": lambda: ToolUnavailableError("O_DIRECT refused by tmpfs"),
+    "EINVAL": einval,
+    "EIO": lambda: OSError(errno.EIO, "Input/output error"),
+    "RuntimeError": lambda: RuntimeError("CUDA error 700"),
+    "ImportError": lambda: ImportError("no module named kvikio"),
+    "TypeError": lambda: TypeError("reads into host memory only"),
+    "UnknownToolError": lambda: UnknownToolError("no transfer tool named 'gone'"),
+    "a bug": lambda: AttributeError("'NoneType' object has no attribute 'fd'"),
+}
+
+
+@pytest.mark.parametrize("error", TOOL_FAILURES.values(), ids=TOOL_FAILURES.keys())
+def test_tool_failures_fall_back(error):
+    world = World({"a": 10 * GB, "b": 5 * GB})
+    world.fail("a", error)
+    policy = make_policy(world, [A, B])
+    ctx = context()
+    assert call(policy, ctx) == B
+    instance = error()
+    assert is_tool_failure(instance)
+    assert policy.explain(ctx).unavailable == {"a": f"{type(instance).__name__}: {instance}"}
+
+
+DATA_ERRORS = {
+    "ChecksumError": lambda: ChecksumError("w: CRC-32C mismatch"),
+    "TruncatedFileError": lambda: TruncatedFileError("file ends at byte 10"),
+    "FormatError": lambda: FormatError("bad header"),
+    "HeaderTooLargeError": lambda: HeaderTooLargeError("header of 1 TB"),
+    "MemoryError": MemoryError,
+    "KeyboardInterrupt": KeyboardInterrupt,
+    "ENOSPC": lambda: OSError(errno.ENOSPC, "No space left on device"),
+    "EROFS": lambda: OSError(errno.EROFS, "Read-only file system"),
+}
+
+
+@pytest.mark.parametrize("error", DATA_ERRORS.values(), ids=DATA_ERRORS.keys())
+def test_data_errors_propagate_without_marking(error):
+    world = World({"a": 10 * GB, "b": 5 * GB})
+    world.fail("a", error, calls={1})
+    policy = make_policy(world, [A, B])
+    ctx = context()
+    with pytest.raises(type(error())):
+        call(policy, ctx)
+    assert not is_tool_failure(error())
+    assert world.calls == {"a": 1}
+    assert policy.explain(ctx).unavailable == {}
+    assert call(policy, ctx) == A
+    assert policy._in_flight == {}
+
+
+def test_when_every_arm_fails_the_last_error_is_raised_chained_and_nothing_stays_marked():
+    world = World({"a": 10 * GB, "b": 5 * GB, "c": 4 * GB})
+
+    def with_own_context() -> OSError:
+        error = OSError(errno.EIO, "a: Input/output error")
+        error.__context__ = ValueError("inside a")
+        return error
+
+    world.fail("a", with_own_context)
+    world.fail("b", lambda: RuntimeError("b: CUDA error"))
+    world.fail("c", lambda: TypeError("c: refuses the buffer"))
+    policy = make_policy(world, [A, B, C])
+    ctx = context()
+    with pytest.raises(TypeError, match="c: refuses") as raised:
+        call(policy, ctx)
+    chain, error = [], raised.value
+    while error is not None:
+        chain.append(f"{type(error).__name__}: {error}")
+        error = error.__cause__ or error.__context__
+    assert chain == ["TypeError: c: refuses the buffer", "RuntimeError: b: CUDA error",
+                     "OSError: [Errno 5] a: Input/output error", "ValueError: inside a"]
+    if hasattr(raised.value, "__notes__"):
+        assert "every transfer tool failed" in raised.value.__notes__[-1]
+    # When everything fails the tools are rarely to blame: nothing stays marked...
+    assert policy.explain(ctx).unavailable == {}
+    assert [arm.failures for arm in policy.explain(ctx).arms] == [1, 1, 1]
+    # ...so the context recovers with the environment.
+    for label in "abc":
+        world.heal(label)
+    assert call(policy, ctx) == A
+
+
+def test_the_same_error_object_from_several_tools_does_not_loop():
+    shared = RuntimeError("shared")
+    world = World({"a": 10 * GB, "b": 5 * GB})
+    world.fail("a", lambda: shared)
+    world.fail("b", lambda: shared)
+    policy = make_policy(world, [A, B])
+    with pytest.raises(RuntimeError, match="shared"):
+        call(policy, context())
+
+
+def test_a_tool_that_cannot_be_made_or_cannot_run_here_is_a_failure():
+    world = World({"a": 10 * GB, "b": 5 * GB, "c": 4 * GB})
+
+    class Unavailable(FakeTool):
+        @classmethod
+        def availability(cls) -> Availability:
+            return Availability(False, "no libcufile")
+
+    def make(arm: Arm) -> Tool:
+        if arm == A:
+            raise ImportError("kvikio is not installed")
+        if arm == B:
+            return Unavailable(world, arm)
+        return world.make(arm)
+
+    policy = Policy(lambda _context: [A, B, C], Table(), clock=world.clock, make=make)
+    ctx = context()
+    assert call(policy, ctx) == C
+    assert policy.explain(ctx).unavailable == {
+        "a": "ImportError: kvikio is not installed",
+        "b": "ToolUnavailableError: b cannot run here: no libcufile",
+    }
+
+
+def test_without_any_available_arm_the_error_says_why():
+    world = World({"a": 10 * GB})
+    policy = make_policy(world, [A])
+    ctx = context()
+    policy.fail(ctx, A, einval())
+    with pytest.raises(ToolUnavailableError, match=r"a: OSError: \[Errno 22\]"):
+        call(policy, ctx)
+    with pytest.raises(ToolUnavailableError):
+        policy.choose(ctx)
+    assert policy.explain(ctx).reason == "no transfer tool available"
+    with pytest.raises(ToolUnavailableError, match="no transfer tool is a candidate"):
+        call(make_policy(world, []), ctx)
+
+
+def test_unavailable_marks_expire():
+    world = World({"a": 10 * GB, "b": 5 * GB})
+    world.fail("a", einval, calls={1})
+    policy = make_policy(world, [A, B], unavailable_ttl=3600)
+    ctx = context()
+    assert labels(policy, ctx, 3) == ["b", "b", "b"]
+    world.wall += 3600
+    assert labels(policy, ctx, 4) == ["b", "a", "a", "a"]  # noticed at the next record
+    assert policy.explain(ctx).unavailable == {}
+    assert entry_of(policy, ctx).arms["a"].failures == 1
+
+
+# -- forcing ----------------------------------------------------------------------------------
+
+
+def test_force_uses_that_arm_only_and_still_learns():
+    world = World({"a": 10 * GB, "b": 5 * GB, "d": 1 * GB})
+    policy = make_policy(world, [A, B])
+    ctx = context()
+    assert call(policy, ctx, force=D) == D
+    assert world.calls == {"d": 1}
+    assert entry_of(policy, ctx).arms["d"].estimate == pytest.approx(1 * GB)
+    explanation = policy.explain(ctx, force=D)
+    assert (explanation.phase, explanation.chosen, explanation.reason) == (
+        "forced", "d", "forced")
+    assert {arm.label: arm.state for arm in explanation.arms}["d"] == "not a candidate"
+    assert call(policy, ctx) == A  # forcing did not disturb the exploration
+
+
+def test_a_forced_arm_that_fails_raises_without_fallback_or_mark():
+    world = World({"a": 10 * GB, "b": 5 * GB})
+    world.fail("b", einval)
+    policy = make_policy(world, [A, B])
+    ctx = context()
+    with pytest.raises(OSError, match="Invalid argument"):
+        call(policy, ctx, force=B)
+    assert world.calls == {"b": 1}
+    assert policy.explain(ctx).unavailable == {}
+
+
+# -- persistence ------------------------------------------------------------------------------
+
+
+def test_a_reloaded_table_is_exploited_at_once(tmp_path):
+    speeds = {"a": 2 * GB, "b": 9 * GB, "c": 5 * GB}
+    world = World(speeds)
+    policy = make_policy(world, [A, B, C])
+    ctx = context()
+    labels(policy, ctx, 6)
+    path = tmp_path / "dispatch.json"
+    policy.table.save(path)
+
+    fresh = World(speeds)
+    reloaded = make_policy(fresh, [A, B, C], Table.load(path, clock=fresh.wall_clock))
+    assert labels(reloaded, ctx, 10) == ["b"] * 10
+    assert fresh.calls == {"b": 10}
+    # What was learned also seeds the neighbours after the reload.
+    assert call(reloaded, context(22)) == B
+
+
+# -- threads ----------------------------------------------------------------------------------
+
+
+def test_threads_hammering_run_keep_the_table_consistent(tmp_path):
+    speeds = {"a": 2 * GB, "b": 9 * GB, "c": 5 * GB, "flaky": 4 * GB}
+    world = World(speeds)
+    world.fail("flaky", einval, calls={1, 2})
+    arms = [A, Arm("flaky"), C, B]
+    policy = make_policy(world, arms)
+    contexts = [context(20), context(24, direction="write"), context(16, load=2)]
+    threads, per_thread = 8, 150
+    path = tmp_path / "dispatch.json"
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(per_thread):
+                call(policy, rng.choice(contexts), MiB)
+        except BaseException as error:  # noqa: BLE001 - reported by the assert below
+            errors.append(error)
+
+    def saver() -> None:
+        while not done.is_set():
+            policy.table.save(path)
+
+    pool = [threading.Thread(target=worker, args=(seed,)) for seed in range(threads)]
+    saving = threading.Thread(target=saver)
+    saving.start()
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    done.set()
+    saving.join()
+    assert errors == []
+
+    total = threads * per_thread
+    with policy.table.lock:
+        entries = [policy.table.get(ctx.key()) for ctx in contexts]
+        assert sum(stats.count for entry in entries for stats in entry.arms.values()) == total
+        assert sum(stats.failures for entry in entries for stats in entry.arms.values()) == 2
+        assert all((entry.phase, entry.chosen) == (EXPLOITING, "b") for entry in entries)
+    assert sum(world.calls.values()) == total + 2
+    assert policy._in_flight == {}
+    policy.table.save(path)
+    assert Table.load(path).to_json() == policy.table.to_json()
+
+
+def test_logging_says_when_a_tool_is_dropped_and_when_it_reexplores(caplog):
+    world = World({"a": 10 * GB, "b": 6 * GB})
+    world.fail("b", einval, calls={1})
+    policy = make_policy(world, [A, B], explore_samples=1)
+    ctx = context()
+    with caplog.at_level(logging.INFO, logger="arrayio.dispatch"):
+        labels(policy, ctx, 3)
+        world.speeds["a"] = 1 * GB
+        labels(policy, ctx, 3)
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("b failed (OSError" in message for message in messages)
+    assert any("re-exploring" in message for message in messages)
+
+
+# -- tunables ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tunables", [
+    {"explore_samples": 0}, {"explore_samples": 9}, {"prune_ratio": 1.0},
+    {"prune_ratio": -0.1}, {"drift_ratio": 0}, {"drift_ratio": 1}, {"drift_patience": 0},
+    {"min_bytes_to_learn": -1}, {"unavailable_ttl": 0},
+])
+def test_tunables_out_of_range_are_refused(tunables):
+    with pytest.raises(ValueError):
+        Policy(lambda _context: [A], **tunables)
+
+
+def test_candidates_must_be_arms():
+    policy = Policy(lambda _context: ["posix"])
+    with pytest.raises(TypeError, match="Arm instances"):
+        policy.choose(context())

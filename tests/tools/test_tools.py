@@ -1,0 +1,450 @@
+"""What is particular to each tool, beyond the conformance suite: the registry, labels and
+parameters, and the inner workings that the suite cannot see (direct's fast path and
+descriptors, mmap's mappings)."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import crc32c
+import numpy as np
+import pytest
+
+from arrayio import tools
+from arrayio._checksum import ChecksumParts
+from arrayio.errors import ToolUnavailableError, UnknownToolError
+from arrayio.testing.tool_suite import ScratchFiles, host_buffer, o_direct_refusal, random_bytes
+from arrayio.tools import direct as direct_module
+from arrayio.tools import mmap as mmap_module
+from arrayio.tools.direct import DirectTool
+from arrayio.tools.mmap import MmapTool
+from arrayio.tools.naive import NaiveTool
+from arrayio.tools.posix import PosixTool
+
+
+def _open_fds() -> set[int]:
+    return {int(name) for name in os.listdir("/proc/self/fd")}
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> Iterator[ScratchFiles]:
+    files = ScratchFiles(tmp_path)
+    yield files
+    files.close()
+
+
+@pytest.fixture
+def direct_file(tmp_path: Path, data_file):
+    reason = o_direct_refusal(tmp_path)
+    if reason is not None:
+        pytest.skip(reason)
+    return data_file
+
+
+class _NotHost:
+    """Stands for device memory: anything that is not a NumPy array."""
+
+    nbytes = 16
+
+
+# ---- the registry ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let a test register tools without leaking them into other tests."""
+    monkeypatch.setattr(tools, "_REGISTRY", dict(tools._REGISTRY))
+
+
+def test_names_list_the_builtin_tools() -> None:
+    assert {"naive", "posix", "direct", "mmap"} <= set(tools.names())
+
+
+@pytest.mark.parametrize(("name", "cls"), [("naive", NaiveTool), ("posix", PosixTool),
+                                           ("direct", DirectTool), ("mmap", MmapTool)])
+def test_make_builds_the_registered_class(name: str, cls: type) -> None:
+    assert tools.tool_class(name) is cls
+    tool = tools.make(name)
+    assert type(tool) is cls and tool.name == name
+    tool.close()
+
+
+def test_unknown_tool(registry) -> None:
+    with pytest.raises(UnknownToolError, match="'nope'.*known.*posix") as caught:
+        tools.tool_class("nope")
+    assert isinstance(caught.value, KeyError)
+    assert str(caught.value).startswith("no transfer tool named 'nope'")
+    with pytest.raises(KeyError):
+        tools.make("nope")
+
+
+def test_register_refuses_clashes_unless_clobber(registry) -> None:
+    with pytest.raises(ValueError, match="'posix' is already registered"):
+        tools.register("posix", NaiveTool)
+    assert tools.tool_class("posix") is PosixTool
+    tools.register("posix", NaiveTool, clobber=True)
+    assert tools.tool_class("posix") is NaiveTool
+
+
+def test_register_a_dotted_name_imported_on_first_use(registry) -> None:
+    tools.register("mine", "arrayio.tools.posix:PosixTool")
+    assert "mine" in tools.names()
+    assert tools.tool_class("mine") is PosixTool
+
+
+# ---- labels, parameters, capabilities --------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "params", "label"), [
+    ("naive", {}, "naive"),
+    ("posix", {"threads": 2, "task_size": 1024}, "posix(task_size=1024,threads=2)"),
+    ("direct", {}, f"direct(task_size={8 << 20},threads=8)"),
+    ("direct", {"threads": 3, "task_size": 5000}, "direct(task_size=8192,threads=3)"),
+    ("direct", {"task_size": 1}, "direct(task_size=4096,threads=8)"),
+    ("mmap", {}, "mmap(threads=4)"),
+    ("mmap", {"threads": 1}, "mmap(threads=1)"),
+])
+def test_label_and_params(name: str, params: dict, label: str) -> None:
+    tool = tools.make(name, **params)
+    assert tool.label == label
+    assert repr(tool) == f"<arrayio tool {label}>"
+    tool.params["threads"] = 99  # a copy: the tool is not changed through it
+    assert "threads=99" not in tool.label
+
+
+def test_direct_rounds_task_size_to_blocks() -> None:
+    assert DirectTool(task_size=4096).task_size == 4096
+    assert DirectTool(task_size=4097).task_size == 8192
+    assert DirectTool(task_size=(8 << 20) - 1).params["task_size"] == 8 << 20
+
+
+@pytest.mark.parametrize(("cls", "params"), [
+    (PosixTool, {"threads": 0}), (PosixTool, {"task_size": 0}),
+    (DirectTool, {"threads": 0}), (DirectTool, {"task_size": 0}), (DirectTool, {"threads": -1}),
+    (MmapTool, {"threads": 0}),
+])
+def test_parameters_are_validated(cls: type, params: dict) -> None:
+    with pytest.raises(ValueError, match="must be positive"):
+        cls(**params)
+
+
+def test_capabilities() -> None:
+    assert DirectTool.capabilities.memory == {"host"}
+    assert DirectTool.capabilities.alignment == 4096
+    assert DirectTool.capabilities.checksums
+    assert DirectTool.capabilities.directions == {"read", "write"}
+    assert MmapTool.capabilities.memory == {"host"}
+    assert MmapTool.capabilities.directions == {"read"}
+    assert not MmapTool.capabilities.serves("write", "host")
+    assert DirectTool.availability() and MmapTool.availability()
+
+
+@pytest.mark.parametrize("cls", [PosixTool, DirectTool, MmapTool])
+def test_host_only_tools_refuse_device_memory(cls: type, data_file) -> None:
+    fd = data_file(random_bytes(100))
+    with pytest.raises(TypeError, match="host memory only"):
+        cls().pread(fd, _NotHost(), 0)
+    if cls.capabilities.serves("write", "host"):
+        with pytest.raises(TypeError, match="host memory only"):
+            cls().pwrite(fd, _NotHost(), 0)
+
+
+def test_mmap_refuses_writes(data_file) -> None:
+    fd = data_file(random_bytes(100))
+    with pytest.raises(ToolUnavailableError, match="mmap reads only"):
+        MmapTool().pwrite(fd, host_buffer(10), 0)
+
+
+# ---- direct ----------------------------------------------------------------------------
+
+
+def _spy_transfers(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[tuple[int, int, int]]]:
+    """Record (address, nbytes, file offset) of every direct and buffered transfer."""
+    calls: dict[str, list[tuple[int, int, int]]] = {"read": [], "write": [], "buffered": []}
+
+    def spy(kind, real):
+        def recorded(*args):
+            view, offset = args[-2], args[-1]
+            calls[kind].append((view.__array_interface__["data"][0], view.nbytes, offset))
+            return real(*args)
+        return recorded
+
+    monkeypatch.setattr(direct_module, "_pread_direct",
+                        spy("read", direct_module._pread_direct))
+    monkeypatch.setattr(direct_module, "_pwrite_direct",
+                        spy("write", direct_module._pwrite_direct))
+    monkeypatch.setattr(direct_module, "pwrite_full", spy("buffered", direct_module.pwrite_full))
+    return calls
+
+
+def _inside(buffer: np.ndarray, address: int, nbytes: int) -> bool:
+    start = buffer.__array_interface__["data"][0]
+    return start <= address and address + nbytes <= start + buffer.nbytes
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_direct_reads_congruent_ranges_into_the_callers_buffer(
+        threads: int, direct_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = random_bytes(3 << 20)
+    fd = direct_file(data)
+    calls = _spy_transfers(monkeypatch)
+    tool = DirectTool(threads=threads, task_size=256 << 10)
+    # Address and offset both 1 past a block: only the first and last blocks bounce.
+    buffer = host_buffer((2 << 20) + 10, shift=1)
+    assert tool.read(fd, buffer, 4097) == buffer.nbytes
+    np.testing.assert_array_equal(buffer, data[4097 : 4097 + buffer.nbytes])
+    direct = [call for call in calls["read"] if _inside(buffer, call[0], call[1])]
+    assert sum(nbytes for _, nbytes, _ in direct) == (2 << 20) - 4096
+    assert len(calls["read"]) == len(direct) + 2
+    tool.close()
+
+
+def test_direct_bounces_ranges_that_are_not_congruent(
+        direct_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = random_bytes(1 << 20)
+    fd = direct_file(data)
+    calls = _spy_transfers(monkeypatch)
+    tool = DirectTool(threads=1, task_size=64 << 10)
+    buffer = host_buffer(500_000)  # aligned address, unaligned offset
+    assert tool.read(fd, buffer, 3) == 500_000
+    np.testing.assert_array_equal(buffer, data[3:500_003])
+    assert calls["read"] and not any(_inside(buffer, *call[:2]) for call in calls["read"])
+    assert all(address % 4096 == 0 for address, _, _ in calls["read"])
+
+
+def test_direct_writes_whole_blocks_directly_and_partial_ones_buffered(
+        direct_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    fd = direct_file(random_bytes(50_000, seed=1))
+    calls = _spy_transfers(monkeypatch)
+    tool = DirectTool(threads=1)
+    buffer = host_buffer(3 * 4096, shift=1)
+    buffer[...] = random_bytes(buffer.nbytes, seed=2)
+    assert tool.write(fd, buffer, 1) == buffer.nbytes
+    assert sorted((nbytes, offset) for _, nbytes, offset in calls["buffered"]) == [
+        (1, 3 * 4096), (4095, 1)]
+    assert [(nbytes, offset) for _, nbytes, offset in calls["write"]] == [(2 * 4096, 4096)]
+    assert _inside(buffer, *calls["write"][0][:2])  # congruent: no copy
+    assert os.pread(fd, buffer.nbytes, 1) == buffer.tobytes()
+
+
+def test_direct_reuses_bounce_buffers(direct_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    fd = direct_file(random_bytes(1 << 20))
+    made = []
+    real = direct_module.aligned_empty
+
+    def counted(*args):
+        made.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(direct_module, "aligned_empty", counted)
+    tool = DirectTool(threads=2, task_size=64 << 10)
+    for _ in range(3):
+        assert tool.read(fd, host_buffer(300_000), 5) == 300_000
+    assert 1 <= len(made) <= 3  # one per worker at most, then reused
+    tool.close()
+
+
+@pytest.mark.parametrize("direction", ["read", "write"])
+def test_direct_opens_its_own_descriptor_without_truncating(
+        direction: str, direct_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    fd = direct_file(random_bytes(100_000))
+    opened = []
+    real_open = os.open
+
+    def spy(path, flags, *args, **kwargs):
+        opened.append((path, flags))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(direct_module.os, "open", spy)
+    before = _open_fds()
+    tool = DirectTool(threads=4, task_size=8192)
+    call = tool.read if direction == "read" else tool.write
+    assert call(fd, host_buffer(50_000), 1) == 50_000
+    monkeypatch.undo()
+    ((path, flags),) = opened
+    assert path == f"/proc/self/fd/{fd}"
+    assert flags & os.O_DIRECT and not flags & (os.O_TRUNC | os.O_CREAT | os.O_APPEND)
+    assert flags & os.O_ACCMODE == (os.O_RDONLY if direction == "read" else os.O_WRONLY)
+    assert _open_fds() == before
+    assert os.fstat(fd).st_size == 100_000
+    tool.close()
+
+
+def test_direct_small_writes_need_no_direct_descriptor(
+        direct_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    fd = direct_file(random_bytes(100_000))
+    monkeypatch.setattr(direct_module, "_open_direct", None)  # calling it would fail
+    # Within the first two blocks and covering neither whole: no block to write directly.
+    assert DirectTool().write(fd, random_bytes(5000, seed=2), 1) == 5000
+    assert os.pread(fd, 5000, 1) == random_bytes(5000, seed=2).tobytes()
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_direct_closes_its_descriptor_on_errors(threads: int, direct_file) -> None:
+    fd = direct_file(random_bytes(1 << 20))
+    before = _open_fds()
+    tool = DirectTool(threads=threads, task_size=64 << 10)
+    read_only = np.zeros(600_000, np.uint8)
+    read_only.flags.writeable = False
+    with pytest.raises((TypeError, ValueError)):
+        tool.pread(fd, read_only, 1).get()
+    with pytest.raises((TypeError, ValueError)):
+        tool.pread(fd, read_only, 0).get()
+    assert _open_fds() == before
+    tool.close()
+
+
+def test_direct_future_completes_after_its_descriptor_is_closed(direct_file) -> None:
+    fd = direct_file(random_bytes(4 << 20))
+    before = _open_fds()
+    tool = DirectTool(threads=4, task_size=64 << 10)
+    future = tool.pread(fd, host_buffer(4 << 20), 0)
+    while not future.done():
+        time.sleep(0.0005)
+    assert _open_fds() == before  # closed before done() said so, without a get()
+    assert future.get() == 4 << 20
+    tool.close()
+
+
+def test_direct_refused_by_the_file_system(direct_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    fd = direct_file(random_bytes(100_000))
+    real_open = os.open
+
+    def refuse(path, flags, *args, **kwargs):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(direct_module.os, "open", refuse)
+    with pytest.raises(ToolUnavailableError, match=r"O_DIRECT open refused for .*data-0\.bin "
+                                                   r"on its \w+ file system \(\[Errno 22\]"):
+        DirectTool().read(fd, host_buffer(8192), 0)
+    with pytest.raises(OSError):  # ToolUnavailableError is an OSError too
+        DirectTool().write(fd, host_buffer(8192), 0)
+
+
+def test_direct_other_open_errors_pass_through(monkeypatch: pytest.MonkeyPatch,
+                                               direct_file) -> None:
+    fd = direct_file(random_bytes(100))
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "denied")
+
+    monkeypatch.setattr(direct_module.os, "open", denied)
+    with pytest.raises(PermissionError) as caught:
+        DirectTool().read(fd, host_buffer(10), 0)
+    assert not isinstance(caught.value, ToolUnavailableError)
+
+
+def test_direct_alignment_refused_at_read_time(direct_file,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    fd = direct_file(random_bytes(100_000))
+    before = _open_fds()
+
+    def refuse(*args):
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+
+    monkeypatch.setattr(direct_module.os, "preadv", refuse)
+    tool = DirectTool(threads=4, task_size=8192)
+    with pytest.raises(ToolUnavailableError, match="O_DIRECT read refused"):
+        tool.pread(fd, host_buffer(100_000), 0).get()
+    monkeypatch.undo()
+    assert _open_fds() == before
+    tool.close()
+
+
+def test_direct_short_read_in_the_last_block(direct_file) -> None:
+    data = random_bytes(3 * 4096 + 100)
+    fd = direct_file(data)
+    buffer = host_buffer(4 * 4096)  # congruent: the last block is read directly
+    parts = ChecksumParts(data.nbytes)
+    assert DirectTool(threads=1).read(fd, buffer, 0, checksum=parts) == data.nbytes
+    np.testing.assert_array_equal(buffer[: data.nbytes], data)
+
+
+# ---- mmap ------------------------------------------------------------------------------
+
+
+def _mapped(path: Path) -> bool:
+    with open("/proc/self/maps") as maps:
+        return any(line.rstrip().endswith(str(path)) for line in maps)
+
+
+def _spy_maps(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    maps: list[tuple[int, int]] = []
+    real = mmap.mmap
+
+    def spy(fd, length, *args, offset=0, **kwargs):
+        maps.append((offset, length))
+        return real(fd, length, *args, offset=offset, **kwargs)
+
+    monkeypatch.setattr(mmap_module.mmap, "mmap", spy)
+    return maps
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_mmap_never_maps_past_the_end(threads: int, data_file,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mmap_module, "_CHUNK", 1024)  # several chunks on the threads
+    data = random_bytes(1 << 20)
+    fd = data_file(data)
+    os.ftruncate(fd, 5000)  # shorter than what is asked for
+    maps = _spy_maps(monkeypatch)
+    buffer = host_buffer(1 << 20)
+    tool = MmapTool(threads=threads)
+    assert tool.read(fd, buffer, 10) == 4990
+    np.testing.assert_array_equal(buffer[:4990], data[10:5000])
+    assert len(maps) == 5 and all(offset + length <= 5000 for offset, length in maps)
+    assert tool.read(fd, buffer, 5000) == 0
+    assert tool.read(fd, buffer, 9000) == 0
+    assert len(maps) == 5  # nothing mapped for reads from the end on
+    assert not _mapped(data_file.paths[fd])
+    tool.close()
+
+
+def test_mmap_empty_file_and_empty_buffer(data_file) -> None:
+    fd = data_file(b"")
+    assert MmapTool().read(fd, host_buffer(4096), 0) == 0
+    assert MmapTool().read(fd, host_buffer(0), 0) == 0
+
+
+def test_mmap_releases_its_maps(data_file) -> None:
+    fd = data_file(random_bytes((3 << 20) + 1))
+    tool = MmapTool(threads=4)
+    future = tool.pread(fd, host_buffer(3 << 20), 1)
+    assert future.get() == 3 << 20
+    assert not _mapped(data_file.paths[fd])
+    tool.close()
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_mmap_failed_copy_still_releases_the_map(threads: int, data_file,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mmap_module, "_CHUNK", 64 << 10)
+    fd = data_file(random_bytes(1 << 20))
+    read_only = np.zeros(1 << 20, np.uint8)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):  # not BufferError from close()
+        MmapTool(threads=threads).pread(fd, read_only, 0).get()
+    assert not _mapped(data_file.paths[fd])
+
+
+def test_mmap_many_chunks_on_threads(data_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mmap_module, "_CHUNK", 64 << 10)
+    data = random_bytes(3 << 20)
+    fd = data_file(data)
+    maps = _spy_maps(monkeypatch)
+    buffer = host_buffer((2 << 20) + 7, shift=1)
+    parts = ChecksumParts(buffer.nbytes)
+    tool = MmapTool(threads=4)
+    assert tool.read(fd, buffer, 4095, checksum=parts) == buffer.nbytes
+    np.testing.assert_array_equal(buffer, data[4095 : 4095 + buffer.nbytes])
+    assert len(maps) == 33 and all(offset % mmap.ALLOCATIONGRANULARITY == 0
+                                   for offset, _ in maps)
+    assert parts.value() == crc32c.crc32c(buffer)
+    tool.close()
