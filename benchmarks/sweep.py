@@ -32,7 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -217,17 +217,18 @@ class Bench:
 
         return run
 
-    def sweep(self) -> list[dict[str, Any]]:
-        rows = []
+    def sweep(self) -> Iterator[dict[str, Any]]:
+        """Measure every case, yielding each row as soon as it is done."""
         for memory in self.args.memory:
             for direction, cache in (("read", "cold"), ("read", "warm"), ("write", "-")):
                 if direction == "read" and cache not in self.args.cache:
                     continue
                 dispatcher = dispatch.Dispatcher(None)
                 for nbytes in self.args.sizes:
-                    rows.append(self.measure(dispatcher, memory, direction, cache, nbytes))
-                    print(json.dumps(rows[-1]["summary"]), flush=True)
-        return rows
+                    row = self.measure(dispatcher, memory, direction, cache, nbytes)
+                    print(json.dumps(row["summary"]), flush=True)
+                    yield row
+                dispatcher.close()
 
     def measure(self, dispatcher: dispatch.Dispatcher, memory: str, direction: str,
                 cache: str, nbytes: int) -> dict[str, Any]:
@@ -397,9 +398,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rows": [],
     }
     print(json.dumps(report["ceilings"]), flush=True)
-    report["rows"] = bench.sweep()
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+    for row in bench.sweep():
+        report["rows"].append(row)
+        with open(args.out, "w") as f:  # after every row: a run cut short keeps its results
+            json.dump(report, f, indent=1)
     if args.plot:
         plot(report, args.plot)
     return report
