@@ -61,14 +61,17 @@ def candidate_arms(context: Context) -> list[Arm]:
         if not big:
             arms = [_arm("naive"), _arm("staged", threads=1, chunk_size=4 * _MiB)]
         elif reads:
-            staged = [_arm("staged", threads=16, chunk_size=8 * _MiB),
-                      _arm("staged", threads=4, chunk_size=16 * _MiB, direct=True),
-                      _arm("staged", threads=16, chunk_size=8 * _MiB, direct=True)]
-            arms = [*(staged[1:] if cold else staged[:1]), *(staged[:1] if cold else
-                                                              staged[1:]), _arm("naive")]
+            # Page cache to GPU: many threads and small chunks (the checksum then reads
+            # bytes still in cache). Disk to GPU: O_DIRECT with a few deep streams.
+            warm = [_arm("staged", threads=16, chunk_size=4 * _MiB),
+                    _arm("staged", threads=16, chunk_size=8 * _MiB)]
+            disk = [_arm("staged", threads=4, chunk_size=16 * _MiB, direct=True),
+                    _arm("staged", threads=16, chunk_size=8 * _MiB, direct=True)]
+            arms = [*(disk + warm if cold else warm + disk), _arm("naive")]
         else:
-            arms = [_arm("staged", threads=4, chunk_size=16 * _MiB),
-                    _arm("staged", threads=16, chunk_size=8 * _MiB), _arm("naive")]
+            arms = [_arm("staged", threads=4, chunk_size=16 * _MiB, direct=True),
+                    _arm("staged", threads=8, chunk_size=8 * _MiB, direct=True),
+                    _arm("staged", threads=4, chunk_size=16 * _MiB), _arm("naive")]
         kvikio = [_arm("kvikio", threads=16, task_size=4 * _MiB)]
     elif not big:
         arms = [_arm("naive"), _arm("posix", threads=1, task_size=4 * _MiB)]

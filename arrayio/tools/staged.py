@@ -1,12 +1,14 @@
 """A pipeline of pinned host buffers between the file and GPU memory.
 
-The range is cut into chunks. ``threads`` workers each own one pinned buffer and one CUDA
-stream; a worker reads a chunk from the file into its buffer (``pread``, or ``O_DIRECT``
-with ``direct=True``, which keeps cold reads off the page cache and lets several streams
-keep the disk's queue full), checksums it while it is in cache, and copies it to the device
-asynchronously, then waits for that copy before reusing the buffer. With several workers,
-disk reads, checksums and PCIe copies of different chunks overlap. Writes run the same
-pipeline the other way (device to pinned buffer, checksum, ``pwrite``).
+The range is cut into chunks, dealt round-robin to ``threads`` workers. Each worker owns two
+pinned buffers and one CUDA stream and double-buffers: while the copy of one chunk to the
+device is in flight, it reads the next chunk from the file into its other buffer (``pread``,
+or ``O_DIRECT`` with ``direct=True``, which keeps cold reads off the page cache and keeps the
+disk's queue full) and checksums it while it is in cache. Writes run the same pipeline the
+other way: device to pinned buffer, checksum, ``pwrite`` (``O_DIRECT`` for the whole blocks
+with ``direct=True``; the partial blocks at either end go through the page cache, since
+``O_DIRECT`` cannot write part of a block). With several workers, disk I/O, checksums and
+PCIe copies of different chunks overlap.
 
 Needs CuPy and a GPU; device buffers owned by torch are viewed through CuPy, zero-copy.
 """
@@ -33,17 +35,29 @@ __all__ = ["StagedTool"]
 _BLOCK = 4096
 
 
+def _open_direct(fd: int, flags: int) -> int:
+    """A second descriptor of ``fd``'s file with ``O_DIRECT``."""
+    try:
+        return os.open(f"/proc/self/fd/{fd}", flags | os.O_DIRECT | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+            raise ToolUnavailableError(
+                error.errno, f"O_DIRECT refused by this file system ({error.strerror})"
+            ) from error
+        raise
+
+
 class StagedTool(Tool):
     """Pinned-buffer pipeline for device memory; see the module docstring.
 
     Parameters
     ----------
     threads
-        Workers, each with one pinned buffer of ``chunk_size`` bytes and one CUDA stream.
+        Workers, each with two pinned buffers of ``chunk_size`` bytes and one CUDA stream.
     chunk_size
         Bytes per chunk (rounded up to 4096).
     direct
-        Read with ``O_DIRECT`` (writes always go through the page cache).
+        Read, and write whole blocks, with ``O_DIRECT``.
     """
 
     name = "staged"
@@ -83,12 +97,16 @@ class StagedTool(Tool):
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     self.threads, thread_name_prefix="arrayio-staged")
             if device_index not in self._pinned:
-                # One block of slack so an O_DIRECT read can start on the block boundary
-                # before an unaligned offset, plus one after for the rounded-up length.
-                self._pinned[device_index] = [
-                    cupyx.empty_pinned((self.chunk_size + 2 * _BLOCK,), dtype=np.uint8)
-                    for _ in range(self.threads)
-                ]
+                # Two buffers a worker. One block of slack before the data lets the bytes sit
+                # at the same offset within a block as in the file (O_DIRECT needs both
+                # aligned), one after covers the rounded-up length.
+                size = self.chunk_size + 2 * _BLOCK
+                slots = []
+                for _ in range(2 * self.threads):
+                    raw = cupyx.empty_pinned((size + _BLOCK,), dtype=np.uint8)
+                    start = -raw.ctypes.data % _BLOCK  # page-aligned already, but be sure
+                    slots.append(raw[start : start + size])
+                self._pinned[device_index] = slots
             return self._pool, self._pinned[device_index]
 
     @staticmethod
@@ -97,15 +115,11 @@ class StagedTool(Tool):
 
         return cupy.asarray(buffer.cuda_array).reshape(-1).view(cupy.uint8)
 
-    def _open_direct(self, fd: int) -> int:
-        try:
-            return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
-        except OSError as error:
-            if error.errno in (errno.EINVAL, errno.EOPNOTSUPP):
-                raise ToolUnavailableError(
-                    error.errno, f"O_DIRECT refused by this file system ({error.strerror})"
-                ) from error
-            raise
+    def _fan_out(self, pool: concurrent.futures.ThreadPoolExecutor, worker: Any, count: int,
+                 finish: Any) -> IOFuture[int]:
+        workers = min(self.threads, count)
+        return IOFuture.gather([IOFuture(pool.submit(worker, k)) for k in range(workers)],
+                               finish)
 
     def pread(self, fd: int, buffer: Buffer, file_offset: int, *,
               checksum: ChecksumParts | None = None) -> IOFuture[int]:
@@ -118,42 +132,50 @@ class StagedTool(Tool):
         pool, pinned = self._resources(buffer.device_index)
         device = self._device_bytes(buffer)
         nbytes = buffer.nbytes
-        read_fd = self._open_direct(fd) if self.direct else fd
-        chunks = list(range(0, nbytes, self.chunk_size))
+        read_fd = _open_direct(fd, os.O_RDONLY) if self.direct else fd
+        chunks = range(0, nbytes, self.chunk_size)
+
+        def read_chunk(slot: np.ndarray, start: int) -> tuple[np.ndarray, int]:
+            length = min(self.chunk_size, nbytes - start)
+            position = file_offset + start
+            if not self.direct:
+                got = pread_full(read_fd, slot[:length], position)
+                return slot[:got], length
+            aligned = position - position % _BLOCK
+            skip = position - aligned
+            span = -(-(skip + length) // _BLOCK) * _BLOCK
+            got = max(0, min(_pread_direct(read_fd, slot[:span], aligned) - skip, length))
+            return slot[skip : skip + got], length
 
         def worker(k: int) -> int:
-            slot = pinned[k]
+            slots, events = (pinned[2 * k], pinned[2 * k + 1]), [None, None]
             total = 0
             with cupy.cuda.Device(buffer.device_index):
                 stream = cupy.cuda.Stream(non_blocking=True)
-                for start in chunks[k :: self.threads]:
-                    length = min(self.chunk_size, nbytes - start)
-                    position = file_offset + start
-                    if self.direct:
-                        aligned = position - position % _BLOCK
-                        skip = position - aligned
-                        span = -(-(skip + length) // _BLOCK) * _BLOCK
-                        got = max(0, min(pread_full(read_fd, slot[:span], aligned) - skip,
-                                         length))
-                        data = slot[skip : skip + got]
-                    else:
-                        got = pread_full(read_fd, slot[:length], position)
-                        data = slot[:got]
+                for j, start in enumerate(chunks[k :: self.threads]):
+                    if events[j % 2] is not None:
+                        events[j % 2].synchronize()  # its previous copy has left the buffer
+                    data, length = read_chunk(slots[j % 2], start)
                     if checksum is not None:
                         checksum.add_data(start, data)
-                    device[start : start + got].set(data, stream=stream)
-                    stream.synchronize()  # the slot is reused for the next chunk
-                    total += got
+                    device[start : start + data.nbytes].set(data, stream=stream)
+                    events[j % 2] = stream.record()
+                    total += data.nbytes
+                    if data.nbytes < length:
+                        break  # end of file
+                stream.synchronize()
             return total
-
-        futures = [IOFuture(pool.submit(worker, k)) for k in range(min(self.threads, len(chunks)))]
 
         def finish(total: int) -> int:
             if read_fd != fd:
                 os.close(read_fd)
             return total
 
-        return IOFuture.gather(futures, finish)
+        try:
+            return self._fan_out(pool, worker, len(chunks), finish)
+        except BaseException:
+            finish(0)
+            raise
 
     def pwrite(self, fd: int, buffer: Buffer, file_offset: int, *,
                checksum: ChecksumParts | None = None) -> IOFuture[int]:
@@ -167,26 +189,63 @@ class StagedTool(Tool):
         pool, pinned = self._resources(buffer.device_index)
         device = self._device_bytes(buffer)
         nbytes = buffer.nbytes
-        chunks = list(range(0, nbytes, self.chunk_size))
+        write_fd = _open_direct(fd, os.O_WRONLY) if self.direct else fd
+        chunks = range(0, nbytes, self.chunk_size)
+
+        def write_chunk(slot: np.ndarray, start: int, length: int) -> int:
+            position = file_offset + start
+            skip = position % _BLOCK if self.direct else 0
+            data = slot[skip : skip + length]
+            if checksum is not None:
+                checksum.add_data(start, data)
+            if not self.direct:
+                return pwrite_full(fd, data, position)
+            # Whole blocks with O_DIRECT (memory and file offsets are both block-aligned
+            # there), the partial blocks at the ends through the page cache.
+            first = -(-position // _BLOCK) * _BLOCK
+            last = max(first, (position + length) // _BLOCK * _BLOCK)
+            head, middle = first - position, last - first
+            if middle:
+                pwrite_full(fd, data[: min(head, length)], position)
+                _pwrite_direct(write_fd, data[head : head + middle], first)
+                pwrite_full(fd, data[head + middle :], last)
+            else:
+                pwrite_full(fd, data, position)
+            return length
 
         def worker(k: int) -> int:
-            slot = pinned[k]
+            slots = (pinned[2 * k], pinned[2 * k + 1])
             total = 0
+            pending: tuple[np.ndarray, int, int, Any] | None = None
             with cupy.cuda.Device(buffer.device_index):
                 stream = cupy.cuda.Stream(non_blocking=True)
-                for start in chunks[k :: self.threads]:
+                for j, start in enumerate(chunks[k :: self.threads]):
                     length = min(self.chunk_size, nbytes - start)
-                    data = slot[:length]
-                    device[start : start + length].get(stream=stream, out=data)
-                    stream.synchronize()
-                    if checksum is not None:
-                        checksum.add_data(start, data)
-                    total += pwrite_full(fd, data, file_offset + start)
+                    slot = slots[j % 2]
+                    skip = (file_offset + start) % _BLOCK if self.direct else 0
+                    device[start : start + length].get(stream=stream,
+                                                      out=slot[skip : skip + length])
+                    event = stream.record()
+                    if pending is not None:  # write the previous chunk while this one copies
+                        previous, previous_start, previous_length, previous_event = pending
+                        previous_event.synchronize()
+                        total += write_chunk(previous, previous_start, previous_length)
+                    pending = (slot, start, length, event)
+                if pending is not None:
+                    pending[3].synchronize()
+                    total += write_chunk(pending[0], pending[1], pending[2])
             return total
 
-        return IOFuture.gather(
-            [IOFuture(pool.submit(worker, k)) for k in range(min(self.threads, len(chunks)))]
-        )
+        def finish(total: int) -> int:
+            if write_fd != fd:
+                os.close(write_fd)
+            return total
+
+        try:
+            return self._fan_out(pool, worker, len(chunks), finish)
+        except BaseException:
+            finish(0)
+            raise
 
     def close(self) -> None:
         with self._lock:
@@ -194,3 +253,32 @@ class StagedTool(Tool):
                 self._pool.shutdown(wait=True)
                 self._pool = None
             self._pinned.clear()
+
+
+def _pread_direct(fd: int, view: np.ndarray, file_offset: int) -> int:
+    """Read block-aligned ``view`` at a block-aligned offset; short only at end of file.
+
+    ``O_DIRECT`` returns the exact byte count at the end of the file, after which the next
+    offset is no longer aligned: stop there rather than loop.
+    """
+    done = 0
+    memory = memoryview(view)
+    while done < view.nbytes:
+        got = os.preadv(fd, [memory[done:]], file_offset + done)
+        done += got
+        if got == 0 or done % _BLOCK:
+            break
+    return done
+
+
+def _pwrite_direct(fd: int, view: np.ndarray, file_offset: int) -> None:
+    done = 0
+    memory = memoryview(view)
+    while done < view.nbytes:
+        try:
+            done += os.pwritev(fd, [memory[done:]], file_offset + done)
+        except OSError as error:
+            if error.errno == errno.EINVAL:
+                raise ToolUnavailableError(
+                    error.errno, f"O_DIRECT write refused ({error.strerror})") from error
+            raise
