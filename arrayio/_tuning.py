@@ -146,10 +146,12 @@ def explain(
                 info = reader[name]
                 context = active.context("read", reader.fd, info.file_offset, info.nbytes,
                                          memory, check and info.crc32c is not None)
-                if context.key() not in seen and info.nbytes:
+                forced = active.forced_arm(None)
+                if info.nbytes == 0 or (info.nbytes < dispatch.SMALL_TRANSFER and forced is None):
+                    continue  # empty, or straight to the naive tool: nothing to explain
+                if context.key() not in seen:
                     seen.add(context.key())
-                    explanations.append(
-                        active.policy.explain(context, force=active.forced_arm(None)))
+                    explanations.append(active.policy.explain(context, force=forced))
     return DispatchReport(tuple(explanations), _tool_availability(), active.table_path)
 
 
@@ -193,6 +195,8 @@ def tune(
     """
     active = dispatch.get()
     sizes = sorted(set(int(s) for s in sizes))
+    if not sizes or sizes[0] <= 0:
+        raise ValueError(f"sizes must be positive byte counts, got {sizes}")
     check = config.get().verify_checksums if verify is None else verify
     request = parse_target("cupy" if _is_gpu(device) else None, device)
     uint8 = _dtypes.by_name("uint8")
@@ -204,14 +208,16 @@ def tune(
         for start in range(0, sizes[-1], pattern.nbytes):
             os.pwrite(fd_data, pattern[: min(pattern.nbytes, sizes[-1] - start)], start)
         os.fsync(fd_data)
-        for nbytes in sizes:
-            buffer = allocate(request, uint8, (nbytes,)).data
-            for direction in directions:
-                for cache in (caches if direction == "read" else ("-",)):
-                    context = _tune_one(active, direction, cache, fd_data, write_path,
-                                        buffer, check, max_calls)
-                    if context is not None:
-                        tuned[context.key()] = context
+        # Tuning learns what the dispatcher would choose: a forced tool would teach nothing.
+        with config.set(tool=None):
+            for nbytes in sizes:
+                buffer = allocate(request, uint8, (nbytes,)).data
+                for direction in directions:
+                    for cache in (caches if direction == "read" else ("-",)):
+                        context = _tune_one(active, direction, cache, fd_data, write_path,
+                                            buffer, check, max_calls)
+                        if context is not None:
+                            tuned[context.key()] = context
     finally:
         os.close(fd_data)
         for name in (data_path, write_path):

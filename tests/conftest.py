@@ -52,6 +52,17 @@ def any_xp(request: pytest.FixtureRequest) -> Framework:
     return _skip_unless_usable(request.param)
 
 
+@pytest.fixture
+def fresh():
+    """A new in-memory dispatcher as the process-wide one; the usual one comes back after."""
+    from arrayio.dispatch import dispatcher
+
+    active = dispatcher.Dispatcher(None)
+    dispatcher.reset(active)
+    yield active
+    dispatcher.reset()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # What the dispatcher learns during the tests stays in a scratch directory, never in the
     # user's ~/.cache/arrayio.

@@ -1,12 +1,19 @@
-"""Loops around ``os.preadv``/``os.pwritev`` that finish what a single call may leave undone."""
+"""Loops around ``os.preadv``/``os.pwritev`` that finish what a single call may leave undone,
+the task size tools use for a request, and flushing a written range to the device."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import os
+from typing import Any
 
 import numpy as np
 
-__all__ = ["pread_full", "pwrite_full"]
+__all__ = ["flush_range", "pread_full", "pwrite_full", "task_bytes"]
+
+_MIN_TASK = 1 << 20
 
 
 def pread_full(fd: int, view: np.ndarray, file_offset: int) -> int:
@@ -28,3 +35,37 @@ def pwrite_full(fd: int, view: np.ndarray, file_offset: int) -> int:
     while done < view.nbytes:
         done += os.pwritev(fd, [memory[done:]], file_offset + done)
     return done
+
+
+def task_bytes(nbytes: int, threads: int, task_size: int, block: int = 4096) -> int:
+    """The task size for a request: at most ``task_size``, but small enough that the request
+    spreads over every thread (and never under 1 MiB, where per-task costs would dominate)."""
+    per_thread = -(-nbytes // max(threads, 1))
+    size = min(task_size, max(_MIN_TASK, per_thread))
+    return -(-size // block) * block
+
+
+@functools.cache
+def _sync_file_range() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        function = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
+_WAIT_WRITE_WAIT = 1 | 2 | 4  # SYNC_FILE_RANGE_WAIT_BEFORE | WRITE | WAIT_AFTER
+
+
+def flush_range(fd: int, file_offset: int, nbytes: int) -> None:
+    """Wait until ``nbytes`` at ``file_offset`` are on the device (data only, no metadata).
+
+    ``sync_file_range`` flushes just that range, without the journal commit ``fdatasync``
+    would force; where it is missing, ``fdatasync`` does the job for the whole file.
+    """
+    function = _sync_file_range()
+    if function is None or function(fd, file_offset, nbytes, _WAIT_WRITE_WAIT) != 0:
+        os.fdatasync(fd)

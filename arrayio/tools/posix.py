@@ -1,6 +1,7 @@
-"""Threaded ``pread``/``pwrite`` into host memory: the range is cut into tasks of
-``task_size`` bytes, run on ``threads`` threads (``os.preadv`` releases the GIL), each task
-checksumming its own bytes while they are in cache.
+"""Threaded ``pread``/``pwrite`` into host memory: the range is cut into tasks of at most
+``task_size`` bytes (smaller for requests that would not keep every thread busy, see
+:func:`~arrayio.tools._io.task_bytes`), run on ``threads`` threads (``os.preadv`` releases
+the GIL), each task checksumming its own bytes while they are in cache.
 
 Many threads pay off when the page cache holds the data (memory bandwidth, not the disk, is
 the limit) or when the device needs a deep queue; one thread is best for small ranges.
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._checksum import ChecksumParts
-from ._io import pread_full, pwrite_full
+from ._io import pread_full, pwrite_full, task_bytes
 from .base import Buffer, Capabilities, IOFuture, Tool
 
 __all__ = ["PosixTool"]
@@ -50,8 +51,8 @@ class PosixTool(Tool):
                     self.threads, thread_name_prefix=f"arrayio-{self.name}")
             return self._pool
 
-    def _run(self, task, buffer: np.ndarray) -> IOFuture[int]:
-        starts = range(0, buffer.nbytes, self.task_size)
+    def _run(self, task, buffer: np.ndarray, size: int) -> IOFuture[int]:
+        starts = range(0, buffer.nbytes, size)
         if self.threads == 1 or len(starts) <= 1:
             return IOFuture.completed(sum(task(start) for start in starts))
         pool = self._executor()
@@ -62,27 +63,31 @@ class PosixTool(Tool):
         if not isinstance(buffer, np.ndarray):
             raise TypeError(f"{self.name} reads into host memory only")
 
+        size = task_bytes(buffer.nbytes, self.threads, self.task_size)
+
         def task(start: int) -> int:
-            view = buffer[start : start + self.task_size]
+            view = buffer[start : start + size]
             got = pread_full(fd, view, file_offset + start)
             if checksum is not None:
                 checksum.add_data(start, view[:got])
             return got
 
-        return self._run(task, buffer)
+        return self._run(task, buffer, size)
 
     def pwrite(self, fd: int, buffer: Buffer, file_offset: int, *,
                checksum: ChecksumParts | None = None) -> IOFuture[int]:
         if not isinstance(buffer, np.ndarray):
             raise TypeError(f"{self.name} writes from host memory only")
 
+        size = task_bytes(buffer.nbytes, self.threads, self.task_size)
+
         def task(start: int) -> int:
-            view = buffer[start : start + self.task_size]
+            view = buffer[start : start + size]
             if checksum is not None:
                 checksum.add_data(start, view)
             return pwrite_full(fd, view, file_offset + start)
 
-        return self._run(task, buffer)
+        return self._run(task, buffer, size)
 
     def close(self) -> None:
         with self._lock:

@@ -1,7 +1,9 @@
 """A pipeline of pinned host buffers between the file and GPU memory.
 
-The range is cut into chunks, dealt round-robin to ``threads`` workers. Each worker owns two
-pinned buffers and one CUDA stream and double-buffers: while the copy of one chunk to the
+The range is cut into chunks of at most ``chunk_size`` (smaller when that spreads a request
+over more workers, see :func:`~arrayio.tools._io.task_bytes`), dealt round-robin to
+``threads`` workers. Each worker owns two pinned buffers and one CUDA stream and
+double-buffers: while the copy of one chunk to the
 device is in flight, it reads the next chunk from the file into its other buffer (``pread``,
 or ``O_DIRECT`` with ``direct=True``, which keeps cold reads off the page cache and keeps the
 disk's queue full) and checksums it while it is in cache. Writes run the same pipeline the
@@ -27,7 +29,7 @@ import numpy as np
 from .._buffers import DeviceBuffer, synchronize_device
 from .._checksum import ChecksumParts
 from ..errors import ToolUnavailableError
-from ._io import pread_full, pwrite_full
+from ._io import pread_full, pwrite_full, task_bytes
 from .base import Availability, Buffer, Capabilities, IOFuture, Tool
 
 __all__ = ["StagedTool"]
@@ -133,10 +135,11 @@ class StagedTool(Tool):
         device = self._device_bytes(buffer)
         nbytes = buffer.nbytes
         read_fd = _open_direct(fd, os.O_RDONLY) if self.direct else fd
-        chunks = range(0, nbytes, self.chunk_size)
+        chunk = task_bytes(nbytes, self.threads, self.chunk_size)
+        chunks = range(0, nbytes, chunk)
 
         def read_chunk(slot: np.ndarray, start: int) -> tuple[np.ndarray, int]:
-            length = min(self.chunk_size, nbytes - start)
+            length = min(chunk, nbytes - start)
             position = file_offset + start
             if not self.direct:
                 got = pread_full(read_fd, slot[:length], position)
@@ -190,7 +193,8 @@ class StagedTool(Tool):
         device = self._device_bytes(buffer)
         nbytes = buffer.nbytes
         write_fd = _open_direct(fd, os.O_WRONLY) if self.direct else fd
-        chunks = range(0, nbytes, self.chunk_size)
+        chunk = task_bytes(nbytes, self.threads, self.chunk_size)
+        chunks = range(0, nbytes, chunk)
 
         def write_chunk(slot: np.ndarray, start: int, length: int) -> int:
             position = file_offset + start
@@ -220,7 +224,7 @@ class StagedTool(Tool):
             with cupy.cuda.Device(buffer.device_index):
                 stream = cupy.cuda.Stream(non_blocking=True)
                 for j, start in enumerate(chunks[k :: self.threads]):
-                    length = min(self.chunk_size, nbytes - start)
+                    length = min(chunk, nbytes - start)
                     slot = slots[j % 2]
                     skip = (file_offset + start) % _BLOCK if self.direct else 0
                     device[start : start + length].get(stream=stream,

@@ -1,0 +1,732 @@
+"""The dispatcher wired into arrayio's public API, on real files.
+
+A tool that fails is dropped and the call falls back with the data intact; a damaged file is
+a data error, never a reason to drop a tool; ``tool=``, ``config.set(tool=...)`` and
+``ARRAYIO_TOOL`` force one arm; what is learned outlives the process; threads share one
+dispatcher; and a file system that refuses ``O_DIRECT`` costs one failed call per context.
+
+Tests that need a clean dispatcher install a fresh in-memory one and put the process-wide one
+back afterwards (``dispatcher.reset()``); fake tools are registered in a copy of the registry.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import errno
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import crc32c
+import numpy as np
+import pytest
+
+import arrayio
+from arrayio import tools
+from arrayio.dispatch import Arm, dispatcher
+from arrayio.dispatch.dispatcher import SMALL_TRANSFER, parse_arm
+from arrayio.errors import ToolUnavailableError, TruncatedFileError, UnknownToolError
+from arrayio.tools import Capabilities, IOFuture, Tool
+from arrayio.tools import direct as direct_module
+from arrayio.tools._io import pread_full, pwrite_full
+
+MiB = 1 << 20
+GARBAGE = 0xA5
+
+
+# ---- fixtures and helpers ----------------------------------------------------------------
+
+
+@pytest.fixture
+def registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let a test register tools without leaking them into other tests."""
+    monkeypatch.setattr(tools, "_REGISTRY", dict(tools._REGISTRY))
+
+
+@pytest.fixture
+def prepend(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """Put arms before the built-in candidates of every context (for dispatchers made after)."""
+
+    def install(*arms: Arm) -> None:
+        builtin = dispatcher.candidate_arms
+        monkeypatch.setattr(dispatcher, "candidate_arms",
+                            lambda context: [*arms, *builtin(context)])
+
+    return install
+
+
+def make_scribbler(error: Callable[[], BaseException]) -> tuple[type[Tool], Counter[str]]:
+    """A tool that scribbles garbage where the data goes, then fails with ``error()``."""
+    calls: Counter[str] = Counter()
+
+    class Scribbler(Tool):
+        name = "scribbler"
+        capabilities = Capabilities(frozenset({"host"}))
+
+        def pread(self, fd, buffer, file_offset, *, checksum=None):
+            calls["read"] += 1
+            buffer[...] = GARBAGE
+            if checksum is not None:
+                checksum.add_data(0, buffer)
+            raise error()
+
+        def pwrite(self, fd, buffer, file_offset, *, checksum=None):
+            calls["write"] += 1
+            garbage = np.full(buffer.nbytes, GARBAGE, dtype=np.uint8)
+            pwrite_full(fd, garbage, file_offset)
+            if checksum is not None:
+                checksum.add_data(0, garbage)
+            raise error()
+
+    return Scribbler, calls
+
+
+class NoChecksums(Tool):
+    """Plain pread/pwrite that cannot report checksums; records what it was handed."""
+
+    name = "nocrc"
+    capabilities = Capabilities(frozenset({"host"}), checksums=False)
+    handed: list[object] = []
+
+    def pread(self, fd, buffer, file_offset, *, checksum=None):
+        self.handed.append(checksum)
+        return IOFuture.completed(pread_full(fd, buffer, file_offset))
+
+    def pwrite(self, fd, buffer, file_offset, *, checksum=None):
+        self.handed.append(checksum)
+        return IOFuture.completed(pwrite_full(fd, buffer, file_offset))
+
+
+def random_tree(seed: int, sizes: dict[str, int]) -> dict[str, np.ndarray]:
+    """Arrays of the given byte sizes, of mixed dtypes, from arbitrary bytes."""
+    rng = np.random.default_rng(seed)
+    dtypes = [np.float32, np.uint8, np.int16, np.float64]
+    tree = {}
+    for i, (key, nbytes) in enumerate(sizes.items()):
+        dtype = np.dtype(dtypes[i % len(dtypes)])
+        tree[key] = rng.integers(0, 256, nbytes - nbytes % dtype.itemsize,
+                                 dtype=np.uint8).view(dtype)
+    return tree
+
+
+def assert_same(loaded: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    assert loaded.keys() == expected.keys()
+    for key, array in expected.items():
+        assert loaded[key].dtype == array.dtype and loaded[key].shape == array.shape, key
+        assert loaded[key].tobytes() == array.tobytes(), key
+
+
+def assert_checksums_recorded(path: Path, expected: dict[str, np.ndarray]) -> None:
+    with arrayio.open(path) as reader:
+        for key, array in expected.items():
+            assert reader[key].crc32c == f"{crc32c.crc32c(array.tobytes()):08x}", key
+
+
+def evict(path: Path) -> None:
+    """Push the file's pages out of the page cache (no root needed)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def warm(path: Path) -> None:
+    """Bring the whole file into the page cache."""
+    path.read_bytes()
+
+
+def contexts_of(report: arrayio.DispatchReport) -> dict[str, dict]:
+    return {context["key"]: context for context in report.as_dict()["contexts"]}
+
+
+def reason_of(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def python(code: str, *args: str, env: dict[str, str], cwd: Path
+           ) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter with ``env`` over a clean ARRAYIO_* environment."""
+    base = {name: value for name, value in os.environ.items()
+            if not name.startswith("ARRAYIO_")}
+    return subprocess.run(
+        [sys.executable, "-W", "error", "-c", textwrap.dedent(code), *args],
+        env={**base, **env}, cwd=cwd, capture_output=True, text=True, timeout=120, check=False,
+    )
+
+
+def run_python(code: str, *args: str, env: dict[str, str], cwd: Path) -> str:
+    """:func:`python`, which must succeed; its standard output."""
+    result = python(code, *args, env=env, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    # An error in an atexit hook (the dispatcher saves its table there) does not change the
+    # exit status.
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr, (
+        result.stderr)
+    return result.stdout
+
+
+# ---- a failing tool falls back ----------------------------------------------------------
+
+
+FAILURES = {
+    "ToolUnavailableError": lambda: ToolUnavailableError("scribbler: the device went away"),
+    "EINVAL": lambda: OSError(errno.EINVAL, "Invalid argument"),
+    "RuntimeError": lambda: RuntimeError("scribbler: CUDA error 700"),
+}
+
+
+@pytest.mark.parametrize("error", FAILURES.values(), ids=FAILURES.keys())
+def test_a_tool_that_fails_after_scribbling_falls_back_with_exact_data(
+        tmp_path, registry, prepend, fresh, error):
+    scribbler, calls = make_scribbler(error)
+    tools.register("scribbler", scribbler, clobber=True)
+    prepend(Arm("scribbler"))
+    # Two size classes (2^21, 2^22) of learned transfers, and one small array that
+    # takes the small-transfer path and never meets the scribbler.
+    sizes = {"a": 4 * MiB, "b": MiB + 12345, "c": 4 * MiB - 8, "small": 1000}
+    tree = random_tree(1, sizes)
+    first = tmp_path / "first.safetensors"
+    arrayio.save(first, tree)
+    assert calls["write"] >= 1
+    assert_same(arrayio.load(first), tree)
+    assert calls["read"] >= 1
+    assert_checksums_recorded(first, tree)
+    out = np.empty_like(tree["a"])
+    assert arrayio.read_into(first, out, key="a") is out
+    assert out.tobytes() == tree["a"].tobytes()
+
+    report = arrayio.explain()
+    contexts = contexts_of(report)
+    marked = {key: context for key, context in contexts.items()
+              if "scribbler" in context["unavailable"]}
+    # Tried once in each learned context, never again there.
+    assert sum(calls.values()) == len(marked)
+    assert {key.split("/")[0] for key in marked} == {"read", "write"}
+    assert {key.split("/")[2] for key in marked} == {"2^21", "2^22"}
+    expected = reason_of(error())
+    for context in marked.values():
+        assert context["unavailable"]["scribbler"] == expected
+        [arm] = [arm for arm in context["arms"] if arm["label"] == "scribbler"]
+        assert (arm["state"], arm["failures"], arm["reason"]) == (
+            "unavailable", 1, expected)
+        assert context["chosen"] != "scribbler"
+    lines = [line for line in str(report).splitlines()
+             if line.lstrip().startswith("scribbler ")]
+    assert len(lines) == len(marked)
+    assert all("unavailable" in line and expected in line for line in lines)
+    json.dumps(report.as_dict(), allow_nan=False)
+
+    # Later transfers do not try it again in those contexts. (They may meet new ones: a
+    # file written with O_DIRECT is read back cold.)
+    second = tmp_path / "second.safetensors"
+    for _ in range(3):
+        arrayio.save(second, tree)
+        assert_same(arrayio.load(second), tree)
+    assert_checksums_recorded(second, tree)
+    later = {key: context for key, context in contexts_of(arrayio.explain()).items()
+             if "scribbler" in context["unavailable"]}
+    assert later.keys() >= marked.keys()
+    assert sum(calls.values()) == len(later)
+    for context in later.values():
+        [arm] = [arm for arm in context["arms"] if arm["label"] == "scribbler"]
+        assert (arm["failures"], arm["count"]) == (1, 0)
+
+
+def test_a_forced_tool_that_fails_raises_without_fallback_or_mark(tmp_path, registry, fresh):
+    scribbler, calls = make_scribbler(lambda: RuntimeError("scribbler: CUDA error 700"))
+    tools.register("scribbler", scribbler, clobber=True)
+    tree = random_tree(2, {"w": 2 * MiB})
+    path = tmp_path / "w.safetensors"
+    arrayio.save(path, tree)
+    with pytest.raises(RuntimeError, match="CUDA error 700"):
+        arrayio.load(path, tool="scribbler")
+    assert calls == {"read": 1}
+    with pytest.raises(RuntimeError, match="CUDA error 700"):
+        arrayio.save(tmp_path / "other.safetensors", tree, tool="scribbler")
+    assert calls == {"read": 1, "write": 1}
+    assert not (tmp_path / "other.safetensors").exists()
+    assert all(context["unavailable"] == {} for context in contexts_of(arrayio.explain()).values())
+    assert_same(arrayio.load(path), tree)  # the file is intact
+
+
+def test_mmap_forced_for_a_save_raises_and_leaves_no_file(tmp_path, fresh):
+    path = tmp_path / "w.safetensors"
+    with arrayio.config.set(tool="mmap"), pytest.raises(ToolUnavailableError, match="reads only"):
+        arrayio.save(path, random_tree(3, {"w": 2 * MiB}))
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- data errors are not tool failures ---------------------------------------------------
+
+
+@pytest.mark.parametrize("tool", [None, "naive", "posix(threads=2,task_size=1048576)",
+                                  "direct(threads=2,task_size=1048576)", "mmap(threads=2)"])
+def test_a_truncated_file_is_a_data_error_not_a_fallback(tmp_path, fresh, tool):
+    tree = random_tree(4, {"w": 4 * MiB})
+    path = tmp_path / "w.safetensors"
+    arrayio.save(path, tree)
+    with arrayio.open(path, tool=tool) as reader:
+        info = reader["w"]
+        # Truncated after the header was checked: only the transfer can notice.
+        os.truncate(path, info.file_offset + info.nbytes - MiB - 100)
+        for _ in range(3):
+            with pytest.raises(TruncatedFileError, match="short of the array"):
+                reader.read("w")
+    assert fresh.last[0].direction == "write"  # no read completed
+    report = arrayio.explain()
+    for context in contexts_of(report).values():
+        assert context["unavailable"] == {}
+        assert all(arm["failures"] == 0 for arm in context["arms"])
+    # Opened afresh, the header check already refuses it.
+    with pytest.raises(TruncatedFileError):
+        arrayio.load(path, tool=tool)
+
+
+# ---- forcing ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nbytes", [64 << 10, 2 * MiB], ids=["64KiB", "2MiB"])
+def test_the_tool_argument_forces_the_arm_at_any_size(tmp_path, fresh, nbytes):
+    tree = random_tree(5, {"w": nbytes})
+    path = tmp_path / "w.safetensors"
+    arrayio.save(path, tree, tool="naive")
+    context, arm = dispatcher.get().last
+    assert arm.label == "naive"
+    assert context is not None and context.direction == "write"  # forced: through the policy
+
+    assert_same(arrayio.load(path, tool="posix(threads=2,task_size=1048576)"), tree)
+    context, arm = dispatcher.get().last
+    assert arm.label == "posix(task_size=1048576,threads=2)"
+    assert context is not None and context.direction == "read"
+
+    out = np.empty_like(tree["w"])
+    arrayio.read_into(path, out, tool=parse_arm("mmap(threads=1)"))
+    assert dispatcher.get().last[1].label == "mmap(threads=1)"
+    assert out.tobytes() == tree["w"].tobytes()
+
+    posix = tools.make("posix", threads=3, task_size=MiB)
+    try:
+        with arrayio.open(path, tool=posix) as reader:
+            assert reader.read("w").tobytes() == tree["w"].tobytes()
+    finally:
+        posix.close()
+    assert dispatcher.get().last[1].label == "posix(task_size=1048576,threads=3)"
+
+    assert all(e.phase != "forced" for e in arrayio.explain(path).explanations)
+    arrayio.load(path)
+    context, arm = dispatcher.get().last
+    if nbytes < SMALL_TRANSFER:  # unforced small transfers skip the policy
+        assert (context, arm.label) == (None, "naive")
+    else:
+        assert context is not None
+
+
+def test_config_tool_forces_inside_the_with_block_only(tmp_path, fresh):
+    tree = random_tree(6, {"w": 64 << 10, "v": 2 * MiB})
+    path = tmp_path / "w.safetensors"
+    arrayio.save(path, tree)
+    with arrayio.config.set(tool="mmap"):
+        assert_same(arrayio.load(path), tree)
+        context, arm = dispatcher.get().last
+        assert context is not None and arm.label == "mmap"
+        report = arrayio.explain(path)
+        assert [(e.phase, e.chosen) for e in report.explanations] == [("forced", "mmap")] * 2
+        # The argument wins over the setting.
+        arrayio.load(path, tool="naive")
+        assert dispatcher.get().last[1].label == "naive"
+    assert arrayio.config.get().tool is None
+    arrayio.load(path, keys="w")
+    assert dispatcher.get().last == (None, Arm("naive"))
+    assert all(e.phase != "forced" for e in arrayio.explain(path).explanations)
+
+
+def test_arrayio_tool_forces_every_transfer_of_a_process(tmp_path):
+    code = """
+        import json, sys
+        import numpy as np
+        import arrayio
+        from arrayio.dispatch import dispatcher
+
+        path = sys.argv[1]
+        arrayio.save(path, {"x": np.arange(1000, dtype=np.int32)})
+        saved = dispatcher.get().last
+        loaded = arrayio.load(path)["x"]
+        assert np.array_equal(loaded, np.arange(1000, dtype=np.int32))
+        read = dispatcher.get().last
+        print(json.dumps({
+            "labels": [saved[1].label, read[1].label],
+            "directions": [saved[0].direction, read[0].direction],
+            "explain": [[e.phase, e.chosen] for e in arrayio.explain(path).explanations],
+        }))
+    """
+    env = {"ARRAYIO_TOOL": " posix( threads = 2 , task_size=65536 ) ",
+           "ARRAYIO_CACHE_DIR": "none"}
+    out = json.loads(run_python(code, str(tmp_path / "x.safetensors"), env=env, cwd=tmp_path))
+    label = "posix(task_size=65536,threads=2)"
+    assert out == {"labels": [label, label], "directions": ["write", "read"],
+                   "explain": [["forced", label]]}
+
+
+def test_arrayio_tool_naming_an_unknown_tool_fails_the_transfer(tmp_path):
+    code = """
+        import numpy as np
+        import arrayio
+        arrayio.save("x.safetensors", {"x": np.arange(10)})
+    """
+    result = python(code, env={"ARRAYIO_TOOL": "nope", "ARRAYIO_CACHE_DIR": "none"},
+                    cwd=tmp_path)
+    assert result.returncode != 0
+    assert "UnknownToolError: no transfer tool named 'nope'" in result.stderr
+    assert list(tmp_path.iterdir()) == []  # not even a temporary file
+
+
+def test_an_unknown_tool_name_raises_with_the_known_ones(tmp_path, fresh):
+    tree = random_tree(7, {"w": 2 * MiB})
+    path = tmp_path / "w.safetensors"
+    arrayio.save(path, tree)
+    with pytest.raises(UnknownToolError, match=r"no transfer tool named 'nope'.*posix") as raised:
+        arrayio.load(path, tool="nope")
+    assert isinstance(raised.value, KeyError)
+    assert all(f"'{name}'" in str(raised.value) for name in ("naive", "posix", "direct", "mmap"))
+    with pytest.raises(UnknownToolError, match="'nope'"):
+        arrayio.save(tmp_path / "other.safetensors", tree, tool="nope(threads=2)")
+    assert [p.name for p in tmp_path.iterdir()] == ["w.safetensors"]
+    with arrayio.config.set(tool="nope"), pytest.raises(KeyError):
+        arrayio.load(path)
+
+
+# ---- parse_arm --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("posix", Arm("posix")),
+    ("  posix  ", Arm("posix")),
+    ("posix()", Arm("posix")),
+    ("posix(threads=4)", Arm.of("posix", threads=4)),
+    (" posix ( threads = 4 , task_size=1048576 ) ", Arm.of("posix", threads=4, task_size=MiB)),
+    ("posix(task_size=1048576,threads=4)", Arm.of("posix", threads=4, task_size=MiB)),
+    ("posix(threads=4,)", Arm.of("posix", threads=4)),
+    ("posix(threads=-1)", Arm.of("posix", threads=-1)),
+    ("staged(direct=true,pinned=False)", Arm.of("staged", direct=True, pinned=False)),
+    ("staged(direct=TRUE)", Arm.of("staged", direct=True)),
+    ("posix(mode=fast)", Arm.of("posix", mode="fast")),
+    ("posix(threads=1.5)", Arm.of("posix", threads="1.5")),
+])
+def test_parse_arm(spec, expected):
+    arm = parse_arm(spec)
+    assert arm == expected
+    assert arm.params == expected.params  # values keep their types: 4, not "4"; True, not 1
+    assert [type(value) for _, value in arm.params] == [
+        type(value) for _, value in expected.params]
+
+
+def test_parse_arm_passes_arms_and_tools_through():
+    arm = Arm.of("posix", threads=2)
+    assert parse_arm(arm) is arm
+    tool = tools.make("posix", threads=2, task_size=MiB)
+    try:
+        assert parse_arm(tool) == Arm.of("posix", threads=2, task_size=MiB)
+    finally:
+        tool.close()
+    assert parse_arm(parse_arm("posix(threads=2)").label) == Arm.of("posix", threads=2)
+
+
+@pytest.mark.parametrize("spec", [
+    "", "   ", "(threads=4)", "posix(threads=4", "posix threads=4", "posix(threads=4)x",
+    "posix(threads)", "posix(threads=4,task_size)", "posix(=4)",
+    "posix(threads=1,threads=2)",
+])
+def test_parse_arm_refuses_malformed_specs(spec):
+    with pytest.raises(ValueError):
+        parse_arm(spec)
+
+
+def test_parse_arm_refuses_unknown_names():
+    with pytest.raises(UnknownToolError, match="'nope'"):
+        parse_arm("nope(threads=4)")
+
+
+# ---- tools that cannot checksum ---------------------------------------------------------
+
+
+def test_a_forced_tool_without_checksums_saves_files_that_load_with_verify(
+        tmp_path, registry, fresh):
+    tools.register("nocrc", NoChecksums, clobber=True)
+    NoChecksums.handed = []
+    tree = random_tree(8, {"big": 2 * MiB, "small": 4096})
+    path = tmp_path / "w.safetensors"
+    arrayio.save(path, tree, tool="nocrc")
+    assert NoChecksums.handed == [None, None]  # never asked for a checksum it cannot make
+    with arrayio.open(path) as reader:
+        assert reader["big"].crc32c is None and reader["small"].crc32c is None
+    assert_same(arrayio.load(path, verify=True), tree)
+    # The same data saved normally does record checksums.
+    arrayio.save(path, tree)
+    assert_checksums_recorded(path, tree)
+
+
+def test_a_forced_tool_without_checksums_refuses_verified_loads(tmp_path, registry, fresh):
+    tools.register("nocrc", NoChecksums, clobber=True)
+    NoChecksums.handed = []
+    tree = random_tree(9, {"big": 2 * MiB, "small": 4096})
+    path = tmp_path / "w.safetensors"
+    arrayio.save(path, tree)
+    for key in tree:
+        with pytest.raises(ToolUnavailableError, match="verify=False"):
+            arrayio.load(path, keys=key, tool="nocrc")
+        with pytest.raises(ToolUnavailableError, match="verify=False"):
+            arrayio.load(path, keys=key, tool="nocrc", verify=True)
+    assert NoChecksums.handed == []  # refused before any I/O
+    assert_same(arrayio.load(path, tool="nocrc", verify=False), tree)
+    assert dispatcher.get().last[1].label == "nocrc"
+    with arrayio.config.set(verify_checksums=False):
+        assert_same(arrayio.load(path, tool="nocrc"), tree)
+    assert all(context["unavailable"] == {} for context in contexts_of(arrayio.explain()).values())
+
+
+# ---- persistence across processes --------------------------------------------------------
+
+
+_LEARN = """
+    import json, sys
+    from pathlib import Path
+    import numpy as np
+    import arrayio
+
+    directory = Path(sys.argv[1])
+    rng = np.random.default_rng(0)
+    tree = {"a": rng.standard_normal(1 << 20, dtype=np.float32),        # 4 MiB
+            "b": rng.integers(0, 256, 16 << 20, dtype=np.uint8)}       # 16 MiB
+    path = directory / "tree.safetensors"
+    for _ in range(80):
+        arrayio.save(path, tree)
+        path.read_bytes()  # warm, whichever tool wrote it
+        back = arrayio.load(path)
+        assert all(back[k].tobytes() == tree[k].tobytes() for k in tree)
+        contexts = arrayio.explain().explanations
+        if len(contexts) >= 4 and all(e.phase == "exploiting" for e in contexts):
+            break
+    print(json.dumps({e.key: e.chosen for e in arrayio.explain().explanations
+                      if e.phase == "exploiting"}))
+"""
+
+_EXPLOIT = """
+    import json, sys
+    from pathlib import Path
+    import numpy as np
+    import arrayio
+    from arrayio.dispatch import dispatcher
+
+    directory = Path(sys.argv[1])
+    before = {e.key: [e.phase, e.chosen] for e in arrayio.explain().explanations}
+    assert dispatcher.get().last is None  # nothing transferred yet
+    rng = np.random.default_rng(1)
+    used = {}
+    for key, array in {"a": rng.standard_normal(1 << 20, dtype=np.float32),
+                       "b": rng.integers(0, 256, 16 << 20, dtype=np.uint8)}.items():
+        path = directory / f"{key}.safetensors"
+        arrayio.save(path, {key: array})
+        context, arm = dispatcher.get().last
+        used[context.key()] = arm.label
+        path.read_bytes()
+        assert arrayio.load(path)[key].tobytes() == array.tobytes()
+        context, arm = dispatcher.get().last
+        used[context.key()] = arm.label
+    after = {e.key: e.phase for e in arrayio.explain().explanations}
+    print(json.dumps({"before": before, "used": used, "after": after}))
+"""
+
+
+def test_what_one_process_learns_the_next_exploits_at_once(tmp_path):
+    cache, data = tmp_path / "cache", tmp_path / "data"
+    data.mkdir()
+    env = {"ARRAYIO_CACHE_DIR": str(cache)}
+    learned = json.loads(run_python(_LEARN, str(data), env=env, cwd=tmp_path))
+    assert {key.split("/")[0] for key in learned} == {"read", "write"}
+    assert {key.split("/")[2] for key in learned} >= {"2^22", "2^24"}
+
+    [table_file] = cache.glob("dispatch-*.json")
+    table = json.loads(table_file.read_text())
+    assert table["format"] and table["version"] >= 1
+    assert set(learned) <= set(table["contexts"])
+    for key, chosen in learned.items():
+        assert (table["contexts"][key]["phase"], table["contexts"][key]["chosen"]) == (
+            "exploiting", chosen)
+
+    second = json.loads(run_python(_EXPLOIT, str(data), env=env, cwd=tmp_path))
+    for key, chosen in learned.items():
+        assert second["before"][key] == ["exploiting", chosen], key
+    # The same transfers in the new process use the learned winners, without exploring.
+    for key, label in second["used"].items():
+        assert key in learned, f"{key} was not learned by the first process"
+        assert label == learned[key], key
+        assert second["after"][key] == "exploiting", key
+
+
+def test_a_replaced_dispatcher_does_not_overwrite_what_its_successor_learned(tmp_path):
+    # reset() closes (and saves) the old dispatcher; the new one starts from that table and
+    # learns more. At exit the file must hold the newest table, not the replaced one's.
+    code = """
+        import json, sys
+        import numpy as np
+        import arrayio
+        from arrayio.dispatch import dispatcher
+
+        arrayio.save("a.safetensors", {"a": np.zeros(2 << 20, np.uint8)})
+        dispatcher.reset()
+        arrayio.save("b.safetensors", {"b": np.zeros(8 << 20, np.uint8)})
+        print(json.dumps(sorted(key for key, _ in dispatcher.get().table.items())))
+    """
+    cache = tmp_path / "cache"
+    learned = json.loads(run_python(code, env={"ARRAYIO_CACHE_DIR": str(cache)}, cwd=tmp_path))
+    assert [key.split("/")[2] for key in learned] == ["2^21", "2^23"]
+    [table_file] = cache.glob("dispatch-*.json")
+    assert sorted(json.loads(table_file.read_text())["contexts"]) == learned
+
+
+def test_arrayio_cache_dir_none_keeps_nothing_on_disk(tmp_path):
+    code = """
+        import json, sys
+        from pathlib import Path
+        import numpy as np
+        import arrayio
+        from arrayio.dispatch import dispatcher
+
+        data = Path(sys.argv[1])
+        tree = {"w": np.random.default_rng(0).standard_normal(1 << 19)}  # 4 MiB
+        for _ in range(10):
+            arrayio.save(data / "w.safetensors", tree)
+            arrayio.load(data / "w.safetensors")
+        report = arrayio.tune(data, sizes=[2 << 20], caches=["warm"])
+        dispatcher.get().save()
+        print(json.dumps({"table_path": dispatcher.get().table_path,
+                          "report_path": report.table_path,
+                          "contexts": len(arrayio.explain().explanations),
+                          "text": str(arrayio.explain()).splitlines()[0]}))
+    """
+    home, xdg, data = tmp_path / "home", tmp_path / "xdg", tmp_path / "data"
+    for directory in (home, xdg, data):
+        directory.mkdir()
+    env = {"ARRAYIO_CACHE_DIR": "none", "HOME": str(home), "XDG_CACHE_HOME": str(xdg)}
+    out = json.loads(run_python(code, str(data), env=env, cwd=tmp_path))
+    assert out["table_path"] is None and out["report_path"] is None
+    assert out["contexts"] >= 3  # it did learn, in memory
+    assert "(in memory only)" in out["text"]
+    assert list(home.iterdir()) == [] and list(xdg.iterdir()) == []
+    assert [p.name for p in data.iterdir()] == ["w.safetensors"]
+    assert list(tmp_path.rglob("dispatch-*.json")) == []
+
+
+# ---- threads ------------------------------------------------------------------------------
+
+
+def test_threads_saving_and_loading_at_once_each_get_their_own_bytes(tmp_path, fresh):
+    threads, rounds = 8, 3
+    barrier = threading.Barrier(threads)
+
+    def work(worker: int) -> int:
+        checked = 0
+        for round_ in range(rounds):
+            nbytes = 2 * MiB + worker * (256 << 10) + round_ * 4096  # 2 to 4 MiB
+            tree = random_tree(100 * worker + round_, {"x": nbytes, "y": nbytes // 2 + 8})
+            path = tmp_path / f"w{worker}-{round_}.safetensors"
+            barrier.wait(timeout=60)
+            arrayio.save(path, tree)
+            barrier.wait(timeout=60)
+            assert_same(arrayio.load(path), tree)
+            out = np.empty_like(tree["x"])
+            arrayio.read_into(path, out, key="x")
+            assert out.tobytes() == tree["x"].tobytes()
+            assert_checksums_recorded(path, tree)
+            checked += 1
+        return checked
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        assert list(pool.map(work, range(threads))) == [rounds] * threads
+    loads = {entry.attributes["load"] for _, entry in fresh.table.items()}
+    assert loads <= {1, 2, 4} and max(loads) > 1  # the load bucket followed the threads
+    assert fresh.in_flight.bucket() == 1  # every transfer left
+    assert all(context["unavailable"] == {} for context in contexts_of(arrayio.explain()).values())
+
+
+# ---- O_DIRECT refused ---------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "O_DIRECT") or not hasattr(os, "RWF_NOWAIT"),
+                    reason="needs O_DIRECT and page-cache probing (Linux)")
+def test_o_direct_refused_falls_back_and_explain_says_why(tmp_path, fresh, monkeypatch):
+    real_open = os.open
+    refused: list[str] = []
+
+    def open_refusing_direct(path, flags, *args, **kwargs):
+        if flags & os.O_DIRECT:
+            refused.append(os.fspath(path))
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args, **kwargs)
+
+    # The direct tool reopens the caller's file with os.open(..., O_DIRECT).
+    monkeypatch.setattr(direct_module.os, "open", open_refusing_direct)
+    # One file per size: reading one array's end would read ahead into the next one.
+    files = {tmp_path / f"{key}.safetensors": random_tree(10 + i, {key: nbytes})
+             for i, (key, nbytes) in enumerate({"a": 8 * MiB, "b": 4 * MiB}.items())}
+    for path, tree in files.items():
+        arrayio.save(path, tree)
+        evict(path)
+        assert_same(arrayio.load(path), tree)
+        assert fresh.last[0].cache == "cold"
+    assert refused  # direct went first for cold reads, and was refused
+
+    cold = {key: context for key, context in contexts_of(arrayio.explain()).items()
+            if key.startswith("read/") and "/cold/" in key}
+    assert {key.split("/")[2] for key in cold} == {"2^22", "2^23"}
+    for key, context in cold.items():
+        direct = {arm["label"]: arm for arm in context["arms"]
+                  if arm["label"].startswith("direct")}
+        assert direct and set(direct) == set(context["unavailable"]), key
+        for arm in direct.values():
+            assert arm["state"] == "unavailable"
+            assert arm["reason"].startswith("ToolUnavailableError: O_DIRECT open refused")
+            assert "[Errno 22] Invalid argument" in arm["reason"]
+            assert str(tmp_path) in arm["reason"]
+        assert not context["chosen"].startswith("direct")
+    assert len(refused) == sum(len(c["unavailable"]) for c in cold.values())
+
+    # Later cold reads do not try direct again, and the per-file view says the same.
+    tried = len(refused)
+    for _ in range(3):
+        for path, tree in files.items():
+            evict(path)
+            assert_same(arrayio.load(path), tree)
+    assert len(refused) == tried
+    for path in files:
+        evict(path)
+        report = arrayio.explain(path)
+        [explanation] = report.explanations
+        assert "/cold/" in explanation.key
+        assert explanation.unavailable and all(
+            "O_DIRECT open refused" in reason for reason in explanation.unavailable.values())
+        assert "O_DIRECT open refused" in str(report)
+
+
+@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="needs page-cache probing (Linux)")
+def test_explain_leaves_a_cold_file_cold(tmp_path, fresh):
+    # explain() "changes nothing": its page-cache probe must not bring the pages it samples
+    # into the cache, or the next explain (and the next load) takes a cold file for warm.
+    path = tmp_path / "w.safetensors"
+    arrayio.save(path, random_tree(11, {"w": 4 * MiB}))
+    evict(path)
+    [explanation] = arrayio.explain(path).explanations
+    assert "/cold/" in explanation.key
+    time.sleep(0.2)  # lets any read the probe started complete
+    arrayio.load(path)
+    assert fresh.last[0].cache == "cold"
+    assert fresh.last[0].key() == explanation.key

@@ -1,0 +1,102 @@
+"""CI smoke tests of the benchmark harnesses: they run, and their JSON has the promised shape.
+
+Nothing here asserts a speed: CI machines are too noisy for that. Each harness runs in a
+subprocess from the repository root, with its scratch files under ``tmp_path`` and the
+dispatcher's table kept in memory (``ARRAYIO_CACHE_DIR=none``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK_SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20]  # what --quick sweeps
+SMALL_TRANSFER = 1 << 20
+
+
+def run_module(module: str, *args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith("ARRAYIO_")}
+    env.update(ARRAYIO_CACHE_DIR="none", MPLBACKEND="Agg", MPLCONFIGDIR=str(tmp_path / "mpl"))
+    result = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, f"{module} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def is_rate(value: object) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and value > 0
+
+
+def test_the_sweep_runs_quick_and_reports_every_case(tmp_path):
+    out, png = tmp_path / "s.json", tmp_path / "s.png"
+    run_module("benchmarks.sweep", "--quick", "--out", str(out), "--plot", str(png),
+               "--dir", str(tmp_path), tmp_path=tmp_path)
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "sweep"
+    assert report["checksum"] is True and report["repeats"] == 1
+
+    ceilings = report["ceilings"]
+    assert is_rate(ceilings["warm_read_16_threads"]) and is_rate(ceilings["write_fsync"])
+    for name, value in ceilings.items():
+        # A ceiling that could not be measured (O_DIRECT refused) is reported as an error.
+        assert is_rate(value) or (name.endswith("_error") and isinstance(value, str)), name
+
+    rows = report["rows"]
+    cases = [(row["direction"], row["cache"], row["bytes"]) for row in rows]
+    assert sorted(cases) == sorted(
+        [(direction, cache, nbytes)
+         for direction, cache in (("read", "cold"), ("read", "warm"), ("write", "-"))
+         for nbytes in QUICK_SIZES])
+    for row in rows:
+        case = f"{row['direction']}/{row['cache']}/{row['bytes']}"
+        assert row["memory"] == "host", case
+        assert is_rate(row["dispatcher_GBps"]), case
+        measured = {label: value for label, value in row["tools_GBps"].items()
+                    if isinstance(value, float)}
+        assert len(measured) >= 2, case
+        assert all(is_rate(value) for value in measured.values()), case
+        choice = row["dispatcher_choice"]
+        assert isinstance(choice["arm"], str) and choice["arm"], case
+        if row["bytes"] < SMALL_TRANSFER:
+            assert choice == {"context": "small transfer, not learned", "arm": "naive"}, case
+        else:
+            assert choice["context"].startswith(f"{row['direction']}/host/"), case
+        assert row["summary"]["best_tool"] in measured, case
+
+    assert png.stat().st_size > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None
+                    or importlib.util.find_spec("safetensors") is None,
+                    reason="the core baseline compares with torch and safetensors")
+def test_the_core_baseline_runs_on_the_cpu(tmp_path):
+    out = tmp_path / "c.json"
+    run_module("benchmarks.core_baseline", "--device", "cpu", "--gib", "0.0625", "--repeats",
+               "1", "--out", str(out), "--dir", str(tmp_path), tmp_path=tmp_path)
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "core_baseline"
+    assert (report["device"], report["repeats"], report["arrays"]) == ("cpu", 1, 16)
+    assert report["bytes"] == 16 * ((1 << 26) // 16 // 4) * 4
+    assert report["machine"]["gpu"] is None
+    assert isinstance(report["cold_cache_dropped"], bool)
+    assert {"arrayio", "torch", "safetensors"} <= set(report["results"])
+    for name, result in report["results"].items():
+        assert is_rate(result["write_GBps"]) and is_rate(result["warm_read_GBps"]), name
+        if report["cold_cache_dropped"]:
+            assert is_rate(result["cold_read_GBps"]), name
+        else:
+            assert result["cold_read_GBps"] is None, name
+        assert {kind: len(seconds) for kind, seconds in result["seconds"].items()} == {
+            "write": 1, "cold": 1, "warm": 1}, name

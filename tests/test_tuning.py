@@ -1,0 +1,342 @@
+"""``arrayio.tune`` teaches the dispatcher ahead of time; ``arrayio.explain`` shows what it knows.
+
+Each test runs on a fresh in-memory dispatcher (or one whose table lives in ``tmp_path``) and
+puts the process-wide one back afterwards.
+"""
+
+from __future__ import annotations
+
+import html.parser
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import arrayio
+from arrayio import tools
+from arrayio.dispatch import Explanation, dispatcher
+from arrayio.dispatch.dispatcher import Dispatcher
+from arrayio.tools import Availability, Tool
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def tuned(tmp_path: Path, fresh: Dispatcher) -> tuple[arrayio.DispatchReport, Path]:
+    """A tuning run (2 MiB; warm and cold reads, writes) in ``tmp_path``."""
+    return arrayio.tune(tmp_path, sizes=[2 << 20], caches=["warm", "cold"]), tmp_path
+
+
+class _Unavailable(Tool):
+    name = "fake-unavailable"
+
+    @classmethod
+    def availability(cls) -> Availability:
+        return Availability(False, "needs <libfake> & friends")
+
+    def pread(self, fd, buffer, file_offset, *, checksum=None):
+        raise AssertionError("never used")
+
+    def pwrite(self, fd, buffer, file_offset, *, checksum=None):
+        raise AssertionError("never used")
+
+
+class _Html(html.parser.HTMLParser):
+    """Checks that tags nest and close; collects the text of table cells by row."""
+
+    VOID = {"br", "hr", "img", "meta", "input", "wbr"}
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.tags: list[str] = []
+        self.rows: list[list[str]] = []
+        self.bold_rows: list[list[str]] = []
+        self.text: list[str] = []
+        self._bold = False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        if tag == "tr":
+            self.rows.append([])
+            self._bold = "font-weight:bold" in (dict(attrs).get("style") or "")
+        if tag in ("td", "th"):
+            self.rows[-1].append("")
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag in self.VOID:
+            return
+        assert self.stack and self.stack[-1] == tag, f"</{tag}> closes {self.stack}"
+        self.stack.pop()
+        if tag == "tr" and self._bold:
+            self.bold_rows.append(self.rows[-1])
+
+    def handle_data(self, data):
+        self.text.append(data)
+        if self.stack and self.stack[-1] in ("td", "th"):
+            self.rows[-1][-1] += data
+
+
+def parse_html(markup: str) -> _Html:
+    parser = _Html()
+    parser.feed(markup)
+    parser.close()
+    assert parser.stack == [], f"unclosed tags: {parser.stack}"
+    return parser
+
+
+# ---- tune --------------------------------------------------------------------------------
+
+
+def test_tune_learns_every_context_it_is_given(tuned):
+    report, directory = tuned
+    assert isinstance(report, arrayio.DispatchReport)
+    keys = [e.key for e in report.explanations]
+    assert len(keys) == len(set(keys)) == 3
+    assert {tuple(key.split("/")[i] for i in (0, 2, 4)) for key in keys} == {
+        ("read", "2^21", "warm"), ("read", "2^21", "cold"), ("write", "2^21", "-")}
+    assert all(key.endswith("/crc") for key in keys)  # loads verify checksums by default
+    for explanation in report.explanations:
+        assert explanation.phase == "exploiting", explanation.key
+        [chosen] = [arm for arm in explanation.arms if arm.state == "chosen"]
+        assert chosen.label == explanation.chosen
+        assert chosen.gbps is not None and chosen.gbps > 0
+        assert explanation.reason.startswith("fastest of")
+    assert report.table_path is None
+    assert list(directory.iterdir()) == []  # the scratch files are gone
+
+
+def test_tuned_contexts_are_what_the_dispatcher_then_knows(tuned):
+    report, _ = tuned
+    learned = {e.key: (e.phase, e.chosen) for e in arrayio.explain().explanations}
+    assert {e.key: (e.phase, e.chosen) for e in report.explanations}.items() <= learned.items()
+
+
+def test_the_text_report_names_every_tool(tuned):
+    report, _ = tuned
+    text = str(report)
+    assert text.splitlines()[0] == "arrayio dispatch table: (in memory only)"
+    assert set(report.tools) == set(tools.names())
+    for name in tools.names():
+        availability = tools.tool_class(name).availability()
+        expected = None if availability else availability.reason
+        assert report.tools[name] == expected, name
+        [line] = [line for line in text.splitlines() if line.startswith(f"  tool {name} ")]
+        assert line.endswith("available" if expected is None else expected), line
+    for name in ("naive", "posix"):
+        assert report.tools[name] is None
+    for explanation in report.explanations:
+        assert f"{explanation.key}: {explanation.chosen}  [{explanation.reason}]" in text
+        for arm in explanation.arms:
+            assert any(line.lstrip().startswith(f"{arm.label} ") and arm.state in line
+                       for line in text.splitlines()), arm.label
+
+
+def test_gpu_tools_say_why_they_cannot_run_here(tuned):
+    report, _ = tuned
+    for name in ("kvikio", "staged"):
+        if tools.tool_class(name).availability():
+            pytest.skip(f"{name} can run here")
+        assert report.tools[name]
+        assert report.tools[name] in str(report)
+    assert "kvikio" in report.tools["kvikio"].lower() or "libcuda" in report.tools["kvikio"]
+    assert "cupy" in report.tools["staged"].lower() or "cuda" in report.tools["staged"].lower()
+
+
+def test_the_html_report_is_well_formed(tuned):
+    report, _ = tuned
+    parsed = parse_html(report._repr_html_())
+    assert "table" in parsed.tags
+    header, *rows = parsed.rows
+    assert header == ["context", "arm", "state", "GB/s", "calls", "note"]
+    arms = [(e, arm) for e in report.explanations for arm in e.arms]
+    assert [row[1:3] for row in rows] == [[arm.label, arm.state] for _, arm in arms]
+    # The context is named on its first row only.
+    assert [row[0] for row in rows if row[0]] == [e.key for e in report.explanations]
+    assert [row[1] for row in parsed.bold_rows] == [e.chosen for e in report.explanations]
+    for row, (_, arm) in zip(rows, arms, strict=True):
+        assert row[4] == str(arm.count)
+        if arm.gbps is not None:
+            assert float(row[3]) == pytest.approx(arm.gbps, abs=0.006)
+    text = "".join(parsed.text)
+    for name, reason in report.tools.items():
+        if reason is not None:
+            assert f"{name} ({reason})" in text
+
+
+def test_the_html_report_escapes_what_it_shows(monkeypatch, fresh):
+    monkeypatch.setattr(tools, "_REGISTRY", dict(tools._REGISTRY))
+    tools.register("fake-unavailable", _Unavailable, clobber=True)
+    report = arrayio.explain()
+    assert report.tools["fake-unavailable"] == "needs <libfake> & friends"
+    parsed = parse_html(report._repr_html_())
+    assert "libfake" not in parsed.tags
+    assert "fake-unavailable (needs <libfake> & friends)" in "".join(parsed.text)
+
+
+def test_the_report_as_a_dict_is_json(tuned):
+    report, _ = tuned
+    data = report.as_dict()
+    assert json.loads(json.dumps(data, allow_nan=False)) == data
+    assert set(data) == {"table_path", "tools", "contexts"}
+    assert [c["key"] for c in data["contexts"]] == [e.key for e in report.explanations]
+    for context in data["contexts"]:
+        assert context["phase"] == "exploiting"
+        assert isinstance(context["arms"], list) and context["arms"]
+        assert {"label", "state", "gbps", "count", "reason"} <= set(context["arms"][0])
+
+
+def test_sizes_below_one_mib_are_accepted_and_not_learned(tmp_path, fresh):
+    report = arrayio.tune(tmp_path, sizes=[4096, 64 << 10], caches=["warm"])
+    assert report.explanations == ()
+    assert len(fresh.table) == 0
+    assert list(tmp_path.iterdir()) == []
+    report = arrayio.tune(tmp_path, sizes=[64 << 10, MiB, 4096], caches=["warm"])
+    assert sorted(e.key.split("/")[0] + e.key.split("/")[2] for e in report.explanations) == [
+        "read2^20", "write2^20"]  # exactly 1 MiB is learned
+    assert all(e.phase == "exploiting" for e in report.explanations)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tune_learns_even_where_a_tool_is_forced(tmp_path, fresh):
+    # ARRAYIO_TOOL (or config.set(tool=...)) forces the transfers of the program; tune()
+    # exists to teach the dispatcher, and must neither measure only the forced arm nor run
+    # its whole max_calls budget per context waiting for an exploration that cannot end.
+    with arrayio.config.set(tool="posix"):
+        report = arrayio.tune(tmp_path, sizes=[MiB], directions=["read"], caches=["warm"])
+    [explanation] = report.explanations
+    with fresh.table.lock:
+        counts = {label: stats.count for label, stats in fresh.table.get(
+            explanation.key).arms.items()}
+    assert sum(counts.values()) <= 2 * len(explanation.arms) + 2, counts
+    assert explanation.phase == "exploiting"
+
+
+def test_tune_saves_the_table_where_the_next_process_finds_it(tmp_path):
+    cache, data = tmp_path / "cache", tmp_path / "data"
+    data.mkdir()
+    with arrayio.config.set(cache_dir=str(cache)):
+        dispatcher.reset()
+        try:
+            report = arrayio.tune(data, sizes=[MiB], directions=["read"], caches=["warm"])
+            [table_file] = cache.glob("dispatch-*.json")
+            assert report.table_path == str(table_file)
+            saved = json.loads(table_file.read_text())["contexts"]
+            [explanation] = report.explanations
+            assert saved[explanation.key]["phase"] == "exploiting"
+            assert saved[explanation.key]["chosen"] == explanation.chosen
+        finally:
+            dispatcher.reset()
+    assert list(data.iterdir()) == []
+
+
+# ---- explain -----------------------------------------------------------------------------
+
+
+def saved_file(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    tree = {
+        "one_mib": rng.standard_normal(MiB // 4, dtype=np.float32),  # 2^20, the smallest learned
+        "two_mib": rng.integers(0, 256, 2 * MiB, dtype=np.uint8),  # 2^21
+        "almost_two_mib": rng.standard_normal((2 * MiB - 4096) // 8),  # 2^21 again
+        "eight_mib": rng.integers(0, 256, 8 * MiB, dtype=np.uint8),  # 2^23
+        "small": np.arange(16 << 10, dtype=np.float32),  # 64 KiB: never learned
+        "tiny": np.arange(3, dtype=np.int32),
+        "empty": np.zeros(0, np.float32),
+    }
+    path = tmp_path / "tree.safetensors"
+    arrayio.save(path, tree)
+    return path, tree
+
+
+def learned_sizes(report: arrayio.DispatchReport) -> list[Explanation]:
+    """The explanations of contexts of 1 MiB or more (size class 20 and up)."""
+    return [e for e in report.explanations if int(e.key.split("/")[2][2:]) >= 20]
+
+
+def test_explain_a_file_leaves_out_arrays_too_small_to_learn(tmp_path, fresh):
+    # Below 1 MiB a transfer goes straight to the naive tool, with no context: explaining a
+    # context for it would describe a choice that is never made.
+    path, _ = saved_file(tmp_path)
+    report = arrayio.explain(path)
+    assert [e.key.split("/")[2] for e in report.explanations] == ["2^20", "2^21", "2^23"]
+    # Forced, every size goes through the forced arm, and is shown.
+    with arrayio.config.set(tool="naive"):
+        forced = arrayio.explain(path).explanations
+    assert [e.key.split("/")[2] for e in forced] == ["2^20", "2^21", "2^23", "2^16", "2^12"]
+    assert {(e.phase, e.chosen) for e in forced} == {("forced", "naive")}
+
+
+def test_explain_a_file_lists_one_context_per_learned_size(tmp_path, fresh):
+    path, tree = saved_file(tmp_path)
+    report = arrayio.explain(path)
+    explanations = learned_sizes(report)
+    assert [e.key.split("/")[2] for e in explanations] == ["2^20", "2^21", "2^23"]
+    assert all(e.key.startswith("read/host/") and e.key.endswith("/crc") for e in explanations)
+    assert all(e.phase == "exploring" for e in explanations)
+    # Explaining learns nothing (the save taught the write contexts).
+    assert [key for key, _ in fresh.table.items() if key.startswith("read/")] == []
+
+    for _ in range(40):
+        back = arrayio.load(path)
+        if all(e.phase == "exploiting" for e in learned_sizes(arrayio.explain(path))):
+            break
+    assert all(back[key].tobytes() == array.tobytes() for key, array in tree.items())
+    report = arrayio.explain(path)
+    explanations = learned_sizes(report)
+    assert [e.phase for e in explanations] == ["exploiting"] * 3
+    for explanation in explanations:
+        assert explanation.chosen is not None
+        assert [arm.label for arm in explanation.arms if arm.state == "chosen"] == [
+            explanation.chosen]
+
+    [only] = arrayio.explain(path, key="eight_mib").explanations
+    assert only == explanations[2]
+    arrayio.load(path, keys="eight_mib")
+    context, arm = dispatcher.get().last
+    assert (context.key(), arm.label) == (only.key, only.chosen)
+
+    unverified = learned_sizes(arrayio.explain(path, verify=False))
+    assert [e.key for e in unverified] == [e.key.removesuffix("/crc") for e in explanations]
+
+
+def test_explain_a_missing_key_raises(tmp_path, fresh):
+    path, _ = saved_file(tmp_path)
+    with pytest.raises(arrayio.KeyNotFoundError, match="missing") as raised:
+        arrayio.explain(path, key="missing")
+    assert isinstance(raised.value, KeyError)
+    assert str(path) in str(raised.value)
+
+
+def test_explain_on_a_fresh_dispatcher_says_nothing_is_learned(tmp_path):
+    cache = tmp_path / "cache"
+    with arrayio.config.set(cache_dir=str(cache)):
+        dispatcher.reset()
+        try:
+            report = arrayio.explain()
+            assert report.explanations == ()
+            assert report.table_path is not None and report.table_path.startswith(str(cache))
+            assert "nothing learned yet" in str(report)
+            assert report.as_dict()["contexts"] == []
+            parse_html(report._repr_html_())
+        finally:
+            dispatcher.reset()
+    dispatcher.reset(Dispatcher(None))
+    try:
+        text = str(arrayio.explain())
+        assert "(in memory only)" in text and "nothing learned yet" in text
+    finally:
+        dispatcher.reset()
+
+
+def test_explain_a_npy_file(tmp_path, fresh):
+    path = tmp_path / "w.npy"
+    arrayio.save(path, np.arange(MiB, dtype=np.float32).reshape(1024, 1024))  # 4 MiB
+    [explanation] = arrayio.explain(path).explanations
+    # .npy records no checksum: the read would not compute one.
+    assert explanation.key.startswith("read/host/2^22/") and not explanation.key.endswith("/crc")
+    arrayio.load(path)
+    assert dispatcher.get().last[0].key() == explanation.key
