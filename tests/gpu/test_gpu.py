@@ -118,3 +118,34 @@ def test_corruption_is_caught_on_gpu_loads(tmp_path):
         f.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(arrayio.ChecksumError):
         arrayio.load(path, like="cupy", device="cuda")
+
+
+@pytest.mark.parametrize(
+    "tool",
+    ["naive", "staged(threads=4,chunk_size=1048576)",
+     "staged(threads=2,chunk_size=1048576,direct=True)"],
+)
+def test_gpu_tools_through_the_public_api(tmp_path, tool):
+    cupy = pytest.importorskip("cupy")
+    a = random_array(by_name("float32"), (3 << 20,))  # 12 MiB: above the small-transfer bypass
+    path = tmp_path / "x.safetensors"
+    arrayio.save(path, {"x": cupy.asarray(a)}, tool=tool)
+    assert arrayio.open(path)["x"].crc32c is not None
+    back = arrayio.load(path, like="cupy", device="cuda", tool=tool)["x"]
+    assert cupy.asnumpy(back).tobytes() == a.tobytes()
+
+
+def test_kvikio_reads_only_without_checksums_and_reports_its_mode(tmp_path):
+    cupy = pytest.importorskip("cupy")
+    from arrayio.tools.kvikio import KvikioTool
+
+    if not KvikioTool.availability():
+        pytest.skip(KvikioTool.availability().reason)
+    assert KvikioTool().mode in ("gds", "compat")
+    a = random_array(by_name("float32"), (3 << 20,))
+    path = tmp_path / "x.safetensors"
+    arrayio.save(path, {"x": a})
+    back = arrayio.load(path, like="cupy", device="cuda", tool="kvikio", verify=False)["x"]
+    assert cupy.asnumpy(back).tobytes() == a.tobytes()
+    with pytest.raises(arrayio.ToolUnavailableError, match="verify=False"):
+        arrayio.load(path, like="cupy", device="cuda", tool="kvikio")
