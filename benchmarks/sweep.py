@@ -199,10 +199,10 @@ class Bench:
         return Context(direction, memory, size_class(nbytes), storage, cache, 1,
                        self.args.checksum)
 
-    def arm_runner(self, arm: dispatch.Arm, direction: str, nbytes: int
-                   ) -> Callable[[int, Any], Any]:
+    def arm_runner(self, arm: dispatch.Arm, direction: str, nbytes: int,
+                   checksum: bool | None = None) -> Callable[[int, Any], Any]:
         tool = arm.make()
-        checksum = self.args.checksum and tool.capabilities.checksums
+        checksum = self.args.checksum if checksum is None else checksum
 
         def run(fd: int, buffer: Any) -> None:
             parts = ChecksumParts(nbytes) if checksum else None
@@ -230,20 +230,37 @@ class Bench:
                     yield row
                 dispatcher.close()
 
+    def time_one(self, runner: Callable[[int, Any], Any], memory: str, direction: str,
+                 cache: str, nbytes: int) -> float:
+        """Seconds of one transfer (opening and closing the file included, for every runner
+        alike), after putting the page cache in the state asked for."""
+        if direction == "read":
+            if cache == "cold":
+                evict(self.data_path, self.args.drop_caches)
+            else:
+                self.warm(nbytes)
+            start = time.perf_counter()
+            fd = os.open(self.data_path, os.O_RDONLY)
+            try:
+                runner(fd, self.buffer(memory, nbytes))
+            finally:
+                os.close(fd)
+            return time.perf_counter() - start
+        start = time.perf_counter()
+        fd = os.open(self.write_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            runner(fd, self.buffer(memory, nbytes))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return time.perf_counter() - start
+
     def measure(self, dispatcher: dispatch.Dispatcher, memory: str, direction: str,
                 cache: str, nbytes: int) -> dict[str, Any]:
+        """Every candidate arm and the dispatcher on one case, timed in interleaved rounds
+        (each round runs each of them once), so that slow drifts of the machine (page cache
+        pressure, disk write-back, clocks) fall on all of them alike."""
         context = self.contexts(nbytes, memory, direction, cache)
-        tools_speed: dict[str, float | str] = {}
-        for arm in dispatcher.candidates(context):
-            if self.args.checksum and not arm.make().capabilities.checksums:
-                continue
-            runner = self.arm_runner(arm, direction, nbytes)
-            try:
-                tools_speed[arm.label] = (self.read_once(runner, memory, nbytes, cache)
-                                          if direction == "read" else
-                                          self.write_once(runner, memory, nbytes))
-            except Exception as error:  # noqa: BLE001 - a tool that fails here is reported
-                tools_speed[arm.label] = f"failed: {type(error).__name__}: {error}"
 
         def through_dispatcher(fd: int, buffer: Any) -> None:
             if direction == "read":
@@ -254,33 +271,53 @@ class Bench:
         # Learning: untimed calls until the policy exploits in this context (transfers too
         # small to be learned go straight through).
         for _ in range(self.args.learn_calls):
-            if direction == "read":
-                self.read_once_untimed(through_dispatcher, memory, nbytes, cache)
-            else:
-                self.write_once_untimed(through_dispatcher, memory, nbytes)
+            self.time_one(through_dispatcher, memory, direction, cache, nbytes)
             learned = dispatcher.last[0] if dispatcher.last else None
             if learned is None or dispatcher.policy.explain(learned).phase == "exploiting":
                 break
-        speed = (self.read_once(through_dispatcher, memory, nbytes, cache)
-                 if direction == "read" else self.write_once(through_dispatcher, memory, nbytes))
+        context_used, arm_used = dispatcher.last
+
+        runners: dict[str, Callable[[int, Any], Any]] = {}
+        for arm in dispatcher.candidates(context):
+            if not (self.args.checksum and not arm.make().capabilities.checksums):
+                runners[arm.label] = self.arm_runner(arm, direction, nbytes)
         # KvikIO cannot checksum: with checksums on it is no candidate, but show it anyway.
-        unchecked: dict[str, float | str] = {}
-        if self.args.checksum and memory == "cuda" and nbytes >= 1 << 20:
-            arm = dispatch.Arm.of("kvikio", threads=16, task_size=4 << 20)
-            if tools.tool_class("kvikio").availability():
-                runner = self.arm_runner(arm, direction, nbytes)
+        unchecked_labels = []
+        kvikio = dispatch.Arm.of("kvikio", threads=16, task_size=4 << 20)
+        if (self.args.checksum and memory == "cuda" and nbytes >= 1 << 20
+                and tools.tool_class("kvikio").availability()):
+            unchecked_labels.append(kvikio.label)
+            runners[kvikio.label] = self.arm_runner(kvikio, direction, nbytes, checksum=False)
+        runners["dispatcher"] = through_dispatcher
+
+        samples: dict[str, list[float]] = {label: [] for label in runners}
+        failures: dict[str, str] = {}
+        for _ in range(self.args.repeats):
+            for label, runner in runners.items():
+                if label in failures:
+                    continue
                 try:
-                    unchecked[arm.label] = (
-                        self.read_once(runner, memory, nbytes, cache) if direction == "read"
-                        else self.write_once(runner, memory, nbytes))
-                except Exception as error:  # noqa: BLE001 - reported, not fatal
-                    unchecked[arm.label] = f"failed: {type(error).__name__}: {error}"
+                    samples[label].append(self.time_one(runner, memory, direction, cache,
+                                                        nbytes))
+                except Exception as error:  # noqa: BLE001 - a tool that fails is reported
+                    failures[label] = f"failed: {type(error).__name__}: {error}"
+
+        def speed(label: str) -> float | str:
+            if label in failures:
+                return failures[label]
+            return nbytes / statistics.median(samples[label]) / 1e9
+
+        tools_speed = {label: speed(label) for label in runners
+                       if label != "dispatcher" and label not in unchecked_labels}
+        unchecked = {label: speed(label) for label in unchecked_labels}
+        dispatcher_speed = speed("dispatcher")
         measured = {k: v for k, v in tools_speed.items() if isinstance(v, float)}
         best = max(measured, key=measured.__getitem__) if measured else None
-        context_used, arm_used = dispatcher.last
+        ratio = (dispatcher_speed / measured[best]
+                 if best and isinstance(dispatcher_speed, float) else None)
         return {
             "memory": memory, "direction": direction, "cache": cache, "bytes": nbytes,
-            "tools_GBps": tools_speed, "dispatcher_GBps": speed,
+            "tools_GBps": tools_speed, "dispatcher_GBps": dispatcher_speed,
             "without_checksum_GBps": unchecked,
             "dispatcher_choice": {
                 "context": context_used.key() if context_used else "small transfer, not learned",
@@ -288,32 +325,9 @@ class Bench:
             "summary": {
                 "case": f"{direction}/{cache}/{memory}/{nbytes}", "best_tool": best,
                 "best_GBps": measured.get(best) if best else None,
-                "dispatcher_GBps": speed,
-                "ratio": speed / measured[best] if best else None,
+                "dispatcher_GBps": dispatcher_speed, "ratio": ratio,
             },
         }
-
-    def read_once_untimed(self, runner: Callable[[int, Any], Any], memory: str, nbytes: int,
-                          cache: str) -> None:
-        # The same cache state as the timed calls, so the dispatcher learns their context.
-        if cache == "cold":
-            evict(self.data_path, self.args.drop_caches)
-        else:
-            self.warm(nbytes)
-        fd = os.open(self.data_path, os.O_RDONLY)
-        try:
-            runner(fd, self.buffer(memory, nbytes))
-        finally:
-            os.close(fd)
-
-    def write_once_untimed(self, runner: Callable[[int, Any], Any], memory: str,
-                           nbytes: int) -> None:
-        fd = os.open(self.write_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            runner(fd, self.buffer(memory, nbytes))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def plot(report: dict[str, Any], path: str) -> None:

@@ -13,7 +13,9 @@ import numpy as np
 
 __all__ = ["flush_range", "pread_full", "pwrite_full", "task_bytes"]
 
-_MIN_TASK = 1 << 20
+# Below this, per-task costs (a thread hand-off, a CUDA stream wait) eat the gain; measured
+# on the H200 machine: 16 threads of 1 MiB tasks read 16 MiB slower than 4 threads of 4 MiB.
+_MIN_TASK = 4 << 20
 
 
 def pread_full(fd: int, view: np.ndarray, file_offset: int) -> int:
@@ -39,7 +41,7 @@ def pwrite_full(fd: int, view: np.ndarray, file_offset: int) -> int:
 
 def task_bytes(nbytes: int, threads: int, task_size: int, block: int = 4096) -> int:
     """The task size for a request: at most ``task_size``, but small enough that the request
-    spreads over every thread (and never under 1 MiB, where per-task costs would dominate)."""
+    spreads over every thread (and never under ``_MIN_TASK``, where per-task costs dominate)."""
     per_thread = -(-nbytes // max(threads, 1))
     size = min(task_size, max(_MIN_TASK, per_thread))
     return -(-size // block) * block

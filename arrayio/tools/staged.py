@@ -75,6 +75,7 @@ class StagedTool(Tool):
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pinned: dict[int, list[np.ndarray]] = {}
         self._lock = threading.Lock()
+        self._streams = threading.local()  # each worker thread keeps its stream per device
 
     @classmethod
     @functools.cache
@@ -110,6 +111,16 @@ class StagedTool(Tool):
                     slots.append(raw[start : start + size])
                 self._pinned[device_index] = slots
             return self._pool, self._pinned[device_index]
+
+    def _stream(self, device_index: int) -> Any:
+        import cupy
+
+        streams = getattr(self._streams, "by_device", None)
+        if streams is None:
+            streams = self._streams.by_device = {}
+        if device_index not in streams:
+            streams[device_index] = cupy.cuda.Stream(non_blocking=True)
+        return streams[device_index]
 
     @staticmethod
     def _device_bytes(buffer: DeviceBuffer) -> Any:
@@ -154,7 +165,7 @@ class StagedTool(Tool):
             slots, events = (pinned[2 * k], pinned[2 * k + 1]), [None, None]
             total = 0
             with cupy.cuda.Device(buffer.device_index):
-                stream = cupy.cuda.Stream(non_blocking=True)
+                stream = self._stream(buffer.device_index)
                 for j, start in enumerate(chunks[k :: self.threads]):
                     if events[j % 2] is not None:
                         events[j % 2].synchronize()  # its previous copy has left the buffer
@@ -222,7 +233,7 @@ class StagedTool(Tool):
             total = 0
             pending: tuple[np.ndarray, int, int, Any] | None = None
             with cupy.cuda.Device(buffer.device_index):
-                stream = cupy.cuda.Stream(non_blocking=True)
+                stream = self._stream(buffer.device_index)
                 for j, start in enumerate(chunks[k :: self.threads]):
                     length = min(chunk, nbytes - start)
                     slot = slots[j % 2]
