@@ -15,7 +15,10 @@ In one run, on one data file in ``--dir``:
 
 Cold means the file's pages were evicted with ``posix_fadvise(DONTNEED)`` before each
 timed read (no root needed; ``--drop-caches`` also writes ``/proc/sys/vm/drop_caches``).
-Every figure is the median of ``--repeats`` timed runs, in GB/s (10^9 bytes per second).
+Writes are flushed (``sync_file_range``) after every transfer, by the tools as by the
+dispatcher (arrayio's saves are durable), and fsynced at the end of each sample. Every
+figure is the median of ``--repeats`` samples, timed in interleaved rounds, in GB/s (10^9
+bytes per second).
 Transfers carry checksums, as arrayio's loads and saves do by default (``--no-checksum``
 measures without, which also admits KvikIO). Results go to JSON; ``--plot`` draws bandwidth
 against size per tool, one panel per direction, cache state and memory kind.
@@ -42,6 +45,7 @@ from arrayio._buffers import CupyDeviceBuffer, aligned_empty
 from arrayio._checksum import ChecksumParts
 from arrayio.dispatch import dispatcher as dispatch
 from arrayio.dispatch.context import Context, size_class, storage_of
+from arrayio.tools._io import flush_range
 
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -212,6 +216,7 @@ class Bench:
                     raise RuntimeError(f"{arm.label} read {got} of {nbytes} bytes")
             else:
                 tool.write(fd, buffer, 0, checksum=parts)
+                flush_range(fd, 0, nbytes)  # what the dispatcher does after every write
             if parts is not None:
                 parts.value()
 
@@ -232,28 +237,39 @@ class Bench:
 
     def time_one(self, runner: Callable[[int, Any], Any], memory: str, direction: str,
                  cache: str, nbytes: int) -> float:
-        """Seconds of one transfer (opening and closing the file included, for every runner
-        alike), after putting the page cache in the state asked for."""
+        """Seconds per transfer, after putting the page cache in the state asked for.
+
+        Warm reads and writes repeat the transfer until about 8 MiB have moved (up to 256
+        times) and report the mean, so that a 4 KiB sample is not one scheduler tick; a cold
+        read must be alone, right after the eviction. The file is opened before the clock
+        starts, for every runner alike.
+        """
         if direction == "read":
+            repeat = 1 if cache == "cold" else min(256, max(1, (8 << 20) // nbytes))
             if cache == "cold":
                 evict(self.data_path, self.args.drop_caches)
             else:
                 self.warm(nbytes)
-            start = time.perf_counter()
             fd = os.open(self.data_path, os.O_RDONLY)
             try:
-                runner(fd, self.buffer(memory, nbytes))
+                buffer = self.buffer(memory, nbytes)
+                start = time.perf_counter()
+                for _ in range(repeat):
+                    runner(fd, buffer)
+                return (time.perf_counter() - start) / repeat
             finally:
                 os.close(fd)
-            return time.perf_counter() - start
-        start = time.perf_counter()
+        repeat = min(256, max(1, (8 << 20) // nbytes))
         fd = os.open(self.write_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            runner(fd, self.buffer(memory, nbytes))
+            buffer = self.buffer(memory, nbytes)
+            start = time.perf_counter()
+            for _ in range(repeat):
+                runner(fd, buffer)
             os.fsync(fd)
+            return (time.perf_counter() - start) / repeat
         finally:
             os.close(fd)
-        return time.perf_counter() - start
 
     def measure(self, dispatcher: dispatch.Dispatcher, memory: str, direction: str,
                 cache: str, nbytes: int) -> dict[str, Any]:
@@ -275,7 +291,6 @@ class Bench:
             learned = dispatcher.last[0] if dispatcher.last else None
             if learned is None or dispatcher.policy.explain(learned).phase == "exploiting":
                 break
-        context_used, arm_used = dispatcher.last
 
         runners: dict[str, Callable[[int, Any], Any]] = {}
         for arm in dispatcher.candidates(context):
@@ -311,6 +326,7 @@ class Bench:
                        if label != "dispatcher" and label not in unchecked_labels}
         unchecked = {label: speed(label) for label in unchecked_labels}
         dispatcher_speed = speed("dispatcher")
+        context_used, arm_used = dispatcher.last  # what the timed calls used
         measured = {k: v for k, v in tools_speed.items() if isinstance(v, float)}
         best = max(measured, key=measured.__getitem__) if measured else None
         ratio = (dispatcher_speed / measured[best]

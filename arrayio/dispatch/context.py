@@ -108,7 +108,21 @@ def _sample_pages(file_offset: int, nbytes: int) -> list[int]:
     first, last = file_offset // _PAGE, (file_offset + nbytes - 1) // _PAGE
     probes = min(_MAX_PROBES, max(1, nbytes // _BYTES_PER_PROBE))
     count = last - first + 1
+    if probes == 1:
+        return [first + count // 2]
     return sorted({first + (2 * i + 1) * count // (2 * probes) for i in range(probes)})
+
+
+class _CacheStatCall(threading.local):
+    """A thread's reusable arguments for the ``cachestat`` system call: building ctypes
+    objects costs more than the call itself."""
+
+    def __init__(self) -> None:
+        self.span, self.stat = _CacheStatRange(), _CacheStat()
+        self.span_ref, self.stat_ref = ctypes.byref(self.span), ctypes.byref(self.stat)
+
+
+_call = _CacheStatCall()
 
 
 def _cached_fraction_cachestat(fd: int, file_offset: int, nbytes: int) -> float | None:
@@ -118,17 +132,16 @@ def _cached_fraction_cachestat(fd: int, file_offset: int, nbytes: int) -> float 
         return None
     # The kernel walks every page of the range asked about (~30 ns a page): ask about a few
     # windows of a few pages spread over the range, not about a whole gigabyte.
-    starts = _sample_pages(file_offset, nbytes)
     last = (file_offset + nbytes - 1) // _PAGE
-    span, stat = _CacheStatRange(), _CacheStat()
+    call, syscall = _call, libc.syscall
     cached = asked = 0
-    for start in starts:
+    for start in _sample_pages(file_offset, nbytes):
         pages = min(_WINDOW_PAGES, last - start + 1)
-        span.off, span.len = start * _PAGE, pages * _PAGE
-        if libc.syscall(_SYS_CACHESTAT, fd, ctypes.byref(span), ctypes.byref(stat), 0) != 0:
+        call.span.off, call.span.len = start * _PAGE, pages * _PAGE
+        if syscall(_SYS_CACHESTAT, fd, call.span_ref, call.stat_ref, 0) != 0:
             _cachestat_works = False  # ENOSYS (older kernel) or refused: mincore from now on
             return None
-        cached += min(stat.nr_cache, pages)
+        cached += min(call.stat.nr_cache, pages)
         asked += pages
     return cached / asked
 

@@ -32,6 +32,11 @@ Drift
     Losing the winner to a failure re-explores in the same way. Only the winner is watched:
     an arm that became faster elsewhere is found at the next re-exploration.
 
+First calls
+    A tool's first call pays for setting the tool up (thread pools, pinned host buffers,
+    CUDA streams), which can take longer than the transfer itself: it is not recorded, so
+    exploration measures every arm on a warm tool.
+
 Small calls
     Timing a call of a few kilobytes measures the clock and the call overhead more than the
     tool. Calls smaller than ``min_bytes_to_learn`` (64 KiB) are therefore summed per arm
@@ -270,6 +275,8 @@ class Policy:
     unavailable_ttl
         Seconds (of the table's clock) after which an unavailable arm is tried again;
         ``None`` keeps the marks forever.
+    skip_first_call
+        Do not record the first call of each arm's tool, which pays for its setup.
 
     Raises
     ------
@@ -290,6 +297,7 @@ class Policy:
         drift_patience: int = 3,
         min_bytes_to_learn: int = 64 << 10,
         unavailable_ttl: float | None = 24 * 3600.0,
+        skip_first_call: bool = True,
     ) -> None:
         if not 1 <= explore_samples <= WINDOW:
             raise ValueError(f"explore_samples must be in 1..{WINDOW}, got {explore_samples}")
@@ -313,6 +321,7 @@ class Policy:
         self.drift_patience = drift_patience
         self.min_bytes_to_learn = min_bytes_to_learn
         self.unavailable_ttl = unavailable_ttl
+        self.skip_first_call = skip_first_call
         self._lock = self.table.lock
         # Apart from the table's lock: making a tool can take seconds (importing KvikIO).
         self._tools_lock = threading.Lock()
@@ -344,6 +353,15 @@ class Policy:
                         f"{arm.label} cannot run here: {availability.reason}")
                 self._tools[arm] = tool
             return tool
+
+    def _is_fresh(self, arm: Arm) -> bool:
+        """Whether ``arm``'s tool is yet to be made. Its first call then also pays for
+        setting it up (thread pool, pinned buffers, CUDA streams): no fair sample, so it is
+        not recorded, and the arm is simply measured again on a later call."""
+        if not self.skip_first_call:
+            return False
+        with self._tools_lock:
+            return arm not in self._tools
 
     def close(self) -> None:
         """Close the tools the policy made (they are made again if needed)."""
@@ -614,10 +632,12 @@ class Policy:
             is available in this context at all.
         """
         if force is not None:
+            fresh = self._is_fresh(force)
             tool = self.tool(force)
             start = self._clock()
             result = operation(tool)
-            self.record(context, force, nbytes, self._clock() - start)
+            if not fresh:
+                self.record(context, force, nbytes, self._clock() - start)
             return result, force
         key = context.key()
         tried: list[Arm] = []
@@ -630,6 +650,7 @@ class Policy:
                 break
             try:
                 try:
+                    fresh = self._is_fresh(arm)
                     tool = self.tool(arm)
                     start = self._clock()
                     result = operation(tool)
@@ -645,7 +666,8 @@ class Policy:
                 self.fail(context, arm, error)
                 marks.append((arm, f"{type(error).__name__}: {error}"))
                 continue
-            self._record(context, key, arm, nbytes, seconds)
+            if not fresh:
+                self._record(context, key, arm, nbytes, seconds)
             return result, arm
         if last_error is None:
             with self._lock:

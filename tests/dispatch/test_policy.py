@@ -114,6 +114,7 @@ def make_policy(world: World, arms: list[Arm] | Callable[[Context], list[Arm]],
                 table: Table | None = None, **tunables) -> Policy:
     candidates = arms if callable(arms) else (lambda _context: list(arms))
     table = table if table is not None else Table(clock=world.wall_clock)
+    tunables.setdefault("skip_first_call", False)  # fake tools have no setup cost
     return Policy(candidates, table, clock=world.clock, make=world.make, **tunables)
 
 
@@ -170,7 +171,7 @@ def test_the_default_make_uses_the_registry(monkeypatch):
     monkeypatch.setattr(arrayio.tools, "_REGISTRY", dict(arrayio.tools._REGISTRY))
     arrayio.tools.register("dispatch-test-fake", Registered, clobber=True)
     arm = Arm.of("dispatch-test-fake", speed=1)
-    policy = Policy(lambda _context: [arm], clock=world.clock)
+    policy = Policy(lambda _context: [arm], clock=world.clock, skip_first_call=False)
     assert call(policy, context()) == arm
     tool = policy.tool(arm)
     assert isinstance(tool, Registered) and tool.label == arm.label
@@ -545,7 +546,8 @@ def test_a_tool_that_cannot_be_made_or_cannot_run_here_is_a_failure():
             return Unavailable(world, arm)
         return world.make(arm)
 
-    policy = Policy(lambda _context: [A, B, C], Table(), clock=world.clock, make=make)
+    policy = Policy(lambda _context: [A, B, C], Table(), clock=world.clock, make=make,
+                    skip_first_call=False)
     ctx = context()
     assert call(policy, ctx) == C
     assert policy.explain(ctx).unavailable == {
@@ -709,3 +711,21 @@ def test_candidates_must_be_arms():
     policy = Policy(lambda _context: ["posix"])
     with pytest.raises(TypeError, match="Arm instances"):
         policy.choose(context())
+
+
+def test_the_first_call_of_a_new_tool_is_not_a_sample() -> None:
+    # Setting a tool up (threads, pinned buffers) can cost more than its first transfer: that
+    # call must not be what exploration judges the arm by.
+    fast, slow = Arm.of("fast"), Arm.of("slow")
+    world = World({fast.label: 2 * GB, slow.label: 1.5 * GB})  # close: no pruning
+    policy = make_policy(world, [slow, fast], skip_first_call=True)
+    ctx = context()
+    call(policy, ctx)  # slow's first call: run, but not recorded
+    assert all(report.samples == 0 for report in policy.explain(ctx).arms)
+    for _ in range(5):
+        call(policy, ctx)
+    explanation = policy.explain(ctx)
+    assert explanation.phase == "exploiting" and explanation.chosen == fast.label
+    # Two samples of each arm cost three calls each: one more than without setup calls.
+    assert world.calls == {fast.label: 3, slow.label: 3}
+    assert sum(report.samples for report in explanation.arms) == 4
