@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -229,8 +230,14 @@ class Bench:
                 if direction == "read" and cache not in self.args.cache:
                     continue
                 dispatcher = dispatch.Dispatcher(None)
+                # Every arm the dispatcher may use at any size of the sweep is measured at
+                # every size: each is then a fixed-tool strategy to compare the dispatcher to.
+                arms: list[dispatch.Arm] = []
                 for nbytes in self.args.sizes:
-                    row = self.measure(dispatcher, memory, direction, cache, nbytes)
+                    context = self.contexts(nbytes, memory, direction, cache)
+                    arms += [a for a in dispatcher.candidates(context) if a not in arms]
+                for nbytes in self.args.sizes:
+                    row = self.measure(dispatcher, memory, direction, cache, nbytes, arms)
                     print(json.dumps(row["summary"]), flush=True)
                     yield row
                 dispatcher.close()
@@ -272,12 +279,10 @@ class Bench:
             os.close(fd)
 
     def measure(self, dispatcher: dispatch.Dispatcher, memory: str, direction: str,
-                cache: str, nbytes: int) -> dict[str, Any]:
+                cache: str, nbytes: int, arms: list[dispatch.Arm]) -> dict[str, Any]:
         """Every candidate arm and the dispatcher on one case, timed in interleaved rounds
         (each round runs each of them once), so that slow drifts of the machine (page cache
         pressure, disk write-back, clocks) fall on all of them alike."""
-        context = self.contexts(nbytes, memory, direction, cache)
-
         def through_dispatcher(fd: int, buffer: Any) -> None:
             if direction == "read":
                 dispatcher.read(fd, buffer, 0, with_checksum=self.args.checksum)
@@ -293,7 +298,7 @@ class Bench:
                 break
 
         runners: dict[str, Callable[[int, Any], Any]] = {}
-        for arm in dispatcher.candidates(context):
+        for arm in arms:
             if not (self.args.checksum and not arm.make().capabilities.checksums):
                 runners[arm.label] = self.arm_runner(arm, direction, nbytes)
         # KvikIO cannot checksum: with checksums on it is no candidate, but show it anyway.
@@ -344,6 +349,44 @@ class Bench:
                 "dispatcher_GBps": dispatcher_speed, "ratio": ratio,
             },
         }
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per panel (direction, cache, memory): the worst ratio of the dispatcher to the best
+    tool at any size; the geometric mean bandwidth over the sizes (each size weighs the
+    same) of the dispatcher and of each fixed arm, which is what "beats every fixed tool over
+    the sweep" is judged on; and the time the sweep's transfers take with each (the sum of
+    bytes / bandwidth, which the largest size dominates)."""
+    panels: dict[str, Any] = {}
+    for key in sorted({(r["direction"], r["cache"], r["memory"]) for r in rows}):
+        mine = [r for r in rows if (r["direction"], r["cache"], r["memory"]) == key]
+        ratios = [r["summary"]["ratio"] for r in mine if r["summary"]["ratio"] is not None]
+        labels = set.intersection(*(
+            {k for k, v in r["tools_GBps"].items() if isinstance(v, float)} for r in mine))
+        seconds = {label: sum(r["bytes"] / (r["tools_GBps"][label] * 1e9) for r in mine)
+                   for label in sorted(labels)}
+        dispatcher = sum(r["bytes"] / (r["dispatcher_GBps"] * 1e9) for r in mine
+                         if isinstance(r["dispatcher_GBps"], float))
+        def geomean(values: list[float]) -> float:
+            return math.exp(sum(math.log(v) for v in values) / len(values))
+
+        fixed = {label: geomean([r["tools_GBps"][label] for r in mine])
+                 for label in sorted(labels)}
+        ours = geomean([r["dispatcher_GBps"] for r in mine
+                        if isinstance(r["dispatcher_GBps"], float)])
+        best_fixed = max(fixed, key=fixed.__getitem__) if fixed else None
+        panels["/".join(key)] = {
+            "sizes": [r["bytes"] for r in mine],
+            "worst_ratio_to_best_tool": min(ratios) if ratios else None,
+            "geomean_GBps_dispatcher": ours,
+            "geomean_GBps_fixed": fixed,
+            "best_fixed_arm": best_fixed,
+            "dispatcher_beats_every_fixed_arm": bool(fixed) and all(
+                ours > value for value in fixed.values()),
+            "sweep_seconds_dispatcher": dispatcher,
+            "sweep_seconds_fixed": seconds,
+        }
+    return panels
 
 
 def plot(report: dict[str, Any], path: str) -> None:
@@ -433,8 +476,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(json.dumps(report["ceilings"]), flush=True)
     for row in bench.sweep():
         report["rows"].append(row)
+        report["panels"] = summarize(report["rows"])
         with open(args.out, "w") as f:  # after every row: a run cut short keeps its results
             json.dump(report, f, indent=1)
+    print(json.dumps(report.get("panels"), indent=1), flush=True)
     if args.plot:
         plot(report, args.plot)
     return report
