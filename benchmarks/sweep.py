@@ -342,7 +342,9 @@ class Bench:
             "without_checksum_GBps": unchecked,
             "dispatcher_choice": {
                 "context": context_used.key() if context_used else "small transfer, not learned",
-                "arm": arm_used.label},
+                "arm": arm_used.label,
+                "explain": (dispatcher.policy.explain(context_used).as_dict()
+                            if context_used else None)},
             "summary": {
                 "case": f"{direction}/{cache}/{memory}/{nbytes}", "best_tool": best,
                 "best_GBps": measured.get(best) if best else None,

@@ -60,7 +60,8 @@ def candidate_arms(context: Context) -> list[Arm]:
     cold = context.cache in ("cold", "mixed")
     if context.memory == "cuda":
         if not big:
-            arms = [_arm("naive"), _arm("staged", threads=1, chunk_size=4 * _MiB)]
+            arms = [_arm("naive"), _arm("staged", threads=1, chunk_size=4 * _MiB,
+                                        direct=reads and cold)]
         elif reads:
             # Page cache to GPU: many threads through the page cache. Disk to GPU: O_DIRECT,
             # a few deep streams or many.
