@@ -69,7 +69,8 @@ def test_the_sweep_runs_quick_and_reports_every_case(tmp_path):
         choice = row["dispatcher_choice"]
         assert isinstance(choice["arm"], str) and choice["arm"], case
         if row["bytes"] < SMALL_TRANSFER:
-            assert choice == {"context": "small transfer, not learned", "arm": "naive"}, case
+            assert choice == {"context": "small transfer, not learned", "arm": "naive",
+                              "explain": None}, case
         else:
             assert choice["context"].startswith(f"{row['direction']}/host/"), case
         assert row["summary"]["best_tool"] in measured, case

@@ -42,10 +42,16 @@ class Context:
     # Whether the transfer must also produce a CRC-32C: tools that cannot (KvikIO into device
     # memory) are only candidates without it, and the cost differs, so it is learned apart.
     checksum: bool = False
+    _key: str = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # The key is asked for several times a call: build the string once.
+        object.__setattr__(self, "_key", (
+            f"{self.direction}/{self.memory}/2^{self.size_class}/{self.storage}/"
+            f"{self.cache}/x{self.load}" + ("/crc" if self.checksum else "")))
 
     def key(self) -> str:
-        return (f"{self.direction}/{self.memory}/2^{self.size_class}/{self.storage}/"
-                f"{self.cache}/x{self.load}" + ("/crc" if self.checksum else ""))
+        return self._key
 
 
 def size_class(nbytes: int) -> int:

@@ -164,7 +164,7 @@ class Dispatcher:
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.table_path = table_path
         self.table = Table.load(table_path) if table_path else Table()
-        self.policy = Policy(self.candidates, self.table, clock=clock)
+        self.policy = Policy(self.candidates, self.table, clock=clock, sample_every=4)
         self.in_flight = InFlight()
         self._last_save = time.monotonic()
         self._save_lock = threading.Lock()

@@ -21,6 +21,9 @@ Exploitation
     The arm with the best estimate (the median of its recent samples, see
     :mod:`~arrayio.dispatch.table`) is used. The context goes back to exploring whenever an
     eligible arm lacks samples: a new candidate, or an arm whose unavailability mark expired.
+    With ``sample_every`` above 1, only one exploiting call in that many is timed and
+    recorded (drift is watched on those); the others go straight to the chosen tool, since
+    the bookkeeping costs microseconds that matter on megabyte transfers.
 
 Drift
     A measurement of the chosen arm below ``drift_ratio`` times its estimate counts as
@@ -277,6 +280,9 @@ class Policy:
         ``None`` keeps the marks forever.
     skip_first_call
         Do not record the first call of each arm's tool, which pays for its setup.
+    sample_every
+        Once a context exploits, time and record only one call in this many; the others go
+        straight to the chosen tool (see "Exploitation" in the module docstring).
 
     Raises
     ------
@@ -298,6 +304,7 @@ class Policy:
         min_bytes_to_learn: int = 64 << 10,
         unavailable_ttl: float | None = 24 * 3600.0,
         skip_first_call: bool = True,
+        sample_every: int = 1,
     ) -> None:
         if not 1 <= explore_samples <= WINDOW:
             raise ValueError(f"explore_samples must be in 1..{WINDOW}, got {explore_samples}")
@@ -322,6 +329,9 @@ class Policy:
         self.min_bytes_to_learn = min_bytes_to_learn
         self.unavailable_ttl = unavailable_ttl
         self.skip_first_call = skip_first_call
+        if sample_every < 1:
+            raise ValueError(f"sample_every must be at least 1, got {sample_every}")
+        self.sample_every = sample_every
         self._lock = self.table.lock
         # Apart from the table's lock: making a tool can take seconds (importing KvikIO).
         self._tools_lock = threading.Lock()
@@ -640,6 +650,10 @@ class Policy:
                 self.record(context, force, nbytes, self._clock() - start)
             return result, force
         key = context.key()
+        if self.sample_every > 1:
+            fast = self._exploit_untimed(key, operation)
+            if fast is not None:
+                return fast
         tried: list[Arm] = []
         marks: list[tuple[Arm, str]] = []
         last_error: BaseException | None = None
@@ -677,6 +691,31 @@ class Policy:
             last_error.add_note(f"arrayio: every transfer tool failed for {key}: "
                                 f"{', '.join(arm.label for arm in tried)}")
         raise last_error
+
+    def _exploit_untimed(self, key: str, operation: Callable[[Tool], R]
+                         ) -> tuple[R, Arm] | None:
+        """Run a call of an exploiting, steady context on its chosen tool without the
+        bookkeeping (no timing, no locks), unless this call is the one in ``sample_every``
+        that is timed. None: take the full path (that call, or any tool failure, which the
+        full path then handles with its fallbacks)."""
+        entry = self.table.get(key)
+        if entry is None or entry.phase != EXPLOITING or entry.chosen is None or entry.drift:
+            return None
+        arms = self._arms.get(key)
+        arm = arms.by_label.get(entry.chosen) if arms is not None else None
+        tool = self._tools.get(arm) if arm is not None else None
+        if tool is None:
+            return None
+        entry.untimed += 1  # a lost update under threads only shifts which call is timed
+        if entry.untimed >= self.sample_every:
+            entry.untimed = 0
+            return None
+        try:
+            return operation(tool), arm
+        except BaseException as error:
+            if not is_tool_failure(error):
+                raise
+            return None  # the full path retries, marks the failure and falls back
 
     def _nothing_available(self, key: str) -> ToolUnavailableError:
         entry = self.table.get(key)
@@ -734,7 +773,8 @@ class Policy:
 
 def _attributes(context: Context) -> dict[str, Any]:
     """The context's fields, as stored in its table entry."""
-    return {field.name: getattr(context, field.name) for field in dataclasses.fields(context)}
+    return {field.name: getattr(context, field.name) for field in dataclasses.fields(context)
+            if field.init}
 
 
 def _order(candidates: Sequence[Arm], seed: str | None) -> _Arms:

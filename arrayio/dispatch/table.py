@@ -219,6 +219,8 @@ class ContextEntry:
     arms: dict[str, ArmStats] = dataclasses.field(default_factory=dict)
     # Transient: table-clock time the policy last re-derived phase and choice.
     refreshed: float = dataclasses.field(default=-math.inf, compare=False, repr=False)
+    # Transient: exploiting calls since the last timed one (see Policy's ``sample_every``).
+    untimed: int = dataclasses.field(default=0, compare=False, repr=False)
 
     def arm(self, label: str) -> ArmStats:
         """The stats of ``label``, created empty on first use."""

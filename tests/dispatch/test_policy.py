@@ -729,3 +729,21 @@ def test_the_first_call_of_a_new_tool_is_not_a_sample() -> None:
     # Two samples of each arm cost three calls each: one more than without setup calls.
     assert world.calls == {fast.label: 3, slow.label: 3}
     assert sum(report.samples for report in explanation.arms) == 4
+
+
+def test_sampling_times_one_exploiting_call_in_n_and_still_falls_back() -> None:
+    fast, slow = Arm.of("fast"), Arm.of("slow")
+    world = World({fast.label: 2 * GB, slow.label: 1.5 * GB})
+    policy = make_policy(world, [slow, fast], sample_every=4)
+    ctx = context()
+    while policy.explain(ctx).phase != "exploiting":
+        call(policy, ctx)
+    counted = {r.label: r.count for r in policy.explain(ctx).arms}
+    for _ in range(8):
+        assert call(policy, ctx) == fast
+    after = {r.label: r.count for r in policy.explain(ctx).arms}
+    assert after[fast.label] - counted[fast.label] == 2  # 2 of the 8 calls were timed
+    # A tool failure on an untimed call takes the full path: marked, and the call falls back.
+    world.fail(fast.label, lambda: ToolUnavailableError("gone"))
+    assert call(policy, ctx) == slow
+    assert fast.label in policy.explain(ctx).unavailable
