@@ -51,6 +51,7 @@ def _arm(name: str, **params: Any) -> Arm:
 
 
 _NAIVE = _arm("naive")
+_SMALL_CHOICE = (None, _NAIVE)
 
 
 def candidate_arms(context: Context) -> list[Arm]:
@@ -168,6 +169,7 @@ class Dispatcher:
         self.in_flight = InFlight()
         self._last_save = time.monotonic()
         self._save_lock = threading.Lock()
+        self._naive = tools.make("naive")  # small transfers: no lookup on their path
         # The latest choice, for benchmarks and tune(); no context for small transfers.
         self.last: tuple[Context | None, Arm] | None = None
 
@@ -215,8 +217,8 @@ class Dispatcher:
             return parts.value() if parts is not None else None
 
         if forced is None and nbytes < SMALL_TRANSFER:
-            self.last = (None, _NAIVE)
-            return operation(self.policy.tool(_NAIVE))
+            self.last = _SMALL_CHOICE
+            return operation(self._naive)
         with self.in_flight:
             context = self.context("read", fd, file_offset, nbytes, buffer_kind(buffer),
                                    with_checksum)
@@ -245,8 +247,8 @@ class Dispatcher:
             return parts.value() if parts is not None else None
 
         if forced is None and nbytes < SMALL_TRANSFER:
-            self.last = (None, _NAIVE)
-            return operation(self.policy.tool(_NAIVE))
+            self.last = _SMALL_CHOICE
+            return operation(self._naive)
         with self.in_flight:
             context = self.context("write", fd, file_offset, nbytes, buffer_kind(buffer),
                                    with_checksum)
@@ -277,6 +279,7 @@ class Dispatcher:
         """Save, and release the tools' threads and buffers."""
         self.save()
         self.policy.close()
+        self._naive.close()
 
 
 _lock = threading.Lock()

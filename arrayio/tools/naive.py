@@ -14,14 +14,12 @@ import numpy as np
 from .. import config
 from .._buffers import DeviceBuffer
 from .._checksum import ChecksumParts
-from ._io import pread_full, pwrite_full
+from ._io import pread_checksummed, pread_full, pwrite_full
 from .base import Buffer, Capabilities, IOFuture, Tool
 
 __all__ = ["NaiveTool"]
 
-# Linux moves at most 0x7FFFF000 bytes a call; smaller chunks also let the checksum run on
-# bytes still in cache.
-_HOST_CHUNK = 64 << 20
+_HOST_CHUNK = 64 << 20  # writes go out in pieces this size, each checksummed first
 
 
 class NaiveTool(Tool):
@@ -50,9 +48,11 @@ class NaiveTool(Tool):
         done = 0
         for start in range(0, buffer.nbytes, host.nbytes):
             chunk = host[: min(host.nbytes, buffer.nbytes - start)]
-            got = pread_full(fd, chunk, file_offset + start)
-            if checksum is not None:
-                checksum.add_data(start, chunk[:got])
+            if checksum is None:
+                got = pread_full(fd, chunk, file_offset + start)
+            else:
+                got, crc = pread_checksummed(fd, chunk, file_offset + start)
+                checksum.add(start, got, crc)
             buffer.copy_from_host(start, chunk[:got])
             done += got
             if got < chunk.nbytes:
@@ -62,21 +62,11 @@ class NaiveTool(Tool):
     @staticmethod
     def _read_host(fd: int, buffer: np.ndarray, file_offset: int,
                    checksum: ChecksumParts | None) -> int:
-        if buffer.nbytes <= _HOST_CHUNK:  # the common case, kept to a few calls
-            got = pread_full(fd, buffer, file_offset)
-            if checksum is not None:
-                checksum.add_data(0, buffer[:got] if got < buffer.nbytes else buffer)
-            return got
-        done = 0
-        for start in range(0, buffer.nbytes, _HOST_CHUNK):
-            chunk = buffer[start : start + _HOST_CHUNK]
-            got = pread_full(fd, chunk, file_offset + start)
-            if checksum is not None:
-                checksum.add_data(start, chunk[:got])
-            done += got
-            if got < chunk.nbytes:
-                break
-        return done
+        if checksum is None:
+            return pread_full(fd, buffer, file_offset)
+        got, crc = pread_checksummed(fd, buffer, file_offset)
+        checksum.add(0, got, crc)
+        return got
 
     def pwrite(self, fd: int, buffer: Buffer, file_offset: int, *,
                checksum: ChecksumParts | None = None) -> IOFuture[int]:

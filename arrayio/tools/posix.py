@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._checksum import ChecksumParts
-from ._io import pread_full, pwrite_full, task_bytes
+from ._io import pread_checksummed, pread_full, pwrite_full, task_bytes
 from .base import Buffer, Capabilities, IOFuture, Tool
 
 __all__ = ["PosixTool"]
@@ -67,9 +67,10 @@ class PosixTool(Tool):
 
         def task(start: int) -> int:
             view = buffer[start : start + size]
-            got = pread_full(fd, view, file_offset + start)
-            if checksum is not None:
-                checksum.add_data(start, view[:got])
+            if checksum is None:
+                return pread_full(fd, view, file_offset + start)
+            got, crc = pread_checksummed(fd, view, file_offset + start)
+            checksum.add(start, got, crc)
             return got
 
         return self._run(task, buffer, size)

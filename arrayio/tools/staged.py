@@ -29,7 +29,7 @@ import numpy as np
 from .._buffers import DeviceBuffer, synchronize_device
 from .._checksum import ChecksumParts
 from ..errors import ToolUnavailableError
-from ._io import pread_full, pwrite_full, task_bytes
+from ._io import pread_checksummed, pread_full, pwrite_full, task_bytes
 from .base import Availability, Buffer, Capabilities, IOFuture, Tool
 
 __all__ = ["StagedTool"]
@@ -153,7 +153,11 @@ class StagedTool(Tool):
             length = min(chunk, nbytes - start)
             position = file_offset + start
             if not self.direct:
-                got = pread_full(read_fd, slot[:length], position)
+                if checksum is None:
+                    got = pread_full(read_fd, slot[:length], position)
+                else:  # checksummed piece by piece while in cache (no DRAM trip of its own)
+                    got, crc = pread_checksummed(read_fd, slot[:length], position)
+                    checksum.add(start, got, crc)
                 return slot[:got], length
             aligned = position - position % _BLOCK
             skip = position - aligned
@@ -170,7 +174,7 @@ class StagedTool(Tool):
                     if events[j % 2] is not None:
                         events[j % 2].synchronize()  # its previous copy has left the buffer
                     data, length = read_chunk(slots[j % 2], start)
-                    if checksum is not None:
+                    if checksum is not None and self.direct:
                         checksum.add_data(start, data)
                     device[start : start + data.nbytes].set(data, stream=stream)
                     events[j % 2] = stream.record()
