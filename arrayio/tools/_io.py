@@ -30,9 +30,10 @@ def pread_full(fd: int, view: np.ndarray, file_offset: int) -> int:
     return done
 
 
-# Read this much, checksum it while it is still in the core's cache, then read on: the
-# checksum then costs no second trip to memory.
-_CHECKSUM_PIECE = 1 << 20
+# Read this much, checksum it, then read on. Measured on the H200 machine, 1 MiB pieces (to
+# checksum bytes still in the core's cache) lost more to extra system calls than they saved:
+# 24.8 GB/s against 32-39 for whole 8 MiB chunks, 16 threads, page cache to GPU.
+_CHECKSUM_PIECE = 8 << 20
 
 
 def pread_checksummed(fd: int, view: np.ndarray, file_offset: int, crc: int = 0
