@@ -43,6 +43,47 @@ def render(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _size(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):g} {unit}"
+    return f"{nbytes} B"
+
+
+def render_sweep(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") -> str:
+    """The GPU panels of each committed sweep: best single tool and dispatcher per size."""
+    lines: list[str] = []
+    for path in sorted(results_dir.glob("*/sweep*.json")):
+        report = json.loads(path.read_text())
+        if not report["machine"].get("gpu"):
+            continue
+        ceilings = report["ceilings"]
+        mode = "checksums on (the default)" if report["checksum"] else "checksums off"
+        lines += [
+            f"**Transfer sweep, {mode}** ({report['date'][:10]}, {report['machine']['summary']}; "
+            f"`{report['command']}`; [{path.parent.name}/{path.name}]"
+            f"({path.relative_to(ROOT).as_posix()})). Ceilings measured in the same run: "
+            f"cold O_DIRECT read {ceilings['cold_read_direct']:.2f} GB/s, warm read (16 "
+            f"threads) {ceilings['warm_read_16_threads']:.2f}, write+fsync "
+            f"{ceilings['write_fsync']:.2f}, pinned host-to-device "
+            f"{ceilings.get('pinned_host_to_device', float('nan')):.2f}. GB/s, medians of "
+            f"{report['repeats']}; ratio = dispatcher / best single tool at that size.",
+            "",
+            "| GPU | " + " | ".join(_size(n) for n in report["panels"]["read/cold/cuda"]["sizes"])
+            + " | beats every fixed tool (geomean) |",
+            "| --- |" + " ---: |" * (len(report["panels"]["read/cold/cuda"]["sizes"]) + 1),
+        ]
+        for panel in ("read/cold/cuda", "read/warm/cuda", "write/-/cuda"):
+            rows = [r for r in report["rows"]
+                    if f"{r['direction']}/{r['cache']}/{r['memory']}" == panel]
+            cells = [f"{r['dispatcher_GBps']:.2f} ({r['summary']['ratio']:.2f})" for r in rows]
+            beats = report["panels"][panel]["dispatcher_beats_every_fixed_arm"]
+            lines.append(f"| {panel.replace('/-', '')} | " + " | ".join(cells)
+                         + f" | {'yes' if beats else 'no'} |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n" if lines else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true")
@@ -51,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     readme = readme_path.read_text()
     head, rest = readme.split(START, 1)
     _, tail = rest.split(END, 1)
-    updated = f"{head}{START}\n{render()}{END}{tail}"
+    updated = f"{head}{START}\n{render()}\n{render_sweep()}{END}{tail}"
     if args.check:
         return 0 if updated == readme else 1
     readme_path.write_text(updated)
