@@ -22,13 +22,16 @@ def _fmt(value: float | None) -> str:
 
 def render(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") -> str:
     lines: list[str] = []
-    for path in sorted(results_dir.glob("*/core_baseline.json")):
+    # The simple path first, then the same benchmark through the dispatcher.
+    for path in sorted(results_dir.glob("*/core_baseline*.json"),
+                       key=lambda p: (p.parent.name, "-" in p.stem)):
         report = json.loads(path.read_text())
         machine = report["machine"]
         where = f"{machine.get('gpu') or 'CPU'}, {machine['cpus']} cores"
         size = report["bytes"] / (1 << 30)
         lines += [
-            f"**Core baseline** ({report['date'][:10]}, {where}; `{report['command']}`; "
+            f"**Core baseline{', through the dispatcher' if '-' in path.stem else ''}** "
+            f"({report['date'][:10]}, {where}; `{report['command']}`; "
             f"[{path.parent.name}]({path.relative_to(ROOT).as_posix()})): a {size:g} GiB dict of "
             f"{report['arrays']} float32 arrays on `{report['device']}`, median of "
             f"{report['repeats']}, saves fsynced, cold reads after dropping the page cache.",
@@ -53,7 +56,8 @@ def _size(nbytes: int) -> str:
 def render_sweep(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") -> str:
     """The GPU panels of each committed sweep: best single tool and dispatcher per size."""
     lines: list[str] = []
-    for path in sorted(results_dir.glob("*/sweep*.json")):
+    for path in sorted(results_dir.glob("*/sweep*.json"),
+                       key=lambda p: (p.parent.name, "-" in p.stem)):
         report = json.loads(path.read_text())
         if not report["machine"].get("gpu"):
             continue

@@ -397,9 +397,14 @@ def plot(report: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = sorted({(r["direction"], r["cache"], r["memory"]) for r in report["rows"]})
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
-    for ax, (direction, cache, memory) in zip(axes[0], panels, strict=True):
+    memories = [m for m in ("cuda", "host") if any(r["memory"] == m for r in report["rows"])]
+    kinds = [k for k in (("read", "cold"), ("read", "warm"), ("write", "-"))
+             if any((r["direction"], r["cache"]) == k for r in report["rows"])]
+    fig, grid = plt.subplots(len(memories), len(kinds), figsize=(5.5 * len(kinds),
+                             4.5 * len(memories)), squeeze=False)
+    cells = [(grid[i][j], (kind[0], kind[1], memory)) for i, memory in enumerate(memories)
+             for j, kind in enumerate(kinds)]
+    for ax, (direction, cache, memory) in cells:
         rows = [r for r in report["rows"]
                 if (r["direction"], r["cache"], r["memory"]) == (direction, cache, memory)]
         labels = sorted({k for r in rows for k, v in r["tools_GBps"].items()
@@ -411,10 +416,11 @@ def plot(report: dict[str, Any], path: str) -> None:
         ax.plot([r["bytes"] for r in rows], [r["dispatcher_GBps"] for r in rows], "k-o",
                 linewidth=2.5, label="dispatcher")
         for name, value in report["ceilings"].items():
+            to_device = "device" in name and memory == "cuda"
             if isinstance(value, float) and (
                 (direction == "write") == name.startswith("write")
-                and (cache != "cold" or "cold" in name or "device" in name)
-                and (cache != "warm" or "warm" in name or "device" in name)
+                and (cache != "cold" or "cold" in name or to_device)
+                and (cache != "warm" or "warm" in name or to_device)
             ):
                 ax.axhline(value, linestyle="--", linewidth=1, color="gray")
                 ax.annotate(name, (rows[0]["bytes"], value), fontsize=7, color="gray")
