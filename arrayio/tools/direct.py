@@ -40,7 +40,8 @@ from .._buffers import aligned_empty
 from .._checksum import ChecksumParts
 from ..errors import ToolUnavailableError
 from ._io import pwrite_full
-from .base import Availability, Buffer, Capabilities, IOFuture, Tool
+from ._threaded import ThreadedTool
+from .base import Availability, Buffer, Capabilities, IOFuture
 
 __all__ = ["DirectTool"]
 
@@ -205,7 +206,7 @@ def _availability() -> Availability:
     return Availability(True)
 
 
-class DirectTool(Tool):
+class DirectTool(ThreadedTool):
     """Parallel ``O_DIRECT`` ``pread``/``pwrite`` on host buffers; see the module docstring.
 
     Parameters
@@ -228,22 +229,13 @@ class DirectTool(Tool):
         if threads < 1 or task_size < 1:
             raise ValueError(f"threads and task_size must be positive, got {threads}, {task_size}")
         task_size = _up(task_size)
-        super().__init__(threads=threads, task_size=task_size, **params)
-        self.threads, self.task_size = threads, task_size
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
+        super().__init__(threads, task_size=task_size, **params)
+        self.task_size = task_size
         self._spare: list[np.ndarray] = []
 
     @classmethod
     def availability(cls) -> Availability:
         return _availability()
-
-    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    self.threads, thread_name_prefix=f"arrayio-{self.name}")
-            return self._pool
 
     @contextlib.contextmanager
     def _bounce(self) -> Iterator[np.ndarray]:
@@ -334,8 +326,6 @@ class DirectTool(Tool):
         return self._run(task, pieces, buffer.nbytes, direct_fd)
 
     def close(self) -> None:
+        super().close()
         with self._lock:
-            pool, self._pool = self._pool, None
             self._spare.clear()
-        if pool is not None:
-            pool.shutdown(wait=True)

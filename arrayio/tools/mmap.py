@@ -13,17 +13,16 @@ still do that: memory maps are for files that do not change while they are read.
 
 from __future__ import annotations
 
-import concurrent.futures
 import mmap
 import os
-import threading
 from typing import Any
 
 import numpy as np
 
 from .._checksum import ChecksumParts
 from ..errors import ToolUnavailableError
-from .base import Buffer, Capabilities, IOFuture, Tool
+from ._threaded import ThreadedTool
+from .base import Buffer, Capabilities, IOFuture
 
 __all__ = ["MmapTool"]
 
@@ -51,7 +50,7 @@ def _copy_mapped(fd: int, view: np.ndarray, file_offset: int) -> None:
         mapped.close()
 
 
-class MmapTool(Tool):
+class MmapTool(ThreadedTool):
     """Parallel copies out of read-only memory maps; see the module docstring.
 
     Parameters
@@ -69,19 +68,7 @@ class MmapTool(Tool):
     capabilities = Capabilities(frozenset({"host"}), directions=frozenset({"read"}))
 
     def __init__(self, threads: int = 4, **params: Any) -> None:
-        if threads < 1:
-            raise ValueError(f"threads must be positive, got {threads}")
-        super().__init__(threads=threads, **params)
-        self.threads = threads
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
-
-    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    self.threads, thread_name_prefix=f"arrayio-{self.name}")
-            return self._pool
+        super().__init__(threads, **params)
 
     def pread(self, fd: int, buffer: Buffer, file_offset: int, *,
               checksum: ChecksumParts | None = None) -> IOFuture[int]:
@@ -113,9 +100,3 @@ class MmapTool(Tool):
             Always.
         """
         raise ToolUnavailableError("mmap reads only")
-
-    def close(self) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)

@@ -9,20 +9,19 @@ the limit) or when the device needs a deep queue; one thread is best for small r
 
 from __future__ import annotations
 
-import concurrent.futures
-import threading
 from typing import Any
 
 import numpy as np
 
 from .._checksum import ChecksumParts
 from ._io import pread_checksummed, pread_full, pwrite_full, task_bytes
-from .base import Buffer, Capabilities, IOFuture, Tool
+from ._threaded import ThreadedTool
+from .base import Buffer, Capabilities, IOFuture
 
 __all__ = ["PosixTool"]
 
 
-class PosixTool(Tool):
+class PosixTool(ThreadedTool):
     """Parallel ``pread``/``pwrite`` on host buffers; see the module docstring.
 
     Parameters
@@ -39,17 +38,8 @@ class PosixTool(Tool):
     def __init__(self, threads: int = 8, task_size: int = 4 << 20, **params: Any) -> None:
         if threads < 1 or task_size < 1:
             raise ValueError(f"threads and task_size must be positive, got {threads}, {task_size}")
-        super().__init__(threads=threads, task_size=task_size, **params)
-        self.threads, self.task_size = threads, task_size
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
-
-    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    self.threads, thread_name_prefix=f"arrayio-{self.name}")
-            return self._pool
+        super().__init__(threads, task_size=task_size, **params)
+        self.task_size = task_size
 
     def _run(self, task, buffer: np.ndarray, size: int) -> IOFuture[int]:
         starts = range(0, buffer.nbytes, size)
@@ -90,8 +80,3 @@ class PosixTool(Tool):
 
         return self._run(task, buffer, size)
 
-    def close(self) -> None:
-        with self._lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None

@@ -30,7 +30,8 @@ from .._buffers import DeviceBuffer, synchronize_device
 from .._checksum import ChecksumParts
 from ..errors import ToolUnavailableError
 from ._io import pread_checksummed, pread_full, pwrite_full, task_bytes
-from .base import Availability, Buffer, Capabilities, IOFuture, Tool
+from ._threaded import ThreadedTool
+from .base import Availability, Buffer, Capabilities, IOFuture
 
 __all__ = ["StagedTool"]
 
@@ -49,7 +50,7 @@ def _open_direct(fd: int, flags: int) -> int:
         raise
 
 
-class StagedTool(Tool):
+class StagedTool(ThreadedTool):
     """Pinned-buffer pipeline for device memory; see the module docstring.
 
     Parameters
@@ -70,11 +71,9 @@ class StagedTool(Tool):
         if threads < 1 or chunk_size < 1:
             raise ValueError(f"threads and chunk_size must be positive: {threads}, {chunk_size}")
         chunk_size = -(-chunk_size // _BLOCK) * _BLOCK
-        super().__init__(threads=threads, chunk_size=chunk_size, direct=direct, **params)
-        self.threads, self.chunk_size, self.direct = threads, chunk_size, direct
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        super().__init__(threads, chunk_size=chunk_size, direct=direct, **params)
+        self.chunk_size, self.direct = chunk_size, direct
         self._pinned: dict[int, list[np.ndarray]] = {}
-        self._lock = threading.Lock()
         self._streams = threading.local()  # each worker thread keeps its stream per device
 
     @classmethod
@@ -95,10 +94,8 @@ class StagedTool(Tool):
                                                      list[np.ndarray]]:
         import cupyx
 
+        pool = self._executor()
         with self._lock:
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    self.threads, thread_name_prefix="arrayio-staged")
             if device_index not in self._pinned:
                 # Two buffers a worker. One block of slack before the data lets the bytes sit
                 # at the same offset within a block as in the file (O_DIRECT needs both
@@ -110,7 +107,7 @@ class StagedTool(Tool):
                     start = -raw.ctypes.data % _BLOCK  # page-aligned already, but be sure
                     slots.append(raw[start : start + size])
                 self._pinned[device_index] = slots
-            return self._pool, self._pinned[device_index]
+            return pool, self._pinned[device_index]
 
     def _stream(self, device_index: int) -> Any:
         import cupy
@@ -129,10 +126,21 @@ class StagedTool(Tool):
         return cupy.asarray(buffer.cuda_array).reshape(-1).view(cupy.uint8)
 
     def _fan_out(self, pool: concurrent.futures.ThreadPoolExecutor, worker: Any, count: int,
-                 finish: Any) -> IOFuture[int]:
-        workers = min(self.threads, count)
-        return IOFuture.gather([IOFuture(pool.submit(worker, k)) for k in range(workers)],
-                               finish)
+                 own_fd: int | None) -> IOFuture[int]:
+        """Run ``worker(k)`` for the first ``count`` (at most ``threads``) workers; the future
+        sums their byte counts and closes ``own_fd`` (an O_DIRECT descriptor) when done."""
+
+        def finish(total: int) -> int:
+            if own_fd is not None:
+                os.close(own_fd)
+            return total
+
+        try:
+            futures = [IOFuture(pool.submit(worker, k)) for k in range(min(self.threads, count))]
+        except BaseException:
+            finish(0)
+            raise
+        return IOFuture.gather(futures, finish)
 
     def pread(self, fd: int, buffer: Buffer, file_offset: int, *,
               checksum: ChecksumParts | None = None) -> IOFuture[int]:
@@ -184,16 +192,7 @@ class StagedTool(Tool):
                 stream.synchronize()
             return total
 
-        def finish(total: int) -> int:
-            if read_fd != fd:
-                os.close(read_fd)
-            return total
-
-        try:
-            return self._fan_out(pool, worker, len(chunks), finish)
-        except BaseException:
-            finish(0)
-            raise
+        return self._fan_out(pool, worker, len(chunks), read_fd if read_fd != fd else None)
 
     def pwrite(self, fd: int, buffer: Buffer, file_offset: int, *,
                checksum: ChecksumParts | None = None) -> IOFuture[int]:
@@ -255,22 +254,11 @@ class StagedTool(Tool):
                     total += write_chunk(pending[0], pending[1], pending[2])
             return total
 
-        def finish(total: int) -> int:
-            if write_fd != fd:
-                os.close(write_fd)
-            return total
-
-        try:
-            return self._fan_out(pool, worker, len(chunks), finish)
-        except BaseException:
-            finish(0)
-            raise
+        return self._fan_out(pool, worker, len(chunks), write_fd if write_fd != fd else None)
 
     def close(self) -> None:
+        super().close()
         with self._lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
             self._pinned.clear()
 
 
