@@ -243,10 +243,6 @@ class Exported:
     data: np.ndarray | DeviceBuffer
     framework: str
 
-    @property
-    def nbytes(self) -> int:
-        return self.dtype.itemsize * math.prod(self.shape)
-
 
 def export(x: Any) -> Exported:
     """Return the bytes of ``x`` in C order, zero-copy where ``x`` is already contiguous.

@@ -29,7 +29,6 @@ from .errors import ArrayioError, FormatError, UnsupportedObjectError
 __all__ = [
     "SINGLE_ARRAY_KEY",
     "flatten",
-    "leaf_keys",
     "leaves_by_key",
     "rebuild_like",
     "unflatten",
@@ -152,31 +151,6 @@ def flatten(obj: Any) -> tuple[list[tuple[str, Any]], Node]:
         }
 
     return leaves, visit(obj, "")
-
-
-def leaf_keys(tree: Node) -> list[str]:
-    """Return the keys of the array leaves of a stored structure, in order."""
-    keys: list[str] = []
-
-    def visit(node: Node) -> None:
-        if "leaf" in node:
-            keys.append(node["leaf"])
-        for child in _child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    return keys
-
-
-def _child_nodes(node: Node) -> list[Node]:
-    if "dict" in node:
-        return [child for _, child in node["dict"]]
-    if "custom" in node:
-        return [child for _, child in node["children"]]
-    for kind in ("list", "tuple", "namedtuple"):
-        if kind in node:
-            return list(node["children" if kind == "namedtuple" else kind])
-    return []
 
 
 def _namedtuple_class(path: str, fields: list[str]) -> type:

@@ -94,6 +94,7 @@ class Reader:
         self._stored = {key: _Stored(key, header.dtype, header.shape, header.data_start, None,
                                      header.fortran_order)}
         self._tree: dict[str, Any] = {"leaf": key}
+        self._order = [key]
         self.metadata: dict[str, Any] = {}
         self.framework: str | None = None
 
@@ -107,6 +108,7 @@ class Reader:
         metadata = dict(header.metadata)
         if arrayio is None:
             self._tree = {"dict": [[key, {"leaf": key}] for key in self._stored]}
+            self._order = list(self._stored)
             self.framework = None
         else:
             metadata.pop(formats.safetensors.ARRAYIO_KEY)
@@ -124,6 +126,8 @@ class Reader:
                         raise FormatError(f"{self.path}: metadata {key!r} is not JSON") from None
             leaf_keys = _pytree.validate(self._tree, where=f"{self.path}: ")
             missing = set(leaf_keys) - self._stored.keys()
+            listed = set(leaf_keys)  # then any tensor the structure does not name
+            self._order = leaf_keys + [key for key in self._stored if key not in listed]
             if missing:
                 raise FormatError(f"{self.path}: structure names tensors the file lacks: "
                                   f"{sorted(missing)[:5]}")
@@ -133,9 +137,7 @@ class Reader:
 
     def keys(self) -> list[str]:
         """The keys of the arrays, in the order of the saved structure."""
-        ordered = _pytree.leaf_keys(self._tree)
-        listed = set(ordered)
-        return ordered + [key for key in self._stored if key not in listed]
+        return list(self._order)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())

@@ -114,71 +114,41 @@ class Bench:
             return self.host[:nbytes]
         return CupyDeviceBuffer(self.device[:nbytes])
 
-    # ---------------------------------------------------------------- timing
-
-    def timed(self, run: Callable[[], Any], prepare: Callable[[], None]) -> float:
-        """Median seconds of ``run`` over the repeats, ``prepare`` untimed before each."""
-        seconds = []
-        for _ in range(self.args.repeats):
-            prepare()
-            start = time.perf_counter()
-            run()
-            seconds.append(time.perf_counter() - start)
-        return statistics.median(seconds)
-
-    def prepare_read(self, cache: str) -> Callable[[], None]:
-        if cache == "cold":
-            return lambda: evict(self.data_path, self.args.drop_caches)
-        return lambda: None
-
-    def read_once(self, runner: Callable[[int, Any], Any], memory: str, nbytes: int,
-                  cache: str) -> float:
-        def run() -> None:
-            fd = os.open(self.data_path, os.O_RDONLY)
-            try:
-                runner(fd, self.buffer(memory, nbytes))
-            finally:
-                os.close(fd)
-
-        if cache == "warm":
-            self.warm(nbytes)
-        return nbytes / self.timed(run, self.prepare_read(cache)) / 1e9
-
-    def write_once(self, runner: Callable[[int, Any], Any], memory: str, nbytes: int) -> float:
-        def run() -> None:
-            fd = os.open(self.write_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                runner(fd, self.buffer(memory, nbytes))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-        return nbytes / self.timed(run, lambda: None) / 1e9
-
     # ---------------------------------------------------------------- measurements
+
+    def gbps(self, runner: Callable[[int, Any], Any], memory: str, direction: str, cache: str,
+             nbytes: int) -> float:
+        """Median bandwidth of ``runner`` over the repeats (see :meth:`time_one`)."""
+        seconds = [self.time_one(runner, memory, direction, cache, nbytes)
+                   for _ in range(self.args.repeats)]
+        return nbytes / statistics.median(seconds) / 1e9
 
     def ceilings(self) -> dict[str, float]:
         size = self.max_size
         out: dict[str, float] = {}
-        direct = [lambda fd, b, t=t: tools.make("direct", threads=t, task_size=16 << 20)
-                  .read(fd, b, 0) for t in (4, 8, 16)]
+
+        def reader(tool: tools.Tool) -> Callable[[int, Any], Any]:
+            return lambda fd, buffer: tool.read(fd, buffer, 0)
+
+        def writer(tool: tools.Tool) -> Callable[[int, Any], Any]:
+            return lambda fd, buffer: tool.write(fd, buffer, 0)
+
+        # Tools are made (and their threads started) once, outside the timed calls.
         try:
-            out["cold_read_direct"] = max(self.read_once(r, "host", size, "cold")
-                                          for r in direct)
+            out["cold_read_direct"] = max(
+                self.gbps(reader(tools.make("direct", threads=t, task_size=16 << 20)),
+                          "host", "read", "cold", size) for t in (4, 8, 16))
         except Exception as error:  # noqa: BLE001 - e.g. O_DIRECT refused: report, go on
             out["cold_read_direct_error"] = repr(error)  # type: ignore[assignment]
-        out["warm_read_16_threads"] = self.read_once(
-            lambda fd, b: tools.make("posix", threads=16, task_size=16 << 20).read(fd, b, 0),
-            "host", size, "warm")
-        writers = [lambda fd, b: tools.make("posix", threads=4, task_size=16 << 20)
-                   .write(fd, b, 0)]
-        writers.append(lambda fd, b: tools.make("direct", threads=4, task_size=16 << 20)
-                       .write(fd, b, 0))
+        out["warm_read_16_threads"] = self.gbps(
+            reader(tools.make("posix", threads=16, task_size=16 << 20)), "host", "read", "warm",
+            size)
         speeds = []
-        for writer in writers:
+        for name in ("posix", "direct"):
             try:
-                speeds.append(self.write_once(writer, "host", size))
-            except Exception:  # noqa: BLE001
+                speeds.append(self.gbps(writer(tools.make(name, threads=4, task_size=16 << 20)),
+                                        "host", "write", "-", size))
+            except Exception:  # noqa: BLE001 - a writer refused here (O_DIRECT) is skipped
                 pass
         out["write_fsync"] = max(speeds)
         if self.device is not None:
@@ -187,12 +157,13 @@ class Bench:
 
             pinned = cupyx.empty_pinned((size,), dtype=np.uint8)
             pinned[:] = 1
-
-            def copy() -> None:
+            seconds = []
+            for _ in range(self.args.repeats):
+                start = time.perf_counter()
                 self.device.set(pinned)
                 cupy.cuda.Device().synchronize()
-
-            out["pinned_host_to_device"] = size / self.timed(copy, lambda: None) / 1e9
+                seconds.append(time.perf_counter() - start)
+            out["pinned_host_to_device"] = size / statistics.median(seconds) / 1e9
         return out
 
     def contexts(self, nbytes: int, memory: str, direction: str, cache: str) -> Context:

@@ -15,6 +15,7 @@ handful of calls.
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import logging
 import os
@@ -121,6 +122,12 @@ def parse_arm(spec: str | Arm | Tool) -> Arm:
         return spec
     if isinstance(spec, Tool):
         return Arm.from_tool(spec)
+    return _parse_spec(spec)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_spec(spec: str) -> Arm:
+    # Cached: a forced tool (ARRAYIO_TOOL) is looked up on every transfer.
     match = re.fullmatch(r"\s*([\w.-]+)\s*(?:\((.*)\))?\s*", spec)
     if match is None:
         raise ValueError(f"cannot parse tool {spec!r}; expected NAME or NAME(key=value,...)")
@@ -216,16 +223,7 @@ class Dispatcher:
                     "short of the array (truncated while reading?)")
             return parts.value() if parts is not None else None
 
-        if forced is None and nbytes < SMALL_TRANSFER:
-            self.last = _SMALL_CHOICE
-            return operation(self._naive)
-        with self.in_flight:
-            context = self.context("read", fd, file_offset, nbytes, buffer_kind(buffer),
-                                   with_checksum)
-            result, arm = self.policy.run(context, nbytes, operation, force=forced)
-        self.last = (context, arm)
-        self._maybe_save()
-        return result
+        return self._dispatch("read", fd, buffer, file_offset, with_checksum, forced, operation)
 
     def write(self, fd: int, buffer: Buffer, file_offset: int, *,
               with_checksum: bool = False, tool: str | Arm | Tool | None = None) -> int | None:
@@ -246,11 +244,20 @@ class Dispatcher:
             flush_range(fd, file_offset, nbytes)
             return parts.value() if parts is not None else None
 
+        return self._dispatch("write", fd, buffer, file_offset, with_checksum, forced,
+                              operation)
+
+    def _dispatch(self, direction: str, fd: int, buffer: Buffer, file_offset: int,
+                  with_checksum: bool, forced: Arm | None,
+                  operation: Callable[[Tool], int | None]) -> int | None:
+        """Run ``operation`` with the naive tool (small transfers), the forced arm, or the
+        arm the policy chooses in this transfer's context."""
+        nbytes = buffer.nbytes
         if forced is None and nbytes < SMALL_TRANSFER:
             self.last = _SMALL_CHOICE
             return operation(self._naive)
         with self.in_flight:
-            context = self.context("write", fd, file_offset, nbytes, buffer_kind(buffer),
+            context = self.context(direction, fd, file_offset, nbytes, buffer_kind(buffer),
                                    with_checksum)
             result, arm = self.policy.run(context, nbytes, operation, force=forced)
         self.last = (context, arm)

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from .._checksum import checksum
+
 __all__ = ["flush_range", "pread_checksummed", "pread_full", "pwrite_full", "task_bytes"]
 
 # Below this, per-task costs (a thread hand-off, a CUDA stream wait) eat the gain; measured
@@ -40,8 +42,6 @@ def pread_checksummed(fd: int, view: np.ndarray, file_offset: int, crc: int = 0
                       ) -> tuple[int, int]:
     """:func:`pread_full` that also extends the CRC-32C ``crc`` with the bytes read, piece
     by piece while each piece is in cache; returns (bytes read, CRC)."""
-    from .._checksum import checksum
-
     done = 0
     while done < view.nbytes:
         piece = view[done : done + _CHECKSUM_PIECE]
