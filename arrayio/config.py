@@ -14,6 +14,10 @@ Environment variables, read once at import:
 ``ARRAYIO_CACHE_DIR``         where the dispatcher keeps what it learned (default
                               ``$XDG_CACHE_HOME/arrayio`` or ``~/.cache/arrayio``); ``none``
                               keeps it in memory only.
+``ARRAYIO_PROGRESS``          progress bars (tqdm) for saves, loads, conversions and benchmarks
+                              of 256 MiB or more or lasting over 2 seconds: unset (or ``auto``)
+                              shows them on a terminal or in Jupyter only, ``1`` also where
+                              output is not interactive (logs, CI), ``0`` never.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class Settings:
     staging_bytes: int = 64 << 20
     tool: str | None = None
     cache_dir: str | None = dataclasses.field(default_factory=lambda: _default_cache_dir())
+    progress: bool | None = None  # None: automatic (see ARRAYIO_PROGRESS)
 
     def __post_init__(self) -> None:
         if self.alignment < 1 or self.alignment & (self.alignment - 1):
@@ -64,7 +69,14 @@ def _from_environment() -> Settings:
         staging_bytes=integer("ARRAYIO_STAGING_BYTES", 64 << 20),
         tool=os.environ.get("ARRAYIO_TOOL") or None,
         cache_dir=_cache_dir_from(os.environ.get("ARRAYIO_CACHE_DIR")),
+        progress=_progress_from(os.environ.get("ARRAYIO_PROGRESS")),
     )
+
+
+def _progress_from(value: str | None) -> bool | None:
+    if value is None or value.strip().lower() in ("", "auto"):
+        return None
+    return value.strip().lower() not in ("0", "false", "no", "off")
 
 
 def _cache_dir_from(value: str | None) -> str | None:
