@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _pytree, _transfer, config, formats
+from . import _progress, _pytree, _transfer, config, formats
 from ._dtypes import DType
 from ._frameworks import Request, allocate, parse_target, writable_view
 from .errors import ChecksumError, FormatError, KeyNotFoundError, MismatchError
@@ -281,12 +281,21 @@ class Reader:
 
     def load(
         self, *, keys: str | Sequence[str] | None = None, like: Any = None, device: Any = None,
-        structure: Any = None,
+        structure: Any = None, progress: bool | None = None,
     ) -> Any:
         """Read arrays into the saved structure; see :func:`arrayio.load`."""
-        request = parse_target(like, device)
+        total = self.nbytes if keys is None else sum(
+            self._stored[k].nbytes for k in self._select([keys] if isinstance(keys, str) else keys))
+        with _progress.bar(total, desc=f"loading {self.path}", progress=progress) as advance:
+            return self._load(keys, parse_target(like, device), structure, advance)
+
+    def _load(self, keys: str | Sequence[str] | None, request: Request, structure: Any,
+              advance: Any) -> Any:
         def read(key: str) -> Any:
-            return self._read_whole(self._entry(key), request)
+            stored = self._entry(key)
+            array = self._read_whole(stored, request)
+            advance(stored.nbytes)
+            return array
 
         if keys is not None:
             if isinstance(keys, str):
