@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import _pytree, _transfer, config
 from ._atomic import atomic_write
-from ._frameworks import export, is_array
+from ._frameworks import Exported, export, is_array
 from ._reader import Reader
 from .errors import UnsupportedObjectError
 from .formats import npy, safetensors
@@ -54,33 +55,82 @@ def save(
     over ``path``: an interrupted save leaves any previous file intact. Each array's CRC-32C is
     recorded and checked on load.
     """
+    write_prepared(prepare_save(path, obj, metadata), tool=tool)
+
+
+@dataclasses.dataclass
+class PreparedSave:
+    """A save whose arguments are checked and whose arrays are exported: only I/O is left.
+
+    :func:`arrayio.save_async` prepares in the caller's thread (the blocking phase, where it
+    also snapshots mutable arrays) and writes in the background.
+    """
+
+    path: str
+    arrays: dict[str, Exported]
+    layout: safetensors.Layout | None  # None for .npy
+    npy_header: bytes | None = None
+
+
+def prepare_save(path: PathLike, obj: Any, metadata: Mapping[str, Any] | None) -> PreparedSave:
+    """Check and export what :func:`save` would write, without any I/O."""
     path = os.fspath(path)
     if path.endswith(".npy"):
-        _save_npy(path, obj, metadata, tool)
-        return
+        if not is_array(obj):
+            raise UnsupportedObjectError(
+                f".npy holds one array, got {type(obj).__name__}; save pytrees to a container "
+                "(any other extension, e.g. .safetensors)"
+            )
+        if metadata:
+            raise UnsupportedObjectError(".npy cannot hold metadata; use a .safetensors container")
+        exported = export(obj)
+        header = npy.encode_header(exported.dtype, exported.shape, config.get().alignment)
+        return PreparedSave(path, {_pytree.SINGLE_ARRAY_KEY: exported}, None, header)
     leaves, tree = _pytree.flatten(obj)
-    exported = {key: export(x) for key, x in leaves}
+    arrays = {key: export(x) for key, x in leaves}
     stored_metadata, json_keys = _encode_metadata(metadata)
-    frameworks = sorted({e.framework for e in exported.values()})
+    frameworks = sorted({e.framework for e in arrays.values()})
     arrayio: dict[str, Any] = {"tree": tree, "framework": ",".join(frameworks) or None}
     if json_keys:
         arrayio["json_metadata"] = json_keys
     layout = safetensors.plan(
-        [(key, e.dtype, e.shape) for key, e in exported.items()],
+        [(key, e.dtype, e.shape) for key, e in arrays.items()],
         metadata=stored_metadata, arrayio=arrayio, alignment=config.get().alignment,
         checksums=True,
     )
-    with atomic_write(path) as fd:
-        checksums = {}
-        for entry in layout.entries:
-            crc = _transfer.write_from(fd, entry.start, exported[entry.key].data,
-                                       with_checksum=True, tool=tool)
-            if crc is not None:  # None only from a forced tool that cannot checksum
-                checksums[entry.key] = crc
-        header = layout.header(checksums)
-        _write_all(fd, header, 0)
-        if os.fstat(fd).st_size < layout.file_size:  # only an empty last tensor can cause this
-            os.ftruncate(fd, layout.file_size)
+    return PreparedSave(path, arrays, layout)
+
+
+def write_prepared(prepared: PreparedSave, *, tool: Any = None,
+                   checkpoint: Callable[[bool], None] | None = None) -> None:
+    """Write a :class:`PreparedSave` atomically.
+
+    ``checkpoint(False)`` is called before each array and ``checkpoint(True)`` just before
+    the file replaces ``path``; an exception it raises abandons the save, leaving any previous
+    file intact (how a running :func:`arrayio.save_async` is cancelled).
+    """
+    with atomic_write(prepared.path) as fd:
+        if prepared.layout is None:  # .npy: one array after its header
+            exported = next(iter(prepared.arrays.values()))
+            if checkpoint is not None:
+                checkpoint(False)
+            _transfer.write_from(fd, len(prepared.npy_header), exported.data, tool=tool)
+            _write_all(fd, prepared.npy_header, 0)
+        else:
+            layout = prepared.layout
+            checksums = {}
+            for entry in layout.entries:
+                if checkpoint is not None:
+                    checkpoint(False)
+                crc = _transfer.write_from(fd, entry.start, prepared.arrays[entry.key].data,
+                                           with_checksum=True, tool=tool)
+                if crc is not None:  # None only from a forced tool that cannot checksum
+                    checksums[entry.key] = crc
+            _write_all(fd, layout.header(checksums), 0)
+            if os.fstat(fd).st_size < layout.file_size:  # only an empty last tensor does this
+                os.ftruncate(fd, layout.file_size)
+        if checkpoint is not None:
+            checkpoint(True)
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> None:
@@ -111,21 +161,6 @@ def _encode_metadata(metadata: Mapping[str, Any] | None) -> tuple[dict[str, str]
             raise UnsupportedObjectError(f"metadata {key!r} is not JSON-able: {error}") from None
         json_keys.append(key)
     return stored, json_keys
-
-
-def _save_npy(path: str, obj: Any, metadata: Mapping[str, Any] | None, tool: Any) -> None:
-    if not is_array(obj):
-        raise UnsupportedObjectError(
-            f".npy holds one array, got {type(obj).__name__}; save pytrees to a container "
-            "(any other extension, e.g. .safetensors)"
-        )
-    if metadata:
-        raise UnsupportedObjectError(".npy cannot hold metadata; use a .safetensors container")
-    exported = export(obj)
-    header = npy.encode_header(exported.dtype, exported.shape, config.get().alignment)
-    with atomic_write(path) as fd:
-        _transfer.write_from(fd, len(header), exported.data, tool=tool)
-        _write_all(fd, header, 0)
 
 
 def open(path: PathLike, *, verify: bool | None = None, tool: Any = None) -> Reader:
