@@ -18,6 +18,8 @@ Environment variables, read once at import:
                               of 256 MiB or more or lasting over 2 seconds: unset (or ``auto``)
                               shows them on a terminal or in Jupyter only, ``1`` also where
                               output is not interactive (logs, CI), ``0`` never.
+``ARRAYIO_ASYNC_WORKERS``     how many :func:`arrayio.save_async` / :func:`arrayio.load_async`
+                              operations run at once (default 4; more wait in a queue).
 """
 
 from __future__ import annotations
@@ -39,12 +41,15 @@ class Settings:
     tool: str | None = None
     cache_dir: str | None = dataclasses.field(default_factory=lambda: _default_cache_dir())
     progress: bool | None = None  # None: automatic (see ARRAYIO_PROGRESS)
+    async_workers: int = 4
 
     def __post_init__(self) -> None:
         if self.alignment < 1 or self.alignment & (self.alignment - 1):
             raise ValueError(f"alignment must be a power of two, got {self.alignment}")
         if self.staging_bytes < 4096:
             raise ValueError(f"staging_bytes must be at least 4096, got {self.staging_bytes}")
+        if self.async_workers < 1:
+            raise ValueError(f"async_workers must be at least 1, got {self.async_workers}")
 
 
 def _default_cache_dir() -> str:
@@ -70,6 +75,7 @@ def _from_environment() -> Settings:
         tool=os.environ.get("ARRAYIO_TOOL") or None,
         cache_dir=_cache_dir_from(os.environ.get("ARRAYIO_CACHE_DIR")),
         progress=_progress_from(os.environ.get("ARRAYIO_PROGRESS")),
+        async_workers=integer("ARRAYIO_ASYNC_WORKERS", 4),
     )
 
 
