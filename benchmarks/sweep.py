@@ -6,10 +6,13 @@
 In one run, on one data file in ``--dir``:
 
 * ceilings: parallel O_DIRECT cold read (best of 4, 8 and 16 threads), warm buffered read
-  with 16 threads, write with fsync (best of buffered and O_DIRECT, 4 threads), and pinned
-  host-to-device copy (GPU runs);
+  with 16 threads (best of 4 and 16 MiB requests), write with fsync (best of buffered and
+  O_DIRECT, 1, 4 and 16 threads, 16 and 64 MiB requests), and pinned host-to-device copy
+  (GPU runs);
 * every candidate arm (tool and parameters) the dispatcher would consider, at every size,
-  for reads (cold and warm) and writes (fsync included), into host and/or GPU memory;
+  for reads (cold and warm) and writes (fsync included), into host and/or GPU memory, each
+  as a fixed strategy: forced (``tool=``) through arrayio's own path, so that it differs
+  from the dispatcher only by not choosing;
 * the dispatcher, after it has learned (its first calls in each context explore; those are
   not timed), choosing per call.
 
@@ -43,12 +46,14 @@ import numpy as np
 
 from arrayio import tools
 from arrayio._buffers import CupyDeviceBuffer, aligned_empty
-from arrayio._checksum import ChecksumParts
 from arrayio.dispatch import dispatcher as dispatch
 from arrayio.dispatch.context import Context, size_class, storage_of
-from arrayio.tools._io import flush_range
 
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _calls_per_sample(nbytes: int) -> int:
+    return min(1024, max(1, (64 << 20) // nbytes))
 
 
 def parse_size(text: str) -> int:
@@ -87,6 +92,7 @@ class Bench:
 
             self.device = cupy.empty(self.max_size, dtype=cupy.uint8)
         self._warmer = tools.make("posix", threads=8, task_size=8 << 20)
+        self.forcing = dispatch.Dispatcher(None)  # runs the fixed arms; learns nothing used
         self._make_data()
 
     def warm(self, nbytes: int) -> None:
@@ -133,24 +139,33 @@ class Bench:
         def writer(tool: tools.Tool) -> Callable[[int, Any], Any]:
             return lambda fd, buffer: tool.write(fd, buffer, 0)
 
-        # Tools are made (and their threads started) once, outside the timed calls.
+        # Tools are made (and their threads started) once, outside the timed calls. Each
+        # ceiling is the best of several thread counts and request sizes, so that it is the
+        # hardware's limit rather than one setting's.
+        def best(name: str, direction: str, cache: str, settings: list[tuple[int, int]]
+                 ) -> float:
+            speeds, errors = [], []
+            for threads, task in settings:
+                try:
+                    tool = tools.make(name, threads=threads, task_size=task)
+                    runner = reader(tool) if direction == "read" else writer(tool)
+                    speeds.append(self.gbps(runner, "host", direction, cache, size))
+                except Exception as error:  # noqa: BLE001 - e.g. O_DIRECT refused: go on
+                    errors.append(repr(error))
+            if not speeds:
+                raise RuntimeError("; ".join(errors))
+            return max(speeds)
+
         try:
-            out["cold_read_direct"] = max(
-                self.gbps(reader(tools.make("direct", threads=t, task_size=16 << 20)),
-                          "host", "read", "cold", size) for t in (4, 8, 16))
-        except Exception as error:  # noqa: BLE001 - e.g. O_DIRECT refused: report, go on
+            out["cold_read_direct"] = best("direct", "read", "cold",
+                                           [(4, 16 << 20), (8, 16 << 20), (16, 16 << 20)])
+        except Exception as error:  # noqa: BLE001 - reported, and the sweep goes on
             out["cold_read_direct_error"] = repr(error)  # type: ignore[assignment]
-        out["warm_read_16_threads"] = self.gbps(
-            reader(tools.make("posix", threads=16, task_size=16 << 20)), "host", "read", "warm",
-            size)
-        speeds = []
-        for name in ("posix", "direct"):
-            try:
-                speeds.append(self.gbps(writer(tools.make(name, threads=4, task_size=16 << 20)),
-                                        "host", "write", "-", size))
-            except Exception:  # noqa: BLE001 - a writer refused here (O_DIRECT) is skipped
-                pass
-        out["write_fsync"] = max(speeds)
+        out["warm_read_16_threads"] = best("posix", "read", "warm",
+                                           [(16, 4 << 20), (16, 16 << 20)])
+        writes = [(t, task) for t in (1, 4, 16) for task in (16 << 20, 64 << 20)]
+        out["write_fsync"] = max(
+            best(name, "write", "-", writes) for name in ("posix", "direct"))
         if self.device is not None:
             import cupy
             import cupyx
@@ -177,20 +192,17 @@ class Bench:
 
     def arm_runner(self, arm: dispatch.Arm, direction: str, nbytes: int,
                    checksum: bool | None = None) -> Callable[[int, Any], Any]:
-        tool = arm.make()
+        """One arm as a fixed strategy: every call forced onto it through a dispatcher of
+        its own, so it takes arrayio's whole path (checksum where the dispatcher computes
+        it, flush after writes) and differs from the dispatcher only by not choosing."""
+        forcing = self.forcing
         checksum = self.args.checksum if checksum is None else checksum
 
         def run(fd: int, buffer: Any) -> None:
-            parts = ChecksumParts(nbytes) if checksum else None
             if direction == "read":
-                got = tool.read(fd, buffer, 0, checksum=parts)
-                if got != nbytes:
-                    raise RuntimeError(f"{arm.label} read {got} of {nbytes} bytes")
+                forcing.read(fd, buffer, 0, with_checksum=checksum, tool=arm)
             else:
-                tool.write(fd, buffer, 0, checksum=parts)
-                flush_range(fd, 0, nbytes)  # what the dispatcher does after every write
-            if parts is not None:
-                parts.value()
+                forcing.write(fd, buffer, 0, with_checksum=checksum, tool=arm)
 
         return run
 
@@ -212,18 +224,19 @@ class Bench:
                     print(json.dumps(row["summary"]), flush=True)
                     yield row
                 dispatcher.close()
+        self.forcing.close()
 
     def time_one(self, runner: Callable[[int, Any], Any], memory: str, direction: str,
                  cache: str, nbytes: int) -> float:
         """Seconds per transfer, after putting the page cache in the state asked for.
 
-        Warm reads and writes repeat the transfer until about 8 MiB have moved (up to 256
-        times) and report the mean, so that a 4 KiB sample is not one scheduler tick; a cold
-        read must be alone, right after the eviction. The file is opened before the clock
-        starts, for every runner alike.
+        Warm reads and writes repeat the transfer until about 64 MiB have moved (up to 1024
+        times) and report the mean, so that a small transfer's sample spans milliseconds, not
+        one scheduler tick; a cold read must be alone, right after the eviction. The file is
+        opened before the clock starts, for every runner alike.
         """
         if direction == "read":
-            repeat = 1 if cache == "cold" else min(256, max(1, (8 << 20) // nbytes))
+            repeat = 1 if cache == "cold" else _calls_per_sample(nbytes)
             if cache == "cold":
                 evict(self.data_path, self.args.drop_caches)
             else:
@@ -237,7 +250,7 @@ class Bench:
                 return (time.perf_counter() - start) / repeat
             finally:
                 os.close(fd)
-        repeat = min(256, max(1, (8 << 20) // nbytes))
+        repeat = _calls_per_sample(nbytes)
         fd = os.open(self.write_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             buffer = self.buffer(memory, nbytes)
@@ -268,14 +281,18 @@ class Bench:
             if learned is None or dispatcher.policy.explain(learned).phase == "exploiting":
                 break
 
+        # An arm that cannot checksum (KvikIO, unless the GPU computes the checksum) is no
+        # candidate with checksums on; KvikIO is shown anyway, without them.
+        gpu_checksums = memory == "cuda" and dispatch.device_checksums_on_gpu()
         runners: dict[str, Callable[[int, Any], Any]] = {}
         for arm in arms:
-            if not (self.args.checksum and not arm.make().capabilities.checksums):
+            if (not self.args.checksum or gpu_checksums
+                    or tools.tool_class(arm.name).capabilities.checksums):
                 runners[arm.label] = self.arm_runner(arm, direction, nbytes)
-        # KvikIO cannot checksum: with checksums on it is no candidate, but show it anyway.
         unchecked_labels = []
         kvikio = dispatch.Arm.of("kvikio", threads=16, task_size=4 << 20)
         if (self.args.checksum and memory == "cuda" and nbytes >= 1 << 20
+                and kvikio.label not in runners
                 and tools.tool_class("kvikio").availability()):
             unchecked_labels.append(kvikio.label)
             runners[kvikio.label] = self.arm_runner(kvikio, direction, nbytes, checksum=False)

@@ -26,7 +26,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import config, tools
+import numpy as np
+
+from .. import _device_checksum, config, tools
+from .._buffers import synchronize_device
 from .._checksum import ChecksumParts
 from ..errors import ToolUnavailableError, TruncatedFileError, UnknownToolError
 from ..tools import Buffer, Tool, buffer_kind
@@ -35,7 +38,8 @@ from .context import Context, InFlight, cache_state, size_class, storage_of
 from .policy import Arm, Policy
 from .table import Table
 
-__all__ = ["Dispatcher", "candidate_arms", "get", "machine_fingerprint", "parse_arm", "reset"]
+__all__ = ["Dispatcher", "candidate_arms", "device_checksums_on_gpu", "get",
+           "machine_fingerprint", "parse_arm", "reset"]
 
 logger = logging.getLogger("arrayio.dispatch")
 
@@ -94,8 +98,17 @@ def candidate_arms(context: Context) -> list[Arm]:
                 _arm("posix", threads=16, task_size=4 * _MiB),
                 _arm("direct", threads=4, task_size=8 * _MiB), _arm("naive")]
         kvikio = [_arm("kvikio", threads=16, task_size=4 * _MiB)]
-    # KvikIO never sees the bytes on the host, so it cannot produce checksums.
-    return arms if context.checksum else arms + kvikio
+    # KvikIO never sees the bytes on the host: with checksums it needs the GPU to compute
+    # them (device memory) and is no candidate otherwise.
+    if context.checksum and not (context.memory == "cuda" and device_checksums_on_gpu()):
+        return arms
+    return arms + kvikio
+
+
+def device_checksums_on_gpu() -> bool:
+    """Whether checksums of device buffers are computed on the GPU (CuPy present), after
+    the tool moved the bytes, rather than by the tool on the host as they pass."""
+    return _device_checksum.available()
 
 
 def _available(arm: Arm) -> bool:
@@ -157,6 +170,10 @@ def machine_fingerprint() -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
+def _checksum_on_gpu(buffer: Buffer) -> bool:
+    return not isinstance(buffer, np.ndarray) and _device_checksum.available()
+
+
 class Dispatcher:
     """Chooses, runs and learns; see the module docstring.
 
@@ -209,18 +226,21 @@ class Dispatcher:
         if nbytes == 0:
             return 0 if with_checksum else None
         forced = self.forced_arm(tool)
+        on_gpu = with_checksum and _checksum_on_gpu(buffer)
 
         def operation(t: Tool) -> int | None:
-            if with_checksum and not t.capabilities.checksums:
-                    raise ToolUnavailableError(
+            if with_checksum and not on_gpu and not t.capabilities.checksums:
+                raise ToolUnavailableError(
                     f"{t.name} cannot checksum what it reads: load with verify=False to "
                     "use it")
-            parts = ChecksumParts(nbytes) if with_checksum else None
+            parts = ChecksumParts(nbytes) if with_checksum and not on_gpu else None
             got = t.read(fd, buffer, file_offset, checksum=parts)
             if got != nbytes:
                 raise TruncatedFileError(
                     f"{path}: file ends at byte {file_offset + got}, {nbytes - got} bytes "
                     "short of the array (truncated while reading?)")
+            if on_gpu:
+                return _device_checksum.device_checksum(buffer)  # type: ignore[arg-type]
             return parts.value() if parts is not None else None
 
         return self._dispatch("read", fd, buffer, file_offset, with_checksum, forced, operation)
@@ -233,8 +253,15 @@ class Dispatcher:
         if nbytes == 0:
             return 0 if with_checksum else None
         forced = self.forced_arm(tool)
+        on_gpu = with_checksum and _checksum_on_gpu(buffer)
 
         def operation(t: Tool) -> int | None:
+            if on_gpu:
+                synchronize_device(buffer)  # type: ignore[arg-type]
+                crc = _device_checksum.device_checksum(buffer)  # type: ignore[arg-type]
+                t.write(fd, buffer, file_offset)
+                flush_range(fd, file_offset, nbytes)
+                return crc
             parts = (ChecksumParts(nbytes) if with_checksum and t.capabilities.checksums
                      else None)
             t.write(fd, buffer, file_offset, checksum=parts)

@@ -135,7 +135,7 @@ def test_gpu_tools_through_the_public_api(tmp_path, tool):
     assert cupy.asnumpy(back).tobytes() == a.tobytes()
 
 
-def test_kvikio_reads_only_without_checksums_and_reports_its_mode(tmp_path):
+def test_kvikio_reads_and_writes_with_checksums_computed_on_the_gpu(tmp_path):
     cupy = pytest.importorskip("cupy")
     from arrayio.tools.kvikio import KvikioTool
 
@@ -144,8 +144,38 @@ def test_kvikio_reads_only_without_checksums_and_reports_its_mode(tmp_path):
     assert KvikioTool().mode in ("gds", "compat")
     a = random_array(by_name("float32"), (3 << 20,))
     path = tmp_path / "x.safetensors"
+    arrayio.save(path, {"x": cupy.asarray(a)}, tool="kvikio")
+    assert arrayio.open(path)["x"].crc32c is not None
+    assert arrayio.load(path)["x"].tobytes() == a.tobytes()  # host CRC agrees with the GPU's
+    back = arrayio.load(path, like="cupy", device="cuda", tool="kvikio")["x"]
+    assert cupy.asnumpy(back).tobytes() == a.tobytes()
+    offset = arrayio.open(path)["x"].file_offset
+    with open(path, "r+b") as f:
+        f.seek(offset + (5 << 20))
+        byte = f.read(1)
+        f.seek(offset + (5 << 20))
+        f.write(bytes([byte[0] ^ 0x01]))
+    with pytest.raises(arrayio.ChecksumError):
+        arrayio.load(path, like="cupy", device="cuda", tool="kvikio")
+    with pytest.raises(arrayio.ChecksumError):
+        arrayio.load(path, like="torch", device="cuda")
+
+
+def test_kvikio_refuses_checksums_when_the_gpu_cannot_compute_them(tmp_path, monkeypatch):
+    cupy = pytest.importorskip("cupy")
+    from arrayio import _device_checksum
+    from arrayio.tools.kvikio import KvikioTool
+
+    if not KvikioTool.availability():
+        pytest.skip(KvikioTool.availability().reason)
+    a = random_array(by_name("float32"), (3 << 20,))
+    path = tmp_path / "x.safetensors"
     arrayio.save(path, {"x": a})
+    monkeypatch.setattr(_device_checksum, "_unavailable", "pretend: no NVRTC")
     back = arrayio.load(path, like="cupy", device="cuda", tool="kvikio", verify=False)["x"]
     assert cupy.asnumpy(back).tobytes() == a.tobytes()
     with pytest.raises(arrayio.ToolUnavailableError, match="verify=False"):
         arrayio.load(path, like="cupy", device="cuda", tool="kvikio")
+    # The staged tool checksums on the host instead, and still catches nothing wrong here.
+    back = arrayio.load(path, like="cupy", device="cuda", tool="staged")["x"]
+    assert cupy.asnumpy(back).tobytes() == a.tobytes()

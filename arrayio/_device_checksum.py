@@ -1,0 +1,247 @@
+"""CRC-32C of device memory, computed on the GPU.
+
+Verifying a read into GPU memory on the host costs a pass over the bytes there, on the
+threads that should be moving them; with GPUDirect Storage the bytes never touch the host at
+all. So device buffers are checksummed where they are: one CUDA kernel (through CuPy) splits
+the range into segments, each thread computes the standard CRC-32C of its segment
+(slicing-by-4 tables in shared memory), shifts it to its place in the range by multiplying by
+``x^(8 * bytes after it)`` modulo the polynomial (the arithmetic of zlib's
+``crc32_combine``), and the shifted values are XORed together. The host finishes with one
+:func:`~arrayio._checksum.combine` for the last, possibly shorter, segment.
+
+No library offers this (nvCOMP has no CRC-32C; CuPy has no CRC at all), hence the kernel.
+Without CuPy (a torch-only install) :func:`device_checksum` returns None and the tools
+checksum on the host as the bytes pass through their staging buffers.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._checksum import _POLY, _multiply, _x8n, combine
+
+if TYPE_CHECKING:
+    from ._buffers import DeviceBuffer
+
+__all__ = ["SEGMENT_BYTES", "available", "device_checksum", "segment_powers", "slicing_tables"]
+
+logger = logging.getLogger("arrayio")
+
+# Bytes per thread. Large enough that the per-thread shift (a few dozen carry-less
+# multiplications) is noise, small enough that a gigabyte spreads over every SM.
+SEGMENT_BYTES = 4096
+_THREADS = 256
+_MAX_POWERS = 64  # segments up to 2^64: more than any address space
+
+_SOURCE = r"""
+extern "C" {
+
+__device__ __forceinline__ unsigned int multiply(unsigned int a, unsigned int b) {
+    // a * b modulo the reflected CRC-32C polynomial (zlib's multmodp); a is never 0 here.
+    unsigned int m = 1u << 31, product = 0;
+    while (m) {
+        if (a & m) {
+            product ^= b;
+            if ((a & (m - 1)) == 0) break;
+        }
+        m >>= 1;
+        b = (b & 1) ? (b >> 1) ^ POLY : b >> 1;
+    }
+    return product;
+}
+
+__device__ __forceinline__ unsigned int word(const unsigned int (*t)[256], unsigned int c) {
+    // Four bytes at once (slicing-by-4), the word's bytes already XORed into the CRC.
+    return t[3][c & 255] ^ t[2][(c >> 8) & 255] ^ t[1][(c >> 16) & 255] ^ t[0][c >> 24];
+}
+
+__global__ void crc32c_segments(const unsigned char* __restrict__ data,
+                                unsigned long long nbytes, unsigned long long segment,
+                                unsigned long long segments,
+                                const unsigned int* __restrict__ tables,
+                                const unsigned int* __restrict__ powers,
+                                unsigned int* __restrict__ out) {
+    __shared__ unsigned int t[4][256];
+    for (int i = threadIdx.x; i < 1024; i += blockDim.x) t[i >> 8][i & 255] = tables[i];
+    __syncthreads();
+
+    unsigned long long index = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    unsigned int value = 0;
+    if (index < segments) {
+        unsigned long long start = index * segment;
+        unsigned long long stop = start + segment < nbytes ? start + segment : nbytes;
+        const unsigned char* p = data + start;
+        const unsigned char* end = data + stop;
+        unsigned int crc = 0xFFFFFFFFu;
+        while (p < end && ((unsigned long long)p & 15)) {
+            crc = t[0][(crc ^ *p++) & 255] ^ (crc >> 8);
+        }
+        while (p + 16 <= end) {
+            uint4 v = *(const uint4*)p;
+            p += 16;
+            crc = word(t, crc ^ v.x);
+            crc = word(t, crc ^ v.y);
+            crc = word(t, crc ^ v.z);
+            crc = word(t, crc ^ v.w);
+        }
+        while (p < end) {
+            crc = t[0][(crc ^ *p++) & 255] ^ (crc >> 8);
+        }
+        crc ^= 0xFFFFFFFFu;
+        if (index == segments - 1) {
+            out[1] = crc;  // the last segment: the host shifts the rest by its length
+        } else {
+            // Full segments after this one, up to the last: shift by that many segments.
+            unsigned long long after = segments - 2 - index;
+            for (int bit = 0; after; ++bit, after >>= 1) {
+                if (after & 1) crc = multiply(powers[bit], crc);
+            }
+            value = crc;
+        }
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        value ^= __shfl_xor_sync(0xFFFFFFFFu, value, offset);
+    }
+    if ((threadIdx.x & 31) == 0 && value) atomicXor(out, value);
+}
+
+}
+""".replace("POLY", f"{_POLY:#x}u")
+
+
+def slicing_tables() -> np.ndarray:
+    """The four 256-entry tables of slicing-by-4 CRC-32C (reflected), as ``uint32[1024]``."""
+    table = np.zeros((4, 256), dtype=np.uint32)
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ _POLY if crc & 1 else crc >> 1
+        table[0, byte] = crc
+    for k in range(1, 4):
+        previous = table[k - 1]
+        table[k] = (previous >> 8) ^ table[0][previous & 255]
+    return table.reshape(-1)
+
+
+@functools.lru_cache(maxsize=8)
+def segment_powers(segment: int) -> np.ndarray:
+    """``x^(8 * segment * 2^j)`` modulo the polynomial for j = 0..63, as ``uint32[64]``."""
+    return np.array([_x8n(segment << j) for j in range(_MAX_POWERS)], dtype=np.uint32)
+
+
+def combine_segments(segment_crcs: list[int], segment: int, last_length: int) -> int:
+    """The CRC-32C of a range from the CRCs of its segments, by the kernel's arithmetic.
+
+    The host-side twin of the kernel's reduction (every segment ``segment`` bytes but the
+    last, ``last_length``), which the CPU tests check against a direct CRC.
+    """
+    powers = segment_powers(segment)
+    *full, last = segment_crcs
+    shifted = 0
+    for index, crc in enumerate(full):
+        after, bit = len(full) - 1 - index, 0
+        while after:
+            if after & 1:
+                crc = _multiply(int(powers[bit]), crc)
+            after >>= 1
+            bit += 1
+        shifted ^= crc
+    return combine(shifted, last, last_length)
+
+
+_lock = threading.Lock()
+_kernels: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
+
+
+def _kernel(cupy: Any, device_index: int, segment: int) -> tuple[Any, Any, Any]:
+    """The compiled kernel, its tables and the segment's powers on ``device_index``, made
+    once (a host-to-device copy per call would cost more than the kernel on a megabyte)."""
+    with _lock:
+        made = _kernels.get((device_index, segment))
+        if made is None:
+            kernel = cupy.RawKernel(_SOURCE, "crc32c_segments")
+            made = _kernels[(device_index, segment)] = (
+                kernel, cupy.asarray(slicing_tables()), cupy.asarray(segment_powers(segment)))
+        return made
+
+
+# Why the kernel cannot run here (no CuPy, or it failed once: no NVRTC, say); None: it can.
+_unavailable: str | None = None
+
+
+@functools.cache
+def _cupy() -> Any:
+    global _unavailable
+    try:
+        import cupy
+    except ImportError:
+        _unavailable = "CuPy is not installed"
+        return None
+    return cupy
+
+
+def available() -> bool:
+    """Whether device buffers can be checksummed on the GPU here (imports CuPy once)."""
+    return _cupy() is not None and _unavailable is None
+
+
+def device_checksum(buffer: DeviceBuffer, segment: int = SEGMENT_BYTES) -> int | None:
+    """The CRC-32C of a device buffer's bytes, computed on its GPU.
+
+    The caller must have finished writing the buffer (the tools synchronize before they
+    return); the kernel runs on CuPy's current stream, and this function waits for it.
+
+    Returns
+    -------
+    int or None
+        The CRC; None where the GPU cannot compute it (:func:`available` is false), and the
+        caller must checksum on the host.
+    """
+    global _unavailable
+    nbytes = buffer.nbytes
+    if nbytes == 0:
+        return 0
+    if not available():
+        return None
+    try:
+        return _run(_cupy(), buffer, nbytes, segment)
+    except MemoryError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a kernel that cannot be built or run here
+        _unavailable = f"{type(error).__name__}: {error}"
+        logger.warning("arrayio: checksums of GPU memory fall back to the host: %s",
+                       _unavailable)
+        return _host_checksum(buffer)
+
+
+def _host_checksum(buffer: DeviceBuffer) -> int:
+    """The CRC through host memory, a staging buffer at a time (the fallback's fallback)."""
+    from ._checksum import checksum
+
+    staging = np.empty(min(buffer.nbytes, 64 << 20), dtype=np.uint8)
+    crc = 0
+    for start in range(0, buffer.nbytes, staging.nbytes):
+        piece = staging[: min(staging.nbytes, buffer.nbytes - start)]
+        buffer.copy_to_host(start, piece)
+        crc = checksum(piece, crc)
+    return crc
+
+
+def _run(cupy: Any, buffer: DeviceBuffer, nbytes: int, segment: int) -> int:
+    with cupy.cuda.Device(buffer.device_index):
+        data = cupy.asarray(buffer.cuda_array).view(cupy.uint8).reshape(-1)
+        kernel, tables, powers = _kernel(cupy, buffer.device_index, segment)
+        out = cupy.zeros(2, dtype=cupy.uint32)
+        segments = -(-nbytes // segment)
+        blocks = -(-segments // _THREADS)
+        kernel((blocks,), (_THREADS,),
+               (data, np.uint64(nbytes), np.uint64(segment), np.uint64(segments), tables,
+                powers, out))
+        shifted, last = (int(v) for v in out.get())
+    last_length = nbytes - (segments - 1) * segment
+    return combine(shifted, last, last_length)

@@ -1,0 +1,98 @@
+"""The GPU CRC-32C: its arithmetic here (the host twin of the kernel's reduction), and the
+kernel itself against the host CRC on the GPU machine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from arrayio._checksum import _multiply, checksum
+from arrayio._device_checksum import (
+    combine_segments,
+    device_checksum,
+    segment_powers,
+    slicing_tables,
+)
+
+
+def _table_crc(data: bytes) -> int:
+    """CRC-32C with the kernel's slicing-by-4 tables (bytes at a time, then words)."""
+    t = slicing_tables().reshape(4, 256).astype(np.int64)
+    crc = 0xFFFFFFFF
+    words = len(data) // 4
+    for i in range(words):
+        crc ^= int.from_bytes(data[4 * i : 4 * i + 4], "little")
+        crc = int(t[3][crc & 255] ^ t[2][(crc >> 8) & 255] ^ t[1][(crc >> 16) & 255]
+                  ^ t[0][crc >> 24])
+    for byte in data[4 * words :]:
+        crc = int(t[0][(crc ^ byte) & 255]) ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+@given(st.binary(max_size=300))
+def test_slicing_tables_give_crc32c(data: bytes) -> None:
+    assert _table_crc(data) == checksum(np.frombuffer(data, np.uint8))
+
+
+@given(st.binary(min_size=1, max_size=5000), st.sampled_from([1, 3, 16, 64, 512]))
+@settings(max_examples=60, deadline=None)
+def test_segment_reduction_gives_the_crc_of_the_whole(data: bytes, segment: int) -> None:
+    array = np.frombuffer(data, np.uint8)
+    pieces = [array[start : start + segment] for start in range(0, array.nbytes, segment)]
+    crcs = [checksum(piece) for piece in pieces]
+    assert combine_segments(crcs, segment, pieces[-1].nbytes) == checksum(array)
+
+
+def test_segment_powers_are_successive_squares() -> None:
+    powers = segment_powers(4096)
+    for j in range(1, 8):
+        assert _multiply(int(powers[j - 1]), int(powers[j - 1])) == int(powers[j])
+
+
+def test_empty_buffer_needs_no_gpu() -> None:
+    class Empty:
+        nbytes = 0
+        device_index = 0
+
+    assert device_checksum(Empty()) == 0  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nbytes", [1, 15, 16, 17, 4095, 4096, 4097, 3 * 4096 + 5,
+                                    (1 << 20) + 3, 64 << 20])
+@pytest.mark.parametrize("misalign", [0, 1, 7])
+def test_kernel_matches_host_crc(nbytes: int, misalign: int) -> None:
+    import cupy
+
+    from arrayio._buffers import CupyDeviceBuffer
+
+    rng = np.random.default_rng(nbytes + misalign)
+    host = rng.integers(0, 256, nbytes + misalign, dtype=np.uint8)
+    device = cupy.asarray(host)[misalign:]
+    assert device_checksum(CupyDeviceBuffer(device)) == checksum(host[misalign:])
+
+
+@pytest.mark.gpu
+@given(st.binary(min_size=1, max_size=20000), st.integers(0, 15),
+       st.sampled_from([16, 48, 4096]))
+@settings(max_examples=40, deadline=None)
+def test_kernel_matches_host_crc_property(data: bytes, misalign: int, segment: int) -> None:
+    import cupy
+
+    from arrayio._buffers import CupyDeviceBuffer
+
+    padded = cupy.asarray(np.frombuffer(bytes(misalign) + data, np.uint8))
+    got = device_checksum(CupyDeviceBuffer(padded[misalign:]), segment=segment)
+    assert got == checksum(np.frombuffer(data, np.uint8))
+
+
+@pytest.mark.gpu
+def test_kernel_on_torch_memory() -> None:
+    torch = pytest.importorskip("torch")
+    from arrayio._buffers import TorchDeviceBuffer
+
+    tensor = torch.arange(1 << 20, dtype=torch.int32, device="cuda").view(torch.uint8)
+    expected = checksum(tensor.cpu().numpy())
+    assert device_checksum(TorchDeviceBuffer(tensor)) == expected
