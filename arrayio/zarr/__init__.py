@@ -1,0 +1,30 @@
+"""Zarr v3 arrays on local NVMe, read into CPU or GPU memory through arrayio.
+
+:class:`NVMeStore` is a zarr-python 3 store with :class:`zarr.storage.LocalStore`'s layout
+whose reads land in the memory zarr asks for (GPU memory under
+``zarr.config.enable_gpu()``) through arrayio's dispatcher, many chunks at once; its writes
+are atomic. :func:`read` returns a Zarr array (or a part of it) as a NumPy, JAX, CuPy or
+torch array, filled in place with no extra copy.
+
+This subpackage is the optional extra ``zarr`` (``pip install 'arrayio[zarr]'``);
+``import arrayio`` never imports it.
+"""
+
+from __future__ import annotations
+
+try:
+    import zarr
+except ImportError as error:
+    raise ImportError(
+        "arrayio.zarr requires the optional zarr-python >= 3.1 dependency: "
+        "pip install 'arrayio[zarr]'") from error
+
+if int(zarr.__version__.split(".")[0]) < 3 or zarr.__version__.startswith("3.0."):
+    raise ImportError(
+        f"arrayio.zarr requires zarr-python >= 3.1, found {zarr.__version__}: "
+        "pip install 'arrayio[zarr]'")
+
+from ._read import read
+from ._store import InvalidKeyError, NVMeStore
+
+__all__ = ["InvalidKeyError", "NVMeStore", "read"]
