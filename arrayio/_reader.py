@@ -172,6 +172,11 @@ class Reader:
         state = "closed" if self._fd is None else f"{len(self)} arrays, {self.nbytes} bytes"
         return f"<arrayio.Reader {self.path!r} ({self.format}, {state})>"
 
+    def _repr_html_(self) -> str:
+        from ._html import reader_html
+
+        return reader_html(self)
+
     def _entry(self, key: str) -> _Stored:
         try:
             return self._stored[key]

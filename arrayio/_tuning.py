@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import html
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -62,22 +61,9 @@ class DispatchReport:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        rows = []
-        for e in self.explanations:
-            for arm in e.arms:
-                gbps = f"{arm.gbps:.2f}" if arm.gbps is not None else ""
-                cells = [e.key if arm is e.arms[0] else "", arm.label, arm.state, gbps,
-                         str(arm.count), arm.reason or ""]
-                style = ' style="font-weight:bold"' if arm.state == "chosen" else ""
-                rows.append(f"<tr{style}>" + "".join(f"<td>{html.escape(c)}</td>"
-                                                     for c in cells) + "</tr>")
-        unavailable = ", ".join(f"{html.escape(n)} ({html.escape(r)})"
-                                for n, r in self.tools.items() if r is not None)
-        return ("<div><b>arrayio dispatch table</b> "
-                f"<code>{html.escape(self.table_path or 'in memory')}</code>"
-                + (f"<br>unavailable tools: {unavailable}" if unavailable else "")
-                + "<table><tr><th>context</th><th>arm</th><th>state</th><th>GB/s</th>"
-                "<th>calls</th><th>note</th></tr>" + "".join(rows) + "</table></div>")
+        from ._html import dispatch_report_html
+
+        return dispatch_report_html(self)
 
 
 def _tool_availability() -> dict[str, str | None]:

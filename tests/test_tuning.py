@@ -6,7 +6,6 @@ puts the process-wide one back afterwards.
 
 from __future__ import annotations
 
-import html.parser
 import json
 from pathlib import Path
 
@@ -17,7 +16,6 @@ import arrayio
 from arrayio import tools
 from arrayio.dispatch import Explanation, dispatcher
 from arrayio.dispatch.dispatcher import Dispatcher
-from arrayio.tools import Availability, Tool
 
 MiB = 1 << 20
 
@@ -26,69 +24,6 @@ MiB = 1 << 20
 def tuned(tmp_path: Path, fresh: Dispatcher) -> tuple[arrayio.DispatchReport, Path]:
     """A tuning run (2 MiB; warm and cold reads, writes) in ``tmp_path``."""
     return arrayio.tune(tmp_path, sizes=[2 << 20], caches=["warm", "cold"]), tmp_path
-
-
-class _Unavailable(Tool):
-    name = "fake-unavailable"
-
-    @classmethod
-    def availability(cls) -> Availability:
-        return Availability(False, "needs <libfake> & friends")
-
-    def pread(self, fd, buffer, file_offset, *, checksum=None):
-        raise AssertionError("never used")
-
-    def pwrite(self, fd, buffer, file_offset, *, checksum=None):
-        raise AssertionError("never used")
-
-
-class _Html(html.parser.HTMLParser):
-    """Checks that tags nest and close; collects the text of table cells by row."""
-
-    VOID = {"br", "hr", "img", "meta", "input", "wbr"}
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.stack: list[str] = []
-        self.tags: list[str] = []
-        self.rows: list[list[str]] = []
-        self.bold_rows: list[list[str]] = []
-        self.text: list[str] = []
-        self._bold = False
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append(tag)
-        if tag == "tr":
-            self.rows.append([])
-            self._bold = "font-weight:bold" in (dict(attrs).get("style") or "")
-        if tag in ("td", "th"):
-            self.rows[-1].append("")
-        if tag not in self.VOID:
-            self.stack.append(tag)
-
-    def handle_endtag(self, tag):
-        if tag in self.VOID:
-            return
-        assert self.stack and self.stack[-1] == tag, f"</{tag}> closes {self.stack}"
-        self.stack.pop()
-        if tag == "tr" and self._bold:
-            self.bold_rows.append(self.rows[-1])
-
-    def handle_data(self, data):
-        self.text.append(data)
-        if self.stack and self.stack[-1] in ("td", "th"):
-            self.rows[-1][-1] += data
-
-
-def parse_html(markup: str) -> _Html:
-    parser = _Html()
-    parser.feed(markup)
-    parser.close()
-    assert parser.stack == [], f"unclosed tags: {parser.stack}"
-    return parser
-
-
-# ---- tune --------------------------------------------------------------------------------
 
 
 def test_tune_learns_every_context_it_is_given(tuned):
@@ -144,37 +79,6 @@ def test_gpu_tools_say_why_they_cannot_run_here(tuned):
         assert report.tools[name] in str(report)
     assert "kvikio" in report.tools["kvikio"].lower() or "libcuda" in report.tools["kvikio"]
     assert "cupy" in report.tools["staged"].lower() or "cuda" in report.tools["staged"].lower()
-
-
-def test_the_html_report_is_well_formed(tuned):
-    report, _ = tuned
-    parsed = parse_html(report._repr_html_())
-    assert "table" in parsed.tags
-    header, *rows = parsed.rows
-    assert header == ["context", "arm", "state", "GB/s", "calls", "note"]
-    arms = [(e, arm) for e in report.explanations for arm in e.arms]
-    assert [row[1:3] for row in rows] == [[arm.label, arm.state] for _, arm in arms]
-    # The context is named on its first row only.
-    assert [row[0] for row in rows if row[0]] == [e.key for e in report.explanations]
-    assert [row[1] for row in parsed.bold_rows] == [e.chosen for e in report.explanations]
-    for row, (_, arm) in zip(rows, arms, strict=True):
-        assert row[4] == str(arm.count)
-        if arm.gbps is not None:
-            assert float(row[3]) == pytest.approx(arm.gbps, abs=0.006)
-    text = "".join(parsed.text)
-    for name, reason in report.tools.items():
-        if reason is not None:
-            assert f"{name} ({reason})" in text
-
-
-def test_the_html_report_escapes_what_it_shows(monkeypatch, fresh):
-    monkeypatch.setattr(tools, "_REGISTRY", dict(tools._REGISTRY))
-    tools.register("fake-unavailable", _Unavailable, clobber=True)
-    report = arrayio.explain()
-    assert report.tools["fake-unavailable"] == "needs <libfake> & friends"
-    parsed = parse_html(report._repr_html_())
-    assert "libfake" not in parsed.tags
-    assert "fake-unavailable (needs <libfake> & friends)" in "".join(parsed.text)
 
 
 def test_the_report_as_a_dict_is_json(tuned):
@@ -321,7 +225,6 @@ def test_explain_on_a_fresh_dispatcher_says_nothing_is_learned(tmp_path):
             assert report.table_path is not None and report.table_path.startswith(str(cache))
             assert "nothing learned yet" in str(report)
             assert report.as_dict()["contexts"] == []
-            parse_html(report._repr_html_())
         finally:
             dispatcher.reset()
     dispatcher.reset(Dispatcher(None))
