@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import _pytree, _transfer, config
+from . import _progress, _pytree, _transfer, config
 from ._atomic import atomic_write
 from ._frameworks import Exported, export, is_array
 from ._reader import Reader
@@ -21,7 +21,8 @@ PathLike = str | os.PathLike[str]
 
 
 def save(
-    path: PathLike, obj: Any, *, metadata: Mapping[str, Any] | None = None, tool: Any = None
+    path: PathLike, obj: Any, *, metadata: Mapping[str, Any] | None = None, tool: Any = None,
+    progress: bool | None = None,
 ) -> None:
     """Save an array, or a pytree of arrays, atomically.
 
@@ -40,6 +41,10 @@ def save(
     tool
         Force a transfer tool (``"posix"``, ``"direct(threads=4)"``...) instead of letting
         the dispatcher choose; also ``ARRAYIO_TOOL``.
+    progress
+        Show a progress bar (tqdm): ``None`` (default) for long saves where someone watches
+        (a terminal or Jupyter), ``True`` also in logs, ``False`` never; also
+        ``ARRAYIO_PROGRESS``.
 
     Raises
     ------
@@ -55,7 +60,7 @@ def save(
     over ``path``: an interrupted save leaves any previous file intact. Each array's CRC-32C is
     recorded and checked on load.
     """
-    write_prepared(prepare_save(path, obj, metadata), tool=tool)
+    write_prepared(prepare_save(path, obj, metadata), tool=tool, progress=progress)
 
 
 @dataclasses.dataclass
@@ -102,20 +107,24 @@ def prepare_save(path: PathLike, obj: Any, metadata: Mapping[str, Any] | None) -
 
 
 def write_prepared(prepared: PreparedSave, *, tool: Any = None,
-                   checkpoint: Callable[[bool], None] | None = None) -> None:
+                   checkpoint: Callable[[bool], None] | None = None,
+                   progress: bool | None = None) -> None:
     """Write a :class:`PreparedSave` atomically.
 
     ``checkpoint(False)`` is called before each array and ``checkpoint(True)`` just before
     the file replaces ``path``; an exception it raises abandons the save, leaving any previous
     file intact (how a running :func:`arrayio.save_async` is cancelled).
     """
-    with atomic_write(prepared.path) as fd:
+    total = sum(exported.data.nbytes for exported in prepared.arrays.values())
+    with atomic_write(prepared.path) as fd, _progress.bar(
+            total, desc=f"saving {prepared.path}", progress=progress) as advance:
         if prepared.layout is None:  # .npy: one array after its header
             exported = next(iter(prepared.arrays.values()))
             if checkpoint is not None:
                 checkpoint(False)
             _transfer.write_from(fd, len(prepared.npy_header), exported.data, tool=tool)
             _write_all(fd, prepared.npy_header, 0)
+            advance(exported.data.nbytes)
         else:
             layout = prepared.layout
             checksums = {}
@@ -126,6 +135,7 @@ def write_prepared(prepared: PreparedSave, *, tool: Any = None,
                                            with_checksum=True, tool=tool)
                 if crc is not None:  # None only from a forced tool that cannot checksum
                     checksums[entry.key] = crc
+                advance(entry.nbytes)
             _write_all(fd, layout.header(checksums), 0)
             if os.fstat(fd).st_size < layout.file_size:  # only an empty last tensor does this
                 os.ftruncate(fd, layout.file_size)
@@ -200,6 +210,7 @@ def load(
     structure: Any = None,
     verify: bool | None = None,
     tool: Any = None,
+    progress: bool | None = None,
 ) -> Any:
     """Load what :func:`save` wrote (or any safetensors / ``.npy`` file).
 
@@ -225,6 +236,8 @@ def load(
         Check CRC-32C checksums (default: on; ``ARRAYIO_VERIFY_CHECKSUMS=0`` turns it off).
     tool
         Force a transfer tool (see :func:`save`).
+    progress
+        Show a progress bar for long loads (see :func:`save`).
 
     Returns
     -------
@@ -235,7 +248,8 @@ def load(
     KeyNotFoundError, ChecksumError, FormatError, UnsupportedDtypeError, DeviceError
     """
     with Reader(path, verify=verify, tool=tool) as reader:
-        return reader.load(keys=keys, like=like, device=device, structure=structure)
+        return reader.load(keys=keys, like=like, device=device, structure=structure,
+                           progress=progress)
 
 
 def read_into(
