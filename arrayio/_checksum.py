@@ -36,22 +36,25 @@ def _multiply(a: int, b: int) -> int:
         b = (b >> 1) ^ _POLY if b & 1 else b >> 1
 
 
-def _powers() -> list[int]:
+def _powers(count: int) -> list[int]:
     table = [1 << 30]  # x^1
-    for _ in range(31):
+    for _ in range(count - 1):
         table.append(_multiply(table[-1], table[-1]))
     return table
 
 
-_X2N = _powers()  # x^(2^n) modulo the polynomial
+# x^(2^n) modulo the polynomial, for every bit of an 8 * 64-bit length. zlib indexes its
+# table with n & 31, which holds for its own polynomial; for CRC-32C, x^(2^32) is not x,
+# and wrapping would break every length from 512 MiB up.
+_X2N = _powers(67)
 
 
 def _x8n(n: int) -> int:
-    """x^(8n) modulo the polynomial."""
+    """x^(8n) modulo the polynomial, for 0 <= n < 2^64."""
     power, k = 1 << 31, 3
     while n:
         if n & 1:
-            power = _multiply(_X2N[k & 31], power)
+            power = _multiply(_X2N[k], power)
         n >>= 1
         k += 1
     return power
