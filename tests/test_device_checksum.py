@@ -96,3 +96,14 @@ def test_kernel_on_torch_memory() -> None:
     tensor = torch.arange(1 << 20, dtype=torch.int32, device="cuda").view(torch.uint8)
     expected = checksum(tensor.cpu().numpy())
     assert device_checksum(TorchDeviceBuffer(tensor)) == expected
+
+
+@pytest.mark.gpu
+def test_kernel_beyond_512_mib() -> None:
+    # Shifts by 512 MiB and more: where a wrapping table of powers of x went wrong.
+    import cupy
+
+    from arrayio._buffers import CupyDeviceBuffer
+
+    device = cupy.arange(600 << 18, dtype=cupy.uint32).view(cupy.uint8)  # 600 MiB
+    assert device_checksum(CupyDeviceBuffer(device)) == checksum(cupy.asnumpy(device))
