@@ -72,6 +72,8 @@ class Reader:
         The framework the arrays were saved from, when arrayio wrote the file.
     """
 
+    _fd: int | None = None  # until opened: __del__ of a Reader whose open failed is a no-op
+
     def __init__(self, path: str | os.PathLike[str], *, verify: bool | None = None,
                  tool: Any = None) -> None:
         self.path = os.fspath(path)
