@@ -28,15 +28,20 @@ from ._checksum import _POLY, _multiply, _x8n, combine
 if TYPE_CHECKING:
     from ._buffers import DeviceBuffer
 
-__all__ = ["SEGMENT_BYTES", "available", "device_checksum", "segment_powers", "slicing_tables"]
+__all__ = ["SEGMENT_BYTES", "available", "device_checksum", "segment_for", "segment_powers",
+           "slicing_tables"]
 
 logger = logging.getLogger("arrayio")
 
-# Bytes per thread. Large enough that the per-thread shift (a few dozen carry-less
-# multiplications) is noise, small enough that a gigabyte spreads over every SM.
+# Bytes per thread: up to SEGMENT_BYTES, where the per-thread shift (a few dozen carry-less
+# multiplications) is noise next to the CRC, and down to MIN_SEGMENT_BYTES for small buffers,
+# so that a megabyte still spreads over every SM (at 4 KiB a segment, 1 MiB is one block
+# and takes 100 µs; spread out it takes a kernel launch).
 SEGMENT_BYTES = 4096
+MIN_SEGMENT_BYTES = 64
+_TARGET_THREADS = 1 << 16
 _THREADS = 256
-_MAX_POWERS = 64  # segments up to 2^64: more than any address space
+_MAX_POWERS = 48  # shifts by up to 2^48 segments: more than any device holds
 
 _SOURCE = r"""
 extern "C" {
@@ -130,7 +135,7 @@ def slicing_tables() -> np.ndarray:
 
 @functools.lru_cache(maxsize=8)
 def segment_powers(segment: int) -> np.ndarray:
-    """``x^(8 * segment * 2^j)`` modulo the polynomial for j = 0..63, as ``uint32[64]``."""
+    """``x^(8 * segment * 2^j)`` modulo the polynomial for j = 0..47, as ``uint32[48]``."""
     return np.array([_x8n(segment << j) for j in range(_MAX_POWERS)], dtype=np.uint32)
 
 
@@ -190,7 +195,14 @@ def available() -> bool:
     return _cupy() is not None and _unavailable is None
 
 
-def device_checksum(buffer: DeviceBuffer, segment: int = SEGMENT_BYTES) -> int | None:
+def segment_for(nbytes: int) -> int:
+    """Bytes per thread for a buffer of ``nbytes``: a power of two, so that segments start
+    as aligned as the buffer."""
+    wanted = max(1, nbytes // _TARGET_THREADS)
+    return min(SEGMENT_BYTES, max(MIN_SEGMENT_BYTES, 1 << (wanted.bit_length() - 1)))
+
+
+def device_checksum(buffer: DeviceBuffer, segment: int | None = None) -> int | None:
     """The CRC-32C of a device buffer's bytes, computed on its GPU.
 
     The caller must have finished writing the buffer (the tools synchronize before they
@@ -209,7 +221,7 @@ def device_checksum(buffer: DeviceBuffer, segment: int = SEGMENT_BYTES) -> int |
     if not available():
         return None
     try:
-        return _run(_cupy(), buffer, nbytes, segment)
+        return _run(_cupy(), buffer, nbytes, segment or segment_for(nbytes))
     except MemoryError:
         raise
     except Exception as error:  # noqa: BLE001 - a kernel that cannot be built or run here

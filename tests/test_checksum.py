@@ -38,6 +38,6 @@ def test_parts_in_any_order_and_split_give_the_whole(data: bytes, draw: st.DataO
         if len(data) > 1 else []
     bounds = [0, *cuts, len(data)]
     parts = ChecksumParts(len(data))
-    for start, stop in reversed(list(zip(bounds, bounds[1:]))):
+    for start, stop in reversed(list(zip(bounds[:-1], bounds[1:], strict=True))):
         parts.add_data(start, array[start:stop])
     assert parts.value() == checksum(array)

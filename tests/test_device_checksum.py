@@ -107,3 +107,12 @@ def test_kernel_beyond_512_mib() -> None:
 
     device = cupy.arange(600 << 18, dtype=cupy.uint32).view(cupy.uint8)  # 600 MiB
     assert device_checksum(CupyDeviceBuffer(device)) == checksum(cupy.asnumpy(device))
+
+
+@pytest.mark.parametrize("nbytes", [1, 100, 1 << 20, 64 << 20, 1 << 30, 1 << 40])
+def test_segments_are_powers_of_two_within_bounds(nbytes: int) -> None:
+    from arrayio._device_checksum import MIN_SEGMENT_BYTES, SEGMENT_BYTES, segment_for
+
+    segment = segment_for(nbytes)
+    assert MIN_SEGMENT_BYTES <= segment <= SEGMENT_BYTES
+    assert segment & (segment - 1) == 0
