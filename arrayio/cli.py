@@ -1,8 +1,731 @@
-"""The ``arrayio`` command (work in progress)."""
+"""The ``arrayio`` command: look into files, check them, convert them, and measure and tune
+this machine's transfer tools.
+
+::
+
+    arrayio info FILE [--json]              keys, dtypes, shapes, sizes, metadata, checksums
+    arrayio verify FILE [--strict]          check every array's CRC-32C
+    arrayio convert SRC DST                 .npy/.npz/.safetensors/.pt/Zarr <-> arrayio
+    arrayio bench [--sizes 1M,64M] [--png]  quick bandwidth sweep of every tool here
+    arrayio tune [DIR] [--device cuda:0]    teach the dispatcher this machine ahead of time
+    arrayio explain [FILE] [--json]         what the dispatcher learned (or would do)
+
+Exit codes (also in ``arrayio --help``):
+
+0
+    success
+1
+    the data failed: a checksum mismatch, a damaged, truncated or unreadable file, data
+    the target format cannot hold (``convert``), a tool that failed (``bench``)
+2
+    usage: bad arguments, a missing input, an output that exists (without ``--overwrite``),
+    an unknown key
+3
+    an optional dependency is missing (torch, zarr, matplotlib, ml_dtypes, tqdm); the
+    message says what to install
+130
+    interrupted (Ctrl-C)
+
+Errors are one line on stderr naming the file and the problem, never a traceback
+(``ARRAYIO_DEBUG=1`` shows it).
+"""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import functools
+import json
+import os
+import shutil
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the ``arrayio`` command."""
-    return 0
+import numpy as np
+
+from . import _dtypes, _progress, _transfer, config, errors
+from ._units import format_bytes, parse_size
+
+__all__ = ["EXIT_DATA", "EXIT_DEPENDENCY", "EXIT_OK", "EXIT_USAGE", "CommandError", "main"]
+
+EXIT_OK = 0
+EXIT_DATA = 1
+EXIT_USAGE = 2
+EXIT_DEPENDENCY = 3
+EXIT_INTERRUPTED = 130
+
+_EPILOG = """exit codes:
+  0    success
+  1    the data failed: checksum mismatch, damaged or truncated file, data the target
+       format cannot hold, a benchmarked tool that failed
+  2    usage: bad arguments, missing input, existing output (see --overwrite), unknown key
+  3    an optional dependency is missing (the message says what to install)
+  130  interrupted
+"""
+
+_VERIFY_CHUNK = 64 << 20  # verify reads in pieces of this size: memory stays bounded
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Wraps descriptions as usual, keeps the exit-code table as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("exit codes:"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+class CommandError(Exception):
+    """An error the command reports as one line on stderr, exiting with ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _columns(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> str:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(header)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+    return "\n".join([line(header), *(line(r) for r in rows)])
+
+
+# --------------------------------------------------------------------------- info
+
+
+def _describe(path: str) -> dict[str, Any]:
+    import arrayio
+
+    with arrayio.open(path) as reader:
+        arrays = [{"key": info.key, "dtype": info.dtype, "shape": list(info.shape),
+                   "nbytes": info.nbytes, "offset": info.file_offset, "crc32c": info.crc32c}
+                  for info in reader.arrays.values()]
+        return {"path": path, "format": reader.format, "framework": reader.framework,
+                "file_bytes": os.path.getsize(path), "nbytes": reader.nbytes,
+                "metadata": reader.metadata, "arrays": arrays,
+                "checksums": {"present": sum(a["crc32c"] is not None for a in arrays),
+                              "arrays": len(arrays)}}
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    info = _describe(args.file)
+    if args.json:
+        _print_json(info)
+        return EXIT_OK
+    origin = f", saved from {info['framework']}" if info["framework"] else ""
+    count = len(info["arrays"])
+    print(f"{info['path']}: {info['format']}, {count} array{'s' if count != 1 else ''}, "
+          f"{format_bytes(info['nbytes'])} of data in {format_bytes(info['file_bytes'])}"
+          f"{origin}")
+    sums = info["checksums"]
+    print(f"checksums: CRC-32C on {sums['present']} of {sums['arrays']} arrays")
+    if info["metadata"]:
+        print("metadata:")
+        for name, value in info["metadata"].items():
+            print(f"  {name} = {value if isinstance(value, str) else json.dumps(value)}")
+    if info["arrays"]:
+        rows = [(a["key"], a["dtype"], _shape(a["shape"]), format_bytes(a["nbytes"]),
+                 str(a["offset"]), a["crc32c"] or "-") for a in info["arrays"]]
+        print(_columns(("key", "dtype", "shape", "size", "offset", "crc32c"), rows, {3, 4}))
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def _crc_of(fd: int, path: str, start: int, nbytes: int, buffer: np.ndarray) -> int:
+    from ._checksum import combine
+
+    crc = 0
+    for offset in range(0, nbytes, buffer.nbytes):
+        piece = buffer[: min(buffer.nbytes, nbytes - offset)]
+        part = _transfer.read_into(fd, start + offset, piece, path=path, with_checksum=True)
+        crc = combine(crc, part or 0, piece.nbytes)
+    return crc
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    import arrayio
+
+    from ._buffers import aligned_empty
+
+    failed: list[str] = []
+    unchecked: list[str] = []
+    with arrayio.open(args.file) as reader:
+        arrays = list(reader.arrays.values())
+        checked = [info for info in arrays if info.crc32c is not None]
+        unchecked = [info.key for info in arrays if info.crc32c is None]
+        largest = max((info.nbytes for info in checked), default=0)
+        buffer = aligned_empty(max(1, min(largest, _VERIFY_CHUNK)))
+        total = sum(info.nbytes for info in checked)
+        with _progress.bar(total, desc=f"verifying {args.file}") as advance:
+            for info in checked:
+                try:
+                    crc = _crc_of(reader.fd, reader.path, info.file_offset, info.nbytes, buffer)
+                except errors.TruncatedFileError as error:
+                    print(f"{args.file}: array {info.key!r}: {error}", file=sys.stderr)
+                    failed.append(info.key)
+                    continue
+                if f"{crc:08x}" != info.crc32c:
+                    print(f"{args.file}: array {info.key!r}: CRC-32C {crc:08x}, the file "
+                          f"recorded {info.crc32c}: the data is damaged", file=sys.stderr)
+                    failed.append(info.key)
+                elif args.verbose:
+                    print(f"ok  {info.key}")
+                advance(info.nbytes)
+    if unchecked:
+        names = ", ".join(repr(k) for k in unchecked[:5]) + (", ..." if len(unchecked) > 5
+                                                             else "")
+        print(f"{args.file}: {len(unchecked)} of {len(arrays)} arrays carry no checksum "
+              f"(not written by arrayio?), not verified: {names}",
+              file=sys.stderr if args.strict else sys.stdout)
+    if failed:
+        raise CommandError(f"{args.file}: {len(failed)} of {len(checked)} checksummed arrays "
+                           f"failed verification: {', '.join(map(repr, failed))}", EXIT_DATA)
+    if unchecked and args.strict:
+        raise CommandError(f"{args.file}: --strict and {len(unchecked)} arrays carry no "
+                           "checksum", EXIT_DATA)
+    print(f"{args.file}: OK, {len(checked)} of {len(arrays)} arrays verified "
+          f"({format_bytes(sum(info.nbytes for info in checked))}, CRC-32C)")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- convert
+
+FORMATS = ("arrayio", "npy", "npz", "pt", "zarr")
+_ALIASES = {"safetensors": "arrayio", "container": "arrayio", "torch": "pt"}
+
+
+def _format_of(path: str, given: str | None) -> str:
+    if given is not None:
+        return _ALIASES.get(given, given)
+    bare = path.rstrip("/")
+    if os.path.isdir(bare) or bare.endswith(".zarr"):
+        return "zarr"
+    extension = os.path.splitext(bare)[1].lower()
+    return {".npy": "npy", ".npz": "npz", ".pt": "pt", ".pth": "pt"}.get(extension, "arrayio")
+
+
+def _needs(module: str, extra: str, what: str) -> Any:
+    try:
+        return __import__(module)
+    except ImportError:
+        raise CommandError(f"{what} needs {module}: pip install 'arrayio[{extra}]'",
+                           EXIT_DEPENDENCY) from None
+
+
+def _check_dtype(array: Any, where: str) -> None:
+    """Refuse a dtype arrayio does not store, naming the file and key."""
+    _dtypes.dtype_of(array.dtype, where=where)
+
+
+def _detached(x: Any) -> Any:
+    """A tensor from torch.load, detached from autograd (DLPack refuses ``requires_grad``)."""
+    return x.detach() if type(x).__module__.startswith("torch") and hasattr(x, "detach") else x
+
+
+def _nest(flat: dict[str, Any], separator: str) -> dict[str, Any]:
+    """{"a/b": x} -> {"a": {"b": x}}."""
+    tree: dict[str, Any] = {}
+    for path, value in flat.items():
+        node = tree
+        *parents, name = path.split(separator)
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[name] = value
+    return tree
+
+
+class _Source:
+    """What a source file holds: a pytree (or one array) and its metadata."""
+
+    def __init__(self, tree: Any, metadata: dict[str, Any]) -> None:
+        from ._frameworks import is_array
+        from ._pytree import leaves_by_key
+
+        self.tree = tree
+        self.metadata = metadata
+        leaves = leaves_by_key(tree)
+        self.arrays = {key: x for key, x in leaves.items() if is_array(x)}
+        self.constants = [key for key, x in leaves.items() if not is_array(x)]
+
+
+def _read_source(path: str, kind: str, progress: bool | None, like: str | None) -> _Source:
+    import arrayio
+
+    if kind in ("arrayio", "npy"):
+        with arrayio.open(path) as reader:
+            return _Source(reader.load(like=like, progress=progress), dict(reader.metadata))
+    if kind == "npz":
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such file")
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                arrays = {name: npz[name] for name in npz.files}
+        except (ValueError, OSError, zipfile.BadZipFile) as error:
+            raise errors.FormatError(f"{path}: not a readable .npz file: {error}") from None
+        for name, array in arrays.items():
+            _check_dtype(array, f"{path}: array {name!r}: ")
+        return _Source(arrays, {})
+    if kind == "pt":
+        torch = _needs("torch", "torch", "reading .pt files")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such file")
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # noqa: BLE001 - torch raises many kinds (pickle, zip...)
+            raise errors.FormatError(f"{path}: torch.load(weights_only=True) failed: "
+                                     f"{str(error).splitlines()[0]}") from None
+        return _Source(_map_arrays(obj, _detached), {})
+    if kind == "zarr":
+        zarr = _needs("zarr", "zarr", "reading Zarr")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: no such Zarr store")
+        try:
+            node = zarr.open(path, mode="r")
+        except Exception as error:  # noqa: BLE001 - zarr's errors for a non-store vary
+            raise errors.FormatError(f"{path}: not a Zarr array or group: {error}") from None
+        if isinstance(node, zarr.Array):
+            array = node[...]
+            _check_dtype(array, f"{path}: ")
+            return _Source(array, {})
+        arrays = {}
+        for name, member in node.members(max_depth=None):
+            if isinstance(member, zarr.Array):
+                arrays[name] = member[...]
+                _check_dtype(arrays[name], f"{path}: array {name!r}: ")
+        return _Source(_nest(arrays, "/"), dict(node.attrs))
+    raise CommandError(f"unknown format {kind!r}; known: {', '.join(FORMATS)}")
+
+
+def _arrays_only(source: _Source, kind: str) -> dict[str, Any]:
+    """The source's arrays by key, with a note on stderr for what ``kind`` cannot hold."""
+    if source.constants:
+        names = ", ".join(source.constants[:5]) + (", ..." if len(source.constants) > 5 else "")
+        print(f"arrayio convert: note: {kind} holds arrays only; not converted: {names}",
+              file=sys.stderr)
+    if source.metadata and kind in ("npz", "npy"):
+        print(f"arrayio convert: note: {kind} holds no metadata; not converted: "
+              f"{', '.join(source.metadata)}", file=sys.stderr)
+    return source.arrays
+
+
+@contextlib.contextmanager
+def _atomic_path(path: str, *, directory: bool = False) -> Iterator[str]:
+    """A temporary file (or directory) beside ``path``, moved over it on success: a failed
+    conversion leaves no half-written output, and any previous one intact."""
+    parent = os.path.dirname(os.path.abspath(path))
+    prefix = ".arrayio-convert-"
+    if directory:
+        temporary = tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent)
+    else:
+        fd, temporary = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=parent)
+        os.close(fd)
+    try:
+        yield temporary
+        if directory and os.path.exists(path):
+            old = tempfile.mkdtemp(prefix=prefix, suffix=".old", dir=parent)
+            os.replace(path, os.path.join(old, "previous"))
+            os.replace(temporary, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(temporary, path)
+    except BaseException:
+        if directory:
+            shutil.rmtree(temporary, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+        raise
+
+
+def _host_numpy(array: Any) -> np.ndarray:
+    return array if isinstance(array, np.ndarray) else np.asarray(array)
+
+
+def _write_npz(flat: dict[str, Any], dst: str, progress: bool | None) -> None:
+    arrays = {key: _host_numpy(a) for key, a in flat.items()}
+    for key, array in arrays.items():
+        if not _dtypes.dtype_of(array.dtype).numpy_native:
+            raise errors.UnsupportedDtypeError(
+                f"{dst}: .npz cannot record {array.dtype} (array {key!r}; NumPy would read "
+                "opaque bytes): convert to .safetensors, .pt or an arrayio container")
+    total = sum(a.nbytes for a in arrays.values())
+    with _atomic_path(dst) as temporary, zipfile.ZipFile(temporary, "w") as z, \
+            _progress.bar(total, desc=f"writing {dst}", progress=progress) as advance:
+        for key, array in arrays.items():
+            # As numpy.savez, without its keyword arguments (a key named "file" is fine here).
+            with z.open(f"{key}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, array, allow_pickle=False)
+            advance(array.nbytes)
+
+
+def _write_pt(source: _Source, dst: str, progress: bool | None) -> None:
+    torch = _needs("torch", "torch", "writing .pt files")
+
+    def to_torch(x: Any) -> Any:
+        from ._frameworks import is_array
+
+        if is_array(x) and not isinstance(x, torch.Tensor):
+            return torch.from_numpy(np.ascontiguousarray(_host_numpy(x)))
+        return x
+
+    tree = _map_arrays(source.tree, to_torch)
+    with _atomic_path(dst) as temporary, open(temporary, "wb") as file:
+        try:
+            torch.save(tree, file)
+        except Exception as error:  # noqa: BLE001 - torch raises RuntimeError, pickle errors...
+            raise errors.UnsupportedObjectError(f"{dst}: torch.save failed: {error}") from None
+
+
+def _map_arrays(tree: Any, function: Callable[[Any], Any]) -> Any:
+    if isinstance(tree, dict):
+        return {k: _map_arrays(v, function) for k, v in tree.items()}
+    if isinstance(tree, list | tuple) and not hasattr(type(tree), "_fields"):
+        items = [_map_arrays(v, function) for v in tree]
+        return items if isinstance(tree, list) else tuple(items)
+    return function(tree)
+
+
+def _zarr_store_at(path: str) -> bool:
+    return any(os.path.exists(os.path.join(path, name))
+               for name in ("zarr.json", ".zgroup", ".zarray"))
+
+
+def _write_zarr(source: _Source, dst: str, progress: bool | None) -> None:
+    zarr = _needs("zarr", "zarr", "writing Zarr")
+    from ._frameworks import is_array
+
+    arrays = {key: _host_numpy(a) for key, a in _arrays_only(source, "zarr").items()}
+    total = sum(a.nbytes for a in arrays.values())
+    with _atomic_path(dst, directory=True) as temporary, _progress.bar(
+            total, desc=f"writing {dst}", progress=progress) as advance:
+        if is_array(source.tree):  # one array: a Zarr array, not a group
+            nodes = [("", next(iter(arrays.values())))]
+            create = functools.partial(zarr.create_array, temporary)
+        else:
+            root = zarr.open_group(temporary, mode="w")
+            if source.metadata:
+                root.attrs.update(source.metadata)
+            nodes = list(arrays.items())
+            create = root.create_array
+        for key, array in nodes:
+            try:
+                if key:
+                    create(key.replace(".", "/"), data=array)
+                else:
+                    create(data=array)
+            except Exception as error:  # noqa: BLE001 - zarr's errors: ValueError for a dtype,
+                # ContainsArrayError for a key that is also a group...
+                what = f"array {key!r} ({array.dtype})" if key else str(array.dtype)
+                raise errors.UnsupportedDtypeError(
+                    f"{dst}: Zarr cannot store {what}: {error}") from None
+            advance(array.nbytes)
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    import arrayio
+
+    src, dst = args.src, args.dst
+    source_kind, target_kind = _format_of(src, args.source_format), _format_of(dst, args.to)
+    if os.path.abspath(src.rstrip("/")) == os.path.abspath(dst.rstrip("/")):
+        raise CommandError(f"{dst}: the destination is the source")
+    if not os.path.exists(src):
+        raise CommandError(f"{src}: no such file or directory")
+    if os.path.exists(dst) and not args.overwrite:
+        raise CommandError(f"{dst} exists: pass --overwrite to replace it")
+    if target_kind == "zarr" and os.path.isdir(dst) and os.listdir(dst) and not _zarr_store_at(
+            dst):
+        raise CommandError(f"{dst} is a directory that is not a Zarr store: refusing to "
+                           "replace it")
+    if target_kind != "zarr" and os.path.isdir(dst):
+        raise CommandError(f"{dst} is a directory")
+    progress = args.progress
+    if target_kind == "pt":
+        _needs("torch", "torch", "writing .pt files")
+    # Into .pt, arrayio loads torch tensors directly (bfloat16 and float8 included).
+    source = _read_source(src, source_kind, progress, "torch" if target_kind == "pt" else None)
+    if args.key is not None:
+        if args.key not in source.arrays:
+            raise errors.KeyNotFoundError(f"{src}: no array {args.key!r} (arrays: "
+                                          f"{', '.join(list(source.arrays)[:8])})")
+        source = _Source(source.arrays[args.key], source.metadata)
+
+    if target_kind == "npy":
+        if len(source.arrays) != 1:
+            raise CommandError(
+                f"{dst}: .npy holds one array and {src} has {len(source.arrays)}; pick one "
+                f"with --key (arrays: {', '.join(list(source.arrays)[:8])})")
+        arrayio.save(dst, next(iter(_arrays_only(source, "npy").values())), progress=progress)
+    elif target_kind == "arrayio":
+        arrayio.save(dst, source.tree, metadata=source.metadata or None, progress=progress)
+    elif target_kind == "npz":
+        _write_npz(_arrays_only(source, "npz"), dst, progress)
+    elif target_kind == "pt":
+        _write_pt(source, dst, progress)
+    elif target_kind == "zarr":
+        _write_zarr(source, dst, progress)
+    else:
+        raise CommandError(f"unknown format {target_kind!r}; known: {', '.join(FORMATS)}")
+    count = len(source.arrays)
+    print(f"{src} ({source_kind}) -> {dst} ({target_kind}): {count} "
+          f"array{'s' if count != 1 else ''}")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- bench, tune
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return [parse_size(part) for part in text.split(",") if part.strip()]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from . import _bench, tools
+
+    if args.png is not None:
+        _needs("matplotlib", "bench", "--png")
+    if args.tools is not None:
+        for name in args.tools:
+            tools.tool_class(name)  # unknown names: UnknownToolError, a usage error
+    if not os.path.isdir(args.dir):
+        raise CommandError(f"{args.dir}: not a directory")
+    memory = ["host", "cuda"] if args.gpu else ["host"]
+    result = _bench.run(args.dir, sizes=args.sizes or _bench.DEFAULT_SIZES, memory=memory,
+                        caches=["warm", "cold"] if args.cold else ["warm"],
+                        tool_names=args.tools, dispatcher=not args.no_dispatcher,
+                        checksum=args.checksum, repeats=args.repeats, device=args.device,
+                        progress=args.progress)
+    if args.json:
+        _print_json(result.as_dict())
+    else:
+        print(result.table())
+    if args.png is not None:
+        result.plot().savefig(args.png, dpi=120)
+        print(f"plot: {args.png}", file=sys.stderr if args.json else sys.stdout)
+    if any(row.error for row in result.rows):
+        return EXIT_DATA
+    return EXIT_OK
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    import arrayio
+
+    if not os.path.isdir(args.directory):
+        raise CommandError(f"{args.directory}: not a directory")
+    kwargs: dict[str, Any] = {"device": args.device, "verify": args.checksum,
+                              "caches": ["warm", "cold"] if args.cold else ["warm"]}
+    if args.sizes is not None:
+        kwargs["sizes"] = args.sizes
+    report = arrayio.tune(args.directory, **kwargs)
+    if args.json:
+        _print_json(report.as_dict())
+    else:
+        print(report)
+    return EXIT_OK
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    import arrayio
+
+    if args.file is None and (args.key is not None or args.device is not None):
+        raise CommandError("--key and --device need a FILE")
+    report = arrayio.explain(args.file, key=args.key, device=args.device)
+    if args.json:
+        _print_json(report.as_dict())
+    else:
+        print(report)
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- the parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``arrayio`` argument parser (for documentation tools and tests)."""
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="arrayio", description="Look into, check and convert array files; measure and "
+        "tune this machine's transfer tools.", epilog=_EPILOG,
+        formatter_class=_Formatter)
+    parser.add_argument("--version", action="version", version=f"arrayio {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="show progress bars (default: on a terminal, for long work; "
+                        "also ARRAYIO_PROGRESS)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, help_text: str, description: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=description,
+                                  parents=[common], epilog=_EPILOG,
+                                  formatter_class=_Formatter)
+        return sub
+
+    info = command("info", "what a file holds", "Keys, dtypes, shapes, sizes, offsets, "
+                   "metadata and checksum status of an arrayio / safetensors container or "
+                   ".npy file. Reads only the header.")
+    info.add_argument("file", metavar="FILE")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.set_defaults(run=_cmd_info)
+
+    verify = command("verify", "check every array's checksum",
+                     "Read every array and check its CRC-32C against the one recorded when "
+                     "the file was written. Exits 1 naming each damaged array.")
+    verify.add_argument("file", metavar="FILE")
+    verify.add_argument("--strict", action="store_true",
+                        help="also fail when arrays carry no checksum (files not written by "
+                        "arrayio, .npy)")
+    verify.add_argument("-v", "--verbose", action="store_true", help="list every array")
+    verify.set_defaults(run=_cmd_verify)
+
+    convert = command(
+        "convert", "convert between .npy, .npz, .safetensors, .pt, Zarr and arrayio",
+        "Convert SRC to DST, formats told by extension (.npy, .npz, .pt/.pth, a directory "
+        "or .zarr for Zarr, anything else an arrayio container, which is a safetensors "
+        "file) or by --from/--to. dtypes are kept (bfloat16 and float8 need ml_dtypes, "
+        "and .npy, .npz and Zarr cannot hold them); the pytree structure and metadata are "
+        "kept where the target can hold them. .pt files are read with "
+        "torch.load(weights_only=True). Arrays are held in memory.")
+    convert.add_argument("src", metavar="SRC")
+    convert.add_argument("dst", metavar="DST")
+    convert.add_argument("--from", dest="source_format", choices=[*FORMATS, *_ALIASES],
+                         help="the source format (default: from SRC's name)")
+    convert.add_argument("--to", choices=[*FORMATS, *_ALIASES],
+                         help="the target format (default: from DST's name)")
+    convert.add_argument("--key", help="convert only this array (e.g. into a .npy)")
+    convert.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
+    convert.set_defaults(run=_cmd_convert)
+
+    bench = command("bench", "quick bandwidth sweep of every transfer tool here",
+                    "Measure every transfer tool that can run here (default parameters) and "
+                    "the dispatcher, reading (warm) and writing a scratch file in --dir at "
+                    "a few sizes; prints GB/s per tool and size. The dispatcher learns from "
+                    "these transfers too.")
+    bench.add_argument("--dir", default=".", help="where the scratch file goes (default: .)")
+    bench.add_argument("--sizes", type=_sizes, default=None, metavar="LIST",
+                       help="comma-separated sizes (default: 256K,4M,64M)")
+    bench.add_argument("--repeats", type=int, default=3, help="samples per figure (median)")
+    bench.add_argument("--tools", type=_names, default=None, metavar="LIST",
+                       help="only these tools (default: every one available)")
+    bench.add_argument("--cold", action="store_true", help="also cold reads (page cache "
+                       "evicted before each)")
+    bench.add_argument("--gpu", action="store_true", help="also GPU memory (needs CuPy)")
+    bench.add_argument("--device", default="cuda:0", help="the GPU for --gpu")
+    bench.add_argument("--checksum", action=argparse.BooleanOptionalAction, default=True,
+                       help="compute CRC-32C on the way, as loads and saves do (default: on)")
+    bench.add_argument("--no-dispatcher", action="store_true", help="tools only")
+    bench.add_argument("--png", metavar="FILE", help="also plot bandwidth against size")
+    bench.add_argument("--json", action="store_true", help="machine-readable output")
+    bench.set_defaults(run=_cmd_bench)
+
+    tune = command("tune", "teach the dispatcher this machine ahead of time",
+                   "Run transfers of several sizes on a scratch file in DIRECTORY until the "
+                   "dispatcher has learned the fastest tool for each; the table is saved "
+                   "under ARRAYIO_CACHE_DIR for later processes.")
+    tune.add_argument("directory", metavar="DIRECTORY", nargs="?", default=".",
+                      help="on the storage to tune for (default: .)")
+    tune.add_argument("--device", default=None, help="cpu (default) or a GPU (cuda:0)")
+    tune.add_argument("--sizes", type=_sizes, default=None, metavar="LIST",
+                      help="comma-separated sizes (default: 64K,1M,16M,256M)")
+    tune.add_argument("--cold", action=argparse.BooleanOptionalAction, default=True,
+                      help="also tune cold reads (default: on)")
+    tune.add_argument("--checksum", action=argparse.BooleanOptionalAction, default=True,
+                      help="tune checksummed transfers, as loads verify (default: on)")
+    tune.add_argument("--json", action="store_true", help="machine-readable output")
+    tune.set_defaults(run=_cmd_tune)
+
+    explain = command("explain", "what the dispatcher learned, or would do for a file",
+                      "Without FILE: every learned context, its chosen tool and each tool's "
+                      "measured bandwidth. With FILE: what loading it would use.")
+    explain.add_argument("file", metavar="FILE", nargs="?")
+    explain.add_argument("--key", help="with FILE: only this array")
+    explain.add_argument("--device", help="with FILE: where the load would go (cpu, cuda:0)")
+    explain.add_argument("--json", action="store_true", help="machine-readable output")
+    explain.set_defaults(run=_cmd_explain)
+    return parser
+
+
+def _exit_code(error: BaseException) -> int:
+    if isinstance(error, CommandError):
+        return error.code
+    if isinstance(error, errors.FrameworkNotAvailableError | ImportError):
+        return EXIT_DEPENDENCY
+    if isinstance(error, errors.KeyNotFoundError | errors.UnknownToolError |
+                  errors.DeviceError | FileNotFoundError | IsADirectoryError |
+                  NotADirectoryError | PermissionError | FileExistsError):
+        return EXIT_USAGE
+    return EXIT_DATA  # FormatError (checksum, truncation), UnsupportedDtypeError, OSError...
+
+
+def _message(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        return f"{error.filename}: {error.strerror}"
+    text = str(error) or type(error).__name__
+    return text.splitlines()[0] if isinstance(error, ImportError) else text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``arrayio`` command; return its exit code (see the module docstring).
+
+    Parameters
+    ----------
+    argv
+        The arguments (default: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        0 success, 1 data problem, 2 usage error, 3 missing optional dependency, 130
+        interrupted.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, --version (0) or a usage error (2)
+        return int(exit_.code or 0)
+    name = f"arrayio {args.command}"
+    try:
+        with config.set(progress=args.progress) if args.progress is not None else \
+                contextlib.nullcontext():
+            return args.run(args)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `arrayio info x | head`: the reader left; nothing to report
+        # Python's own advice: point stdout at devnull so the flush at exit cannot fail.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except (errors.ArrayioError, OSError, ImportError, CommandError) as error:
+        # What users cause (and arrayio reports as such); anything else is a bug in arrayio,
+        # and its traceback is what a bug report needs.
+        if os.environ.get("ARRAYIO_DEBUG"):
+            raise
+        print(f"{name}: {_message(error)}", file=sys.stderr)
+        return _exit_code(error)
