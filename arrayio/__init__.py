@@ -12,8 +12,9 @@ for it by name (``like="jax"``).
 
 from __future__ import annotations
 
-from . import config, errors
+from . import config, errors, offload
 from ._api import load, open, read_into, save
+from ._async import AsyncFuture, load_async, save_async
 from ._reader import ArrayInfo, Reader
 from ._tuning import DispatchReport, explain, tune
 from .errors import (
@@ -31,12 +32,14 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedObjectError,
 )
+from .offload import Offloader
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ArrayInfo",
     "ArrayioError",
+    "AsyncFuture",
     "ChecksumError",
     "DispatchReport",
     "DeviceError",
@@ -45,6 +48,7 @@ __all__ = [
     "HeaderTooLargeError",
     "KeyNotFoundError",
     "MismatchError",
+    "Offloader",
     "Reader",
     "ToolUnavailableError",
     "TruncatedFileError",
@@ -55,8 +59,11 @@ __all__ = [
     "errors",
     "explain",
     "load",
+    "load_async",
+    "offload",
     "open",
     "read_into",
     "save",
+    "save_async",
     "tune",
 ]

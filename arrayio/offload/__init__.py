@@ -1,0 +1,23 @@
+"""Offloading arrays to NVMe under a device-memory budget.
+
+:class:`Offloader` keeps the arrays given to it on their device while they fit a byte
+budget and spills the least recently used ones to files in the background;
+:func:`activations` offloads what torch's autograd saves for the backward pass through it.
+
+>>> import numpy as np, arrayio
+>>> with arrayio.Offloader("/tmp/scratch", device_budget_bytes=1 << 20) as off:
+...     handles = [off.put(np.full((256, 256), i, np.float32)) for i in range(8)]
+...     off.prefetch(handles[:2])            # bring the first ones back in the background
+...     float(off.get(handles[0])[0, 0])     # waits only if not read back yet
+0.0
+
+JAX has no hook for what ``jax.grad`` keeps: offload between jitted stages instead, as
+``examples/jax_offload.py`` shows.
+"""
+
+from __future__ import annotations
+
+from ._offloader import Handle, OffloadBudgetError, Offloader, OffloadStats
+from ._torch_hooks import activations
+
+__all__ = ["Handle", "OffloadBudgetError", "OffloadStats", "Offloader", "activations"]

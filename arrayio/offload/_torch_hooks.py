@@ -1,0 +1,137 @@
+"""Offloading torch activations through ``torch.autograd.graph.saved_tensors_hooks``.
+
+Autograd keeps, for the backward pass, the tensors that each operation saves (inputs of a
+matmul, outputs of a ReLU...): the activations. Inside :func:`activations`, each saved
+tensor goes to an :class:`~arrayio.offload.Offloader` instead (``pack`` puts it, ``unpack``
+gets it back), so those beyond the offloader's budget live on NVMe between the forward and
+the backward pass.
+
+Not offloaded (returned to autograd as they are):
+
+* tensors smaller than ``min_bytes``: their I/O would cost more than the memory they hold;
+* leaves (parameters, inputs, and what requires no grad but is not computed here) and views
+  of leaves (a Linear layer saves ``weight.t()``): they stay in memory anyway.
+
+A tensor saved by several operations (a ReLU output saved by the ReLU and by the next
+Linear) is put once while it is resident. During the backward pass, each ``unpack`` also
+prefetches the ``prefetch`` tensors saved just before it, which the backward pass, going in
+reverse, needs next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._offloader import Handle, Offloader
+
+__all__ = ["activations"]
+
+
+class _Saved:
+    """What autograd keeps in place of an offloaded tensor."""
+
+    __slots__ = ("__weakref__", "handle", "index")
+
+    def __init__(self, handle: Handle, index: int) -> None:
+        self.handle = handle
+        self.index = index
+
+
+class _Hooks:
+    def __init__(self, offloader: Offloader, min_bytes: int, prefetch: int) -> None:
+        self.offloader = offloader
+        self.min_bytes = min_bytes
+        self.prefetch = prefetch
+        self.lock = threading.Lock()
+        self.order: list[weakref.ref[_Saved]] = []
+        self.by_id: dict[int, weakref.ref[_Saved]] = {}
+
+    def pack(self, tensor: Any) -> Any:
+        if tensor.numel() * tensor.element_size() < self.min_bytes or _is_leaf_data(tensor):
+            return tensor
+        with self.lock:
+            known = self.by_id.get(id(tensor))
+            saved = known() if known is not None else None
+        if saved is not None and _same(self.offloader.peek(saved.handle), tensor):
+            return saved
+        # Detached: the offloader must not hold the tensor's grad_fn, whose saved variables
+        # hold this very handle (a reference cycle through autograd's C++ graph).
+        handle = self.offloader.put(tensor.detach())
+        with self.lock:
+            saved = _Saved(handle, len(self.order))
+            self.order.append(weakref.ref(saved))
+            self.by_id[id(tensor)] = weakref.ref(saved, self._forget(id(tensor)))
+        return saved
+
+    def _forget(self, key: int) -> Any:
+        def callback(ref: weakref.ref[_Saved]) -> None:
+            with self.lock:
+                if self.by_id.get(key) is ref:
+                    del self.by_id[key]
+
+        return callback
+
+    def unpack(self, packed: Any) -> Any:
+        if not isinstance(packed, _Saved):
+            return packed
+        if self.prefetch:
+            with self.lock:
+                previous = [ref() for ref in self.order[max(0, packed.index - self.prefetch):
+                                                        packed.index]]
+            handles = [saved.handle for saved in reversed(previous) if saved is not None]
+            if handles:
+                self.offloader.prefetch(handles)
+        return self.offloader.get(packed.handle)
+
+
+def _same(held: Any, tensor: Any) -> bool:
+    """Whether the tensor the offloader holds (a detached alias) is ``tensor``'s data.
+
+    While the offloader holds it, its memory cannot have been given to another tensor, so
+    equal pointers, shapes, strides and dtypes mean the same data; the version counter,
+    shared with the alias, tells whether it was modified in place since.
+    """
+    return (held is not None and held.data_ptr() == tensor.data_ptr()
+            and held.shape == tensor.shape and held.stride() == tensor.stride()
+            and held.dtype == tensor.dtype and held._version == tensor._version)
+
+
+def _is_leaf_data(tensor: Any) -> bool:
+    """A leaf, or a view of one (``weight.t()``): memory that stays allocated anyway."""
+    if tensor.is_leaf:
+        return True
+    base = tensor._base
+    return base is not None and base.is_leaf
+
+
+@contextlib.contextmanager
+def activations(offloader: Offloader, *, min_bytes: int = 1 << 20,
+                prefetch: int = 2) -> Iterator[None]:
+    """Offload the tensors autograd saves for backward while in this block.
+
+    Parameters
+    ----------
+    offloader
+        Where the tensors go; its budget bounds the activations held on the device.
+    min_bytes
+        Smaller tensors are left to autograd.
+    prefetch
+        During backward, how many earlier-saved tensors each unpack starts reading back.
+
+    Examples
+    --------
+    >>> with arrayio.Offloader("/mnt/nvme/scratch", device_budget_bytes=8 << 30) as off:
+    ...     with arrayio.offload.activations(off):
+    ...         loss = model(x).sum()
+    ...         loss.backward()
+    """
+    import torch
+
+    hooks = _Hooks(offloader, min_bytes, prefetch)
+    with torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
+        yield
