@@ -1,0 +1,152 @@
+"""NVMeStore and ``read`` with GPU memory: chunks land in CuPy memory under
+``zarr.config.enable_gpu()``, many at once and in several pieces each; GPU buffers are
+written; JAX and torch get the device memory zarr filled, without a copy. Run on the GPU
+machine (``pytest -m gpu``); skipped cleanly elsewhere."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+
+import numpy as np
+import pytest
+
+zarr = pytest.importorskip("zarr")
+
+from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest  # noqa: E402
+from zarr.storage import LocalStore  # noqa: E402
+
+from arrayio import _frameworks  # noqa: E402
+from arrayio.zarr import NVMeStore, read  # noqa: E402
+from arrayio.zarr import _store as store_module  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+FUSED = "zarr.core.codec_pipeline.FusedCodecPipeline"
+HAS_FUSED = hasattr(zarr.core.codec_pipeline, "FusedCodecPipeline")
+
+
+@pytest.fixture
+def cupy():
+    return pytest.importorskip("cupy")
+
+
+@pytest.fixture
+def gpu_prototype(cupy):
+    from zarr.core.buffer import gpu
+
+    return gpu.buffer_prototype
+
+
+def payload(nbytes: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8).tobytes()
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+@pytest.mark.parametrize("pipeline", ["batched", "fused"])
+def test_arrays_written_on_the_cpu_read_into_the_gpu(tmp_path, cupy, codec, pipeline):
+    if pipeline == "fused" and not HAS_FUSED:
+        pytest.skip(f"zarr {zarr.__version__} has no FusedCodecPipeline (zarr >= 3.4)")
+    data = np.random.default_rng(0).normal(size=(300, 200)).astype(np.float32)
+    z = zarr.create_array(LocalStore(tmp_path), shape=data.shape, chunks=(64, 64),
+                          dtype=data.dtype,
+                          compressors=None if codec == "none" else zarr.codecs.ZstdCodec())
+    z[...] = data
+    config = {"codec_pipeline.path": FUSED} if pipeline == "fused" else {}
+    with zarr.config.enable_gpu(), zarr.config.set(config):
+        got = zarr.open_array(NVMeStore(tmp_path, read_only=True), mode="r")[...]
+    assert isinstance(got, cupy.ndarray)
+    np.testing.assert_array_equal(cupy.asnumpy(got), data)
+
+
+def test_gpu_buffers_written_read_by_local_store(tmp_path, cupy):
+    data = cupy.arange(100_000, dtype=cupy.int32).reshape(250, 400)
+    with zarr.config.enable_gpu():
+        z = zarr.create_array(NVMeStore(tmp_path), shape=data.shape, chunks=(100, 128),
+                              dtype="i4")
+        z[...] = data
+    got = zarr.open_array(LocalStore(tmp_path, read_only=True), mode="r")[...]
+    np.testing.assert_array_equal(got, cupy.asnumpy(data))
+
+
+def test_large_values_move_in_pieces(tmp_path, cupy, gpu_prototype):
+    store = NVMeStore(tmp_path)
+    size = 2 * store_module._PIECE + 12345  # three pieces, the last one short
+    data = payload(size, 1)
+    (tmp_path / "big").write_bytes(data)
+    got = store.get_sync("big", prototype=gpu_prototype)
+    assert isinstance(got.as_array_like(), cupy.ndarray)
+    assert got.to_bytes() == data
+    value = gpu_prototype.buffer.from_bytes(data[::-1])
+    store.set_sync("back", value)
+    assert (tmp_path / "back").read_bytes() == data[::-1]
+
+
+def test_many_threads_read_into_the_gpu_at_once(tmp_path, cupy, gpu_prototype):
+    store = NVMeStore(tmp_path)
+    sizes = [1, 4097, 300_000, 1 << 20, (3 << 20) + 5, store_module._PIECE + 777]
+    values = {f"c/{i}": payload(sizes[i % len(sizes)], i) for i in range(36)}
+    for key, value in values.items():
+        (tmp_path / key).parent.mkdir(exist_ok=True)
+        (tmp_path / key).write_bytes(value)
+    keys = list(values) * 3
+    with concurrent.futures.ThreadPoolExecutor(24) as pool:
+        got = list(pool.map(lambda k: store.get_sync(k, prototype=gpu_prototype), keys))
+    assert [g.to_bytes() for g in got] == [values[k] for k in keys]
+
+    async def batch():
+        return await store.get_partial_values(gpu_prototype, [(k, None) for k in keys])
+
+    assert [g.to_bytes() for g in asyncio.run(batch())] == [values[k] for k in keys]
+
+
+@pytest.mark.parametrize("request_", [None, RangeByteRequest(5, 3_000_000),
+                                      OffsetByteRequest(4095), SuffixByteRequest(10_001),
+                                      RangeByteRequest(9_000_000, 9_000_010)], ids=repr)
+def test_byte_ranges_into_the_gpu(tmp_path, cupy, gpu_prototype, request_):
+    data = payload(3 << 20, 2)
+    (tmp_path / "k").write_bytes(data)
+    ours = NVMeStore(tmp_path).get_sync("k", prototype=gpu_prototype, byte_range=request_)
+    theirs = LocalStore(tmp_path).get_sync("k", byte_range=request_)
+    assert isinstance(ours.as_array_like(), cupy.ndarray)
+    assert ours.to_bytes() == theirs.to_bytes()
+
+
+@pytest.fixture
+def stored(tmp_path):
+    data = np.random.default_rng(3).normal(size=(230, 110)).astype(np.float32)
+    z = zarr.create_array(NVMeStore(tmp_path), shape=data.shape, chunks=(50, 40),
+                          dtype=data.dtype, compressors=zarr.codecs.ZstdCodec())
+    z[...] = data
+    return tmp_path, data
+
+
+def _spy_allocations(monkeypatch) -> list:
+    made = []
+    real = _frameworks.allocate
+    monkeypatch.setattr(_frameworks, "allocate",
+                        lambda *a, **k: (made.append(real(*a, **k)), made[-1])[1])
+    return made
+
+
+def test_jax_gets_the_device_memory_zarr_filled(stored, monkeypatch, cupy):
+    jax = pytest.importorskip("jax")
+    root, data = stored
+    made = _spy_allocations(monkeypatch)
+    got = read(root, (slice(10, 200), Ellipsis), like="jax", device="cuda")
+    assert isinstance(got, jax.Array)
+    assert next(iter(got.devices())).platform in ("gpu", "cuda")
+    np.testing.assert_array_equal(np.asarray(got), data[10:200])
+    assert got.unsafe_buffer_pointer() == made[-1].data.array.data.ptr  # zero-copy
+
+
+def test_torch_and_cupy_on_the_gpu(stored, monkeypatch, cupy):
+    root, data = stored
+    got = read(root, device="cuda:0")
+    assert isinstance(got, cupy.ndarray)
+    np.testing.assert_array_equal(cupy.asnumpy(got), data)
+    torch = pytest.importorskip("torch")
+    made = _spy_allocations(monkeypatch)
+    tensor = read(root, (7, slice(None)), like="torch", device="cuda")
+    assert isinstance(tensor, torch.Tensor) and tensor.device.type == "cuda"
+    np.testing.assert_array_equal(tensor.cpu().numpy(), data[7])
+    assert tensor.data_ptr() == made[-1].data.tensor.data_ptr()

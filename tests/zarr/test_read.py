@@ -1,0 +1,113 @@
+"""``arrayio.zarr.read``: a Zarr array (or a region) as a NumPy, JAX or torch array on the
+CPU, filled in place in memory the framework then owns without a copy."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+zarr = pytest.importorskip("zarr")
+
+import arrayio  # noqa: E402
+from arrayio import _frameworks  # noqa: E402
+from arrayio.zarr import NVMeStore, read  # noqa: E402
+
+SELECTIONS = [Ellipsis, (slice(3, 17), slice(None)), (5, slice(2, 9)), (slice(1, 20, 3), 4),
+              (4, 7), (slice(0, 0), Ellipsis)]
+
+
+@pytest.fixture
+def stored(tmp_path):
+    data = np.random.default_rng(3).normal(size=(23, 11)).astype(np.float32)
+    z = zarr.create_array(NVMeStore(tmp_path), shape=data.shape, chunks=(5, 4),
+                          dtype=data.dtype)
+    z[...] = data
+    return tmp_path, data
+
+
+@pytest.fixture
+def allocations(monkeypatch):
+    """The targets arrayio allocated during the test."""
+    made = []
+    real = _frameworks.allocate
+
+    def allocate(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(_frameworks, "allocate", allocate)
+    return made
+
+
+@pytest.mark.parametrize("selection", SELECTIONS, ids=repr)
+def test_numpy_regions(stored, selection):
+    root, data = stored
+    got = read(root, selection)
+    assert isinstance(got, np.ndarray)
+    np.testing.assert_array_equal(got, data[selection])
+    assert got.shape == data[selection].shape
+
+
+def test_sources_path_store_and_array(stored):
+    root, data = stored
+    z = zarr.open_array(NVMeStore(root, read_only=True), mode="r")
+    for source in (str(root), root, NVMeStore(root, read_only=True), z):
+        np.testing.assert_array_equal(read(source), data)
+
+
+def test_array_inside_a_group(tmp_path):
+    group = zarr.open_group(NVMeStore(tmp_path), mode="w")
+    group.create_array("deep/x", shape=(6,), chunks=(4,), dtype="i2")[...] = np.arange(6)
+    np.testing.assert_array_equal(read(tmp_path, path="deep/x"), np.arange(6))
+
+
+def test_jax_on_the_cpu_without_a_copy(stored, allocations):
+    jax = pytest.importorskip("jax")
+    root, data = stored
+    got = read(root, (slice(2, 20), Ellipsis), like="jax")
+    assert isinstance(got, jax.Array)
+    np.testing.assert_array_equal(np.asarray(got), data[2:20])
+    # The memory zarr filled is the memory JAX holds.
+    assert got.unsafe_buffer_pointer() == allocations[-1].data.ctypes.data
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed")
+def test_torch_on_the_cpu_without_a_copy(stored, allocations):
+    import torch
+
+    root, data = stored
+    got = read(root, like="torch", device="cpu")
+    assert isinstance(got, torch.Tensor)
+    np.testing.assert_array_equal(got.numpy(), data)
+    assert got.data_ptr() == allocations[-1].data.ctypes.data
+
+
+def test_like_an_example_array(stored):
+    root, data = stored
+    got = read(root, like=np.zeros(1, np.int8))
+    assert isinstance(got, np.ndarray)
+    np.testing.assert_array_equal(got, data)
+
+
+def test_bad_requests_get_clear_errors(tmp_path, stored):
+    root, _ = stored
+    with pytest.raises(TypeError, match="zarr.Array, a zarr store or a directory"):
+        read(42)
+    with pytest.raises(ValueError, match="path="):
+        read(zarr.open_array(NVMeStore(root), mode="r"), path="x")
+    with pytest.raises(arrayio.DeviceError):
+        read(root, like="numpy", device="cuda")
+    strings = zarr.create_array(NVMeStore(tmp_path / "s"), shape=(3,), dtype=str)
+    with pytest.raises(arrayio.UnsupportedDtypeError):
+        read(strings)
+
+
+def test_jax_refuses_to_narrow_64_bit_types(tmp_path):
+    jax = pytest.importorskip("jax")
+    if jax.config.jax_enable_x64:
+        pytest.skip("jax_enable_x64 is on")
+    zarr.create_array(NVMeStore(tmp_path), shape=(4,), dtype="f8")[...] = np.arange(4.0)
+    with pytest.raises(arrayio.UnsupportedDtypeError, match="jax_enable_x64"):
+        read(tmp_path, like="jax")
