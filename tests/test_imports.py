@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 
-HEAVY = ["jax", "jaxlib", "cupy", "torch", "kvikio", "zarr"]
+HEAVY = ["jax", "jaxlib", "cupy", "torch", "kvikio", "zarr", "arrayio.zarr", "dask"]
 REPORTED = [*HEAVY, "ml_dtypes"]
 
 
