@@ -441,8 +441,29 @@ def _write_zarr(source: _Source, dst: str, progress: bool | None) -> None:
             advance(array.nbytes)
 
 
-def _cmd_convert(args: argparse.Namespace) -> int:
+def _write_target(source: _Source, src: str, dst: str, kind: str, progress: bool | None
+                  ) -> None:
     import arrayio
+
+    if kind == "npy":
+        if len(source.arrays) != 1:
+            raise CommandError(
+                f"{dst}: .npy holds one array and {src} has {len(source.arrays)}; pick one "
+                f"with --key (arrays: {', '.join(list(source.arrays)[:8])})")
+        arrayio.save(dst, next(iter(_arrays_only(source, "npy").values())), progress=progress)
+    elif kind == "arrayio":
+        arrayio.save(dst, source.tree, metadata=source.metadata or None, progress=progress)
+    elif kind == "npz":
+        _write_npz(_arrays_only(source, "npz"), dst, progress)
+    elif kind == "pt":
+        _write_pt(source, dst, progress)
+    elif kind == "zarr":
+        _write_zarr(source, dst, progress)
+    else:
+        raise CommandError(f"unknown format {kind!r}; known: {', '.join(FORMATS)}")
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
 
     src, dst = args.src, args.dst
     source_kind, target_kind = _format_of(src, args.source_format), _format_of(dst, args.to)
@@ -467,24 +488,14 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         if args.key not in source.arrays:
             raise errors.KeyNotFoundError(f"{src}: no array {args.key!r} (arrays: "
                                           f"{', '.join(list(source.arrays)[:8])})")
-        source = _Source(source.arrays[args.key], source.metadata)
+        source = _Source({args.key: source.arrays[args.key]}, source.metadata)
 
-    if target_kind == "npy":
-        if len(source.arrays) != 1:
-            raise CommandError(
-                f"{dst}: .npy holds one array and {src} has {len(source.arrays)}; pick one "
-                f"with --key (arrays: {', '.join(list(source.arrays)[:8])})")
-        arrayio.save(dst, next(iter(_arrays_only(source, "npy").values())), progress=progress)
-    elif target_kind == "arrayio":
-        arrayio.save(dst, source.tree, metadata=source.metadata or None, progress=progress)
-    elif target_kind == "npz":
-        _write_npz(_arrays_only(source, "npz"), dst, progress)
-    elif target_kind == "pt":
-        _write_pt(source, dst, progress)
-    elif target_kind == "zarr":
-        _write_zarr(source, dst, progress)
-    else:
-        raise CommandError(f"unknown format {target_kind!r}; known: {', '.join(FORMATS)}")
+    try:
+        _write_target(source, src, dst, target_kind, progress)
+    except errors.ArrayioError as error:
+        if dst in str(error):
+            raise
+        raise type(error)(f"{dst}: {error}") from None  # name the file at fault
     count = len(source.arrays)
     print(f"{src} ({source_kind}) -> {dst} ({target_kind}): {count} "
           f"array{'s' if count != 1 else ''}")
@@ -683,11 +694,17 @@ def _exit_code(error: BaseException) -> int:
     return EXIT_DATA  # FormatError (checksum, truncation), UnsupportedDtypeError, OSError...
 
 
-def _message(error: BaseException) -> str:
-    if isinstance(error, OSError) and error.filename is not None and error.strerror:
-        return f"{error.filename}: {error.strerror}"
+def _message(error: BaseException, subject: str | None) -> str:
+    """One line, naming the file: ``subject`` (the command's file) if the error does not."""
+    if isinstance(error, OSError) and error.strerror:
+        filename = error.filename if error.filename is not None else subject
+        return f"{filename}: {error.strerror}" if filename else error.strerror
     text = str(error) or type(error).__name__
-    return text.splitlines()[0] if isinstance(error, ImportError) else text
+    if isinstance(error, ImportError):
+        text = text.splitlines()[0]
+    if subject and subject not in text and not isinstance(error, CommandError | ImportError):
+        text = f"{subject}: {text}"
+    return text
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -727,5 +744,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # and its traceback is what a bug report needs.
         if os.environ.get("ARRAYIO_DEBUG"):
             raise
-        print(f"{name}: {_message(error)}", file=sys.stderr)
+        subject = next((getattr(args, attribute) for attribute in ("file", "src", "directory")
+                        if getattr(args, attribute, None) is not None), None)
+        print(f"{name}: {_message(error, subject)}", file=sys.stderr)
         return _exit_code(error)
