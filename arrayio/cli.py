@@ -728,6 +728,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exit_.code or 0)
     name = f"arrayio {args.command}"
     try:
+        if args.progress:
+            _needs("tqdm", "progress", "--progress")
         with config.set(progress=args.progress) if args.progress is not None else \
                 contextlib.nullcontext():
             return args.run(args)
