@@ -174,6 +174,7 @@ class _Entry:
     crc: int | None = None
     read_error: BaseException | None = None
     from_read: bool = False  # the array was read back (torch: record_stream on get)
+    prefetched: bool = False  # read back by prefetch() and not used by get() since
 
     @property
     def clean(self) -> bool:
@@ -246,6 +247,7 @@ class Offloader:
         self._released: collections.deque[int] = collections.deque()
         self._next_id = 0
         self._held = 0
+        self._reading = 0  # reads in flight (held, but not droppable until done)
         self._peak = 0
         self._written = self._read = self._writes = self._reads = 0
         self._write_error: BaseException | None = None
@@ -325,8 +327,10 @@ class Offloader:
     def prefetch(self, handles: Handle | Iterable[Handle]) -> None:
         """Start bringing spilled arrays back, in the order given; never waits.
 
-        Reads start as soon as their bytes fit under the budget (dropping clean arrays if
-        needed); the others are queued and start as room appears.
+        Reads start as soon as their bytes fit under the budget, dropping clean arrays if
+        needed but never writing dirty ones out (in a backward pass, the resident arrays
+        are the ones needed first; room comes as they are freed). The others are queued
+        and start as room appears: when arrays are freed, dropped or written out.
         """
         if isinstance(handles, Handle):
             handles = [handles]
@@ -360,6 +364,7 @@ class Offloader:
             while True:
                 if entry.array is not None:
                     self._lru.move_to_end(entry.id)
+                    entry.prefetched = False
                     array = entry.array
                     if entry.from_read:
                         entry.from_read = False
@@ -555,7 +560,7 @@ class Offloader:
                     victim.evict = True
                     self._start_write(victim)
                     continue
-                if leaving == 0:
+                if leaving == 0 and not self._reading:
                     kept = sum(e.nbytes for e in self._lru.values() if e.hint == "keep")
                     raise OffloadBudgetError(
                         f"cannot fit {need} more bytes in a budget of {self.budget}: "
@@ -591,13 +596,16 @@ class Offloader:
                 continue
             need = min(entry.nbytes, self.budget)
             while self._held + need > self.budget:
-                victim = self._first(lambda e: e.clean)
+                # Not an array prefetched for use and not used yet: prefetches would chase
+                # each other out.
+                victim = self._first(lambda e: e.clean and not e.prefetched)
                 if victim is None:
                     break
                 self._drop(victim)
             if self._held + need > self.budget:
                 return  # wait for room: a get, a free or a finished write calls again
             self._prefetch_queue.popleft()
+            entry.prefetched = True
             self._start_read(entry)
 
     # ------------------------------------------------------------------ I/O
@@ -644,6 +652,7 @@ class Offloader:
     def _start_read(self, entry: _Entry) -> None:
         entry.reading = True
         entry.read_error = None
+        self._reading += 1
         self._add_held(entry.nbytes)
         self._readers.submit(self._read_back, entry)
 
@@ -655,6 +664,7 @@ class Offloader:
             error = caught
         with self._locked():
             entry.reading = False
+            self._reading -= 1
             if error is None and not entry.freed:
                 entry.array, entry.from_read = array, True
                 self._lru[entry.id] = entry
@@ -713,8 +723,11 @@ class Offloader:
 
 
 def _finalize(writers: Any, readers: Any, directory: SpillDirectory) -> None:
-    writers.shutdown(wait=True)
-    readers.shutdown(wait=True)
+    # An offloader dropped by the user can die in one of its own workers (the last
+    # reference being a task's), which cannot wait for itself.
+    own = threading.current_thread().name.startswith("arrayio-offload")
+    writers.shutdown(wait=not own, cancel_futures=True)
+    readers.shutdown(wait=not own, cancel_futures=True)
     directory.close()
 
 
