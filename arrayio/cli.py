@@ -111,10 +111,25 @@ def _columns(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[in
 # --------------------------------------------------------------------------- info
 
 
+def _readable(path: str, command: str) -> str:
+    """``path``, or a usage error if it is a directory or its name says it is a format that
+    arrayio does not open (it converts them)."""
+    kind = _format_of(path, None)
+    if os.path.isdir(path) and not _zarr_store_at(path):
+        raise CommandError(f"{path}: is a directory")
+    if kind not in ("arrayio", "npy"):
+        what = {"npz": "an .npz file", "pt": "a .pt file", "zarr": "a Zarr store"}[kind]
+        raise CommandError(
+            f"{path} is {what}; arrayio {command} reads arrayio / safetensors containers and "
+            f".npy files: convert it first (arrayio convert {path} "
+            f"{os.path.splitext(path.rstrip('/'))[0]}.safetensors)")
+    return path
+
+
 def _describe(path: str) -> dict[str, Any]:
     import arrayio
 
-    with arrayio.open(path) as reader:
+    with arrayio.open(_readable(path, "info")) as reader:
         arrays = [{"key": info.key, "dtype": info.dtype, "shape": list(info.shape),
                    "nbytes": info.nbytes, "offset": info.file_offset, "crc32c": info.crc32c}
                   for info in reader.arrays.values()]
@@ -169,7 +184,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     failed: list[str] = []
     unchecked: list[str] = []
-    with arrayio.open(args.file) as reader:
+    with arrayio.open(_readable(args.file, "verify")) as reader:
         arrays = list(reader.arrays.values())
         checked = [info for info in arrays if info.crc32c is not None]
         unchecked = [info.key for info in arrays if info.crc32c is None]
@@ -566,7 +581,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
     if args.file is None and (args.key is not None or args.device is not None):
         raise CommandError("--key and --device need a FILE")
-    report = arrayio.explain(args.file, key=args.key, device=args.device)
+    path = None if args.file is None else _readable(args.file, "explain")
+    report = arrayio.explain(path, key=args.key, device=args.device)
     if args.json:
         _print_json(report.as_dict())
     else:

@@ -166,7 +166,18 @@ def test_info_errors_name_the_file(capsys, tmp_path, content, code):
 
 def test_a_directory_is_a_usage_error(capsys, tmp_path):
     code, _, err = run(capsys, "info", tmp_path)
-    assert code == 2 and str(tmp_path) in err
+    assert code == 2 and f"{tmp_path}: is a directory" in err
+
+
+@pytest.mark.parametrize("command", ["info", "verify", "explain"])
+@pytest.mark.parametrize("name, what", [("x.npz", "an .npz file"), ("x.pt", "a .pt file"),
+                                        ("x.zarr", "a Zarr store")])
+def test_other_formats_get_a_hint_to_convert(capsys, tmp_path, command, name, what):
+    (tmp_path / name).write_bytes(b"PK\x03\x04")
+    code, _, err = run(capsys, command, tmp_path / name)
+    assert code == 2
+    assert f"{tmp_path / name} is {what}" in err
+    assert f"arrayio convert {tmp_path / name} {tmp_path / 'x'}.safetensors" in err
 
 
 # --------------------------------------------------------------------------- verify
