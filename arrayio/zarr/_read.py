@@ -100,7 +100,7 @@ def read(source: Any, selection: Any = Ellipsis, *, like: Any = None, device: An
         out = flat.view(np_dtype).reshape(shape)
         array.get_basic_selection(selection, out=gpu.NDBuffer(out),
                                   prototype=gpu.buffer_prototype)
-        # zarr scattered the chunks with CuPy on the current stream; the framework that
-        # takes the memory may read it on another.
-        cupy.cuda.get_current_stream().synchronize()
+        # zarr scattered the chunks with CuPy from its own threads, on their streams; the
+        # framework that takes the memory may read it on yet another.
+        cupy.cuda.Device().synchronize()
     return target.finish()
