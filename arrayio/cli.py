@@ -290,8 +290,6 @@ def _read_source(path: str, kind: str, progress: bool | None, like: str | None) 
         with arrayio.open(path) as reader:
             return _Source(reader.load(like=like, progress=progress), dict(reader.metadata))
     if kind == "npz":
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: no such file")
         try:
             with np.load(path, allow_pickle=False) as npz:
                 arrays = {name: npz[name] for name in npz.files}
@@ -302,8 +300,6 @@ def _read_source(path: str, kind: str, progress: bool | None, like: str | None) 
         return _Source(arrays, {})
     if kind == "pt":
         torch = _needs("torch", "torch", "reading .pt files")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: no such file")
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as error:  # noqa: BLE001 - torch raises many kinds (pickle, zip...)
@@ -312,8 +308,6 @@ def _read_source(path: str, kind: str, progress: bool | None, like: str | None) 
         return _Source(_map_arrays(obj, _detached), {})
     if kind == "zarr":
         zarr = _needs("zarr", "zarr", "reading Zarr")
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{path}: no such Zarr store")
         try:
             node = zarr.open(path, mode="r")
         except Exception as error:  # noqa: BLE001 - zarr's errors for a non-store vary
@@ -373,7 +367,13 @@ def _atomic_path(path: str, *, directory: bool = False) -> Iterator[str]:
 
 
 def _host_numpy(array: Any) -> np.ndarray:
-    return array if isinstance(array, np.ndarray) else np.asarray(array)
+    """A NumPy view of a CPU array of any framework (torch's bfloat16 included)."""
+    if isinstance(array, np.ndarray):
+        return array
+    from ._frameworks import export
+
+    exported = export(array)
+    return exported.data.view(_dtypes.numpy_dtype(exported.dtype)).reshape(exported.shape)
 
 
 def _write_npz(flat: dict[str, Any], dst: str, progress: bool | None) -> None:
@@ -393,14 +393,14 @@ def _write_npz(flat: dict[str, Any], dst: str, progress: bool | None) -> None:
             advance(array.nbytes)
 
 
-def _write_pt(source: _Source, dst: str, progress: bool | None) -> None:
+def _write_pt(source: _Source, dst: str) -> None:
     torch = _needs("torch", "torch", "writing .pt files")
 
     def to_torch(x: Any) -> Any:
         from ._frameworks import is_array
 
         if is_array(x) and not isinstance(x, torch.Tensor):
-            return torch.from_numpy(np.ascontiguousarray(_host_numpy(x)))
+            return torch.from_numpy(_host_numpy(x).copy(order="C"))  # 0-d stays 0-d
         return x
 
     tree = _map_arrays(source.tree, to_torch)
@@ -471,7 +471,7 @@ def _write_target(source: _Source, src: str, dst: str, kind: str, progress: bool
     elif kind == "npz":
         _write_npz(_arrays_only(source, "npz"), dst, progress)
     elif kind == "pt":
-        _write_pt(source, dst, progress)
+        _write_pt(source, dst)
     elif kind == "zarr":
         _write_zarr(source, dst, progress)
     else:

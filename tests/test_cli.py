@@ -289,6 +289,31 @@ def test_convert_keeps_the_pytree_through_pt(capsys, tmp_path, ckpt):
     assert_same(back["emb"], sample_tree()["emb"])
 
 
+@pytest.mark.parametrize("middle", ["x.npz", "x.zarr"])
+def test_convert_from_numpy_formats_to_pt_and_back(capsys, tmp_path, middle):
+    torch = pytest.importorskip("torch")
+    if middle.endswith(".zarr"):
+        pytest.importorskip("zarr")
+    arrays = {"s": np.float32(1.5).reshape(()), "m": np.arange(6, dtype=np.uint8).reshape(2, 3),
+              "f": np.asfortranarray(np.arange(6.0).reshape(2, 3))}
+    arrayio.save(tmp_path / "a.safetensors", arrays)
+    assert run(capsys, "convert", tmp_path / "a.safetensors", tmp_path / middle)[0] == 0
+    assert run(capsys, "convert", tmp_path / middle, tmp_path / "x.pt")[0] == 0
+    loaded = torch.load(tmp_path / "x.pt", weights_only=True)
+    assert {k: tuple(v.shape) for k, v in loaded.items()} == {"s": (), "m": (2, 3), "f": (2, 3)}
+    assert run(capsys, "convert", tmp_path / "x.pt", tmp_path / "back.safetensors")[0] == 0
+    back = load_flat(tmp_path / "back.safetensors")
+    for key, array in arrays.items():
+        assert_same(back[key], array)
+
+
+def test_bfloat16_from_pt_into_npz_is_refused_clearly(capsys, tmp_path):
+    torch = pytest.importorskip("torch")
+    torch.save({"w": torch.ones(3, dtype=torch.bfloat16)}, tmp_path / "w.pt")
+    code, _, err = run(capsys, "convert", tmp_path / "w.pt", tmp_path / "w.npz")
+    assert code == 1 and "bfloat16" in err and "'w'" in err
+
+
 def test_convert_a_torch_state_dict(capsys, tmp_path):
     torch = pytest.importorskip("torch")
     layer = torch.nn.Linear(3, 2).to(torch.bfloat16)
