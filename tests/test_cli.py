@@ -164,6 +164,11 @@ def test_info_errors_name_the_file(capsys, tmp_path, content, code):
     assert len(err.strip().splitlines()) == 1
 
 
+def test_debug_shows_the_traceback(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        cli.main(["info", str(tmp_path / "nope.safetensors"), "--debug"])
+
+
 def test_a_directory_is_a_usage_error(capsys, tmp_path):
     code, _, err = run(capsys, "info", tmp_path)
     assert code == 2 and f"{tmp_path}: is a directory" in err
