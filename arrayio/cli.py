@@ -148,7 +148,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     origin = f", saved from {info['framework']}" if info["framework"] else ""
     count = len(info["arrays"])
     print(f"{info['path']}: {info['format']}, {count} array{'s' if count != 1 else ''}, "
-          f"{format_bytes(info['nbytes'])} of data in {format_bytes(info['file_bytes'])}"
+          f"{format_bytes(info['nbytes'])} (file {format_bytes(info['file_bytes'])})"
           f"{origin}")
     sums = info["checksums"]
     print(f"checksums: CRC-32C on {sums['present']} of {sums['arrays']} arrays")
