@@ -175,12 +175,12 @@ def bench_chunk_size(chunk_bytes: int, args: argparse.Namespace, cupy: Any, nvco
         gpu_items = [(gpu.Buffer.from_array_like(f), spec(gpu.buffer_prototype))
                      for f in device_frames]
         ours = ZstdCodec(level=args.level)
-        decoded = ours._decode_batch_sync(gpu_items)
+        decoded = asyncio.run(ours.decode(gpu_items))
         assert all(bool((d.as_array_like() == c).all())
                    for d, c in zip(decoded, device_chunks, strict=True)), "GPU decode differs"
         del decoded
-        decode["arrayio_gpu"] = timed(lambda: ours._decode_batch_sync(gpu_items), args.repeats,
-                                      sync)
+        decode["arrayio_gpu"] = timed(lambda: asyncio.run(ours.decode(gpu_items)),
+                                      args.repeats, sync)
 
         stream = cupy.cuda.Stream(non_blocking=False)
         raw = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
@@ -198,13 +198,13 @@ def bench_chunk_size(chunk_bytes: int, args: argparse.Namespace, cupy: Any, nvco
 
         chunk_items = [(gpu.Buffer.from_array_like(c), spec(gpu.buffer_prototype))
                        for c in device_chunks]
-        gpu_frames = ours._encode_batch_sync(chunk_items)
+        gpu_frames = asyncio.run(ours.encode(chunk_items))
         gpu_compressed = sum(f.as_array_like().size for f in gpu_frames)
         row["gpu_ratio"] = nbytes / gpu_compressed
         assert all(zstd.decode(f.to_bytes()) == c.tobytes()
                    for f, c in zip(gpu_frames[:4], chunks, strict=False)), "GPU frames differ"
         del gpu_frames
-        encode["arrayio_gpu"] = timed(lambda: ours._encode_batch_sync(chunk_items),
+        encode["arrayio_gpu"] = timed(lambda: asyncio.run(ours.encode(chunk_items)),
                                       args.repeats, sync)
 
         def raw_encode() -> None:

@@ -48,11 +48,13 @@ per call, which is where the GPU is fast.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import functools
+import queue
 import threading
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from zarr.codecs.zstd import ZstdCodec as _ZarrZstdCodec
@@ -333,6 +335,8 @@ extern "C" __global__ void arrayio_xxh64(const u64* data_ptrs, const long long* 
 """
 
 _THREADS = 128
+# Below this many frames in a batch, nvCOMP's latency-optimised kernels are used.
+_LATENCY_BELOW_FRAMES = 0
 
 
 @functools.cache
@@ -359,13 +363,11 @@ def _sizes(cupy: Any, sizes: Sequence[int]) -> Any:
 
 
 class _Gpu:
-    """nvCOMP's codec and a CUDA stream for one device, used by one thread at a time.
+    """nvCOMP's zstd codec, a CUDA stream and the kernels, for one device and one thread.
 
     The stream is a blocking one: it waits for work queued earlier on the legacy default
-    stream, which is where zarr's CuPy buffers are filled.
+    stream, which is where zarr fills its CuPy buffers.
     """
-
-    _local = threading.local()  # nvCOMP handles are per thread; made once, then reused
 
     def __init__(self, device_id: int) -> None:
         import cupy
@@ -374,18 +376,22 @@ class _Gpu:
         self.cupy, self.nvcomp, self.device_id = cupy, nvcomp, device_id
         with cupy.cuda.Device(device_id):
             self.stream = cupy.cuda.Stream(non_blocking=False)
-            self.codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
-                                      device_id=device_id, cuda_stream=self.stream.ptr)
-        self.alignment = max(8, int(self.codec.get_required_decompression_alignment()),
-                             int(self.codec.get_required_compression_alignment()))
+            self.codecs = {
+                policy: nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
+                                     device_id=device_id, cuda_stream=self.stream.ptr,
+                                     execution_policy=policy)
+                for policy in (nvcomp.ExecutionPolicy.CONCURRENCY,
+                               nvcomp.ExecutionPolicy.LATENCY)}
+            self.scan, self.xxh64 = _kernels()
+        codec = self.codec(1 << 30)
+        self.alignment = max(8, int(codec.get_required_decompression_alignment()),
+                             int(codec.get_required_compression_alignment()))
 
-    @classmethod
-    def get(cls, device_id: int) -> _Gpu:
-        per_device = cls._local.__dict__.setdefault("per_device", {})
-        gpu = per_device.get(device_id)
-        if gpu is None:
-            gpu = per_device[device_id] = cls(device_id)
-        return gpu
+    def codec(self, frames: int) -> Any:
+        """nvCOMP decodes a frame per thread block: few frames want its low-latency kernels."""
+        policy = self.nvcomp.ExecutionPolicy
+        return self.codecs[policy.LATENCY if frames < _LATENCY_BELOW_FRAMES
+                           else policy.CONCURRENCY]
 
     def aligned(self, array: Any) -> Any:
         """``array`` as contiguous bytes at an address nvCOMP and the kernels accept."""
@@ -397,103 +403,205 @@ class _Gpu:
     def batch(self, arrays: Sequence[Any]) -> Any:
         return self.nvcomp.as_arrays(list(arrays), cuda_stream=self.stream.ptr)
 
+    def frames(self, arrays: Sequence[Any], sizes: Sequence[int]) -> np.ndarray:
+        """Run the frame scan: per array, (0 if nvCOMP can decode it, content size, checksum
+        offset or -1)."""
+        cupy = self.cupy
+        info = cupy.empty((len(arrays), 3), dtype=np.int64)
+        _launch(self.scan, len(arrays), _pointers(cupy, arrays), _sizes(cupy, sizes), info)
+        return info.get()
+
     # ------------------------------------------------------------------ decode
 
     def decode(self, chunks: list[Any], host_decode: Any) -> list[Any]:
-        """Decode device chunks; ``host_decode(numpy_bytes)`` takes any nvCOMP cannot."""
+        """Decode device chunks, batched. Each result is a CuPy array or the exception that
+        chunk raised; ``host_decode(numpy_bytes)`` decodes any nvCOMP cannot take."""
         cupy = self.cupy
-        scan, xxh64 = _kernels()
         with cupy.cuda.Device(self.device_id), self.stream:
             sources = [self.aligned(c) for c in chunks]
-            n = len(sources)
-            info = cupy.empty((n, 3), dtype=np.int64)
-            _launch(scan, n, _pointers(cupy, sources), _sizes(cupy, [s.size for s in sources]),
-                    info)
-            info = info.get()
-            out: list[Any] = [None] * n
-            on_gpu = []
-            for i, (status, content_size, _) in enumerate(info):
-                if status == 0 and content_size > 0:  # else the host decodes it
-                    out[i] = cupy.empty(int(content_size), dtype=np.uint8)
-                    on_gpu.append(i)
+            info = self.frames(sources, [s.size for s in sources])
+            out: list[Any] = [None] * len(sources)
+            on_gpu = [i for i, (status, size, _) in enumerate(info) if status == 0 and size > 0]
+            for i in on_gpu:
+                out[i] = cupy.empty(int(info[i, 1]), dtype=np.uint8)
             if on_gpu:
                 try:
-                    result = self.codec.decode(self.batch([sources[i] for i in on_gpu]),
-                                               out=self.batch([out[i] for i in on_gpu]))
+                    result = self.codec(len(on_gpu)).decode(
+                        self.batch([sources[i] for i in on_gpu]),
+                        out=self.batch([out[i] for i in on_gpu]))
                     decoded_sizes = list(result.buffer_sizes)
                 except Exception:  # noqa: BLE001 - the host decodes them, or says what is wrong
                     decoded_sizes = [-1] * len(on_gpu)
                 for i, decoded in zip(on_gpu, decoded_sizes, strict=True):
                     if decoded != out[i].size:
-                        out[i] = None  # let the host decode it, or report why it cannot
+                        out[i] = None  # the host decodes it, or reports why it cannot
                 checked = [i for i in on_gpu if out[i] is not None and info[i, 2] >= 0]
                 if checked:
                     ok = cupy.zeros(len(checked), dtype=np.int32)
-                    _launch(xxh64, len(checked), _pointers(cupy, [out[i] for i in checked]),
+                    _launch(self.xxh64, len(checked), _pointers(cupy, [out[i] for i in checked]),
                             _sizes(cupy, [out[i].size for i in checked]),
                             _pointers(cupy, [sources[i] for i in checked],
                                       [int(info[i, 2]) for i in checked]),
                             _pointers(cupy, [sources[i] for i in checked]), np.int32(0), ok)
                     for i, good in zip(checked, ok.get(), strict=True):
                         if not good:
-                            raise ChecksumError(
+                            out[i] = ChecksumError(
                                 f"zstd chunk of {sources[i].size} bytes decoded on the GPU to "
                                 f"{out[i].size} bytes that do not match its content checksum")
-            for i in range(n):
+            for i in range(len(sources)):
                 if out[i] is None:
-                    out[i] = cupy.asarray(np.frombuffer(host_decode(cupy.asnumpy(sources[i])),
-                                                        dtype=np.uint8))
+                    out[i] = _on_host(host_decode, sources[i])
             self.stream.synchronize()
         return out
 
     # ------------------------------------------------------------------ encode
 
     def encode(self, chunks: list[Any], checksum: bool, host_encode: Any) -> list[Any]:
-        """Encode device chunks into single zstd frames; ``host_encode`` takes any nvCOMP
-        cannot (empty chunks, or frames that come out in a shape this module does not expect).
-        """
+        """Encode device chunks, batched, each into one zstd frame (results as in
+        :meth:`decode`); ``host_encode`` takes empty chunks, and any nvCOMP fails on."""
         cupy = self.cupy
-        scan, xxh64 = _kernels()
+        tail = 4 if checksum else 0
         with cupy.cuda.Device(self.device_id), self.stream:
             sources = [self.aligned(c) for c in chunks]
-            n = len(sources)
-            out: list[Any] = [None] * n
-            on_gpu = [i for i in range(n) if sources[i].size]
+            out: list[Any] = [None] * len(sources)
+            on_gpu = [i for i in range(len(sources)) if sources[i].size]
             if on_gpu:
                 try:
-                    result = self.codec.encode(self.batch([sources[i] for i in on_gpu]))
-                    sizes = list(result.buffer_sizes)
-                    for j, i in enumerate(on_gpu):
-                        frame = cupy.empty(sizes[j] + (4 if checksum else 0), dtype=np.uint8)
-                        frame[:sizes[j]] = cupy.asarray(result[j]).view(np.uint8)[:sizes[j]]
+                    result = self.codec(len(on_gpu)).encode(
+                        self.batch([sources[i] for i in on_gpu]))
+                    for j, (i, size) in enumerate(zip(on_gpu, result.buffer_sizes,
+                                                      strict=True)):
+                        frame = cupy.empty(size + tail, dtype=np.uint8)
+                        frame[:size] = cupy.asarray(result[j])[:size]
                         out[i] = frame
+                    self.stream.synchronize()  # before nvCOMP's buffers go
                     del result
                 except Exception:  # noqa: BLE001 - the host encodes them instead
+                    out = [None] * len(sources)
                     on_gpu = []
-                if on_gpu:
-                    # Check nvCOMP's frames are what the checksum patch below assumes.
-                    info = cupy.empty((len(on_gpu), 3), dtype=np.int64)
-                    _launch(scan, len(on_gpu), _pointers(cupy, [out[i] for i in on_gpu]),
-                            _sizes(cupy, [out[i].size - (4 if checksum else 0)
-                                          for i in on_gpu]), info)
-                    info = info.get()
-                    for j, i in enumerate(on_gpu):
-                        if info[j, 0] != 0 or info[j, 1] != sources[i].size or info[j, 2] >= 0:
-                            out[i] = None
-                    patched = [i for i in on_gpu if out[i] is not None]
-                    if checksum and patched:
-                        _launch(xxh64, len(patched), _pointers(cupy, [sources[i] for i in patched]),
-                                _sizes(cupy, [sources[i].size for i in patched]),
-                                _pointers(cupy, [out[i] for i in patched],
-                                          [out[i].size - 4 for i in patched]),
-                                _pointers(cupy, [out[i] for i in patched], [4] * len(patched)),
-                                np.int32(1), cupy.zeros(1, dtype=np.int32))
-            for i in range(n):
+            if on_gpu:
+                # The checksum is patched into nvCOMP's frames: check they are single frames
+                # with the content size and no checksum yet, as the scan kernel reads them.
+                info = self.frames([out[i] for i in on_gpu], [out[i].size - tail for i in on_gpu])
+                for (status, size, checksum_at), i in zip(info, on_gpu, strict=True):
+                    if status != 0 or size != sources[i].size or checksum_at >= 0:
+                        out[i] = None
+                patch = [i for i in on_gpu if out[i] is not None]
+                if checksum and patch:
+                    _launch(self.xxh64, len(patch), _pointers(cupy, [sources[i] for i in patch]),
+                            _sizes(cupy, [sources[i].size for i in patch]),
+                            _pointers(cupy, [out[i] for i in patch],
+                                      [out[i].size - 4 for i in patch]),
+                            _pointers(cupy, [out[i] for i in patch], [4] * len(patch)),
+                            np.int32(1), cupy.zeros(1, dtype=np.int32))
+            for i in range(len(sources)):
                 if out[i] is None:
-                    out[i] = cupy.asarray(np.frombuffer(host_encode(cupy.asnumpy(sources[i])),
-                                                        dtype=np.uint8))
+                    out[i] = _on_host(host_encode, sources[i])
             self.stream.synchronize()
         return out
+
+
+def _on_host(code: Any, source: Any) -> Any:
+    """Run a host codec function on a device chunk; the result goes back to the device."""
+    import cupy
+
+    try:
+        result = code(cupy.asnumpy(source))
+    except Exception as error:  # noqa: BLE001 - handed to the chunk's caller
+        return error
+    return cupy.asarray(np.frombuffer(result, dtype=np.uint8))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Job:
+    kind: str  # "decode" or "encode"
+    arrays: list[Any]
+    zstd: Any  # numcodecs' Zstd with the codec's level and checksum, for the host fallback
+    future: concurrent.futures.Future = dataclasses.field(
+        default_factory=concurrent.futures.Future)
+
+    @property
+    def group(self) -> tuple[str, int, bool]:
+        return (self.kind, self.zstd.level, bool(getattr(self.zstd, "checksum", False)))
+
+
+class _DeviceWorker:
+    """The one thread that codes zstd on one GPU.
+
+    It owns nvCOMP's handles for its whole life (a daemon thread, so they are never torn
+    down under a running interpreter), and it coalesces: whatever requests are waiting
+    when it picks up work go to nvCOMP as one batch. zarr's pipeline hands a codec
+    ``codec_pipeline.batch_size`` chunks at a time (1 by default) from up to
+    ``async.concurrency`` tasks, so this is where their chunks meet.
+    """
+
+    _workers: ClassVar[dict[int, _DeviceWorker]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, device_id: int) -> None:
+        self.device_id = device_id
+        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, daemon=True,
+                                       name=f"arrayio-zstd-cuda{device_id}")
+        self.thread.start()
+
+    @classmethod
+    def submit(cls, device_id: int, kind: str, arrays: list[Any], zstd: Any
+               ) -> concurrent.futures.Future:
+        """Queue chunks for the device's worker; the future gives one CuPy array each."""
+        with cls._lock:
+            worker = cls._workers.get(device_id)
+            if worker is None:
+                worker = cls._workers[device_id] = cls(device_id)
+        job = _Job(kind, arrays, zstd)
+        worker.jobs.put(job)
+        return job.future
+
+    def _serve(self) -> None:
+        gpu: _Gpu | None = None
+        while True:
+            jobs = [self.jobs.get()]
+            while True:
+                try:
+                    jobs.append(self.jobs.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                gpu = gpu or _Gpu(self.device_id)
+            except ImportError as error:
+                failure = FrameworkNotAvailableError(_INSTALL_HINT)
+                failure.__cause__ = error
+                for job in jobs:
+                    job.future.set_exception(failure)
+                continue
+            groups: dict[tuple[str, int, bool], list[_Job]] = {}
+            for job in jobs:
+                groups.setdefault(job.group, []).append(job)
+            for (kind, _, checksum), group in groups.items():
+                self._run(gpu, kind, checksum, group)
+
+    @staticmethod
+    def _run(gpu: _Gpu, kind: str, checksum: bool, jobs: list[_Job]) -> None:
+        arrays = [array for job in jobs for array in job.arrays]
+        zstd = jobs[0].zstd
+        try:
+            if kind == "decode":
+                results = gpu.decode(arrays, lambda data: _decode_on_host(zstd, data))
+            else:
+                results = gpu.encode(arrays, checksum, lambda data: _encode_on_host(zstd, data))
+        except BaseException as error:  # noqa: BLE001 - the callers get it, the worker lives
+            for job in jobs:
+                job.future.set_exception(error)
+            return
+        start = 0
+        for job in jobs:
+            mine = results[start:start + len(job.arrays)]
+            start += len(job.arrays)
+            failed = [r for r in mine if isinstance(r, BaseException)]
+            if failed:
+                job.future.set_exception(failed[0])
+            else:
+                job.future.set_result(mine)
 
 
 def _device_array(buffer: Buffer) -> Any | None:
@@ -508,13 +616,6 @@ def _device_array(buffer: Buffer) -> Any | None:
     return cupy.asarray(array)
 
 
-def _gpu(device_id: int) -> _Gpu:
-    try:
-        return _Gpu.get(device_id)
-    except ImportError as error:
-        raise FrameworkNotAvailableError(_INSTALL_HINT) from error
-
-
 def _to_buffer(prototype: BufferPrototype, array: Any) -> Buffer:
     """Wrap a CuPy result in the buffer class zarr asked for, copying only across devices."""
     from zarr.core.buffer import gpu
@@ -522,6 +623,10 @@ def _to_buffer(prototype: BufferPrototype, array: Any) -> Buffer:
     if issubclass(prototype.buffer, gpu.Buffer):
         return prototype.buffer.from_array_like(array)
     return prototype.buffer.from_bytes(array.get())
+
+
+def _encode_on_host(zstd: Any, data: np.ndarray) -> bytes:
+    return zstd.encode(data)
 
 
 # --------------------------------------------------------------------------- the codec
@@ -560,36 +665,60 @@ class ZstdCodec(_ZarrZstdCodec):
         self, chunks_and_specs: Iterable[tuple[Buffer | None, ArraySpec]]
     ) -> Iterable[Buffer | None]:
         """Decode a batch: its GPU chunks in one nvCOMP call, its host chunks concurrently."""
-        return await self._run_batch(list(chunks_and_specs), self._decode_batch_sync,
-                                     self._decode_host)
+        return await self._run_async("decode", list(chunks_and_specs), self._decode_host)
 
     async def encode(
         self, chunks_and_specs: Iterable[tuple[Buffer | None, ArraySpec]]
     ) -> Iterable[Buffer | None]:
         """Encode a batch: its GPU chunks in one nvCOMP call, its host chunks concurrently."""
-        return await self._run_batch(list(chunks_and_specs), self._encode_batch_sync,
-                                     self._encode_host)
+        return await self._run_async("encode", list(chunks_and_specs), self._encode_host)
 
-    async def _run_batch(self, items: list[tuple[Buffer | None, ArraySpec]], gpu_batch: Any,
-                         host_one: Any) -> list[Buffer | None]:
-        out: list[Buffer | None] = [None] * len(items)
-        on_gpu = [i for i, (chunk, _) in enumerate(items)
-                  if chunk is not None and _device_array(chunk) is not None]
-        on_host = [i for i, (chunk, _) in enumerate(items)
-                   if chunk is not None and i not in set(on_gpu)]
+    async def _run_async(self, kind: str, items: list[tuple[Buffer | None, ArraySpec]],
+                         on_host: Any) -> list[Buffer | None]:
+        out, pending, host = self._start(kind, items)
 
-        async def gpu_part() -> None:
-            results = await asyncio.to_thread(gpu_batch, [items[i] for i in on_gpu])
-            for i, result in zip(on_gpu, results, strict=True):
-                out[i] = result
+        async def device_part(indices: list[int], future: concurrent.futures.Future) -> None:
+            self._finish(items, out, indices, await asyncio.wrap_future(future))
 
         async def host_part(i: int) -> None:
-            out[i] = await asyncio.to_thread(host_one, *items[i])
+            out[i] = await asyncio.to_thread(on_host, *items[i])
 
-        work = [gpu_part()] if on_gpu else []
-        await asyncio.gather(*work, concurrent_map(
-            [(i,) for i in on_host], host_part, _zarr_config.get("async.concurrency")))
+        await asyncio.gather(*(device_part(*p) for p in pending), concurrent_map(
+            [(i,) for i in host], host_part, _zarr_config.get("async.concurrency")))
         return out
+
+    def _run_sync(self, kind: str, items: list[tuple[Buffer | None, ArraySpec]],
+                  on_host: Any) -> list[Buffer | None]:
+        out, pending, host = self._start(kind, items)
+        for i in host:
+            out[i] = on_host(*items[i])
+        for indices, future in pending:
+            self._finish(items, out, indices, future.result())
+        return out
+
+    def _start(self, kind: str, items: list[tuple[Buffer | None, ArraySpec]]
+               ) -> tuple[list[Buffer | None], list[tuple[list[int], Any]], list[int]]:
+        """Send the GPU chunks to their devices' workers; return the results to fill, the
+        pending (indices, future) per device, and the indices of the host chunks."""
+        by_device: dict[int, list[tuple[int, Any]]] = {}
+        host = []
+        for i, (chunk, _) in enumerate(items):
+            array = None if chunk is None else _device_array(chunk)
+            if array is not None:
+                by_device.setdefault(array.device.id, []).append((i, array))
+            elif chunk is not None:
+                host.append(i)
+        pending = [([i for i, _ in members],
+                    _DeviceWorker.submit(device_id, kind, [a for _, a in members],
+                                         self._zstd_codec))
+                   for device_id, members in by_device.items()]
+        return [None] * len(items), pending, host
+
+    @staticmethod
+    def _finish(items: list[tuple[Buffer | None, ArraySpec]], out: list[Buffer | None],
+                indices: list[int], arrays: list[Any]) -> None:
+        for i, array in zip(indices, arrays, strict=True):
+            out[i] = _to_buffer(items[i][1].prototype, array)
 
     # -------------------------------------------------------------- single chunks
 
@@ -600,53 +729,19 @@ class ZstdCodec(_ZarrZstdCodec):
         return (await self.encode([(chunk_bytes, chunk_spec)]))[0]  # type: ignore[index]
 
     def _decode_sync(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer:
-        # zarr's synchronous (fused) pipeline calls this per chunk.
-        return self._decode_batch_sync([(chunk_bytes, chunk_spec)])[0]
+        # zarr's synchronous (fused) pipeline calls this, per chunk, from its thread pool.
+        return self._run_sync("decode", [(chunk_bytes, chunk_spec)], self._decode_host)[0]
 
     def _encode_sync(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer | None:
-        return self._encode_batch_sync([(chunk_bytes, chunk_spec)])[0]
-
-    # -------------------------------------------------------------- the work
+        return self._run_sync("encode", [(chunk_bytes, chunk_spec)], self._encode_host)[0]
 
     def _decode_host(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer:
         decoded = _decode_on_host(self._zstd_codec, chunk_bytes.as_numpy_array())
         return chunk_spec.prototype.buffer.from_bytes(decoded)
 
     def _encode_host(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> Buffer:
-        encoded = self._zstd_codec.encode(chunk_bytes.as_numpy_array())
+        encoded = _encode_on_host(self._zstd_codec, chunk_bytes.as_numpy_array())
         return chunk_spec.prototype.buffer.from_bytes(encoded)
-
-    def _decode_batch_sync(self, items: list[tuple[Buffer, ArraySpec]]) -> list[Buffer]:
-        """Decode chunks in the calling thread: device ones batched per GPU."""
-
-        def host(data: np.ndarray) -> bytes | np.ndarray:
-            return _decode_on_host(self._zstd_codec, data)
-
-        return self._per_device(items, lambda gpu, arrays: gpu.decode(arrays, host),
-                                self._decode_host)
-
-    def _encode_batch_sync(self, items: list[tuple[Buffer, ArraySpec]]) -> list[Buffer]:
-        """Encode chunks in the calling thread: device ones batched per GPU."""
-        return self._per_device(
-            items, lambda gpu, arrays: gpu.encode(arrays, self.checksum, self._zstd_codec.encode),
-            self._encode_host)
-
-    @staticmethod
-    def _per_device(items: list[tuple[Buffer, ArraySpec]], on_gpu: Any,
-                    on_host: Any) -> list[Buffer]:
-        out: list[Any] = [None] * len(items)
-        by_device: dict[int, list[tuple[int, Any]]] = {}
-        for i, (chunk, spec) in enumerate(items):
-            array = _device_array(chunk)
-            if array is None:
-                out[i] = on_host(chunk, spec)
-            else:
-                by_device.setdefault(array.device.id, []).append((i, array))
-        for device_id, members in by_device.items():
-            results = on_gpu(_gpu(device_id), [array for _, array in members])
-            for (i, _), result in zip(members, results, strict=True):
-                out[i] = _to_buffer(items[i][1].prototype, result)
-        return out
 
 
 register_codec("zstd", ZstdCodec)

@@ -12,6 +12,9 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
+import types
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -343,6 +346,99 @@ def test_the_fused_synchronous_pipeline_uses_it_too():
         assert same_bytes(write(store, data, (16, 16), ZstdCodec(checksum=True))[...], data)
 
 
+class FakeDeviceArray:
+    """Host bytes posing as a CuPy array on a numbered device, for the worker's plumbing."""
+
+    def __init__(self, data, device_id: int) -> None:
+        self.data = np.frombuffer(bytes(data), dtype=np.uint8)
+        self.device = types.SimpleNamespace(id=device_id)
+
+    def get(self) -> np.ndarray:
+        return self.data
+
+
+class FakeGpu:
+    """Stands in for nvCOMP: codes each batch on the host, slowly, and records its size."""
+
+    batches: ClassVar[list[int]] = []
+
+    def __init__(self, device_id: int) -> None:
+        self.device_id = device_id
+
+    def _each(self, chunks, code):
+        FakeGpu.batches.append(len(chunks))
+        time.sleep(0.02)  # long enough for other requests to queue up behind this batch
+        out = []
+        for chunk in chunks:
+            try:
+                out.append(FakeDeviceArray(code(chunk.get()), self.device_id))
+            except Exception as error:  # noqa: BLE001 - as the real one, per chunk
+                out.append(error)
+        return out
+
+    def decode(self, chunks, host_decode):
+        return self._each(chunks, host_decode)
+
+    def encode(self, chunks, checksum, host_encode):
+        return self._each(chunks, host_encode)
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """A device number whose buffers go through the GPU worker, with FakeGpu as nvCOMP."""
+    device_id = 1000 + len(codecs_module._DeviceWorker._workers)
+    on_device: set[int] = set()
+    real = codecs_module._device_array
+
+    def device_array(buffer):
+        if id(buffer) in on_device:
+            return FakeDeviceArray(buffer.as_numpy_array(), device_id)
+        return real(buffer)
+
+    monkeypatch.setattr(codecs_module, "_device_array", device_array)
+    monkeypatch.setattr(codecs_module, "_Gpu", FakeGpu)
+    FakeGpu.batches.clear()
+
+    def buffer(data: bytes):
+        made = host_buffer(data)
+        on_device.add(id(made))
+        return made
+
+    return buffer
+
+
+def test_the_device_worker_coalesces_concurrent_requests(fake_device):
+    datas = [sample_bytes(n, seed=n) for n in range(1000, 1032)]
+    frames = [fake_device(Zstd().encode(d)) for d in datas]
+
+    async def one_chunk_per_call():
+        return await asyncio.gather(*(ZstdCodec().decode([(f, spec())]) for f in frames))
+
+    decoded = asyncio.run(one_chunk_per_call())
+    assert [d[0].to_bytes() for d in decoded] == datas
+    assert sum(FakeGpu.batches) == 32 and len(FakeGpu.batches) < 32, FakeGpu.batches
+    mixed = [(frames[0], spec()), (None, spec()), (host_buffer(Zstd().encode(b"host")), spec())]
+    assert [None if d is None else d.to_bytes() for d in asyncio.run(
+        ZstdCodec().decode(mixed))] == [datas[0], None, b"host"]
+    encoded = ZstdCodec(checksum=True)._encode_sync(fake_device(b"xyz" * 100), spec())
+    assert Zstd().decode(encoded.to_bytes()) == b"xyz" * 100
+
+
+def test_a_failing_chunk_fails_only_its_own_call(fake_device):
+    good = [fake_device(Zstd().encode(sample_bytes(500, seed=k))) for k in range(8)]
+    bad = fake_device(b"\x00" * 40)
+
+    async def calls():
+        return await asyncio.gather(*(ZstdCodec().decode([(f, spec())]) for f in [*good, bad]),
+                                    return_exceptions=True)
+
+    results = asyncio.run(calls())
+    assert [r[0].to_bytes() for r in results[:8]] == [sample_bytes(500, seed=k) for k in range(8)]
+    assert isinstance(results[8], FormatError)
+    with pytest.raises(FormatError, match="magic number"):
+        ZstdCodec()._decode_sync(bad, spec())
+
+
 # --------------------------------------------------------------------------- GPU
 
 
@@ -366,7 +462,7 @@ def host_path_forbidden(monkeypatch):
         raise AssertionError("chunk went to the host path")
 
     monkeypatch.setattr(codecs_module, "_decode_on_host", refuse)
-    monkeypatch.setattr(ZstdCodec, "_encode_host", refuse)
+    monkeypatch.setattr(codecs_module, "_encode_on_host", refuse)
 
 
 GPU_SIZES = [1, 7, 100, 4096, 65_536, 131_073, 1 << 20, (4 << 20) + 3, 16 << 20, 40 << 20]
