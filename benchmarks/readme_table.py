@@ -56,11 +56,15 @@ def _size(nbytes: int) -> str:
 def render_sweep(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") -> str:
     """The GPU panels of each committed sweep: best single tool and dispatcher per size."""
     lines: list[str] = []
-    for path in sorted(results_dir.glob("*/sweep*.json"),
-                       key=lambda p: (p.parent.name, "-" in p.stem)):
-        report = json.loads(path.read_text())
-        if not report["machine"].get("gpu"):
+    sweeps = [p for p in sorted(results_dir.glob("*/sweep*.json"),
+                                key=lambda p: (p.parent.name, "-" in p.stem))
+              if json.loads(p.read_text())["machine"].get("gpu")]
+    # The latest results folder only: older sweeps stay committed, as history.
+    latest = max((p.parent.name for p in sweeps), default=None)
+    for path in sweeps:
+        if path.parent.name != latest:
             continue
+        report = json.loads(path.read_text())
         ceilings = report["ceilings"]
         mode = "checksums on (the default)" if report["checksum"] else "checksums off"
         lines += [
@@ -85,6 +89,22 @@ def render_sweep(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
             lines.append(f"| {panel.replace('/-', '')} | " + " | ".join(cells)
                          + f" | {'yes' if beats else 'no'} |")
         lines.append("")
+        if report.get("targets"):
+            lines += [
+                "Against the hardware at the largest size (ceiling: the higher of the one "
+                "measured before the sweep and the one measured in the same rounds):",
+                "",
+                "| GPU, " + _size(next(iter(report["targets"].values()))["bytes"])
+                + " | dispatcher GB/s | ceiling GB/s | ratio | goal | met |",
+                "| --- | ---: | ---: | ---: | ---: | --- |",
+            ]
+            for panel, t in report["targets"].items():
+                ceiling = max(v for v in (t["ceiling_upfront_GBps"],
+                                          t["ceiling_interleaved_GBps"]) if v is not None)
+                lines.append(f"| {panel.replace('/-', '')} | {t['dispatcher_GBps']:.2f} | "
+                             f"{ceiling:.2f} | {t['ratio']:.2f} | {t['goal']:.1f} | "
+                             f"{'yes' if t['met'] else '**no**'} |")
+            lines.append("")
     return "\n".join(lines).rstrip() + "\n" if lines else ""
 
 
