@@ -23,7 +23,8 @@ What the GPU path guarantees:
   the magic number, reserved bits, block types and sizes, the frame's length against the
   chunk's, and the declared content size against what the blocks can hold. A chunk that
   fails is decoded on the host, which raises :class:`~arrayio.errors.FormatError` with the
-  reason, so a damaged chunk is an error and never garbage or a huge allocation.
+  reason: damaged framing is an error, never garbage or a huge allocation. (nvCOMP itself
+  reports success on garbage input.)
 * **Content checksums are honoured.** nvCOMP neither writes nor verifies zstd's content
   checksum (the low 32 bits of XXH64 of the decoded bytes, the ``checksum`` option). Frames
   that carry one are verified on the GPU by an XXH64 kernel after decoding
@@ -39,10 +40,13 @@ configured level. nvCOMP's zstd decoder trusts its input past the header checks 
 chunk whose compressed payload was altered without breaking its structure is caught by
 the content checksum when the frame has one; without one, no decoder can tell.
 
-zarr hands a codec the chunks of one read in batches of ``codec_pipeline.batch_size``
-chunks (1 by default, each batch decoded concurrently): raise it, e.g.
-``zarr.config.set({"codec_pipeline.batch_size": 256})``, to let nvCOMP decode many chunks
-per call, which is where the GPU is fast.
+nvCOMP decodes each zstd frame with one thread block, so the GPU is fast only with many
+frames at once: a 16 MiB frame decodes at well under 1 GB/s on its own. zarr hands a codec
+the chunks of a read in batches of ``codec_pipeline.batch_size`` chunks (1 by default, up
+to ``async.concurrency`` batches at a time). One worker thread per GPU runs all of this
+codec's nvCOMP work and merges the requests waiting for it into one batch, which helps even
+then; raising the batch size, e.g. ``zarr.config.set({"codec_pipeline.batch_size": 512})``,
+hands it whole reads at once.
 """
 
 from __future__ import annotations
@@ -335,8 +339,6 @@ extern "C" __global__ void arrayio_xxh64(const u64* data_ptrs, const long long* 
 """
 
 _THREADS = 128
-# Below this many frames in a batch, nvCOMP's latency-optimised kernels are used.
-_LATENCY_BELOW_FRAMES = 0
 
 
 @functools.cache
@@ -352,7 +354,7 @@ def _launch(kernel: Any, n: int, *args: Any) -> None:
 
 
 def _pointers(cupy: Any, arrays: Sequence[Any], offsets: Sequence[int] | None = None) -> Any:
-    ptrs = np.array([a.data.ptr for a in arrays], dtype=np.uint64)
+    ptrs = np.fromiter((a.data.ptr for a in arrays), dtype=np.uint64, count=len(arrays))
     if offsets is not None:
         ptrs += np.asarray(offsets, dtype=np.uint64)
     return cupy.asarray(ptrs)
@@ -376,29 +378,37 @@ class _Gpu:
         self.cupy, self.nvcomp, self.device_id = cupy, nvcomp, device_id
         with cupy.cuda.Device(device_id):
             self.stream = cupy.cuda.Stream(non_blocking=False)
-            self.codecs = {
-                policy: nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
-                                     device_id=device_id, cuda_stream=self.stream.ptr,
-                                     execution_policy=policy)
-                for policy in (nvcomp.ExecutionPolicy.CONCURRENCY,
-                               nvcomp.ExecutionPolicy.LATENCY)}
+            # nvCOMP's ExecutionPolicy.LATENCY measured no faster, at any batch size.
+            self.codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
+                                      device_id=device_id, cuda_stream=self.stream.ptr)
             self.scan, self.xxh64 = _kernels()
-        codec = self.codec(1 << 30)
-        self.alignment = max(8, int(codec.get_required_decompression_alignment()),
-                             int(codec.get_required_compression_alignment()))
-
-    def codec(self, frames: int) -> Any:
-        """nvCOMP decodes a frame per thread block: few frames want its low-latency kernels."""
-        policy = self.nvcomp.ExecutionPolicy
-        return self.codecs[policy.LATENCY if frames < _LATENCY_BELOW_FRAMES
-                           else policy.CONCURRENCY]
+        self.alignment = max(8, int(self.codec.get_required_decompression_alignment()),
+                             int(self.codec.get_required_compression_alignment()))
+        self.carve = True  # whether nvcomp.as_arrays takes (buffer, offsets, sizes)
 
     def aligned(self, array: Any) -> Any:
         """``array`` as contiguous bytes at an address nvCOMP and the kernels accept."""
-        array = array.reshape(-1).view(self.cupy.uint8)
-        if array.data.ptr % self.alignment or not array.flags.c_contiguous:
+        if not (array.ndim == 1 and array.dtype == np.uint8 and array.strides == (1,)):
+            array = self.cupy.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        if array.data.ptr % self.alignment:
             array = array.copy()  # fresh CuPy allocations are 256-byte aligned
         return array
+
+    def empty_batch(self, sizes: Sequence[int]) -> tuple[list[Any], Any]:
+        """One allocation carved into arrays of ``sizes`` bytes, and the nvCOMP batch of them."""
+        cupy = self.cupy
+        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum((np.asarray(sizes, dtype=np.int64) + 255) // 256 * 256, out=offsets[1:])
+        whole = cupy.empty(int(offsets[-1]), dtype=np.uint8)
+        arrays = [whole[start:start + size]
+                  for start, size in zip(offsets.tolist(), sizes, strict=False)]
+        if self.carve:
+            try:
+                return arrays, self.nvcomp.as_arrays(whole, offsets[:-1].tolist(), list(sizes),
+                                                     cuda_stream=self.stream.ptr)
+            except Exception:  # noqa: BLE001 - an nvCOMP without it: one array per entry
+                self.carve = False
+        return arrays, self.batch(arrays)
 
     def batch(self, arrays: Sequence[Any]) -> Any:
         return self.nvcomp.as_arrays(list(arrays), cuda_stream=self.stream.ptr)
@@ -422,13 +432,13 @@ class _Gpu:
             info = self.frames(sources, [s.size for s in sources])
             out: list[Any] = [None] * len(sources)
             on_gpu = [i for i, (status, size, _) in enumerate(info) if status == 0 and size > 0]
-            for i in on_gpu:
-                out[i] = cupy.empty(int(info[i, 1]), dtype=np.uint8)
             if on_gpu:
+                arrays, batch = self.empty_batch([int(info[i, 1]) for i in on_gpu])
+                for i, array in zip(on_gpu, arrays, strict=True):
+                    out[i] = array
                 try:
-                    result = self.codec(len(on_gpu)).decode(
-                        self.batch([sources[i] for i in on_gpu]),
-                        out=self.batch([out[i] for i in on_gpu]))
+                    result = self.codec.decode(self.batch([sources[i] for i in on_gpu]),
+                                               out=batch)
                     decoded_sizes = list(result.buffer_sizes)
                 except Exception:  # noqa: BLE001 - the host decodes them, or says what is wrong
                     decoded_sizes = [-1] * len(on_gpu)
@@ -467,8 +477,7 @@ class _Gpu:
             on_gpu = [i for i in range(len(sources)) if sources[i].size]
             if on_gpu:
                 try:
-                    result = self.codec(len(on_gpu)).encode(
-                        self.batch([sources[i] for i in on_gpu]))
+                    result = self.codec.encode(self.batch([sources[i] for i in on_gpu]))
                     for j, (i, size) in enumerate(zip(on_gpu, result.buffer_sizes,
                                                       strict=True)):
                         frame = cupy.empty(size + tail, dtype=np.uint8)
