@@ -46,11 +46,13 @@ Nothing is ever queued on the caller's compute stream:
   hands it a block the compute stream may still use; ``get`` then calls
   ``record_stream(current_stream)`` so the block is not reused before the compute stream is
   done with it.
-* **CuPy and JAX (CUDA)**: ``put`` records an event (CuPy) on the current stream, which the
-  writer waits for; JAX arrays are immutable and ready when exported through DLPack. Reads
-  allocate on the offloader's own CuPy stream and wait (on the host) for the device to be
-  idle of earlier work before filling, since CuPy's pool and JAX's DLPack deleters have no
-  ``record_stream``.
+* **CuPy (CUDA)**: ``put`` records an event on the current stream, which the writer waits
+  for. Reads allocate on the offloader's own CuPy stream and wait (on the host, in the
+  reader thread) for earlier work on the device before filling, since CuPy's memory pool
+  has no ``record_stream``.
+* **JAX (CUDA)**: arrays are immutable, and exporting them through DLPack orders the copy
+  after their computation. Reads go to host memory, then ``jax.device_put`` on the array's
+  device: JAX owns the result's memory (its allocator counts it, its streams order it).
 * **Host arrays**: plain threads.
 """
 
@@ -68,7 +70,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .. import _dtypes, _transfer, config
-from .._frameworks import Request, allocate, export, framework_of, placement_of
+from .._frameworks import CPU, Request, allocate, export, framework_of, placement_of
 from ..errors import ArrayioError, ChecksumError, UnsupportedObjectError
 from ._directory import SpillDirectory
 
@@ -175,6 +177,7 @@ class _Entry:
     read_error: BaseException | None = None
     from_read: bool = False  # the array was read back (torch: record_stream on get)
     prefetched: bool = False  # read back by prefetch() and not used by get() since
+    waiters: int = 0  # get() calls waiting for this array: it must not be dropped meanwhile
 
     @property
     def clean(self) -> bool:
@@ -361,26 +364,33 @@ class Offloader:
         with self._locked():
             self._check_open()
             entry = self._entry(handle)
-            while True:
-                if entry.array is not None:
-                    self._lru.move_to_end(entry.id)
-                    entry.prefetched = False
-                    array = entry.array
-                    if entry.from_read:
-                        entry.from_read = False
-                        _record_stream(array, entry.framework)
-                    return array
-                if entry.read_error is not None:
-                    error, entry.read_error = entry.read_error, None
-                    raise error
-                if entry.reading:
-                    self._wait()
-                    continue
-                with contextlib.suppress(ValueError):
-                    self._prefetch_queue.remove(entry)
-                self._make_room(min(entry.nbytes, self.budget))
-                if entry.array is None and not entry.reading:
-                    self._start_read(entry)
+            entry.waiters += 1
+            try:
+                return self._get(entry)
+            finally:
+                entry.waiters -= 1
+
+    def _get(self, entry: _Entry) -> Any:
+        while True:
+            if entry.array is not None:
+                self._lru.move_to_end(entry.id)
+                entry.prefetched = False
+                array = entry.array
+                if entry.from_read:
+                    entry.from_read = False
+                    _record_stream(array, entry.framework)
+                return array
+            if entry.read_error is not None:
+                error, entry.read_error = entry.read_error, None
+                raise error
+            if entry.reading:
+                self._wait()
+                continue
+            with contextlib.suppress(ValueError):
+                self._prefetch_queue.remove(entry)
+            self._make_room(min(entry.nbytes, self.budget))
+            if entry.array is None and not entry.reading:
+                self._start_read(entry)
 
     def free(self, handle: Handle) -> None:
         """Drop the array and its file now (also done when the handle is garbage)."""
@@ -572,7 +582,8 @@ class Offloader:
         """The least recently used resident entry that may be spilled and fits
         ``predicate``."""
         for entry in self._lru.values():
-            if entry.hint != "keep" and entry.nbytes and predicate(entry):
+            if (entry.hint != "keep" and entry.nbytes and not entry.waiters
+                    and predicate(entry)):
                 return entry
         return None
 
@@ -679,8 +690,12 @@ class Offloader:
             self._pump_prefetch()
 
     def _read_file(self, entry: _Entry) -> Any:
+        request = entry.request
+        to_jax_device = request.framework == "jax" and request.placement.is_cuda
+        if to_jax_device:  # through the host, then device_put: JAX owns the memory
+            request = Request("numpy", CPU)
         with self._allocation_stream(entry):
-            target = allocate(entry.request, entry.dtype, entry.shape)
+            target = allocate(request, entry.dtype, entry.shape)
         _wait_for_device(entry)
         fd = os.open(entry.file, os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -692,12 +707,16 @@ class Offloader:
         if check and crc != entry.crc:
             raise ChecksumError(f"{entry.file}: spilled array #{entry.id} has CRC-32C "
                                 f"{crc:08x}, {entry.crc:08x} was written: the disk damaged it")
+        if to_jax_device:
+            import jax
+
+            return jax.device_put(target.finish(), entry.request.jax_device).block_until_ready()
         return target.finish()
 
     def _allocation_stream(self, entry: _Entry) -> Any:
         """A context in which the destination of a read is allocated (see module docstring)."""
         placement = entry.request.placement
-        if not placement.is_cuda:
+        if not placement.is_cuda or entry.framework == "jax":
             return contextlib.nullcontext()
         if entry.framework == "torch":
             import torch
@@ -766,7 +785,7 @@ def _record_ready(array: Any, framework: str | None, cuda: bool) -> Any:
 def _wait_for_device(entry: _Entry) -> None:
     """Before a read fills a fresh CuPy-pool block: wait for earlier work on the device."""
     placement = entry.request.placement
-    if placement.is_cuda and entry.framework != "torch":
+    if placement.is_cuda and entry.framework == "cupy":
         import cupy
 
         with cupy.cuda.Device(placement.index):

@@ -1,0 +1,29 @@
+"""examples/jax_offload.py runs, spills, and reproduces the gradients of the run without
+offloading."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "jax_offload.py"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
+def test_jax_example(tmp_path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-W", "error", str(EXAMPLE), "--batch", "256", "--width", "128",
+         "--depth", "4", "--steps", "2", "--budget-mib", "1", "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=240, check=False,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "gradients identical to the run without offloading: True" in result.stdout
+    written = float(result.stdout.split("written ")[1].split(" MiB")[0])
+    assert written > 0
+    assert list(tmp_path.iterdir()) == []  # the offloader removed its directory
