@@ -5,9 +5,12 @@ one file per key. What differs is how the bytes move:
 
 * every read lands in the memory the caller's buffer prototype asks for (NumPy memory for
   zarr's CPU buffers, CuPy memory under ``zarr.config.enable_gpu()``) and goes through
-  :func:`arrayio._transfer.read_into`, so the dispatcher picks the transfer tool it has
-  learned is fastest (parallel ``pread``, ``O_DIRECT``, ``mmap``) for each size and cache
-  state;
+  :func:`arrayio._transfer.read_into`. A read alone (or nearly) lets the dispatcher pick the
+  transfer tool it has learned is fastest (parallel ``pread``, ``O_DIRECT``, ``mmap``) for
+  its size and cache state. When many reads are in flight, as when zarr fetches the chunks
+  of a selection, the parallelism is already there, one chunk per thread: each read then
+  uses a one-thread tool chosen by the page-cache state of its bytes (``O_DIRECT`` when cold,
+  one ``pread`` when cached), forced through the same dispatcher (see :func:`_read_host`);
 * GPU reads are staged through pinned host memory owned by the reading thread, two pieces in
   flight, so a chunk's next piece is read from the file while the previous one is copied to
   the device, and any number of chunks can be read at once (see :func:`_read_device`);
@@ -47,9 +50,11 @@ from zarr.abc.store import (
 from zarr.core.buffer import Buffer, cpu
 from zarr.core.buffer.core import default_buffer_prototype
 
-from .. import _atomic, _transfer
+from .. import _atomic, _transfer, config
 from .._buffers import aligned_empty
-from ..errors import ArrayioError
+from ..dispatch.context import cache_state
+from ..dispatch.dispatcher import SMALL_TRANSFER
+from ..errors import ArrayioError, ToolUnavailableError
 
 if TYPE_CHECKING:
     from typing import Self
@@ -104,6 +109,56 @@ if hasattr(os, "register_at_fork"):
 
 async def _in_pool(function: Callable[..., T], *args: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(_executor(), function, *args)
+
+
+# --------------------------------------------------------------------------- reads in flight
+
+# At this many reads in flight (the store's, in every thread) a read counts as one of a
+# crowd. The dispatcher times each call to learn which tool is fastest, and a call that
+# shares the disk and the tools' thread pools with many others measures the crowd, not the
+# tool: its choices drift and it keeps exploring. Within a crowd each read needs no threads
+# of its own, only the right kind of request.
+CROWD = 4
+_ONE_DIRECT = "direct(threads=1,task_size=67108864)"  # one O_DIRECT request up to 64 MiB
+_in_flight = 0
+_in_flight_lock = threading.Lock()
+_no_direct: set[int] = set()  # file systems (st_dev) that refused O_DIRECT
+
+
+@contextlib.contextmanager
+def _counted() -> Iterator[int]:
+    """Count a read in flight; yield how many are, this one included."""
+    global _in_flight
+    with _in_flight_lock:
+        _in_flight += 1
+        count = _in_flight
+    try:
+        yield count
+    finally:
+        with _in_flight_lock:
+            _in_flight -= 1
+
+
+def _read_host(fd: int, file_offset: int, host: np.ndarray, path: str, crowded: bool,
+               device: int) -> None:
+    """Fill ``host`` from the file through the dispatcher.
+
+    Alone, the dispatcher chooses the tool. In a crowd (and unless the user forced a tool),
+    the read is forced to one thread: ``O_DIRECT`` for bytes not in the page cache, which
+    sends the whole request to the disk at once and leaves the cache to others, one
+    ``pread`` for cached bytes; the measurement is still recorded.
+    """
+    if crowded and host.nbytes >= SMALL_TRANSFER and config.get().tool is None:
+        cold = device not in _no_direct and cache_state(fd, file_offset, host.nbytes) == "cold"
+        if cold:
+            try:
+                _transfer.read_into(fd, file_offset, host, path=path, tool=_ONE_DIRECT)
+                return
+            except ToolUnavailableError:
+                _no_direct.add(device)  # e.g. tmpfs: buffered reads from now on
+        _transfer.read_into(fd, file_offset, host, path=path, tool="naive")
+        return
+    _transfer.read_into(fd, file_offset, host, path=path)
 
 
 # --------------------------------------------------------------------------- keys
@@ -227,7 +282,8 @@ class _Staging(threading.local):
 _staging = _Staging()
 
 
-def _read_device(fd: int, file_offset: int, nbytes: int, path: str) -> Any:
+def _read_device(fd: int, file_offset: int, nbytes: int, path: str, crowded: bool,
+                 device: int) -> Any:
     """Read ``nbytes`` at ``file_offset`` into a new CuPy ``uint8`` array on the current
     device, through this thread's two pinned pieces: while one piece's copy to the device
     runs, the next piece is read into the other.
@@ -238,8 +294,7 @@ def _read_device(fd: int, file_offset: int, nbytes: int, path: str) -> Any:
     """
     import cupy
 
-    device = cupy.cuda.Device().id
-    stream = _staging.stream(device)
+    stream = _staging.stream(cupy.cuda.Device().id)
     with stream:
         out = cupy.empty(nbytes, dtype=cupy.uint8)
     events: list[Any] = [None, None]
@@ -250,7 +305,7 @@ def _read_device(fd: int, file_offset: int, nbytes: int, path: str) -> Any:
             events[slot].synchronize()  # its previous copy has left the piece
         skew = (file_offset + start) % _BLOCK
         host = _staging.piece(slot, length)[skew : skew + length]
-        _transfer.read_into(fd, file_offset + start, host, path=path)
+        _read_host(fd, file_offset + start, host, path, crowded, device)
         out[start : start + length].set(host, stream=stream)
         events[slot] = stream.record()
     stream.synchronize()
@@ -273,14 +328,15 @@ def _write_device(fd: int, data: Any) -> None:
             _transfer.write_from(fd, start, host)
 
 
-def _fill(fd: int, file_offset: int, nbytes: int, prototype: BufferPrototype,
-          path: str) -> Buffer:
+def _fill(fd: int, file_offset: int, nbytes: int, prototype: BufferPrototype, path: str,
+          crowded: bool, device: int) -> Buffer:
     """Read ``nbytes`` at ``file_offset`` into a new buffer of ``prototype``."""
     memory = _memory_of(prototype)
     if memory == "cuda":
-        return prototype.buffer.from_array_like(_read_device(fd, file_offset, nbytes, path))
+        return prototype.buffer.from_array_like(
+            _read_device(fd, file_offset, nbytes, path, crowded, device))
     host = _host_for(file_offset, nbytes)
-    _transfer.read_into(fd, file_offset, host, path=path)
+    _read_host(fd, file_offset, host, path, crowded, device)
     if memory == "host":
         return prototype.buffer.from_array_like(host)  # zero-copy
     return prototype.buffer.from_bytes(host)  # a buffer class we do not know: its own copy
@@ -298,7 +354,9 @@ def _read(path: str, prototype: BufferPrototype, byte_range: ByteRequest | None
         if not stat.S_ISREG(status.st_mode):
             return None  # a directory: a prefix, not a key
         file_offset, nbytes = _span(byte_range, status.st_size)
-        return _fill(fd, file_offset, nbytes, prototype, path)
+        with _counted() as in_flight:
+            return _fill(fd, file_offset, nbytes, prototype, path, in_flight >= CROWD,
+                         status.st_dev)
     finally:
         os.close(fd)
 

@@ -385,3 +385,85 @@ def test_dask_reads_through_the_store(tmp_path, monkeypatch):
     da.to_zarr(x + 1, NVMeStore(tmp_path / "b"))
     np.testing.assert_array_equal(
         zarr.open_array(LocalStore(tmp_path / "b"), mode="r")[:], data + 1)
+
+
+# --------------------------------------------------------------------------- tool choice
+
+
+@pytest.fixture
+def tool_requests(monkeypatch):
+    """The ``tool=`` of every read the store hands to the byte mover."""
+    requests: list[object] = []
+    real = _transfer.read_into
+
+    def read_into(fd, file_offset, dest, **kwargs):
+        requests.append(kwargs.get("tool"))
+        return real(fd, file_offset, dest, **kwargs)
+
+    monkeypatch.setattr(_transfer, "read_into", read_into)
+    return requests
+
+
+def _evict(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_a_read_alone_lets_the_dispatcher_choose(store, tool_requests):
+    store.set_sync("c/0", buffer(payload(2 << 20, 0)))
+    assert store.get_sync("c/0").to_bytes() == payload(2 << 20, 0)
+    assert tool_requests == [None]
+
+
+def test_a_read_in_a_crowd_uses_one_thread_by_cache_state(monkeypatch, store, tool_requests):
+    from arrayio.dispatch.context import cache_state
+
+    monkeypatch.setattr(store_module, "CROWD", 1)  # every read counts as one of many
+    data = payload(2 << 20, 4)
+    store.set_sync("c/0", buffer(data))
+    path = store.root / "c" / "0"
+    _evict(path)
+    fd = os.open(path, os.O_RDONLY)
+    probe = cache_state(fd, 0, len(data))
+    os.close(fd)
+    if probe != "cold":
+        pytest.skip(f"the page cache cannot be probed or emptied here ({probe!r})")
+    assert store.get_sync("c/0").to_bytes() == data
+    path.read_bytes()  # into the page cache (the O_DIRECT read above left it out)
+    assert store.get_sync("c/0").to_bytes() == data
+    assert store.get_sync("c/0", byte_range=RangeByteRequest(0, 1000)).to_bytes() == data[:1000]
+    # Cold: one O_DIRECT request. Cached: one pread. Small: the dispatcher's own fast path.
+    assert tool_requests[0] == store_module._ONE_DIRECT
+    assert tool_requests[1:] == ["naive", None]
+
+
+def test_a_crowd_falls_back_where_o_direct_is_refused(monkeypatch, store, tool_requests):
+    monkeypatch.setattr(store_module, "CROWD", 1)
+    monkeypatch.setattr(store_module, "cache_state", lambda *args: "cold")
+    monkeypatch.setattr(store_module, "_no_direct", set())
+    real = _transfer.read_into
+
+    def refuse_direct(fd, file_offset, dest, **kwargs):
+        if kwargs.get("tool") == store_module._ONE_DIRECT:
+            tool_requests.append("refused")
+            raise arrayio.errors.ToolUnavailableError("O_DIRECT refused (simulated)")
+        return real(fd, file_offset, dest, **kwargs)
+
+    monkeypatch.setattr(_transfer, "read_into", refuse_direct)
+    data = payload(2 << 20, 5)
+    store.set_sync("c/0", buffer(data))
+    assert store.get_sync("c/0").to_bytes() == data
+    assert store.get_sync("c/0").to_bytes() == data
+    assert tool_requests == ["refused", "naive", "naive"]  # refused once, remembered
+
+
+def test_a_forced_tool_is_respected_in_a_crowd(monkeypatch, store, tool_requests):
+    monkeypatch.setattr(store_module, "CROWD", 1)
+    store.set_sync("c/0", buffer(payload(2 << 20, 6)))
+    with arrayio.config.set(tool="posix(threads=2)"):
+        assert store.get_sync("c/0").to_bytes() == payload(2 << 20, 6)
+    assert tool_requests == [None]  # no override: the dispatcher applies the user's tool
