@@ -369,6 +369,7 @@ class Offloader:
                 return self._get(entry)
             finally:
                 entry.waiters -= 1
+                self._cond.notify_all()  # it may be dropped now: a make-room may go on
 
     def _get(self, entry: _Entry) -> Any:
         while True:
@@ -570,7 +571,10 @@ class Offloader:
                     victim.evict = True
                     self._start_write(victim)
                     continue
-                if leaving == 0 and not self._reading:
+                # Writes, reads and get() calls in flight will all make room (or make
+                # arrays droppable) when done; only with none of them is the budget full.
+                busy = leaving or self._reading or any(e.waiters for e in self._lru.values())
+                if not busy:
                     kept = sum(e.nbytes for e in self._lru.values() if e.hint == "keep")
                     raise OffloadBudgetError(
                         f"cannot fit {need} more bytes in a budget of {self.budget}: "
