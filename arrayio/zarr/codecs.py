@@ -55,6 +55,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import functools
+import os
 import queue
 import threading
 from collections.abc import Iterable, Sequence
@@ -577,9 +578,11 @@ class _DeviceWorker:
                     break
             try:
                 gpu = gpu or _Gpu(self.device_id)
-            except ImportError as error:
-                failure = FrameworkNotAvailableError(_INSTALL_HINT)
-                failure.__cause__ = error
+            except Exception as error:  # noqa: BLE001 - every waiting caller gets it
+                failure: Exception = error
+                if isinstance(error, ImportError):
+                    failure = FrameworkNotAvailableError(_INSTALL_HINT)
+                    failure.__cause__ = error
                 for job in jobs:
                     job.future.set_exception(failure)
                 continue
@@ -611,6 +614,10 @@ class _DeviceWorker:
                 job.future.set_exception(failed[0])
             else:
                 job.future.set_result(mine)
+
+
+# A forked child has the workers' queues but not their threads: it starts its own.
+os.register_at_fork(after_in_child=_DeviceWorker._workers.clear)
 
 
 def _device_array(buffer: Buffer) -> Any | None:

@@ -30,7 +30,7 @@ from zarr.core.array_spec import ArrayConfig, ArraySpec  # noqa: E402
 from zarr.core.buffer import default_buffer_prototype  # noqa: E402
 from zarr.core.dtype import get_data_type_from_native_dtype  # noqa: E402
 
-from arrayio.errors import ChecksumError, FormatError  # noqa: E402
+from arrayio.errors import ChecksumError, FormatError, FrameworkNotAvailableError  # noqa: E402
 from arrayio.zarr import codecs as codecs_module  # noqa: E402
 from arrayio.zarr.codecs import ZstdCodec, _scan_frames  # noqa: E402
 
@@ -448,6 +448,16 @@ def test_a_failing_chunk_fails_only_its_own_call(fake_device):
     assert isinstance(results[8], FormatError)
     with pytest.raises(FormatError, match="magic number"):
         ZstdCodec()._decode_sync(bad, spec())
+
+
+def test_a_device_that_cannot_start_fails_its_callers(fake_device, monkeypatch):
+    class BrokenGpu:
+        def __init__(self, device_id: int) -> None:
+            raise ImportError("No module named 'nvidia.nvcomp'")
+
+    monkeypatch.setattr(codecs_module, "_Gpu", BrokenGpu)
+    with pytest.raises(FrameworkNotAvailableError, match="nvidia-nvcomp-cu13"):
+        ZstdCodec()._decode_sync(fake_device(Zstd().encode(b"abc")), spec())
 
 
 # --------------------------------------------------------------------------- GPU
