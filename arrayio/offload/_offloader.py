@@ -556,7 +556,10 @@ class Offloader:
     def _make_room(self, need: int) -> None:
         """Make the held bytes plus ``need`` fit the budget; wait for writes if needed."""
         while self._held + need > self.budget:
-            victim = self._first(lambda e: e.clean)
+            # Clean arrays first (no write needed), prefetched ones not used yet last among
+            # them (they were asked for).
+            victim = (self._first(lambda e: e.clean and not e.prefetched)
+                      or self._first(lambda e: e.clean))
             if victim is not None:
                 self._drop(victim)
                 continue

@@ -1,0 +1,657 @@
+"""Training with activations offloaded to NVMe (``arrayio.Offloader``), in torch and JAX.
+
+``python -m benchmarks.offload_train --out DIR [--budget-gib 4] [--framework torch,jax]``
+``python -m benchmarks.offload_train --smoke --out DIR``  (tiny, on the CPU, for CI)
+
+The model is a stack of residual MLP blocks (``x + W2 gelu(W1 x)``, hidden width 4x), in
+bfloat16, trained with plain SGD (no optimizer state), on batches of ``B`` token vectors:
+what a transformer's feed-forward layers do, with their large activations.
+
+* **torch**: :func:`arrayio.offload.activations` around the forward and backward pass
+  (every saved tensor of 64 KiB or more goes through the offloader).
+* **JAX**: one jitted stage per block returning ``jax.vjp``'s residuals, which are offloaded
+  between stages, as in ``examples/jax_offload.py``. The baseline is the same staged loop
+  with the residuals kept in memory (not ``jax.grad`` of the whole model, whose program XLA
+  optimises as a whole).
+
+What is measured, against a GPU memory budget ``--budget-gib`` (enforced, not estimated):
+torch runs under ``torch.cuda.set_per_process_memory_fraction(budget / total)``, JAX in
+subprocesses with ``XLA_PYTHON_CLIENT_MEM_FRACTION = budget / total`` (preallocated), so a
+step that needs more raises an out-of-memory error. Peaks come from the frameworks' own
+statistics (``torch.cuda.max_memory_allocated``, JAX's ``peak_bytes_in_use``; JAX cannot
+reset its peak, so each JAX configuration that must be told apart runs in its own process,
+batch sizes ascending).
+
+1. **Largest batch** that runs, without offloading and with it, over a grid of batch sizes.
+   With offloading, the offloader's budget for batch ``B`` is the memory budget minus what
+   the step needs besides the offloadable activations (measured, without offloading, at
+   the batches that fit, and extrapolated linearly in ``B``), minus a margin for the
+   activations of one block in use during backward; on an out-of-memory error it is halved
+   once. The search stops at ``--max-batch`` or when the time limit is near: a largest batch
+   marked ``capped`` is a lower bound.
+2. **Step-time overhead** at the largest batch that fits in memory: median step time with
+   offloading (offloader budget a fraction of the activations, ``--keep-fractions``) over
+   the median without; also with the hooks and no I/O (budget larger than everything).
+3. **Peak reduction** at that batch: 1 - peak with offloading / peak without.
+
+One more row is an experiment, not arrayio's behaviour: the same offloaded run with the
+dispatcher's per-write flush (``sync_file_range``, which makes every write durable before it
+is timed) replaced by a no-op, so that the page cache absorbs the spills. Activations are
+scratch data: this shows what a non-durable write path would give.
+
+Results go to ``DIR/offload_train.json``, written after every measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import arrayio
+
+GiB = 1 << 30
+MiB = 1 << 20
+DEFAULT_BATCHES = [1024, 2048, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152, 65536]
+
+
+@dataclasses.dataclass
+class Config:
+    width: int
+    depth: int
+    budget: int
+    steps: int
+    batches: list[int]
+    max_batch: int
+    keep_fractions: list[float]
+    scratch: str
+    deadline: float
+    device: str
+    smoke: bool
+    min_bytes: int = 64 << 10
+    prefetch: int = 2
+
+
+def _stats(off: arrayio.Offloader | None) -> dict[str, int] | None:
+    return None if off is None else dataclasses.asdict(off.stats())
+
+
+@contextlib.contextmanager
+def _no_flush() -> Any:
+    """The experiment: the dispatcher's per-write flush replaced by a no-op."""
+    from arrayio.dispatch import dispatcher
+
+    real = dispatcher.flush_range
+    dispatcher.flush_range = lambda fd, offset, nbytes: None
+    try:
+        yield
+    finally:
+        dispatcher.flush_range = real
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _fit_line(points: list[tuple[int, int]]) -> tuple[float, float]:
+    """Least squares ``y = a + b x`` (a constant through one point)."""
+    if len(points) == 1:
+        return float(points[0][1]), 0.0
+    xs, ys = zip(*points, strict=True)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
+# --------------------------------------------------------------------------- torch
+
+
+def _torch_model(torch: Any, cfg: Config) -> Any:
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up = nn.Linear(cfg.width, 4 * cfg.width, bias=False)
+            self.down = nn.Linear(4 * cfg.width, cfg.width, bias=False)
+
+        def forward(self, x: Any) -> Any:
+            return x + self.down(nn.functional.gelu(self.up(x)))
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Block() for _ in range(cfg.depth)])
+    with torch.no_grad():
+        for block in model:
+            block.down.weight.mul_(1 / math.sqrt(cfg.depth))
+    dtype = torch.float32 if cfg.smoke else torch.bfloat16
+    return model.to(device=cfg.device, dtype=dtype)
+
+
+class _TorchRunner:
+    def __init__(self, cfg: Config) -> None:
+        import torch
+
+        self.torch = torch
+        self.cfg = cfg
+        self.cuda = cfg.device.startswith("cuda")
+        self.model = _torch_model(torch, cfg)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-6)
+        if self.cuda:
+            self.total = torch.cuda.get_device_properties(0).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.budget / self.total))
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def batch(self, tokens: int) -> Any:
+        generator = self.torch.Generator(device=self.cfg.device).manual_seed(tokens)
+        return self.torch.randn(tokens, self.cfg.width, device=self.cfg.device,
+                                dtype=next(self.model.parameters()).dtype, generator=generator)
+
+    def step(self, x: Any, off: arrayio.Offloader | None) -> float:
+        self.opt.zero_grad(set_to_none=True)
+        hooks = (arrayio.offload.activations(off, min_bytes=self.cfg.min_bytes,
+                                             prefetch=self.cfg.prefetch)
+                 if off is not None else contextlib.nullcontext())
+        with hooks:
+            loss = self.model(x).float().pow(2).mean()
+            loss.backward()
+        self.opt.step()
+        return float(loss.detach())
+
+    def measure(self, tokens: int, *, budget: int | None, steps: int,
+                no_flush: bool = False) -> dict[str, Any]:
+        """Warm-up step, then ``steps`` timed steps; peak memory over all of them."""
+        torch = self.torch
+        row: dict[str, Any] = {"batch_tokens": tokens, "offload_budget_bytes": budget,
+                               "no_flush_experiment": no_flush}
+        x = self.batch(tokens)
+        if self.cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        times: list[float] = []
+        off = None
+        try:
+            with contextlib.ExitStack() as stack:
+                if no_flush:
+                    stack.enter_context(_no_flush())
+                if budget is not None:
+                    off = stack.enter_context(arrayio.Offloader(
+                        self.cfg.scratch, device_budget_bytes=budget))
+                for i in range(1 + steps):
+                    self.sync()
+                    start = time.perf_counter()
+                    row["loss"] = self.step(x, off)
+                    self.sync()
+                    if i:
+                        times.append(time.perf_counter() - start)
+                row["offloader"] = _stats(off)
+            row["fits"] = True
+        except torch.cuda.OutOfMemoryError as error:
+            row["fits"] = False
+            row["error"] = str(error).splitlines()[0][:200]
+        finally:
+            del x
+            self.opt.zero_grad(set_to_none=True)
+            if self.cuda:
+                torch.cuda.empty_cache()
+        row["step_s"] = _median(times)
+        row["step_s_all"] = times
+        if self.cuda:
+            row["peak_bytes"] = torch.cuda.max_memory_allocated()
+        return row
+
+    def activation_bytes(self, tokens: int) -> int:
+        """Bytes the hooks would offload in one step (an offloader that never spills)."""
+        cfg = self.cfg
+        with arrayio.Offloader(cfg.scratch, device_budget_bytes=1 << 60) as off:
+            x = self.batch(tokens)
+            with arrayio.offload.activations(off, min_bytes=cfg.min_bytes):
+                loss = self.model(x).float().pow(2).mean()
+            held = off.stats().resident_bytes
+            del loss, x
+        return held
+
+
+def run_torch(cfg: Config, report: dict[str, Any], save: Any) -> None:
+    runner = _TorchRunner(cfg)
+    torch = runner.torch
+    section: dict[str, Any] = {
+        "model": {"width": cfg.width, "depth": cfg.depth, "hidden": 4 * cfg.width,
+                  "dtype": str(next(runner.model.parameters()).dtype),
+                  "parameters": sum(p.numel() for p in runner.model.parameters())},
+        "memory_limit": "torch.cuda.set_per_process_memory_fraction" if runner.cuda else None,
+        "search": {"memory": [], "offload": []},
+    }
+    report["torch"] = section
+    runner.measure(cfg.batches[0], budget=None, steps=1)  # cuBLAS and allocator warm-up
+
+    # 1a. Without offloading: ascending until a batch does not fit.
+    fitting: list[dict[str, Any]] = []
+    for tokens in cfg.batches:
+        if time.monotonic() > cfg.deadline:
+            break
+        row = runner.measure(tokens, budget=None, steps=cfg.steps)
+        row["activation_bytes"] = runner.activation_bytes(tokens) if row["fits"] else None
+        section["search"]["memory"].append(row)
+        save()
+        print(f"torch memory  B={tokens}: fits={row['fits']} peak="
+              f"{row.get('peak_bytes', 0) / GiB:.2f} GiB step={row['step_s']}", flush=True)
+        if not row["fits"]:
+            break
+        fitting.append(row)
+    if not fitting:
+        return
+    largest_memory = fitting[-1]
+
+    # 2 and 3. Overhead and peak reduction at the largest batch that fits.
+    tokens = largest_memory["batch_tokens"]
+    activations = largest_memory["activation_bytes"]
+    fit: dict[str, Any] = {"batch_tokens": tokens, "activation_bytes": activations,
+                           "memory": largest_memory}
+    section["fit"] = fit
+    fit["hooks_no_io"] = runner.measure(tokens, budget=1 << 60, steps=cfg.steps)
+    fit["offload"], fit["offload_no_flush_experiment"] = [], []
+    for keep in cfg.keep_fractions:
+        for no_flush, rows in ((False, fit["offload"]),
+                               (True, fit["offload_no_flush_experiment"])):
+            if time.monotonic() > cfg.deadline and rows:
+                continue
+            row = runner.measure(tokens, budget=int(keep * activations), steps=cfg.steps,
+                                 no_flush=no_flush)
+            row["keep_fraction"] = keep
+            _compare(row, largest_memory)
+            rows.append(row)
+            save()
+            print(f"torch offload B={tokens} keep={keep} no_flush={no_flush}: "
+                  f"step={row['step_s']} overhead={row.get('overhead')} "
+                  f"peak_reduction={row.get('peak_reduction')}", flush=True)
+
+    # 1b. With offloading: from the next batch up, while it fits.
+    if runner.cuda:
+        # Non-offloadable memory W(B) = peak - activations, fitted on the batches that fit.
+        line = _fit_line([(r["batch_tokens"], r["peak_bytes"] - r["activation_bytes"])
+                          for r in fitting])
+        per_token = activations / tokens
+        section["working_set_fit"] = {"bytes_at_0": line[0], "bytes_per_token": line[1],
+                                      "activation_bytes_per_token": per_token}
+        largest_offload, capped = largest_memory["batch_tokens"], True
+        for tokens in [b for b in cfg.batches if b > largest_memory["batch_tokens"]]:
+            if tokens > cfg.max_batch or time.monotonic() > cfg.deadline:
+                break
+            working = line[0] + line[1] * tokens
+            margin = per_token * tokens / cfg.depth + 64 * MiB
+            budget = int(cfg.budget - working - margin)
+            row = None
+            for attempt in range(2):
+                if budget <= 0:
+                    break
+                row = runner.measure(tokens, budget=budget, steps=1)
+                row["attempt"] = attempt
+                row["activation_bytes"] = int(per_token * tokens)
+                section["search"]["offload"].append(row)
+                save()
+                print(f"torch offload B={tokens} budget={budget / GiB:.2f} GiB: "
+                      f"fits={row['fits']} peak={row['peak_bytes'] / GiB:.2f} GiB "
+                      f"step={row['step_s']}", flush=True)
+                if row["fits"]:
+                    break
+                budget //= 2
+            if row is None or not row["fits"]:
+                capped = False
+                break
+            largest_offload = tokens
+        section["largest_batch"] = {"memory": largest_memory["batch_tokens"],
+                                    "offload": largest_offload, "offload_capped": capped}
+    del runner
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _compare(row: dict[str, Any], base: dict[str, Any]) -> None:
+    if row.get("step_s") and base.get("step_s"):
+        row["overhead"] = row["step_s"] / base["step_s"] - 1
+    if row.get("peak_bytes") and base.get("peak_bytes"):
+        row["peak_reduction"] = 1 - row["peak_bytes"] / base["peak_bytes"]
+
+
+# --------------------------------------------------------------------------- JAX
+
+
+def _jax_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """Runs in a subprocess: one mode, batch sizes ascending (JAX's peak is cumulative)."""
+    import jax
+    import jax.numpy as jnp
+
+    cfg = spec["config"]
+    width, depth, steps = cfg["width"], cfg["depth"], cfg["steps"]
+    dtype = jnp.float32 if cfg["smoke"] else jnp.bfloat16
+    device = jax.devices()[0]
+
+    def block(p, x):
+        return x + jax.nn.gelu(x @ p[0]) @ p[1]
+
+    stage_forward = jax.jit(lambda p, x: jax.vjp(block, p, x))
+    stage_backward = jax.jit(lambda vjp, g: vjp(g))
+    loss_and_grad = jax.jit(jax.value_and_grad(
+        lambda y: jnp.mean(jnp.square(y.astype(jnp.float32)))))
+    sgd = jax.jit(lambda p, g: jax.tree.map(lambda a, b: a - 1e-6 * b.astype(a.dtype), p, g),
+                  donate_argnums=0)
+
+    key = jax.random.PRNGKey(0)
+    params = []
+    for _ in range(depth):
+        key, k1, k2 = jax.random.split(key, 3)
+        params.append((
+            (jax.random.normal(k1, (width, 4 * width)) / math.sqrt(width)).astype(dtype),
+            (jax.random.normal(k2, (4 * width, width)) / math.sqrt(4 * width * depth)
+             ).astype(dtype)))
+
+    def pointer(x: Any) -> int | None:
+        try:
+            return x.unsafe_buffer_pointer()
+        except Exception:  # noqa: BLE001 - no single buffer
+            return None
+
+    def step(params: list, x: Any, off: arrayio.Offloader | None) -> tuple[Any, list]:
+        saved = []
+        for p in params:
+            x, vjp = stage_forward(p, x)
+            leaves, tree = jax.tree.flatten(vjp)
+            if off is not None:
+                skip = {id(w) for w in p} | {pointer(w) for w in p}
+                leaves = [off.put(leaf) if leaf.nbytes >= cfg["min_bytes"]
+                          and id(leaf) not in skip and pointer(leaf) not in skip else leaf
+                          for leaf in leaves]
+            saved.append((tree, leaves))
+            del vjp
+        loss, g = loss_and_grad(x)
+        grads = [None] * len(params)
+        for k in reversed(range(len(params))):
+            tree, leaves = saved.pop()
+            if off is not None:
+                off.prefetch([leaf for _, earlier in saved[-cfg["prefetch"]:][::-1]
+                              for leaf in earlier if isinstance(leaf, arrayio.offload.Handle)])
+                leaves = [off.get(leaf) if isinstance(leaf, arrayio.offload.Handle) else leaf
+                          for leaf in leaves]
+            grads[k], g = stage_backward(jax.tree.unflatten(tree, leaves), g)
+            del leaves
+        return loss, grads
+
+    def peak() -> int | None:
+        stats = device.memory_stats()
+        return None if stats is None else stats.get("peak_bytes_in_use")
+
+    rows = []
+    for run in spec["runs"]:
+        if time.time() > spec["deadline"] and rows:
+            break
+        tokens, budget = run["batch_tokens"], run.get("budget")
+        row: dict[str, Any] = {"batch_tokens": tokens, "offload_budget_bytes": budget}
+        times: list[float] = []
+        try:
+            x = jax.random.normal(jax.random.PRNGKey(tokens), (tokens, width), dtype)
+            with contextlib.ExitStack() as stack:
+                off = None
+                if budget is not None:
+                    off = stack.enter_context(arrayio.Offloader(
+                        cfg["scratch"], device_budget_bytes=budget))
+                for i in range(1 + steps):
+                    start = time.perf_counter()
+                    loss, grads = step(params, x, off)
+                    params = sgd(params, grads)
+                    jax.block_until_ready(params)
+                    if i:
+                        times.append(time.perf_counter() - start)
+                    del grads
+                row["loss"] = float(loss)
+                row["offloader"] = _stats(off)
+            del x
+            row["fits"] = True
+        except Exception as error:  # XlaRuntimeError: RESOURCE_EXHAUSTED
+            if "RESOURCE_EXHAUSTED" not in str(error) and "out of memory" not in str(error):
+                raise
+            row["fits"] = False
+            row["error"] = str(error).splitlines()[0][:200]
+        row["step_s"] = _median(times)
+        row["step_s_all"] = times
+        row["peak_bytes"] = peak()
+        row["activation_bytes"] = _residual_bytes(width, depth, tokens, dtype, block, cfg)
+        rows.append(row)
+        print(f"jax {spec['mode']} B={tokens} budget={budget}: fits={row['fits']} "
+              f"peak={row['peak_bytes']} step={row['step_s']}", file=sys.stderr, flush=True)
+        print("ROW " + json.dumps(row), flush=True)  # the parent keeps what came before a kill
+        if not row["fits"]:
+            break
+    return {"mode": spec["mode"], "rows": rows}
+
+
+def _residual_bytes(width: int, depth: int, tokens: int, dtype: Any, block: Any,
+                    cfg: dict[str, Any]) -> int:
+    """Bytes of the residuals the offloader is given in one step (abstract evaluation)."""
+    import jax
+
+    p = (jax.ShapeDtypeStruct((width, 4 * width), dtype),
+         jax.ShapeDtypeStruct((4 * width, width), dtype))
+    x = jax.ShapeDtypeStruct((tokens, width), dtype)
+    _, vjp = jax.eval_shape(lambda p, x: jax.vjp(block, p, x), p, x)
+    sizes = [math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree.leaves(vjp)]
+    params = {math.prod(s.shape) * s.dtype.itemsize for s in p}
+    # Parameters are skipped by identity at run time; here, by size (no activation here
+    # is the size of a weight matrix unless tokens == width or 4 * width).
+    return depth * sum(s for s in sizes if s >= cfg["min_bytes"] and s not in params)
+
+
+def _run_jax_worker(cfg: Config, mode: str, runs: list[dict[str, Any]],
+                    fraction: float | None) -> dict[str, Any]:
+    spec = {"mode": mode, "runs": runs,
+            "deadline": time.time() + cfg.deadline - time.monotonic(), "config": {
+        "width": cfg.width, "depth": cfg.depth, "steps": cfg.steps, "smoke": cfg.smoke,
+        "scratch": cfg.scratch, "min_bytes": cfg.min_bytes, "prefetch": cfg.prefetch}}
+    env = dict(os.environ)
+    if fraction is not None:
+        env.update(XLA_PYTHON_CLIENT_PREALLOCATE="true",
+                   XLA_PYTHON_CLIENT_MEM_FRACTION=f"{fraction:.4f}")
+    if cfg.smoke:
+        env["JAX_PLATFORMS"] = "cpu"
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+    error = None
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "benchmarks.offload_train", "--jax-worker", f.name],
+            env=env, capture_output=True, text=True, check=False,
+            timeout=max(60.0, cfg.deadline - time.monotonic() + 60))
+        stdout, stderr = result.stdout, result.stderr
+        if result.returncode != 0:
+            error = stderr[-2000:]
+    except subprocess.TimeoutExpired as expired:
+        stdout, stderr = (_text(expired.stdout), _text(expired.stderr))
+        error = "timed out"
+    finally:
+        os.unlink(f.name)
+    sys.stderr.write(stderr)
+    rows = [json.loads(line[4:]) for line in stdout.splitlines() if line.startswith("ROW ")]
+    return {"mode": mode, "rows": rows, "error": error}
+
+
+def _text(data: bytes | str | None) -> str:
+    if data is None:
+        return ""
+    return data if isinstance(data, str) else data.decode(errors="replace")
+
+
+def run_jax(cfg: Config, report: dict[str, Any], save: Any, total: int | None) -> None:
+    fraction = None if total is None else min(1.0, cfg.budget / total)
+    section: dict[str, Any] = {
+        "model": {"width": cfg.width, "depth": cfg.depth, "hidden": 4 * cfg.width,
+                  "stages": cfg.depth, "dtype": "float32" if cfg.smoke else "bfloat16"},
+        "memory_limit": None if fraction is None else
+        f"XLA_PYTHON_CLIENT_MEM_FRACTION={fraction:.4f} (preallocated)",
+        # JAX cannot reset peak_bytes_in_use: within one worker process (one list of rows),
+        # each row's peak is the highest so far, an upper bound for that row.
+        "peak_is_cumulative_per_worker": True,
+        "search": {}}
+    report["jax"] = section
+    memory = _run_jax_worker(cfg, "memory", [{"batch_tokens": b} for b in cfg.batches],
+                             fraction)
+    section["search"]["memory"] = memory
+    save()
+    fitting = [r for r in memory["rows"] if r["fits"]]
+    if not fitting:
+        return
+    largest_memory = fitting[-1]
+    tokens, activations = largest_memory["batch_tokens"], largest_memory["activation_bytes"]
+    # Budgets ascending, so that each run's peak is above the last (cumulative statistic).
+    keeps = sorted(cfg.keep_fractions)
+    fit_runs = [{"batch_tokens": tokens, "budget": int(k * activations)} for k in keeps]
+    offload = _run_jax_worker(cfg, "offload-fit", fit_runs, fraction)
+    for row, keep in zip(offload["rows"], keeps, strict=False):
+        row["keep_fraction"] = keep
+        _compare(row, largest_memory)
+    section["fit"] = {"batch_tokens": tokens, "activation_bytes": activations,
+                      "memory": largest_memory, "offload": offload["rows"],
+                      "error": offload.get("error")}
+    save()
+    if fraction is None or time.monotonic() > cfg.deadline:
+        return
+    line = _fit_line([(r["batch_tokens"], r["peak_bytes"] - r["activation_bytes"])
+                      for r in fitting])
+    per_token = activations / tokens
+    runs = []
+    for b in cfg.batches:
+        if b <= tokens or b > cfg.max_batch:
+            continue
+        budget = int(cfg.budget - line[0] - line[1] * b - per_token * b / cfg.depth - 64 * MiB)
+        if budget <= 0:
+            break
+        runs.append({"batch_tokens": b, "budget": budget})
+    search = _run_jax_worker(cfg, "offload-search", runs, fraction) if runs else {"rows": []}
+    section["search"]["offload"] = search
+    section["working_set_fit"] = {"bytes_at_0": line[0], "bytes_per_token": line[1],
+                                  "activation_bytes_per_token": per_token}
+    fits = [r["batch_tokens"] for r in search["rows"] if r["fits"]]
+    section["largest_batch"] = {
+        "memory": tokens, "offload": max(fits, default=tokens),
+        # A lower bound unless a batch failed (or the grid or the time limit ended it).
+        "offload_capped": all(r["fits"] for r in search["rows"])}
+    save()
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _summary(section: dict[str, Any]) -> dict[str, Any]:
+    fit = section.get("fit") or {}
+    rows = [r for r in fit.get("offload", []) if r.get("fits")]
+    best = max(rows, key=lambda r: r.get("peak_reduction") or -1, default=None)
+    return {
+        "largest_batch": section.get("largest_batch"),
+        "fit_batch_tokens": fit.get("batch_tokens"),
+        "offload_rows": [{k: r.get(k) for k in ("keep_fraction", "overhead", "peak_reduction",
+                                                 "step_s")} for r in rows],
+        "best_peak_reduction": None if best is None else best.get("peak_reduction"),
+        "overhead_at_best": None if best is None else best.get("overhead"),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="directory for offload_train.json")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, on the CPU")
+    parser.add_argument("--framework", default="torch,jax")
+    parser.add_argument("--budget-gib", type=float, default=4.0)
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--depth", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--batches", default=None, help="token counts, comma-separated")
+    parser.add_argument("--max-batch", type=int, default=32768)
+    parser.add_argument("--keep-fractions", default="0.5,0.25",
+                        help="offloader budgets, as fractions of the activations")
+    parser.add_argument("--scratch", default=None, help="spill directory (default: a temp dir)")
+    parser.add_argument("--time-limit", type=float, default=200.0, help="seconds, roughly")
+    parser.add_argument("--jax-worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.jax_worker:
+        with open(args.jax_worker) as f:
+            _jax_worker(json.load(f))
+        return
+    if not args.out:
+        parser.error("--out is required")
+    started = time.monotonic()
+    frameworks = [name.strip() for name in args.framework.split(",") if name.strip()]
+    if args.smoke:
+        args.width, args.depth, args.steps, args.budget_gib = 64, 4, 1, 1.0
+        batches = [256, 512]
+    else:
+        batches = DEFAULT_BATCHES
+    if args.batches:
+        batches = [int(b) for b in args.batches.split(",")]
+    os.makedirs(args.out, exist_ok=True)
+    scratch_parent = args.scratch or tempfile.gettempdir()
+    device = "cpu"
+    total = None
+    gpu = None
+    if not args.smoke and "torch" in frameworks:
+        import torch
+
+        if torch.cuda.is_available():
+            device = "cuda"
+            total = torch.cuda.get_device_properties(0).total_memory
+            gpu = torch.cuda.get_device_name()
+    share = args.time_limit / max(1, len(frameworks))
+    report: dict[str, Any] = {
+        "benchmark": "offload_train",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable), "-m",
+                             "benchmarks.offload_train",
+                             *(argv if argv is not None else sys.argv[1:])]),
+        "machine": {"host": platform.node(), "python": platform.python_version(),
+                    "cpus": os.cpu_count(), "gpu": gpu, "gpu_total_bytes": total},
+        "smoke": args.smoke,
+        "budget_bytes": int(args.budget_gib * GiB),
+        "scratch": scratch_parent,
+    }
+    path = os.path.join(args.out, "offload_train.json")
+
+    def save() -> None:
+        with open(path + ".tmp", "w") as f:
+            json.dump(report, f, indent=2)
+        os.replace(path + ".tmp", path)
+
+    with tempfile.TemporaryDirectory(dir=scratch_parent, prefix="offload-bench-") as scratch:
+        for index, name in enumerate(frameworks):
+            cfg = Config(
+                width=args.width, depth=args.depth, budget=int(args.budget_gib * GiB),
+                steps=args.steps, batches=batches, max_batch=args.max_batch,
+                keep_fractions=[float(k) for k in args.keep_fractions.split(",")],
+                scratch=scratch, deadline=started + share * (index + 1), device=device,
+                smoke=args.smoke)
+            if name == "torch":
+                run_torch(cfg, report, save)
+            elif name == "jax":
+                run_jax(cfg, report, save, total)
+            else:
+                parser.error(f"unknown framework {name!r}")
+            report[name]["summary"] = _summary(report[name])
+            save()
+    report["seconds"] = time.monotonic() - started
+    save()
+    print(json.dumps({name: report[name]["summary"] for name in frameworks}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
