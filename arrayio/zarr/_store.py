@@ -11,9 +11,9 @@ one file per key. What differs is how the bytes move:
   of a selection, the parallelism is already there, one chunk per thread: each read then
   uses a one-thread tool chosen by the page-cache state of its bytes (``O_DIRECT`` when cold,
   one ``pread`` when cached), forced through the same dispatcher (see :func:`_read_host`);
-* GPU reads are staged through pinned host memory owned by the reading thread, two pieces in
-  flight, so a chunk's next piece is read from the file while the previous one is copied to
-  the device, and any number of chunks can be read at once (see :func:`_read_device`);
+* GPU reads are staged through pinned host memory in 4 MiB pieces, the pieces of a chunk
+  read and copied to the device in parallel by threads that each own their staging buffer
+  and stream, so any number of chunks can be read at once (see :func:`_read_device`);
 * reads and writes run on a pool of I/O threads, many requests in flight at once
   (``get_partial_values``, ``_get_many`` and ``get_ranges_sync`` submit a whole batch);
 * the synchronous surface (``get_sync``, ``set_sync``, ``delete_sync``, ``get_ranges_sync``)
@@ -66,10 +66,10 @@ __all__ = ["InvalidKeyError", "NVMeStore"]
 T = TypeVar("T")
 
 _BLOCK = 4096  # O_DIRECT granularity: host buffers start at the file offset's phase in it
-# GPU reads and writes go through the host in pieces of this size, two per thread: big
-# enough for the dispatcher's multi-threaded tools, small enough that 32 threads hold 512 MiB
-# of pinned memory at most.
-_PIECE = 8 << 20
+# GPU reads and writes go through pinned host memory in pieces of this size, the pieces of
+# one value in parallel (as KvikIO's tasks): 4 MiB requests keep a disk's queue full and a
+# page-cache copy short, and each staging thread pins only this much.
+_PIECE = 4 << 20
 _MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 
@@ -97,10 +97,25 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
         return _pool
 
 
+# The pieces of GPU reads have a pool of their own: a value's read waits for its pieces, so
+# they must never queue behind values' reads in the pool above.
+_piece_pool: concurrent.futures.ThreadPoolExecutor | None = None
+PIECE_THREADS = min(32, max(8, os.cpu_count() or 8))
+
+
+def _piece_executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _piece_pool
+    with _pool_lock:
+        if _piece_pool is None:
+            _piece_pool = concurrent.futures.ThreadPoolExecutor(
+                PIECE_THREADS, thread_name_prefix="arrayio-zarr-piece")
+        return _piece_pool
+
+
 def _forget_pool_after_fork() -> None:
-    # A forked child inherits the pool object but none of its threads.
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
+    # A forked child inherits the pool objects but none of their threads.
+    global _pool, _piece_pool, _pool_lock
+    _pool, _piece_pool, _pool_lock = None, None, threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -140,7 +155,7 @@ def _counted() -> Iterator[int]:
 
 
 def _read_host(fd: int, file_offset: int, host: np.ndarray, path: str, crowded: bool,
-               device: int) -> None:
+               file_system: int) -> None:
     """Fill ``host`` from the file through the dispatcher.
 
     Alone, the dispatcher chooses the tool. In a crowd (and unless the user forced a tool),
@@ -149,13 +164,14 @@ def _read_host(fd: int, file_offset: int, host: np.ndarray, path: str, crowded: 
     ``pread`` for cached bytes; the measurement is still recorded.
     """
     if crowded and host.nbytes >= SMALL_TRANSFER and config.get().tool is None:
-        cold = device not in _no_direct and cache_state(fd, file_offset, host.nbytes) == "cold"
+        cold = (file_system not in _no_direct
+                and cache_state(fd, file_offset, host.nbytes) == "cold")
         if cold:
             try:
                 _transfer.read_into(fd, file_offset, host, path=path, tool=_ONE_DIRECT)
                 return
             except ToolUnavailableError:
-                _no_direct.add(device)  # e.g. tmpfs: buffered reads from now on
+                _no_direct.add(file_system)  # e.g. tmpfs: buffered reads from now on
         _transfer.read_into(fd, file_offset, host, path=path, tool="naive")
         return
     _transfer.read_into(fd, file_offset, host, path=path)
@@ -245,75 +261,90 @@ def _host_for(file_offset: int, nbytes: int) -> np.ndarray:
 
 
 class _Staging(threading.local):
-    """The calling thread's pinned host pieces and CUDA streams (one per device).
+    """The calling thread's pinned host buffer and CUDA streams (one per device).
 
-    Per thread, so that any number of threads (this module's pool, zarr's, Dask's) read to
-    and write from the GPU at once without sharing a staging buffer.
+    Per thread, so that any number of threads (this module's pools, zarr's, Dask's) move
+    bytes to and from the GPU at once without sharing a staging buffer.
     """
 
     def __init__(self) -> None:
-        self.pieces: list[np.ndarray] = []
+        self.host = np.empty(0, np.uint8)
         self.streams: dict[int, Any] = {}
 
-    def piece(self, index: int, nbytes: int) -> np.ndarray:
-        """Pinned piece ``index`` (0 or 1), at least ``nbytes`` plus a block of slack."""
+    def pinned(self, nbytes: int) -> np.ndarray:
+        """This thread's pinned buffer, 4096-aligned, of at least ``nbytes``."""
         import cupyx
 
-        while len(self.pieces) <= index:
-            self.pieces.append(np.empty(0, np.uint8))
-        need = min(_PIECE, -(-nbytes // _BLOCK) * _BLOCK) + _BLOCK
-        if self.pieces[index].nbytes < need:
+        need = -(-max(nbytes, 1) // _BLOCK) * _BLOCK
+        if self.host.nbytes < need:
             raw = cupyx.empty_pinned((need + _BLOCK,), dtype=np.uint8)
             start = -raw.ctypes.data % _BLOCK
-            self.pieces[index] = raw[start : start + need]
-        return self.pieces[index]
+            self.host = raw[start : start + need]
+        return self.host
 
     def stream(self, device: int) -> Any:
         import cupy
 
         if device not in self.streams:
-            # A blocking stream: it waits for work queued on the legacy default stream,
-            # where zarr and CuPy run by default, so that memory freed there and reused for
-            # a read is not overwritten while a kernel still uses it.
-            self.streams[device] = cupy.cuda.Stream(non_blocking=False)
+            # Non-blocking: the legacy default stream, where zarr scatters chunks, neither
+            # waits for these copies nor makes them wait (see _read_device for the one
+            # ordering that matters).
+            self.streams[device] = cupy.cuda.Stream(non_blocking=True)
         return self.streams[device]
 
 
 _staging = _Staging()
 
 
+def _copy_piece(fd: int, file_offset: int, dest: Any, after: Any, path: str, crowded: bool,
+                file_system: int) -> None:
+    """Read ``dest.nbytes`` at ``file_offset`` into device memory ``dest`` (a CuPy view)
+    through this thread's pinned buffer; complete when it returns."""
+    length = dest.nbytes
+    skew = file_offset % _BLOCK  # same phase in a block as in the file: O_DIRECT-ready
+    host = _staging.pinned(skew + length)[skew : skew + length]
+    _read_host(fd, file_offset, host, path, crowded, file_system)
+    with dest.device:
+        stream = _staging.stream(dest.device.id)
+        stream.wait_event(after)
+        dest.set(host, stream=stream)
+        stream.synchronize()  # the pinned buffer serves this thread's next piece
+
+
 def _read_device(fd: int, file_offset: int, nbytes: int, path: str, crowded: bool,
-                 device: int) -> Any:
+                 file_system: int) -> Any:
     """Read ``nbytes`` at ``file_offset`` into a new CuPy ``uint8`` array on the current
-    device, through this thread's two pinned pieces: while one piece's copy to the device
-    runs, the next piece is read into the other.
+    device: in pieces of 4 MiB, each read into pinned host memory and copied to the device
+    by a thread of the piece pool, all the pieces of a value at once.
 
     arrayio's own device tools share their staging buffers between calls, which is safe
-    for one transfer at a time only; here each thread has its own, so any number of chunks
-    move at once, and the dispatcher still chooses how each piece leaves the file.
+    for one transfer at a time only; here each thread has its own buffer and stream, so any
+    number of values and pieces move at once. The dispatcher still moves every piece out of
+    the file (see :func:`_read_host`).
     """
     import cupy
 
-    stream = _staging.stream(cupy.cuda.Device().id)
-    with stream:
-        out = cupy.empty(nbytes, dtype=cupy.uint8)
-    events: list[Any] = [None, None]
-    for index, start in enumerate(range(0, nbytes, _PIECE)):
-        length = min(_PIECE, nbytes - start)
-        slot = index % 2
-        if events[slot] is not None:
-            events[slot].synchronize()  # its previous copy has left the piece
-        skew = (file_offset + start) % _BLOCK
-        host = _staging.piece(slot, length)[skew : skew + length]
-        _read_host(fd, file_offset + start, host, path, crowded, device)
-        out[start : start + length].set(host, stream=stream)
-        events[slot] = stream.record()
-    stream.synchronize()
+    out = cupy.empty(nbytes, dtype=cupy.uint8)
+    # The copies must not start before the work already queued on the default stream: a
+    # kernel there may still be reading memory that the pool has just handed to `out`.
+    after = cupy.cuda.Stream.null.record()
+    starts = range(0, nbytes, _PIECE)
+    if len(starts) <= 1:
+        if nbytes:
+            _copy_piece(fd, file_offset, out, after, path, crowded, file_system)
+        return out
+    jobs = [_piece_executor().submit(_copy_piece, fd, file_offset + start,
+                                     out[start : start + _PIECE], after, path, True,
+                                     file_system)
+            for start in starts]
+    concurrent.futures.wait(jobs)  # every piece has ended before the caller closes fd
+    for job in jobs:
+        job.result()  # the first failure, if any
     return out
 
 
 def _write_device(fd: int, data: Any) -> None:
-    """Write a CuPy ``uint8`` array at offset 0 through this thread's pinned pieces."""
+    """Write a CuPy ``uint8`` array at offset 0 through this thread's pinned buffer."""
     import cupy
 
     with data.device:
@@ -322,21 +353,21 @@ def _write_device(fd: int, data: Any) -> None:
         stream = _staging.stream(data.device.id)
         for start in range(0, data.nbytes, _PIECE):
             length = min(_PIECE, data.nbytes - start)
-            host = _staging.piece(0, length)[:length]
+            host = _staging.pinned(length)[:length]
             data[start : start + length].get(stream=stream, out=host)
             stream.synchronize()
             _transfer.write_from(fd, start, host)
 
 
 def _fill(fd: int, file_offset: int, nbytes: int, prototype: BufferPrototype, path: str,
-          crowded: bool, device: int) -> Buffer:
+          crowded: bool, file_system: int) -> Buffer:
     """Read ``nbytes`` at ``file_offset`` into a new buffer of ``prototype``."""
     memory = _memory_of(prototype)
     if memory == "cuda":
         return prototype.buffer.from_array_like(
-            _read_device(fd, file_offset, nbytes, path, crowded, device))
+            _read_device(fd, file_offset, nbytes, path, crowded, file_system))
     host = _host_for(file_offset, nbytes)
-    _read_host(fd, file_offset, host, path, crowded, device)
+    _read_host(fd, file_offset, host, path, crowded, file_system)
     if memory == "host":
         return prototype.buffer.from_array_like(host)  # zero-copy
     return prototype.buffer.from_bytes(host)  # a buffer class we do not know: its own copy
