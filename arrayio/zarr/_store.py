@@ -113,9 +113,11 @@ def _piece_executor() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _forget_pool_after_fork() -> None:
-    # A forked child inherits the pool objects but none of their threads.
-    global _pool, _piece_pool, _pool_lock
+    # A forked child inherits the pool objects but none of their threads, nor the reads
+    # those threads had in flight.
+    global _pool, _piece_pool, _pool_lock, _in_flight, _in_flight_lock
     _pool, _piece_pool, _pool_lock = None, None, threading.Lock()
+    _in_flight, _in_flight_lock = 0, threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
