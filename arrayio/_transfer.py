@@ -4,7 +4,9 @@
 (a host ``uint8`` NumPy array, or device memory) and hand the transfer to the dispatcher,
 which picks the transfer tool (and its parameters) it has learned to be fastest in that
 context, or the one the caller forces with ``tool=`` or ``ARRAYIO_TOOL``. The CRC-32C of the
-bytes is computed on the way, while they are on the host anyway.
+bytes is computed on the way while they are on the host anyway, or, for device buffers of a
+few megabytes and more (and for tools that never stage through the host, like KvikIO), on
+the GPU after the transfer (:mod:`arrayio._device_checksum`).
 """
 
 from __future__ import annotations
