@@ -11,9 +11,9 @@ one file per key. What differs is how the bytes move:
   of a selection, the parallelism is already there, one chunk per thread: each read then
   uses a one-thread tool chosen by the page-cache state of its bytes (``O_DIRECT`` when cold,
   one ``pread`` when cached), forced through the same dispatcher (see :func:`_read_host`);
-* GPU reads are staged through pinned host memory in 4 MiB pieces, the pieces of a chunk
-  read and copied to the device in parallel by threads that each own their staging buffer
-  and stream, so any number of chunks can be read at once (see :func:`_read_device`);
+* GPU reads are staged through pinned host memory owned by the reading thread, two pieces in
+  flight, so a chunk's next piece is read from the file while the previous one is copied to
+  the device, and any number of chunks can be read at once (see :func:`_read_device`);
 * reads and writes run on a pool of I/O threads, many requests in flight at once
   (``get_partial_values``, ``_get_many`` and ``get_ranges_sync`` submit a whole batch);
 * the synchronous surface (``get_sync``, ``set_sync``, ``delete_sync``, ``get_ranges_sync``)
@@ -66,10 +66,10 @@ __all__ = ["InvalidKeyError", "NVMeStore"]
 T = TypeVar("T")
 
 _BLOCK = 4096  # O_DIRECT granularity: host buffers start at the file offset's phase in it
-# GPU reads and writes go through pinned host memory in pieces of this size, the pieces of
-# one value in parallel (as KvikIO's tasks): 4 MiB requests keep a disk's queue full and a
-# page-cache copy short, and each staging thread pins only this much.
-_PIECE = 4 << 20
+# GPU reads and writes go through the host in pieces of this size, two per thread: big
+# enough for the dispatcher's multi-threaded tools, small enough that 32 threads hold 512 MiB
+# of pinned memory at most.
+_PIECE = 8 << 20
 _MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 
@@ -97,26 +97,11 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
         return _pool
 
 
-# The pieces of GPU reads have a pool of their own: a value's read waits for its pieces, so
-# they must never queue behind values' reads in the pool above.
-_piece_pool: concurrent.futures.ThreadPoolExecutor | None = None
-PIECE_THREADS = min(32, max(8, os.cpu_count() or 8))
-
-
-def _piece_executor() -> concurrent.futures.ThreadPoolExecutor:
-    global _piece_pool
-    with _pool_lock:
-        if _piece_pool is None:
-            _piece_pool = concurrent.futures.ThreadPoolExecutor(
-                PIECE_THREADS, thread_name_prefix="arrayio-zarr-piece")
-        return _piece_pool
-
-
 def _forget_pool_after_fork() -> None:
-    # A forked child inherits the pool objects but none of their threads, nor the reads
-    # those threads had in flight.
-    global _pool, _piece_pool, _pool_lock, _in_flight, _in_flight_lock
-    _pool, _piece_pool, _pool_lock = None, None, threading.Lock()
+    # A forked child inherits the pool object but none of its threads, nor the reads those
+    # threads had in flight.
+    global _pool, _pool_lock, _in_flight, _in_flight_lock
+    _pool, _pool_lock = None, threading.Lock()
     _in_flight, _in_flight_lock = 0, threading.Lock()
 
 
@@ -263,90 +248,75 @@ def _host_for(file_offset: int, nbytes: int) -> np.ndarray:
 
 
 class _Staging(threading.local):
-    """The calling thread's pinned host buffer and CUDA streams (one per device).
+    """The calling thread's pinned host pieces and CUDA streams (one per device).
 
-    Per thread, so that any number of threads (this module's pools, zarr's, Dask's) move
-    bytes to and from the GPU at once without sharing a staging buffer.
+    Per thread, so that any number of threads (this module's pool, zarr's, Dask's) read to
+    and write from the GPU at once without sharing a staging buffer.
     """
 
     def __init__(self) -> None:
-        self.host = np.empty(0, np.uint8)
+        self.pieces: list[np.ndarray] = []
         self.streams: dict[int, Any] = {}
 
-    def pinned(self, nbytes: int) -> np.ndarray:
-        """This thread's pinned buffer, 4096-aligned, of at least ``nbytes``."""
+    def piece(self, index: int, nbytes: int) -> np.ndarray:
+        """Pinned piece ``index`` (0 or 1), at least ``nbytes`` plus a block of slack."""
         import cupyx
 
-        need = -(-max(nbytes, 1) // _BLOCK) * _BLOCK
-        if self.host.nbytes < need:
+        while len(self.pieces) <= index:
+            self.pieces.append(np.empty(0, np.uint8))
+        need = min(_PIECE, -(-nbytes // _BLOCK) * _BLOCK) + _BLOCK
+        if self.pieces[index].nbytes < need:
             raw = cupyx.empty_pinned((need + _BLOCK,), dtype=np.uint8)
             start = -raw.ctypes.data % _BLOCK
-            self.host = raw[start : start + need]
-        return self.host
+            self.pieces[index] = raw[start : start + need]
+        return self.pieces[index]
 
     def stream(self, device: int) -> Any:
         import cupy
 
         if device not in self.streams:
-            # Non-blocking: the legacy default stream, where zarr scatters chunks, neither
-            # waits for these copies nor makes them wait (see _read_device for the one
-            # ordering that matters).
-            self.streams[device] = cupy.cuda.Stream(non_blocking=True)
+            # A blocking stream: it waits for work queued on the legacy default stream,
+            # where zarr and CuPy run by default, so that memory freed there and reused for
+            # a read is not overwritten while a kernel still uses it.
+            self.streams[device] = cupy.cuda.Stream(non_blocking=False)
         return self.streams[device]
 
 
 _staging = _Staging()
 
 
-def _copy_piece(fd: int, file_offset: int, dest: Any, after: Any, path: str, crowded: bool,
-                file_system: int) -> None:
-    """Read ``dest.nbytes`` at ``file_offset`` into device memory ``dest`` (a CuPy view)
-    through this thread's pinned buffer; complete when it returns."""
-    length = dest.nbytes
-    skew = file_offset % _BLOCK  # same phase in a block as in the file: O_DIRECT-ready
-    host = _staging.pinned(skew + length)[skew : skew + length]
-    _read_host(fd, file_offset, host, path, crowded, file_system)
-    with dest.device:
-        stream = _staging.stream(dest.device.id)
-        stream.wait_event(after)
-        dest.set(host, stream=stream)
-        stream.synchronize()  # the pinned buffer serves this thread's next piece
-
-
 def _read_device(fd: int, file_offset: int, nbytes: int, path: str, crowded: bool,
                  file_system: int) -> Any:
     """Read ``nbytes`` at ``file_offset`` into a new CuPy ``uint8`` array on the current
-    device: in pieces of 4 MiB, each read into pinned host memory and copied to the device
-    by a thread of the piece pool, all the pieces of a value at once.
+    device, through this thread's two pinned pieces: while one piece's copy to the device
+    runs, the next piece is read into the other.
 
     arrayio's own device tools share their staging buffers between calls, which is safe
-    for one transfer at a time only; here each thread has its own buffer and stream, so any
-    number of values and pieces move at once. The dispatcher still moves every piece out of
-    the file (see :func:`_read_host`).
+    for one transfer at a time only; here each thread has its own, so any number of chunks
+    move at once, and the dispatcher still chooses how each piece leaves the file.
     """
     import cupy
 
-    out = cupy.empty(nbytes, dtype=cupy.uint8)
-    # The copies must not start before the work already queued on the default stream: a
-    # kernel there may still be reading memory that the pool has just handed to `out`.
-    after = cupy.cuda.Stream.null.record()
-    starts = range(0, nbytes, _PIECE)
-    if len(starts) <= 1:
-        if nbytes:
-            _copy_piece(fd, file_offset, out, after, path, crowded, file_system)
-        return out
-    jobs = [_piece_executor().submit(_copy_piece, fd, file_offset + start,
-                                     out[start : start + _PIECE], after, path, True,
-                                     file_system)
-            for start in starts]
-    concurrent.futures.wait(jobs)  # every piece has ended before the caller closes fd
-    for job in jobs:
-        job.result()  # the first failure, if any
+    stream = _staging.stream(cupy.cuda.Device().id)
+    with stream:
+        out = cupy.empty(nbytes, dtype=cupy.uint8)
+    events: list[Any] = [None, None]
+    for index, start in enumerate(range(0, nbytes, _PIECE)):
+        length = min(_PIECE, nbytes - start)
+        slot = index % 2
+        if events[slot] is not None:
+            events[slot].synchronize()  # its previous copy has left the piece
+        skew = (file_offset + start) % _BLOCK
+        host = _staging.piece(slot, length)[skew : skew + length]
+        _read_host(fd, file_offset + start, host, path, crowded, file_system)
+        out[start : start + length].set(host, stream=stream)
+        events[slot] = stream.record()
+    stream.synchronize()
     return out
 
 
 def _write_device(fd: int, data: Any) -> None:
-    """Write a CuPy ``uint8`` array at offset 0 through this thread's pinned buffer."""
+    """Write a CuPy ``uint8`` array at offset 0 through this thread's pinned pieces."""
     import cupy
 
     with data.device:
@@ -355,7 +325,7 @@ def _write_device(fd: int, data: Any) -> None:
         stream = _staging.stream(data.device.id)
         for start in range(0, data.nbytes, _PIECE):
             length = min(_PIECE, data.nbytes - start)
-            host = _staging.pinned(length)[:length]
+            host = _staging.piece(0, length)[:length]
             data[start : start + length].get(stream=stream, out=host)
             stream.synchronize()
             _transfer.write_from(fd, start, host)
