@@ -18,7 +18,8 @@ A save has two phases, as orbax's does:
 Operations are queued per file (``os.path.realpath``): on the same path they run one after
 another in submission order (a load after a save sees what that save wrote; of two saves,
 the last wins), on different paths they run in parallel, at most
-``config.get().async_workers`` at once (``ARRAYIO_ASYNC_WORKERS``, default 4). Worker threads
+``config.get().async_workers`` at once (``ARRAYIO_ASYNC_WORKERS``, default 4; those that move
+device memory one at a time, see :data:`device_transfers`). Worker threads
 are started on demand and exit when the queue is empty; they are not daemons, so queued
 saves finish before the interpreter exits.
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
 import threading
@@ -51,9 +53,16 @@ import numpy as np
 
 from . import _api, config
 from ._buffers import CupyDeviceBuffer, TorchDeviceBuffer, aligned_empty
-from ._frameworks import Exported
+from ._frameworks import Exported, parse_target
 
 __all__ = ["AsyncFuture", "load_async", "save_async"]
+
+# The staged GPU tool hands each of its workers the same two pinned staging buffers in
+# every call (by worker index), so two transfers of device memory through one tool
+# instance at once mix their bytes. Until it hands them out per call, arrayio's own
+# background transfers of device memory (async saves and loads, the offloader's spills and
+# reads) go one at a time; host memory is not affected.
+device_transfers = threading.Lock()
 
 
 class _Stopped(Exception):
@@ -280,8 +289,11 @@ def save_async(
     prepared.arrays = {key: _snapshot(e) for key, e in prepared.arrays.items()}
     future = AsyncFuture("save", prepared.path)
 
+    on_device = any(not isinstance(e.data, np.ndarray) for e in prepared.arrays.values())
+
     def run(checkpoint: Callable[[bool], None]) -> None:
-        _api.write_prepared(prepared, tool=tool, checkpoint=checkpoint)
+        with device_transfers if on_device else contextlib.nullcontext():
+            _api.write_prepared(prepared, tool=tool, checkpoint=checkpoint)
 
     _scheduler.submit(_Operation(_path_key(prepared.path), future, run))
     return future
@@ -315,9 +327,11 @@ def load_async(
     future = AsyncFuture("load", path)
 
     def run(checkpoint: Callable[[bool], None]) -> Any:
-        checkpoint(False)
-        result = _api.load(path, like=like, device=device, keys=keys, structure=structure,
-                           verify=verify, tool=tool)
+        on_device = parse_target(like, device).placement.is_cuda
+        with device_transfers if on_device else contextlib.nullcontext():
+            checkpoint(False)
+            result = _api.load(path, like=like, device=device, keys=keys,
+                               structure=structure, verify=verify, tool=tool)
         checkpoint(True)
         return result
 

@@ -1,21 +1,21 @@
 """Offloading JAX activations to NVMe between jitted stages, with ``arrayio.Offloader``.
 
-A model is cut into stages (here, one residual MLP block each). Each stage's forward pass is
-jitted together with its VJP, ``jax.vjp(stage, params, x)``: it returns the stage's output
-and a ``VJP`` object, a pytree whose leaves are the residuals (activations) the backward
-pass needs. Those residuals go to the offloader right after the stage runs
-(``off.put``), which keeps them on the GPU while they fit its budget and spills the oldest
-to disk in the background; before each stage's backward pass, the residuals of the next
-stages down are prefetched (``off.prefetch``), and ``off.get`` hands them back, waiting only
-for what has not arrived yet::
+A model is cut into stages (here, one residual MLP block each), each a jitted function. The
+forward pass keeps only each stage's input, and hands it to the offloader right after the
+stage has used it (``off.put``): the offloader keeps it on the device while it fits its
+budget and spills the oldest to disk in the background. The backward pass goes through the
+stages in reverse: it prefetches the inputs of the next stages down (``off.prefetch``), gets
+this stage's input back (``off.get``, which waits only for what has not arrived yet), and
+runs the stage's jitted VJP, which recomputes the stage's internals from its input
+(rematerialisation, as ``jax.checkpoint`` does) and returns the parameter gradients and the
+gradient for the stage below::
 
-    forward:   x1, vjp1 = stage(p1, x0); h1 = put(residuals(vjp1))
-               x2, vjp2 = stage(p2, x1); h2 = put(residuals(vjp2))  ...
-    backward:  prefetch(h[k-1], h[k-2]); g = apply(rebuild(get(h[k])), g)  for k = n..1
+    forward:   h1 = put(x0); x1 = stage(p1, x0); h2 = put(x1); x2 = stage(p2, x1) ...
+    backward:  prefetch(h[k-1], h[k-2]); dp_k, g = stage_vjp(p_k, get(h[k]), g)  k = n..1
 
 Run it (CPU or GPU)::
 
-    python examples/jax_offload.py --budget-mib 8
+    python examples/jax_offload.py --budget-mib 2
 
 It trains a few steps with and without offloading, checks that the losses and gradients
 are identical, and prints the offloader's statistics.
@@ -27,14 +27,15 @@ Limits
   stall the device). Offloading needs a program of several jitted stages; the finer the
   stages, the more can be offloaded, the less XLA can fuse across them.
 * **Not for ``jax.grad`` of a whole model.** Its residuals live inside one XLA program. Take
-  the gradient stage by stage with ``jax.vjp``, as here (the ``VJP`` object is a pytree, so a
-  jitted function can return it and take it back without retracing).
-* **Parameters are residuals too.** They are skipped (they stay in memory anyway), matched by
-  identity or device buffer. XLA may also keep redundant intermediates (several per GELU
-  here); ``jax.checkpoint`` policies can shrink what is saved before anything is offloaded.
+  the gradient stage by stage, as here.
+* **What is offloaded is the stage boundaries.** A stage's own intermediates are recomputed
+  in its backward pass (one more forward pass per stage). To offload them instead, return
+  them explicitly from the forward stage and write the backward stage to take them. (The
+  ``VJP`` object that a jitted ``jax.vjp`` returns is a pytree of the residuals, but it
+  carries copies of the parameters among them.)
 * **Memory is freed only when every reference is gone.** The offloader drops its reference
-  when it spills; the caller must not keep others (here the ``VJP`` objects are discarded
-  once flattened). Do not donate (``donate_argnums``) arrays the offloader holds.
+  when it spills; the caller must not keep others (here, only the handles are kept). Do
+  not donate (``donate_argnums``) arrays the offloader holds.
 * **Asynchronous dispatch.** ``put`` does not wait for the stage to finish; the writer thread
   waits until the array is ready. Reads come back through host memory and
   ``jax.device_put``, so JAX's allocator owns (and counts) what is read back.
@@ -62,41 +63,31 @@ def block(params, x):
     return x + jax.nn.gelu(x @ w1) @ w2
 
 
-stage_forward = jax.jit(lambda params, x: jax.vjp(block, params, x))
-stage_backward = jax.jit(lambda vjp, g: vjp(g))
+stage = jax.jit(block)
+stage_vjp = jax.jit(lambda params, x, g: jax.vjp(block, params, x)[1](g))
 loss_and_grad = jax.jit(jax.value_and_grad(lambda y: jnp.mean(jnp.square(y))))
 
 
-def _pointer(x) -> int | None:
-    try:
-        return x.unsafe_buffer_pointer()
-    except Exception:  # noqa: BLE001 - some arrays have no single buffer
-        return None
+def train_step(params, x, off=None, *, prefetch=2):
+    """One forward and backward pass through the stages; returns (loss, gradients).
 
-
-def train_step(params, x, off=None, *, min_bytes=4096, prefetch=2):
-    """One forward and backward pass through the stages; returns (loss, gradients)."""
-    saved = []  # per stage: (tree, leaves with handles in place of offloaded residuals)
-    for p in params:
-        x, vjp = stage_forward(p, x)
-        leaves, tree = jax.tree.flatten(vjp)
-        if off is not None:
-            skip = {id(w) for w in p} | {_pointer(w) for w in p}
-            leaves = [off.put(leaf) if leaf.nbytes >= min_bytes and id(leaf) not in skip
-                      and _pointer(leaf) not in skip else leaf for leaf in leaves]
-        saved.append((tree, leaves))
-        del vjp
+    ``x`` (the batch) stays with the caller; the inputs of the later stages go to ``off``.
+    """
+    inputs = []
+    for k, p in enumerate(params):
+        inputs.append(off.put(x) if off is not None and k > 0 else x)
+        x = stage(p, x)
     loss, g = loss_and_grad(x)
+    del x
     grads = [None] * len(params)
     for k in reversed(range(len(params))):
-        tree, leaves = saved.pop()
+        saved = inputs.pop()
         if off is not None:
-            upcoming = [leaf for _, earlier in saved[-prefetch:][::-1] for leaf in earlier
-                        if isinstance(leaf, arrayio.offload.Handle)]
-            off.prefetch(upcoming)
-            leaves = [off.get(leaf) if isinstance(leaf, arrayio.offload.Handle) else leaf
-                      for leaf in leaves]  # the handles die here: their files are freed
-        grads[k], g = stage_backward(jax.tree.unflatten(tree, leaves), g)
+            off.prefetch([h for h in inputs[-prefetch:][::-1]
+                          if isinstance(h, arrayio.offload.Handle)])
+            if isinstance(saved, arrayio.offload.Handle):
+                saved = off.get(saved)  # the handle dies here: its file is removed
+        grads[k], g = stage_vjp(params[k], saved, g)
     return loss, grads
 
 
@@ -106,7 +97,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--budget-mib", type=float, default=8.0)
+    parser.add_argument("--budget-mib", type=float, default=2.0)
     parser.add_argument("--dir", default=None, help="spill directory (default: a temporary one)")
     args = parser.parse_args()
 
@@ -120,6 +111,7 @@ def main() -> None:
     x = jax.random.normal(key, (args.batch, args.width))
 
     reference = train_step(params, x)  # also compiles
+    jax.block_until_ready(reference)
     with tempfile.TemporaryDirectory() as scratch, arrayio.Offloader(
             args.dir or scratch, device_budget_bytes=int(args.budget_mib * 2**20)) as off:
         for step in range(args.steps):

@@ -327,3 +327,16 @@ def test_gpu_snapshot_is_taken_before_returning(tmp_path, monkeypatch, gpu_xp) -
     future.result(TIMEOUT)
     loaded = arrayio.load(tmp_path / "g.safetensors", like=gpu_xp.name, device="cuda")
     assert gpu_xp.to_bytes(loaded["x"]) == a.tobytes()
+
+
+@pytest.mark.gpu
+def test_gpu_concurrent_saves_and_loads(tmp_path, gpu_xp) -> None:
+    arrays = [np.full(1 << 21, i, np.float32) for i in range(6)]  # 8 MiB each
+    saves = [arrayio.save_async(tmp_path / f"{i}.safetensors", {"x": gpu_xp.from_numpy(a)})
+             for i, a in enumerate(arrays)]
+    loads = [arrayio.load_async(tmp_path / f"{i}.safetensors", like=gpu_xp.name,
+                                device="cuda") for i in range(len(arrays))]
+    for future in saves:
+        future.result(TIMEOUT)
+    for a, future in zip(arrays, loads, strict=True):
+        assert gpu_xp.to_bytes(future.result(TIMEOUT)["x"]) == a.tobytes()

@@ -37,6 +37,10 @@ the offloader's directory (see :mod:`arrayio.offload._directory`), checksummed (
 unless ``verify=False``. Files are removed when their handle is freed, and the directory on
 :meth:`~Offloader.close`, or by the next offloader after a crash.
 
+Transfers of device memory go one at a time (host ones in parallel): the staged GPU tool
+shares its pinned staging buffers between concurrent calls (see
+``arrayio._async.device_transfers``).
+
 Nothing is ever queued on the caller's compute stream:
 
 * **torch (CUDA)**: ``put`` records a CUDA event on the current stream; the writer waits for
@@ -69,7 +73,10 @@ import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
+
 from .. import _dtypes, _transfer, config
+from .._async import device_transfers
 from .._frameworks import CPU, Request, allocate, export, framework_of, placement_of
 from ..errors import ArrayioError, ChecksumError, UnsupportedObjectError
 from ._directory import SpillDirectory
@@ -642,8 +649,9 @@ class Offloader:
             fd = os.open(entry.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
                          0o600)
             try:
-                crc = _transfer.write_from(fd, 0, data, with_checksum=self._verify,
-                                           tool=self._tool)
+                with _serialized(data):
+                    crc = _transfer.write_from(fd, 0, data, with_checksum=self._verify,
+                                               tool=self._tool)
             finally:
                 os.close(fd)
         except BaseException as caught:  # noqa: BLE001 - reported through the offloader
@@ -707,8 +715,9 @@ class Offloader:
         fd = os.open(entry.file, os.O_RDONLY | os.O_CLOEXEC)
         try:
             check = self._verify and entry.crc is not None
-            crc = _transfer.read_into(fd, 0, target.data, path=entry.file,
-                                      with_checksum=check, tool=self._tool)
+            with _serialized(target.data):
+                crc = _transfer.read_into(fd, 0, target.data, path=entry.file,
+                                          with_checksum=check, tool=self._tool)
         finally:
             os.close(fd)
         if check and crc != entry.crc:
@@ -746,6 +755,11 @@ class Offloader:
         stack.enter_context(cupy.cuda.Device(placement.index))
         stack.enter_context(stream)
         return stack
+
+
+def _serialized(buffer: Any) -> Any:
+    """One device-memory transfer at a time (see ``arrayio._async.device_transfers``)."""
+    return contextlib.nullcontext() if isinstance(buffer, np.ndarray) else device_transfers
 
 
 def _finalize(writers: Any, readers: Any, directory: SpillDirectory) -> None:

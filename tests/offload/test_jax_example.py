@@ -18,7 +18,7 @@ EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "jax_offload.py"
 def test_jax_example(tmp_path) -> None:
     result = subprocess.run(
         [sys.executable, "-W", "error", str(EXAMPLE), "--batch", "256", "--width", "128",
-         "--depth", "4", "--steps", "2", "--budget-mib", "1", "--dir", str(tmp_path)],
+         "--depth", "6", "--steps", "2", "--budget-mib", "0.25", "--dir", str(tmp_path)],
         capture_output=True, text=True, timeout=240, check=False,
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )

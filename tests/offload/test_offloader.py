@@ -366,3 +366,16 @@ def test_gpu_round_trip(tmp_path, gpu_xp: Framework) -> None:
             assert arrayio._frameworks.placement_of(got).is_cuda
             assert gpu_xp.to_bytes(got) == a.tobytes()
         assert off.stats().writes >= 4 and off.stats().reads >= 4
+
+
+@pytest.mark.gpu
+def test_gpu_concurrent_spills_keep_data_apart(tmp_path, gpu_xp: Framework) -> None:
+    """Arrays big enough for the multi-threaded GPU tools, many transfers in flight."""
+    arrays = [np.full(1 << 21, i, np.float32) for i in range(12)]  # 8 MiB each
+    with Offloader(tmp_path, device_budget_bytes=16 * MB, write_workers=4,
+                   read_workers=4) as off:
+        handles = [off.put(gpu_xp.from_numpy(a)) for a in arrays]
+        off.prefetch(handles)
+        for a, handle in zip(arrays, handles, strict=True):
+            assert gpu_xp.to_bytes(off.get(handle)) == a.tobytes()
+        assert off.stats().writes >= 10
