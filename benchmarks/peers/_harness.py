@@ -1,0 +1,537 @@
+"""What the peer benchmarks share.
+
+* files and the page cache: durable saves (:func:`fsync_tree`), cold (:func:`evict`) and
+  warm (:func:`warm`) starts, applied to every peer alike, whether it writes one file or a
+  directory;
+* :class:`DiskCeilings`: the disk's limits on a file of the benchmark's size (O_DIRECT
+  write + fsync, parallel O_DIRECT cold read, 16-thread page-cache read), searched over a
+  few settings up front and measured again in every round, between the peers, since the
+  VM disk's write rate drifts over a run;
+* :class:`Deadline`: a run that must end by a wall-clock time skips what would not fit,
+  and says so in its JSON;
+* :func:`settle`: a load is timed until its data is on the device and synchronized;
+* the report: machine, command, library versions, written after every step so that a run
+  cut short keeps what it measured.
+
+Bandwidths are in GB/s (10^9 bytes per second) of the arrays' bytes, medians of samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+GB = 1e9
+MiB = 1 << 20
+
+# JAX reserves 75% of the GPU at its first use unless told not to: every framework here
+# shares one device, so each allocates what it uses. Set before any JAX import.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+# ------------------------------------------------------------------ files and page cache
+
+
+def files_under(path: str) -> list[str]:
+    """The files a peer wrote at ``path``: the file itself, or every file of a directory."""
+    if os.path.isdir(path):
+        return sorted(os.path.join(root, name)
+                      for root, _, names in os.walk(path) for name in names)
+    return [path] if os.path.exists(path) else []
+
+
+def disk_bytes(path: str) -> int:
+    return sum(os.path.getsize(name) for name in files_under(path))
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: str) -> None:
+    """Make what a peer saved durable: every file, and the directories that name them.
+
+    Timed as part of every save, arrayio's included (whose own fsync leaves nothing to do).
+    """
+    directories = {os.path.dirname(os.path.abspath(path))}
+    for name in files_under(path):
+        _fsync(name)
+        directories.add(os.path.dirname(name))
+    for directory in directories:
+        _fsync(directory)
+
+
+def drop_caches() -> bool:
+    """Write back and drop the whole page cache (root only); return whether it worked."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def evict(path: str, drop: bool) -> bool:
+    """Push ``path``'s pages out of the page cache (``posix_fadvise(DONTNEED)``), and with
+    ``drop`` every cache (``/proc/sys/vm/drop_caches``); return whether the drop worked."""
+    for name in files_under(path):
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return drop_caches() if drop else False
+
+
+_WARM_CHUNK = 16 * MiB
+_warm_buffers = threading.local()
+
+
+def _warm_chunk(fd: int, offset: int) -> None:
+    buffer = getattr(_warm_buffers, "buffer", None)
+    if buffer is None:
+        buffer = _warm_buffers.buffer = bytearray(_WARM_CHUNK)
+    os.preadv(fd, [buffer], offset)
+
+
+def warm(path: str, threads: int = 8) -> None:
+    """Read every file under ``path`` through the page cache, so that a warm load finds all
+    of it there. Needed for every peer alike: a cold read by O_DIRECT (arrayio's) leaves the
+    cache empty, where a buffered one fills it."""
+    fds = [os.open(name, os.O_RDONLY) for name in files_under(path)]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            jobs = [pool.submit(_warm_chunk, fd, offset) for fd in fds
+                    for offset in range(0, os.fstat(fd).st_size, _WARM_CHUNK)]
+            for job in jobs:
+                job.result()
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+# ------------------------------------------------------------------ devices
+
+
+def settle(jax_tree: Any = None) -> None:
+    """Wait until every queued GPU operation is done (and ``jax_tree``'s arrays are ready)."""
+    if jax_tree is not None:
+        import jax
+
+        jax.block_until_ready(jax_tree)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # the whole device: CuPy's and arrayio's streams too
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        try:
+            cupy.cuda.runtime.deviceSynchronize()
+        except Exception:  # noqa: BLE001 - no CUDA device: nothing to wait for
+            pass
+
+
+def as_torch(x: Any) -> Any:
+    """``x`` (torch, CuPy, JAX or NumPy) as a torch tensor on its device, zero-copy."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x)
+    return torch.from_dlpack(x)
+
+
+def same(expected: Any, got: Any, name: str) -> None:
+    """Raise unless ``got`` holds exactly ``expected``'s bytes, dtype and shape."""
+    import torch
+
+    got = as_torch(got)
+    if got.dtype != expected.dtype or tuple(got.shape) != tuple(expected.shape):
+        raise AssertionError(f"{name}: got {got.dtype}{tuple(got.shape)}, expected "
+                             f"{expected.dtype}{tuple(expected.shape)}")
+    if got.device != expected.device:
+        got = got.to(expected.device)
+    if not torch.equal(got, expected):
+        raise AssertionError(f"{name}: values differ")
+
+
+def torch_to_jax(tensor: Any) -> Any:
+    import jax
+
+    return jax.dlpack.from_dlpack(tensor)  # zero-copy, on the tensor's device
+
+
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """``{"a.b": x}`` as ``{"a": {"b": x}}``: the pytree shape JAX users save."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+# ------------------------------------------------------------------ time
+
+
+class Deadline:
+    """A wall-clock end (``time.time()`` seconds) that the run must finish by, or none."""
+
+    def __init__(self, at: float | None) -> None:
+        self.at = at
+
+    def left(self) -> float:
+        return math.inf if self.at is None else self.at - time.time()
+
+    def allows(self, seconds: float) -> bool:
+        return self.left() > seconds
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def rate(nbytes: int, seconds: float | None) -> float | None:
+    return None if not seconds else nbytes / seconds / GB
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+# ------------------------------------------------------------------ peers
+
+
+@dataclasses.dataclass
+class Peer:
+    """A library under test: ``save(path)`` writes a file or a directory at ``path``,
+    ``load(path)`` returns what it read, on the device and synchronized, and ``check(out)``
+    raises unless ``out`` holds what was saved."""
+
+    name: str
+    save: Callable[[str], Any]
+    load: Callable[[str], Any]
+    check: Callable[[Any], None]
+    suffix: str = ""
+    note: str = ""
+    close: Callable[[], None] | None = None
+
+
+def check_flat(expected: dict[str, Any], get: Callable[[Any, str, Any], Any]
+               ) -> Callable[[Any], None]:
+    """A check that every tensor of ``expected`` came back (``get(out, key, tensor)``)."""
+    def check(out: Any) -> None:
+        for key, tensor in expected.items():
+            same(tensor, get(out, key, tensor), key)
+    return check
+
+
+QUANTITIES = ("save", "cold_load", "warm_load")
+
+
+def measure(peer: Peer, path: str, drop: bool, verify: bool) -> dict[str, float]:
+    """One save (and fsync of what it wrote, timed), one cold load (after eviction) and one
+    warm load (after reading the files into the page cache); the files are then removed."""
+    remove(path)
+    try:
+        save_s, _ = timed(lambda: (peer.save(path), fsync_tree(path)))
+        disk = disk_bytes(path)
+        evict(path, drop)
+        cold_s, out = timed(lambda: peer.load(path))
+        if verify:
+            peer.check(out)
+        del out
+        warm(path)
+        warm_s, out = timed(lambda: peer.load(path))
+        del out
+    finally:
+        remove(path)
+    return {"save": save_s, "cold_load": cold_s, "warm_load": warm_s, "disk_bytes": disk}
+
+
+# ------------------------------------------------------------------ ceilings
+
+
+@dataclasses.dataclass
+class _Ceiling:
+    """One limit: the settings tried up front, the chosen one, its in-round samples."""
+
+    upfront: dict[str, float] = dataclasses.field(default_factory=dict)  # label -> GB/s
+    tool: Any = None
+    samples: list[float] = dataclasses.field(default_factory=list)  # seconds
+    error: str | None = None
+
+
+class DiskCeilings:
+    """The disk's limits on one file of ``nbytes``, in ``directory``.
+
+    ``write_fsync``: O_DIRECT ``pwrite`` from an aligned host buffer, then ``fsync`` (best of
+    1 and 4 threads by 16 and 64 MiB requests, and 4 buffered threads); ``cold_read``:
+    O_DIRECT parallel read into host memory after eviction (best of 4, 8 and 16 threads by
+    16 MiB); ``warm_read``: 16 buffered threads from the page cache. A later size tries only
+    the two best settings of the previous one (``prefer``). The file is the one the write
+    ceiling writes: one checkpoint's worth of disk.
+    """
+
+    WRITE = [("direct", 1, 16 * MiB), ("direct", 1, 64 * MiB), ("direct", 4, 16 * MiB),
+             ("direct", 4, 64 * MiB), ("posix", 4, 64 * MiB)]
+    COLD = [("direct", 4, 16 * MiB), ("direct", 8, 16 * MiB), ("direct", 16, 16 * MiB)]
+    WARM = [("posix", 16, 16 * MiB)]
+
+    def __init__(self, directory: str, nbytes: int, *, drop: bool,
+                 prefer: dict[str, list[tuple[str, int, int]]] | None = None) -> None:
+        from arrayio._buffers import aligned_empty
+
+        self.nbytes = -(-nbytes // MiB) * MiB
+        self.path = os.path.join(directory, "ceiling.bin")
+        self.drop = drop
+        self.host = aligned_empty(self.nbytes)
+        block = np.random.default_rng(0).integers(0, 256, 64 * MiB, dtype=np.uint8)
+        for start in range(0, self.nbytes, block.nbytes):
+            end = min(self.nbytes, start + block.nbytes)
+            self.host[start:end] = block[: end - start]
+        self.settings = {"write_fsync": self.WRITE, "cold_read": self.COLD,
+                         "warm_read": self.WARM}
+        if prefer:
+            self.settings.update({k: v for k, v in prefer.items() if v})
+        self.limits = {name: _Ceiling() for name in self.settings}
+        self.pinned_h2d_GBps: float | None = None
+        self._labels: dict[tuple[str, int, int], str] = {}
+
+    def _write(self, tool: Any) -> float:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            start = time.perf_counter()
+            tool.write(fd, self.host, 0)
+            os.fsync(fd)
+            return time.perf_counter() - start
+        finally:
+            os.close(fd)
+
+    def _read(self, tool: Any, cold: bool) -> float:
+        if cold:
+            evict(self.path, self.drop)
+        else:
+            warm(self.path)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            start = time.perf_counter()
+            tool.read(fd, self.host, 0)
+            return time.perf_counter() - start
+        finally:
+            os.close(fd)
+
+    def _once(self, name: str, tool: Any) -> float:
+        if name == "write_fsync":
+            return self._write(tool)
+        return self._read(tool, cold=name == "cold_read")
+
+    def search(self) -> None:
+        """One sample of every setting; the fastest of each ceiling is kept for the rounds."""
+        from arrayio import tools
+
+        for name, settings in self.settings.items():  # writes first: they make the file
+            limit = self.limits[name]
+            errors = []
+            for kind, threads, task in settings:
+                try:
+                    tool = tools.make(kind, threads=threads, task_size=task)
+                    self._labels[(kind, threads, task)] = tool.label
+                    speed = self.nbytes / self._once(name, tool) / GB
+                except Exception as error:  # noqa: BLE001 - O_DIRECT refused here: go on
+                    errors.append(f"{kind}({threads}x{task >> 20}M): {error!r}")
+                    continue
+                limit.upfront[tool.label] = speed
+                if limit.tool is None or speed > limit.upfront[limit.tool.label]:
+                    limit.tool = tool
+            if limit.tool is None:
+                limit.error = "; ".join(errors)
+        if not os.path.exists(self.path):  # no write setting worked: make the file anyway
+            with open(self.path, "wb") as f:
+                f.write(self.host)
+
+    def best_settings(self) -> dict[str, list[tuple[str, int, int]]]:
+        """The two best settings of each ceiling, for the next size's search."""
+        out = {}
+        for name, settings in self.settings.items():
+            speeds = self.limits[name].upfront
+            measured = [s for s in settings if self._labels.get(s) in speeds]
+            out[name] = sorted(measured, key=lambda s: -speeds[self._labels[s]])[:2]
+        return out
+
+    def sample_round(self) -> None:
+        """One sample of each chosen ceiling, between the peers of a round."""
+        for name, limit in self.limits.items():
+            if limit.tool is not None:
+                limit.samples.append(self._once(name, limit.tool))
+
+    def measure_pinned_h2d(self, repeats: int = 3) -> None:
+        """Pinned host-to-device copy of up to 1 GiB (torch), median of ``repeats``."""
+        import torch
+
+        n = min(self.nbytes, 1 << 30)
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        host.fill_(1)
+        device = torch.empty(n, dtype=torch.uint8, device="cuda")
+        seconds = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            device.copy_(host, non_blocking=True)
+            torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - start)
+        self.pinned_h2d_GBps = n / statistics.median(seconds) / GB
+
+    def limit(self, name: str) -> float | None:
+        """The stricter of the up-front best and the in-round median, GB/s."""
+        limit = self.limits[name]
+        values = [v for v in (max(limit.upfront.values(), default=None),
+                              rate(self.nbytes, median(limit.samples))) if v is not None]
+        return max(values) if values else None
+
+    def report(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"bytes": self.nbytes}
+        for name, limit in self.limits.items():
+            out[name] = {
+                "GBps": self.limit(name),
+                "upfront_GBps": limit.upfront,
+                "setting": limit.tool.label if limit.tool is not None else None,
+                "interleaved_GBps": rate(self.nbytes, median(limit.samples)),
+                "interleaved_seconds": limit.samples,
+                "error": limit.error,
+            }
+        if self.pinned_h2d_GBps is not None:
+            out["pinned_host_to_device_GBps"] = self.pinned_h2d_GBps
+        return out
+
+    def close(self) -> None:
+        remove(self.path)
+        for limit in self.limits.values():
+            if limit.tool is not None:
+                limit.tool.close()
+        self.host = None  # type: ignore[assignment]
+
+
+# ------------------------------------------------------------------ the report
+
+
+def versions() -> dict[str, str]:
+    """The versions of the libraries this run used (imported by now)."""
+    out = {}
+    for name in ("arrayio", "numpy", "torch", "safetensors", "jax", "cupy", "kvikio",
+                 "orbax.checkpoint", "fastsafetensors"):
+        module = sys.modules.get(name)
+        if module is not None:
+            out[name] = str(getattr(module, "__version__", "unknown"))
+    return out
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"host": platform.node(), "python": platform.python_version(),
+                            "cpus": os.cpu_count(), "kernel": platform.release()}
+    info["gpu"] = None
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    info["summary"] = f"{info['gpu'] or 'CPU only'}, {info['cpus']} cores"
+    info["versions"] = versions()
+    return info
+
+
+def header(benchmark: str, module: str, argv: list[str] | None) -> dict[str, Any]:
+    return {
+        "benchmark": benchmark,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "-m", module,
+                             *(argv if argv is not None else sys.argv[1:])]),
+    }
+
+
+def write_json(report: dict[str, Any], path: str) -> None:
+    """Write atomically: a run stopped mid-write keeps the previous complete report."""
+    partial = path + ".partial"
+    with open(partial, "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(partial, path)
+
+
+def common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", help="directory for NAME.json and NAME.png")
+    parser.add_argument("--dir", default=None, help="scratch directory on the disk under test")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--drop-caches", action="store_true",
+                        help="cold starts also drop the whole page cache (root)")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="wall-clock time (seconds since the epoch) to finish by")
+    parser.add_argument("--smoke", action="store_true",
+                        help="CI: tiny sizes in host memory, one repetition")
+    parser.add_argument("--replot", metavar="JSON", help="only redraw the plot of a report")
+
+
+def try_plot(plot: Callable[[dict[str, Any], str], None], report: dict[str, Any],
+             path: str) -> str | None:
+    """Draw the plot if matplotlib is installed; return the path, or None."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+    except ImportError:
+        print("matplotlib is not installed: no plot (redraw with --replot)", flush=True)
+        return None
+    plot(report, path)
+    return path
+
+
+def replot(plot: Callable[[dict[str, Any], str], None], json_path: str) -> None:
+    with open(json_path) as f:
+        report = json.load(f)
+    png = os.path.splitext(json_path)[0] + ".png"
+    try_plot(plot, report, png)
+    print(png)

@@ -1,0 +1,579 @@
+"""Checkpoint save and load against every peer, beside the disk's limits, in one run.
+
+``python -m benchmarks.peers.checkpoint --out DIR [--gib 1,8] [--repeats 3] [--drop-caches]
+[--dir SCRATCH] [--deadline EPOCH] [--smoke] [--replot DIR/checkpoint.json]``
+
+The checkpoint is a transformer-like state dict on the GPU: a 256 MiB bfloat16 embedding,
+then layers of float32 attention weights (16 MiB) with 4 KiB bfloat16 biases and 8 KiB
+float32 norm scales, and bfloat16 MLP weights (32 MiB), as many layers as the size asks
+(``--gib``); every size has the same tensor shapes, only more layers.
+
+Peers, each saving from and loading to the GPU: ``torch.save``/``torch.load(map_location)``;
+safetensors ``save_file``/``load_file(device)``; NumPy ``savez``/``load`` then a copy to the
+GPU (``cupy.asarray``; bfloat16 as its bits, NumPy has no bfloat16); orbax
+``StandardCheckpointer`` on a JAX pytree; raw KvikIO (one ``CuFile``, every tensor written
+and read at its offset in parallel, 16 threads, no header); fastsafetensors
+(``ParallelSaver``, 16 shards, and ``fastsafe_open``, no GDS); and arrayio's public API
+with torch tensors (``arrayio``), a JAX pytree (``arrayio-jax``) and CuPy arrays
+(``arrayio-cupy``).
+
+Every save is followed by an fsync of what it wrote, inside the timed region. A cold load
+starts after the files' pages were evicted (``posix_fadvise``; ``--drop-caches`` also drops
+the whole page cache); a warm one right after the files were read into the page cache. A
+load is timed until its arrays are on the GPU and the device is synchronized. Each size
+measures the disk's ceilings on a file of the checkpoint's size (see
+:class:`~benchmarks.peers._harness.DiskCeilings`) up front and again in every round,
+between the peers (round-robin), since the disk's write rate drifts over a run. The first
+size starts with an untimed round of every peer (imports, CUDA contexts, and the arrayio
+dispatcher's first explorations, which then serve every size: the tensor shapes are the
+same). Each round saves, loads and deletes one peer's checkpoint before the next: at most
+two checkpoints (the peer's and the ceilings' file) are on the disk at once.
+
+With ``--deadline``, a peer whose next measurement would not fit is skipped for that round
+(torch, safetensors and arrayio, the targets' terms, keep their time first); the JSON says
+how many samples each peer has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from benchmarks.peers import _harness as h
+
+CORE = ("arrayio", "torch", "safetensors")  # the targets' terms: measured first when time is short
+ARRAYIO = ("arrayio", "arrayio-jax", "arrayio-cupy")
+
+# The issue's goals for arrayio: (name, arrayio's quantity, against what, goal).
+GOALS = (
+    ("cold_load_vs_disk_ceiling", "cold_load", "ceiling:cold_read", 0.9),
+    ("warm_load_vs_torch", "warm_load", "torch", 10.0),
+    ("warm_load_vs_safetensors", "warm_load", "safetensors", 3.0),
+    ("save_vs_torch", "save", "torch", 2.0),
+    ("save_vs_write_ceiling", "save", "ceiling:write_fsync", 0.9),
+)
+QUANTITIES = h.QUANTITIES
+CEILING_OF = {"save": "write_fsync", "cold_load": "cold_read", "warm_load": "warm_read"}
+
+
+# ------------------------------------------------------------------ the model
+
+
+def layout(total_bytes: int, d_model: int, vocab: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """Names, shapes and dtypes of a transformer-like state dict of about ``total_bytes``."""
+    size = {"float32": 4, "bfloat16": 2}
+
+    def nbytes(entries: list[tuple[str, tuple[int, ...], str]]) -> int:
+        return sum(int(np.prod(shape)) * size[dtype] for _, shape, dtype in entries)
+
+    def layer(i: int) -> list[tuple[str, tuple[int, ...], str]]:
+        p, d = f"layers.{i}.", d_model
+        out = [(p + "attn_norm.scale", (d,), "float32")]
+        for w in "qkvo":
+            out += [(p + f"attn.{w}.weight", (d, d), "float32"),
+                    (p + f"attn.{w}.bias", (d,), "bfloat16")]
+        out += [(p + "mlp_norm.scale", (d,), "float32"),
+                (p + "mlp.gate.weight", (4 * d, d), "bfloat16"),
+                (p + "mlp.up.weight", (4 * d, d), "bfloat16"),
+                (p + "mlp.down.weight", (d, 4 * d), "bfloat16"),
+                (p + "mlp.down.bias", (d,), "bfloat16")]
+        return out
+
+    head = [("embed.weight", (vocab, d_model), "bfloat16")]
+    tail = [("final_norm.scale", (d_model,), "float32")]
+    layers = max(1, round((total_bytes - nbytes(head) - nbytes(tail)) / nbytes(layer(0))))
+    return head + [e for i in range(layers) for e in layer(i)] + tail
+
+
+def make_state(entries: list[tuple[str, tuple[int, ...], str]], device: str) -> dict[str, Any]:
+    import torch
+
+    generator = torch.Generator(device=device).manual_seed(0)
+    return {name: torch.randn(shape, dtype=getattr(torch, dtype), device=device,
+                              generator=generator)
+            for name, shape, dtype in entries}
+
+
+# ------------------------------------------------------------------ the peers
+
+
+def torch_peer(state: dict[str, Any], device: str) -> h.Peer:
+    import torch
+
+    def load(path: str) -> Any:
+        out = torch.load(path, map_location=device, weights_only=True)
+        h.settle()
+        return out
+
+    return h.Peer("torch", lambda path: torch.save(state, path), load,
+                  h.check_flat(state, lambda out, k, _: out[k]), ".pt")
+
+
+def safetensors_peer(state: dict[str, Any], device: str) -> h.Peer:
+    from safetensors.torch import load_file, save_file
+
+    target = "cuda:0" if device.startswith("cuda") else "cpu"
+
+    def load(path: str) -> Any:
+        out = load_file(path, device=target)
+        h.settle()
+        return out
+
+    return h.Peer("safetensors", lambda path: save_file(state, path), load,
+                  h.check_flat(state, lambda out, k, _: out[k]), ".safetensors")
+
+
+def numpy_peer(state: dict[str, Any], device: str) -> h.Peer:
+    import torch
+
+    to_device: Callable[[np.ndarray], Any] = lambda a: a  # noqa: E731
+    if device.startswith("cuda"):
+        import cupy
+
+        to_device = cupy.asarray
+
+    def save(path: str) -> None:
+        arrays = {}
+        for key, tensor in state.items():
+            host = tensor.detach().cpu()
+            if host.dtype == torch.bfloat16:
+                host = host.view(torch.int16)  # NumPy has no bfloat16: store its bits
+            arrays[key] = host.numpy()
+        np.savez(path, **arrays)
+
+    def load(path: str) -> Any:
+        with np.load(path) as npz:
+            out = {key: to_device(npz[key]) for key in npz.files}
+        h.settle()
+        return out
+
+    def get(out: Any, key: str, expected: Any) -> Any:
+        got = h.as_torch(out[key])
+        return got.view(torch.bfloat16) if expected.dtype == torch.bfloat16 else got
+
+    return h.Peer("numpy", save, load, h.check_flat(state, get), ".npz",
+                  "savez, then load and cupy.asarray per array; bfloat16 stored as int16 bits")
+
+
+def orbax_peer(state: dict[str, Any], jax_tree: Any) -> h.Peer:
+    import jax
+    import orbax.checkpoint as ocp
+
+    checkpointer = ocp.StandardCheckpointer()
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                           sharding=x.sharding), jax_tree)
+
+    def save(path: str) -> None:
+        checkpointer.save(os.path.abspath(path), jax_tree, force=True)
+        checkpointer.wait_until_finished()
+
+    def load(path: str) -> Any:
+        out = checkpointer.restore(os.path.abspath(path), abstract)
+        h.settle(jax_tree=out)
+        return out
+
+    return h.Peer("orbax", save, load,
+                  h.check_flat(state, lambda out, k, _: h.flatten(out)[k]), "",
+                  "StandardCheckpointer on a JAX pytree (the torch tensors through DLPack)",
+                  checkpointer.close)
+
+
+def kvikio_peer(state: dict[str, Any]) -> h.Peer:
+    import cupy
+    import kvikio
+    import kvikio.defaults
+    import torch
+
+    def configure() -> None:
+        # Process-wide settings (arrayio's KvikIO tool changes them too): set before each use.
+        for name, value in (("num_threads", 16), ("task_size", 4 << 20)):
+            if kvikio.defaults.get(name) != value:
+                kvikio.defaults.set(name, value)
+
+    views, offsets, end = {}, {}, 0
+    for key, tensor in state.items():
+        views[key] = cupy.from_dlpack(tensor.reshape(-1).view(torch.uint8))
+        offsets[key] = end
+        end += -(-views[key].nbytes // 4096) * 4096
+
+    def save(path: str) -> None:
+        configure()
+        f = kvikio.CuFile(path, "w")
+        try:
+            for future in [f.pwrite(views[k], file_offset=offsets[k]) for k in views]:
+                future.get()
+        finally:
+            f.close()
+
+    def load(path: str) -> Any:
+        configure()
+        out = {key: cupy.empty(view.nbytes, dtype=cupy.uint8) for key, view in views.items()}
+        f = kvikio.CuFile(path, "r")
+        try:
+            for future in [f.pread(out[k], file_offset=offsets[k]) for k in out]:
+                future.get()
+        finally:
+            f.close()
+        h.settle()
+        return out
+
+    def get(out: Any, key: str, expected: Any) -> Any:
+        return h.as_torch(out[key]).view(expected.dtype).reshape(expected.shape)
+
+    return h.Peer("kvikio", save, load, h.check_flat(state, get), ".bin",
+                  "raw CuFile pwrite/pread of every tensor at its offset, 16 threads, no header; "
+                  "load buffers allocated (CuPy pool) inside the timed region")
+
+
+def fastsafetensors_peer(state: dict[str, Any], device: str) -> h.Peer:
+    from fastsafetensors import ParallelSaver, fastsafe_open
+
+    shards = min(16, len(state))
+    saver = ParallelSaver(num_shards=shards)
+    target = "cuda:0" if device.startswith("cuda") else "cpu"
+
+    def save(path: str) -> None:
+        os.makedirs(path)
+        saver.save(state, os.path.join(path, "model"))
+
+    def load(path: str) -> Any:
+        with fastsafe_open(h.files_under(path), framework="pt", device=target,
+                           nogds=True) as f:
+            out = {key: f.get_tensor(key) for key in f.keys()}
+        h.settle()
+        return out
+
+    return h.Peer("fastsafetensors", save, load,
+                  h.check_flat(state, lambda out, k, _: out[k]), "",
+                  f"ParallelSaver ({shards} shards), fastsafe_open(nogds=True)")
+
+
+def arrayio_peer(name: str, tree: Any, state: dict[str, Any], like: str, device: str,
+                 nested: bool) -> h.Peer:
+    import arrayio
+
+    def load(path: str) -> Any:
+        out = arrayio.load(path, like=like, device=device)
+        h.settle(jax_tree=out if like == "jax" else None)
+        return out
+
+    def get(out: Any, key: str, _: Any) -> Any:
+        return (h.flatten(out) if nested else out)[key]
+
+    return h.Peer(name, lambda path: arrayio.save(path, tree), load,
+                  h.check_flat(state, get), ".safetensors",
+                  f"arrayio.save / arrayio.load(like={like!r}, device={device!r})")
+
+
+def make_peers(state: dict[str, Any], device: str) -> tuple[list[h.Peer], dict[str, str]]:
+    """Every peer that can run here, and why the others cannot."""
+    cuda = device.startswith("cuda")
+    peers: list[h.Peer] = []
+    unavailable: dict[str, str] = {}
+
+    def add(name: str, build: Callable[[], h.Peer], needs_cuda: bool = False) -> None:
+        if needs_cuda and not cuda:
+            unavailable[name] = "needs a CUDA device"
+            return
+        try:
+            peers.append(build())
+        except Exception as error:  # noqa: BLE001 - a peer missing here is reported
+            unavailable[name] = f"{type(error).__name__}: {error}"
+
+    jax_tree: list[Any] = []
+
+    def jax_state() -> Any:
+        if not jax_tree:
+            jax_tree.append(h.nest({k: h.torch_to_jax(v) for k, v in state.items()}))
+        return jax_tree[0]
+
+    add("arrayio", lambda: arrayio_peer("arrayio", state, state, "torch", device, False))
+    add("torch", lambda: torch_peer(state, device))
+    add("safetensors", lambda: safetensors_peer(state, device))
+    add("arrayio-jax", lambda: arrayio_peer("arrayio-jax", jax_state(), state, "jax", device,
+                                            True))
+
+    def cupy_tree() -> Any:
+        import cupy
+
+        return {k: cupy.from_dlpack(v) for k, v in state.items()}
+
+    add("arrayio-cupy", lambda: arrayio_peer("arrayio-cupy", cupy_tree(), state, "cupy",
+                                             device, False), needs_cuda=True)
+    add("numpy", lambda: numpy_peer(state, device))
+    add("orbax", lambda: orbax_peer(state, jax_state()))
+    add("kvikio", lambda: kvikio_peer(state), needs_cuda=True)
+    add("fastsafetensors", lambda: fastsafetensors_peer(state, device))
+    return peers, unavailable
+
+
+# ------------------------------------------------------------------ measuring
+
+
+def summarize(nbytes: int, ceilings: h.DiskCeilings, samples: dict[str, dict[str, Any]],
+              ) -> dict[str, dict[str, Any]]:
+    """Per peer: GB/s (median), the fraction of the ceiling (of the medians, and round by
+    round beside the ceiling's sample of the same round), ratios to torch and safetensors."""
+    speeds = {name: {q: h.rate(nbytes, h.median(s[q])) for q in QUANTITIES}
+              for name, s in samples.items()}
+    out: dict[str, dict[str, Any]] = {}
+    for name, s in samples.items():
+        row: dict[str, Any] = {f"{q}_GBps": speeds[name][q] for q in QUANTITIES}
+        row["samples"] = len(s["rounds"])
+        row["seconds"] = {q: s[q] for q in QUANTITIES}
+        row["fraction_of_ceiling"] = {
+            q: h.ratio(speeds[name][q], ceilings.limit(CEILING_OF[q])) for q in QUANTITIES}
+        paired = {}
+        for q in QUANTITIES:
+            ceiling_s = ceilings.limits[CEILING_OF[q]].samples
+            fractions = [(nbytes / seconds) / (ceilings.nbytes / ceiling_s[r])
+                         for r, seconds in zip(s["rounds"], s[q], strict=True)
+                         if r < len(ceiling_s)]
+            paired[q] = h.median(fractions)
+        row["paired_fraction_of_ceiling"] = paired
+        for reference in ("torch", "safetensors"):
+            if reference in speeds:
+                row[f"vs_{reference}"] = {q: h.ratio(speeds[name][q], speeds[reference][q])
+                                          for q in QUANTITIES}
+        out[name] = row
+    return out
+
+
+def targets(result: dict[str, Any]) -> dict[str, Any]:
+    """The issue's goals for each arrayio front door, with their numbers."""
+    out: dict[str, Any] = {}
+    peers, ceilings = result["peers"], result["ceilings"]
+    for who in ARRAYIO:
+        if not peers.get(who, {}).get("samples"):
+            continue
+        mine: dict[str, Any] = {}
+        for goal_name, quantity, against, goal in GOALS:
+            value = peers[who][f"{quantity}_GBps"]
+            if against.startswith("ceiling:"):
+                reference = ceilings[against.split(":")[1]]["GBps"]
+            else:
+                reference = peers.get(against, {}).get(f"{quantity}_GBps")
+            r = h.ratio(value, reference)
+            mine[goal_name] = {"GBps": value, "reference": against, "reference_GBps": reference,
+                               "ratio": r, "goal": goal, "met": None if r is None else r >= goal}
+        out[who] = mine
+    return out
+
+
+def run_size(args: argparse.Namespace, gib: float, first: bool, deadline: h.Deadline,
+             per_byte: dict[str, float], prefer: dict[str, Any] | None,
+             report: dict[str, Any], out_json: str) -> dict[str, Any]:
+    """Measure one checkpoint size; return the ceilings' best settings for the next size.
+
+    ``per_byte`` holds each peer's last measurement time per byte (to predict the next one
+    against the deadline), carried from size to size.
+    """
+    started = time.time()
+    entries = layout(int(gib * (1 << 30)), args.d_model, args.vocab)
+    state = make_state(entries, args.device)
+    sizes = [t.numel() * t.element_size() for t in state.values()]
+    nbytes = sum(sizes)
+    h.settle()
+    directory = tempfile.mkdtemp(prefix="arrayio-peers-", dir=args.dir)
+    ceilings = h.DiskCeilings(directory, nbytes, drop=args.drop_caches, prefer=prefer)
+    result: dict[str, Any] = {
+        "gib": gib, "bytes": nbytes, "tensors": len(state), "d_model": args.d_model,
+        "layers": sum(1 for name, _, _ in entries if name.endswith("attn.q.weight")),
+        "smallest_bytes": min(sizes), "largest_bytes": max(sizes),
+        "dtype_bytes": {d: sum(t.numel() * t.element_size() for t in state.values()
+                               if str(t.dtype) == f"torch.{d}") for d in ("bfloat16", "float32")},
+    }
+    report["sizes"].append(result)
+    peers, unavailable = make_peers(state, args.device)
+    report["peers_unavailable"] = unavailable
+    samples = {p.name: {"rounds": [], **{q: [] for q in QUANTITIES}} for p in peers}
+    errors: dict[str, str] = {}
+    skipped: dict[str, int] = {}
+    paths = {p.name: os.path.join(directory, f"{p.name}{p.suffix}") for p in peers}
+
+    def attempt(peer: h.Peer, verify: bool) -> dict[str, float] | None:
+        try:
+            took, got = h.timed(lambda: h.measure(peer, paths[peer.name], args.drop_caches,
+                                                verify))
+        except Exception as error:  # noqa: BLE001 - a failing peer is reported, the run goes on
+            errors[peer.name] = f"{type(error).__name__}: {error}"
+            print(f"  {peer.name}: {errors[peer.name]}", flush=True)
+            return None
+        per_byte[peer.name] = took / nbytes
+        return got
+
+    try:
+        result["ceiling_search_seconds"], _ = h.timed(ceilings.search)
+        if args.device.startswith("cuda") and first:
+            ceilings.measure_pinned_h2d()
+        if first:  # untimed: imports, CUDA contexts, the dispatcher's first explorations
+            result["warmup_seconds"] = {}
+            for peer in peers:
+                took, _ = h.timed(lambda p=peer: attempt(p, verify=True))
+                result["warmup_seconds"][peer.name] = took
+        order = sorted(peers, key=lambda p: p.name not in CORE)  # stable: core peers first
+        ceiling_round = result["ceiling_search_seconds"] / 2
+        for round_index in range(args.repeats):
+            ceiling_round, _ = h.timed(ceilings.sample_round)
+            core_round = ceiling_round + sum(per_byte.get(n, 0.0) * nbytes for n in CORE)
+            for peer in order:
+                if peer.name in errors:
+                    continue
+                need = per_byte.get(peer.name, 0.0) * nbytes * 1.2 + 2.0
+                later = args.repeats - round_index - 1
+                if not deadline.allows(need + (0 if peer.name in CORE else core_round * later)):
+                    skipped[peer.name] = skipped.get(peer.name, 0) + 1
+                    continue
+                # The first size was verified in its warm-up round; others in their first.
+                got = attempt(peer, verify=not first and not samples[peer.name]["rounds"])
+                if got is None:
+                    continue
+                samples[peer.name]["rounds"].append(round_index)
+                for q in QUANTITIES:
+                    samples[peer.name][q].append(got[q])
+                result.setdefault("disk_bytes", {})[peer.name] = got["disk_bytes"]
+                print(f"  {gib:g} GiB round {round_index + 1} {peer.name:16s} " + "  ".join(
+                    f"{q} {nbytes / got[q] / h.GB:6.2f}" for q in QUANTITIES) + " GB/s",
+                    flush=True)
+            result["ceilings"] = ceilings.report()
+            result["peers"] = summarize(nbytes, ceilings,
+                                        {n: s for n, s in samples.items() if s["rounds"]})
+            h.write_json(report, out_json)
+        for peer in peers:
+            row = result["peers"].setdefault(peer.name, {"samples": 0})
+            row["note"] = peer.note
+            if peer.name in errors:
+                row["error"] = errors[peer.name]
+            if skipped.get(peer.name):
+                row["rounds_skipped_for_time"] = skipped[peer.name]
+        result["targets"] = targets(result)
+        result["seconds"] = time.time() - started
+        h.write_json(report, out_json)
+        print_size(result)
+        return ceilings.best_settings()
+    finally:
+        ceilings.close()
+        for peer in peers:
+            if peer.close is not None:
+                peer.close()
+        h.remove(directory)
+
+
+def print_size(result: dict[str, Any]) -> None:
+    c = result["ceilings"]
+    print(f"\n{result['gib']:g} GiB ({result['bytes'] / 1e9:.2f} GB, {result['tensors']} tensors)"
+          f" ceilings: write+fsync {c['write_fsync']['GBps'] or float('nan'):.2f}, cold read "
+          f"{c['cold_read']['GBps'] or float('nan'):.2f}, warm read "
+          f"{c['warm_read']['GBps'] or float('nan'):.2f} GB/s", flush=True)
+    for name, row in result["peers"].items():
+        if not row.get("samples"):
+            print(f"  {name:16s} {row.get('error') or 'not measured'}")
+            continue
+        cells = []
+        for q in QUANTITIES:
+            frac = row["fraction_of_ceiling"][q]
+            frac = float("nan") if frac is None else frac
+            cells.append(f"{q} {row[f'{q}_GBps']:6.2f} ({frac:.2f} of ceiling)")
+        print(f"  {name:16s} " + "  ".join(cells), flush=True)
+    for who, goals in result.get("targets", {}).items():
+        for goal_name, t in goals.items():
+            ratio = t["ratio"] if t["ratio"] is not None else float("nan")
+            print(f"  target {who} {goal_name}: {ratio:.2f} (goal {t['goal']:g}) "
+                  f"{'met' if t['met'] else 'NOT met'}", flush=True)
+
+
+# ------------------------------------------------------------------ plot
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    import matplotlib.pyplot as plt
+
+    sizes = [s for s in report["sizes"] if s.get("peers")]
+    where = "GPU" if report["device"].startswith("cuda") else report["device"]
+    titles = {"save": f"save from {where} (fsync incl.)", "cold_load": f"cold load to {where}",
+              "warm_load": f"warm load to {where}"}
+    fig, grid = plt.subplots(len(sizes), 3, figsize=(16, 0.5 + 3.6 * len(sizes)),
+                             squeeze=False)
+    for row, size in zip(grid, sizes, strict=True):
+        names = [n for n, r in size["peers"].items() if r.get("samples")]
+        for ax, q in zip(row, QUANTITIES, strict=True):
+            values = [size["peers"][n][f"{q}_GBps"] for n in names]
+            colors = ["tab:orange" if n.startswith("arrayio") else "tab:blue" for n in names]
+            ax.barh(names, values, color=colors)
+            for y, value in enumerate(values):
+                ax.annotate(f"{value:.2f}", (value, y), fontsize=7, va="center",
+                            xytext=(2, 0), textcoords="offset points")
+            ceiling = size["ceilings"][CEILING_OF[q]]["GBps"]
+            if ceiling:
+                ax.axvline(ceiling, color="black", linestyle="--", linewidth=1)
+                ax.annotate(f"ceiling {ceiling:.2f}", (ceiling, len(names) - 0.5),
+                            fontsize=7, ha="right")
+            ax.invert_yaxis()
+            ax.set_xlabel("GB/s")
+            ax.set_title(f"{size['gib']:g} GiB: {titles[q]}", fontsize=9)
+    machine = report["machine"]["summary"]
+    fig.suptitle(f"Checkpoint, arrayio vs peers, {report['date'][:10]}, {machine}; medians; "
+                 "dashed: disk/page-cache ceiling measured in the same run", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------ main
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    h.common_arguments(parser)
+    parser.add_argument("--gib", default="1,8", help="checkpoint sizes, GiB, comma-separated")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--d-model", type=int, default=2048)
+    parser.add_argument("--vocab", type=int, default=65536)
+    args = parser.parse_args(argv)
+    if args.replot:
+        h.replot(plot, args.replot)
+        return None
+    if args.smoke:
+        args.device, args.d_model, args.vocab, args.repeats = "cpu", 128, 1024, 1
+        args.gib = "0.004"
+    if not args.out:
+        parser.error("--out is required")
+    os.makedirs(args.out, exist_ok=True)
+    out_json = os.path.join(args.out, "checkpoint.json")
+    import torch  # noqa: F401 - the state lives in torch tensors
+
+    report = h.header("peers-checkpoint", "benchmarks.peers.checkpoint", argv)
+    report.update(device=args.device, repeats=args.repeats, smoke=args.smoke,
+                  drop_caches=args.drop_caches, sizes=[], peers_unavailable={})
+    report["machine"] = h.machine()
+    deadline = h.Deadline(args.deadline)
+    per_byte: dict[str, float] = {}
+    prefer = None
+    for index, gib in enumerate(float(g) for g in args.gib.split(",")):
+        if index and not deadline.allows(10.0):
+            report["sizes"].append({"gib": gib, "skipped": "time budget"})
+            continue
+        prefer = run_size(args, gib, index == 0, deadline, per_byte, prefer, report, out_json)
+        report["machine"]["versions"] = h.versions()
+        h.write_json(report, out_json)
+    try:
+        import arrayio
+
+        report["arrayio_dispatcher"] = {e.key: e.chosen for e in arrayio.explain().explanations}
+    except Exception as error:  # noqa: BLE001 - informative only
+        report["arrayio_dispatcher"] = repr(error)
+    h.write_json(report, out_json)
+    h.try_plot(plot, report, os.path.join(args.out, "checkpoint.png"))
+    return report
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
