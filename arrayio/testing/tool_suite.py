@@ -25,9 +25,11 @@ Importing this module needs pytest; it imports no GPU library.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import mmap
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -357,6 +359,37 @@ class ToolConformance:
                    for buffer, (offset, _) in zip(buffers, ranges, strict=True)]
         assert [future.get() for future in futures] == [size for _, size in ranges]
         _assert_same_bytes(_contents(fd), expected)
+
+    @pytest.mark.parametrize("memory", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
+    def test_calls_from_many_threads_do_not_mix(self, tool: Tool, open_file,
+                                                memory: str) -> None:
+        """One tool is shared by every thread: concurrent calls (each on a disjoint range, into
+        its own buffer) must never share a staging buffer."""
+        cupy = self.require_gpu(tool, "read") if memory == "cuda" else None
+        self.require(tool, "read", memory)
+        threads, rounds, size = 8, 3, (1 << 20) + 4099
+        data = random_bytes(threads * (size + 4096))
+        fd = open_file(data)
+        barrier = threading.Barrier(threads)
+
+        def reader(k: int) -> list[np.ndarray]:
+            offset, got = k * (size + 4096) + k, []
+            for _ in range(rounds):
+                if cupy is None:
+                    buffer: Any = host_buffer(size, k % 2)
+                else:
+                    buffer = CupyDeviceBuffer(cupy.zeros(size, dtype=cupy.uint8))
+                barrier.wait()
+                assert tool.read(fd, buffer, offset) == size
+                got.append(buffer if cupy is None else cupy.asnumpy(buffer.array))
+            return got
+
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            results = list(pool.map(reader, range(threads)))
+        for k, got in enumerate(results):
+            offset = k * (size + 4096) + k
+            for buffer in got:
+                _assert_same_bytes(buffer, data[offset : offset + size])
 
     @pytest.mark.parametrize("direction", ["read", "write"])
     def test_done_becomes_true(self, tool: Tool, open_file, direction: str) -> None:

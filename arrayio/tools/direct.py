@@ -26,12 +26,11 @@ dispatcher falls back, and records why.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import errno
 import functools
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -40,6 +39,7 @@ from .._buffers import aligned_empty
 from .._checksum import ChecksumParts
 from ..errors import ToolUnavailableError
 from ._io import pwrite_full
+from ._lending import BufferPool
 from ._threaded import ThreadedTool
 from .base import Availability, Buffer, Capabilities, IOFuture
 
@@ -231,25 +231,16 @@ class DirectTool(ThreadedTool):
         task_size = _up(task_size)
         super().__init__(threads, task_size=task_size, **params)
         self.task_size = task_size
-        self._spare: list[np.ndarray] = []
+        self._spare = BufferPool(keep=threads)
 
     @classmethod
     def availability(cls) -> Availability:
         return _availability()
 
-    @contextlib.contextmanager
-    def _bounce(self) -> Iterator[np.ndarray]:
-        """An aligned buffer of ``task_size`` (at least two blocks), reused across tasks."""
-        with self._lock:
-            buffer = self._spare.pop() if self._spare else None
-        if buffer is None:
-            buffer = aligned_empty(max(self.task_size, 2 * _BLOCK), _BLOCK)
-        try:
-            yield buffer
-        finally:
-            with self._lock:
-                if len(self._spare) <= self.threads:
-                    self._spare.append(buffer)
+    def _bounce(self) -> Any:
+        """Lend an aligned buffer of ``task_size`` (at least two blocks) to one task."""
+        return self._spare.lend(None, lambda: aligned_empty(max(self.task_size, 2 * _BLOCK),
+                                                            _BLOCK))
 
     def _run(self, task: Callable[[int, int], int], pieces: list[tuple[int, int]],
              nbytes: int, direct_fd: int | None) -> IOFuture[int]:
@@ -327,5 +318,4 @@ class DirectTool(ThreadedTool):
 
     def close(self) -> None:
         super().close()
-        with self._lock:
-            self._spare.clear()
+        self._spare.clear()

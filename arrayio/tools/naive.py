@@ -15,6 +15,7 @@ from .. import config
 from .._buffers import DeviceBuffer
 from .._checksum import ChecksumParts
 from ._io import pread_checksummed, pread_full, pwrite_full
+from ._lending import BufferPool
 from .base import Buffer, Capabilities, IOFuture, Tool
 
 __all__ = ["NaiveTool"]
@@ -30,33 +31,31 @@ class NaiveTool(Tool):
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        self._staging: dict[int, np.ndarray] = {}
+        # Pinned staging buffers, one per call in flight (concurrent calls must not share).
+        self._staging = BufferPool(keep=2)
 
-    def _host_for(self, device: DeviceBuffer) -> np.ndarray:
+    def _host_for(self, device: DeviceBuffer) -> Any:
         need = min(config.get().staging_bytes, max(device.nbytes, 1))
-        buffer = self._staging.get(device.device_index)
-        if buffer is None or buffer.nbytes < need:
-            buffer = device.pinned_empty(need)
-            self._staging[device.device_index] = buffer
-        return buffer
+        return self._staging.lend(device.device_index, lambda: device.pinned_empty(need),
+                                  fits=lambda buffer: buffer.nbytes >= need)
 
     def pread(self, fd: int, buffer: Buffer, file_offset: int, *,
               checksum: ChecksumParts | None = None) -> IOFuture[int]:
         if isinstance(buffer, np.ndarray):
             return IOFuture.completed(self._read_host(fd, buffer, file_offset, checksum))
-        host = self._host_for(buffer)
         done = 0
-        for start in range(0, buffer.nbytes, host.nbytes):
-            chunk = host[: min(host.nbytes, buffer.nbytes - start)]
-            if checksum is None:
-                got = pread_full(fd, chunk, file_offset + start)
-            else:
-                got, crc = pread_checksummed(fd, chunk, file_offset + start)
-                checksum.add(start, got, crc)
-            buffer.copy_from_host(start, chunk[:got])
-            done += got
-            if got < chunk.nbytes:
-                break
+        with self._host_for(buffer) as host:
+            for start in range(0, buffer.nbytes, host.nbytes):
+                chunk = host[: min(host.nbytes, buffer.nbytes - start)]
+                if checksum is None:
+                    got = pread_full(fd, chunk, file_offset + start)
+                else:
+                    got, crc = pread_checksummed(fd, chunk, file_offset + start)
+                    checksum.add(start, got, crc)
+                buffer.copy_from_host(start, chunk[:got])
+                done += got
+                if got < chunk.nbytes:
+                    break
         return IOFuture.completed(done)
 
     @staticmethod
@@ -77,13 +76,13 @@ class NaiveTool(Tool):
                     checksum.add_data(start, chunk)
                 pwrite_full(fd, chunk, file_offset + start)
             return IOFuture.completed(buffer.nbytes)
-        host = self._host_for(buffer)
-        for start in range(0, buffer.nbytes, host.nbytes):
-            chunk = host[: min(host.nbytes, buffer.nbytes - start)]
-            buffer.copy_to_host(start, chunk)
-            if checksum is not None:
-                checksum.add_data(start, chunk)
-            pwrite_full(fd, chunk, file_offset + start)
+        with self._host_for(buffer) as host:
+            for start in range(0, buffer.nbytes, host.nbytes):
+                chunk = host[: min(host.nbytes, buffer.nbytes - start)]
+                buffer.copy_to_host(start, chunk)
+                if checksum is not None:
+                    checksum.add_data(start, chunk)
+                pwrite_full(fd, chunk, file_offset + start)
         return IOFuture.completed(buffer.nbytes)
 
     def close(self) -> None:

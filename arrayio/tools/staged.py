@@ -2,8 +2,8 @@
 
 The range is cut into chunks of at most ``chunk_size`` (smaller when that spreads a request
 over more workers, see :func:`~arrayio.tools._io.task_bytes`), dealt round-robin to
-``threads`` workers. Each worker owns two pinned buffers and one CUDA stream and
-double-buffers: while the copy of one chunk to the
+``threads`` workers. Each worker borrows two pinned buffers for its task (concurrent calls
+never share them) and has one CUDA stream, and double-buffers: while the copy of one chunk to the
 device is in flight, it reads the next chunk from the file into its other buffer (``pread``,
 or ``O_DIRECT`` with ``direct=True``, which keeps cold reads off the page cache and keeps the
 disk's queue full) and checksums it while it is in cache. Writes run the same pipeline the
@@ -30,6 +30,7 @@ from .._buffers import DeviceBuffer, synchronize_device
 from .._checksum import ChecksumParts
 from ..errors import ToolUnavailableError
 from ._io import pread_checksummed, pread_full, pwrite_full, task_bytes
+from ._lending import BufferPool
 from ._threaded import ThreadedTool
 from .base import Availability, Buffer, Capabilities, IOFuture
 
@@ -73,7 +74,7 @@ class StagedTool(ThreadedTool):
         chunk_size = -(-chunk_size // _BLOCK) * _BLOCK
         super().__init__(threads, chunk_size=chunk_size, direct=direct, **params)
         self.chunk_size, self.direct = chunk_size, direct
-        self._pinned: dict[int, list[np.ndarray]] = {}
+        self._pinned = BufferPool(keep=threads)
         self._streams = threading.local()  # each worker thread keeps its stream per device
 
     @classmethod
@@ -90,24 +91,24 @@ class StagedTool(ThreadedTool):
             return Availability(False, f"CUDA is not usable: {error}")
         return Availability(True)
 
-    def _resources(self, device_index: int) -> tuple[concurrent.futures.ThreadPoolExecutor,
-                                                     list[np.ndarray]]:
+    def _slots(self, device_index: int) -> Any:
+        """Lend a worker its two pinned buffers for the length of its task: workers of
+        concurrent calls each get their own."""
         import cupyx
 
-        pool = self._executor()
-        with self._lock:
-            if device_index not in self._pinned:
-                # Two buffers a worker. One block of slack before the data lets the bytes sit
-                # at the same offset within a block as in the file (O_DIRECT needs both
-                # aligned), one after covers the rounded-up length.
-                size = self.chunk_size + 2 * _BLOCK
-                slots = []
-                for _ in range(2 * self.threads):
-                    raw = cupyx.empty_pinned((size + _BLOCK,), dtype=np.uint8)
-                    start = -raw.ctypes.data % _BLOCK  # page-aligned already, but be sure
-                    slots.append(raw[start : start + size])
-                self._pinned[device_index] = slots
-            return pool, self._pinned[device_index]
+        def make() -> tuple[np.ndarray, np.ndarray]:
+            # One block of slack before the data lets the bytes sit at the same offset within
+            # a block as in the file (O_DIRECT needs both aligned), one after covers the
+            # rounded-up length.
+            size = self.chunk_size + 2 * _BLOCK
+            pair = []
+            for _ in range(2):
+                raw = cupyx.empty_pinned((size + _BLOCK,), dtype=np.uint8)
+                start = -raw.ctypes.data % _BLOCK  # page-aligned already, but be sure
+                pair.append(raw[start : start + size])
+            return pair[0], pair[1]
+
+        return self._pinned.lend(device_index, make)
 
     def _stream(self, device_index: int) -> Any:
         import cupy
@@ -150,7 +151,7 @@ class StagedTool(ThreadedTool):
             return IOFuture.completed(0)
         import cupy
 
-        pool, pinned = self._resources(buffer.device_index)
+        pool = self._executor()
         device = self._device_bytes(buffer)
         nbytes = buffer.nbytes
         read_fd = _open_direct(fd, os.O_RDONLY) if self.direct else fd
@@ -174,9 +175,9 @@ class StagedTool(ThreadedTool):
             return slot[skip : skip + got], length
 
         def worker(k: int) -> int:
-            slots, events = (pinned[2 * k], pinned[2 * k + 1]), [None, None]
+            events: list[Any] = [None, None]
             total = 0
-            with cupy.cuda.Device(buffer.device_index):
+            with self._slots(buffer.device_index) as slots, cupy.cuda.Device(buffer.device_index):
                 stream = self._stream(buffer.device_index)
                 for j, start in enumerate(chunks[k :: self.threads]):
                     if events[j % 2] is not None:
@@ -203,7 +204,7 @@ class StagedTool(ThreadedTool):
         import cupy
 
         synchronize_device(buffer)  # the producer's kernels must be done
-        pool, pinned = self._resources(buffer.device_index)
+        pool = self._executor()
         device = self._device_bytes(buffer)
         nbytes = buffer.nbytes
         write_fd = _open_direct(fd, os.O_WRONLY) if self.direct else fd
@@ -232,10 +233,9 @@ class StagedTool(ThreadedTool):
             return length
 
         def worker(k: int) -> int:
-            slots = (pinned[2 * k], pinned[2 * k + 1])
             total = 0
             pending: tuple[np.ndarray, int, int, Any] | None = None
-            with cupy.cuda.Device(buffer.device_index):
+            with self._slots(buffer.device_index) as slots, cupy.cuda.Device(buffer.device_index):
                 stream = self._stream(buffer.device_index)
                 for j, start in enumerate(chunks[k :: self.threads]):
                     length = min(chunk, nbytes - start)
@@ -258,8 +258,7 @@ class StagedTool(ThreadedTool):
 
     def close(self) -> None:
         super().close()
-        with self._lock:
-            self._pinned.clear()
+        self._pinned.clear()
 
 
 def _pread_direct(fd: int, view: np.ndarray, file_offset: int) -> int:
