@@ -4,7 +4,9 @@
 whose reads land in the memory zarr asks for (GPU memory under
 ``zarr.config.enable_gpu()``) through arrayio's dispatcher, many chunks at once; its writes
 are atomic. :func:`read` returns a Zarr array (or a part of it) as a NumPy, JAX, CuPy or
-torch array, filled in place with no extra copy.
+torch array, filled in place with no extra copy. :class:`ZstdCodec` is zarr's ``zstd``
+codec with a GPU path (nvCOMP) for chunks in GPU memory; importing this package registers
+it, and ``zarr.config.set({"codecs.zstd": "arrayio.zarr.codecs.ZstdCodec"})`` selects it.
 
 This subpackage is the optional extra ``zarr`` (``pip install 'arrayio[zarr]'``);
 ``import arrayio`` never imports it.
@@ -26,5 +28,6 @@ if int(zarr.__version__.split(".")[0]) < 3 or zarr.__version__.startswith("3.0."
 
 from ._read import read
 from ._store import InvalidKeyError, NVMeStore
+from .codecs import ZstdCodec
 
-__all__ = ["InvalidKeyError", "NVMeStore", "read"]
+__all__ = ["InvalidKeyError", "NVMeStore", "ZstdCodec", "read"]
