@@ -23,11 +23,12 @@ the whole page cache); a warm one right after the files were read into the page 
 load is timed until its arrays are on the GPU and the device is synchronized. Each size
 measures the disk's ceilings on a file of the checkpoint's size (see
 :class:`~benchmarks.peers._harness.DiskCeilings`) up front and again in every round,
-between the peers (round-robin), since the disk's write rate drifts over a run. The first
-size starts with an untimed round of every peer (imports, CUDA contexts, and the arrayio
-dispatcher's first explorations, which then serve every size: the tensor shapes are the
-same). Each round saves, loads and deletes one peer's checkpoint before the next: at most
-two checkpoints (the peer's and the ceilings' file) are on the disk at once.
+between the peers (round-robin), since the disk's write rate drifts over a run. An untimed,
+checked round of every peer comes first, on a checkpoint of ``--warmup-gib`` (default: the
+first size): imports, CUDA contexts, and the arrayio dispatcher's first explorations, which
+then serve every size (the tensor shapes are the same). Each size's first sample of every
+peer is checked too. Each round saves, loads and deletes one peer's checkpoint before the
+next: at most two checkpoints (the peer's and the ceilings' file) are on the disk at once.
 
 With ``--deadline``, a peer whose next measurement would not fit is skipped for that round
 (torch, safetensors and arrayio, the targets' terms, keep their time first); the JSON says
@@ -307,10 +308,10 @@ def make_peers(state: dict[str, Any], device: str) -> tuple[list[h.Peer], dict[s
 
     add("arrayio-cupy", lambda: arrayio_peer("arrayio-cupy", cupy_tree(), state, "cupy",
                                              device, False), needs_cuda=True)
-    add("numpy", lambda: numpy_peer(state, device))
-    add("orbax", lambda: orbax_peer(state, jax_state()))
     add("kvikio", lambda: kvikio_peer(state), needs_cuda=True)
     add("fastsafetensors", lambda: fastsafetensors_peer(state, device))
+    add("numpy", lambda: numpy_peer(state, device))
+    add("orbax", lambda: orbax_peer(state, jax_state()))
     return peers, unavailable
 
 
@@ -363,11 +364,49 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
             r = h.ratio(value, reference)
             mine[goal_name] = {"GBps": value, "reference": against, "reference_GBps": reference,
                                "ratio": r, "goal": goal, "met": None if r is None else r >= goal}
+            if against.startswith("ceiling:"):
+                # Beside the ceiling sampled in the same rounds (same disk conditions: right
+                # after a write of the same size), not only the best one measured.
+                name = against.split(":")[1]
+                mine[goal_name]["reference_interleaved_GBps"] = ceilings[name][
+                    "interleaved_GBps"]
+                mine[goal_name]["paired_ratio"] = peers[who][
+                    "paired_fraction_of_ceiling"][quantity]
         out[who] = mine
     return out
 
 
-def run_size(args: argparse.Namespace, gib: float, first: bool, deadline: h.Deadline,
+def warm_up(args: argparse.Namespace, gib: float, per_byte: dict[str, float],
+            report: dict[str, Any]) -> None:
+    """An untimed, checked round of every peer on a checkpoint of ``gib``: imports, CUDA
+    contexts, and the arrayio dispatcher's first explorations (the tensor shapes, and so
+    the dispatcher's contexts, are those of every size)."""
+    entries = layout(int(gib * (1 << 30)), args.d_model, args.vocab)
+    state = make_state(entries, args.device)
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    h.settle()
+    directory = tempfile.mkdtemp(prefix="arrayio-peers-warmup-", dir=args.dir)
+    peers, _ = make_peers(state, args.device)
+    seconds: dict[str, Any] = {}
+    try:
+        for peer in peers:
+            path = os.path.join(directory, f"{peer.name}{peer.suffix}")
+            try:
+                seconds[peer.name], _ = h.timed(
+                    lambda p=peer, path=path: h.measure(p, path, args.drop_caches, True))
+                per_byte[peer.name] = seconds[peer.name] / nbytes
+            except Exception as error:  # noqa: BLE001 - reported; the peer is tried again
+                seconds[peer.name] = f"{type(error).__name__}: {error}"
+                print(f"  warm-up {peer.name}: {seconds[peer.name]}", flush=True)
+    finally:
+        for peer in peers:
+            if peer.close is not None:
+                peer.close()
+        h.remove(directory)
+    report["warmup"] = {"gib": gib, "bytes": nbytes, "seconds": seconds}
+
+
+def run_size(args: argparse.Namespace, gib: float, deadline: h.Deadline,
              per_byte: dict[str, float], prefer: dict[str, Any] | None,
              report: dict[str, Any], out_json: str) -> dict[str, Any]:
     """Measure one checkpoint size; return the ceilings' best settings for the next size.
@@ -411,15 +450,10 @@ def run_size(args: argparse.Namespace, gib: float, first: bool, deadline: h.Dead
 
     try:
         result["ceiling_search_seconds"], _ = h.timed(ceilings.search)
-        if args.device.startswith("cuda") and first:
+        if args.device.startswith("cuda") and "pinned_host_to_device_GBps" not in report:
             ceilings.measure_pinned_h2d()
-        if first:  # untimed: imports, CUDA contexts, the dispatcher's first explorations
-            result["warmup_seconds"] = {}
-            for peer in peers:
-                took, _ = h.timed(lambda p=peer: attempt(p, verify=True))
-                result["warmup_seconds"][peer.name] = took
+            report["pinned_host_to_device_GBps"] = ceilings.pinned_h2d_GBps
         order = sorted(peers, key=lambda p: p.name not in CORE)  # stable: core peers first
-        ceiling_round = result["ceiling_search_seconds"] / 2
         for round_index in range(args.repeats):
             ceiling_round, _ = h.timed(ceilings.sample_round)
             core_round = ceiling_round + sum(per_byte.get(n, 0.0) * nbytes for n in CORE)
@@ -431,8 +465,7 @@ def run_size(args: argparse.Namespace, gib: float, first: bool, deadline: h.Dead
                 if not deadline.allows(need + (0 if peer.name in CORE else core_round * later)):
                     skipped[peer.name] = skipped.get(peer.name, 0) + 1
                     continue
-                # The first size was verified in its warm-up round; others in their first.
-                got = attempt(peer, verify=not first and not samples[peer.name]["rounds"])
+                got = attempt(peer, verify=not samples[peer.name]["rounds"])
                 if got is None:
                     continue
                 samples[peer.name]["rounds"].append(round_index)
@@ -536,6 +569,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--d-model", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=65536)
+    parser.add_argument("--warmup-gib", type=float, default=None,
+                        help="size of the untimed warm-up round's checkpoint (default: the "
+                             "first size)")
     args = parser.parse_args(argv)
     if args.replot:
         h.replot(plot, args.replot)
@@ -556,17 +592,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     deadline = h.Deadline(args.deadline)
     per_byte: dict[str, float] = {}
     prefer = None
-    for index, gib in enumerate(float(g) for g in args.gib.split(",")):
-        if index and not deadline.allows(10.0):
+    sizes = [float(g) for g in args.gib.split(",")]
+    warm_up(args, args.warmup_gib or sizes[0], per_byte, report)
+    for gib in sizes:
+        if not deadline.allows(10.0):
             report["sizes"].append({"gib": gib, "skipped": "time budget"})
             continue
-        prefer = run_size(args, gib, index == 0, deadline, per_byte, prefer, report, out_json)
+        prefer = run_size(args, gib, deadline, per_byte, prefer, report, out_json)
         report["machine"]["versions"] = h.versions()
         h.write_json(report, out_json)
     try:
         import arrayio
 
-        report["arrayio_dispatcher"] = {e.key: e.chosen for e in arrayio.explain().explanations}
+        report["arrayio_dispatcher"] = arrayio.explain().as_dict()
     except Exception as error:  # noqa: BLE001 - informative only
         report["arrayio_dispatcher"] = repr(error)
     h.write_json(report, out_json)

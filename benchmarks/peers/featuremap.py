@@ -271,7 +271,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                     print(f"  round {round_index + 1} {method.name:20s} {cache:4s} step "
                           f"{got['step'] * 1e3:8.1f} ms  offload {got['offload'] * 1e3:8.1f}"
                           f"  reload {got['reload'] * 1e3:8.1f}", flush=True)
-        report["ceilings"] = ceilings.report()
+            if round_index >= 0:  # after every round: a run cut short keeps its results
+                report["ceilings"] = ceilings.report()
+                report["results"] = summarize(report, chosen, samples, errors)
+                h.write_json(report, out_json)
     finally:
         ceilings.close()
         h.remove(directory)
