@@ -163,7 +163,7 @@ class Handle:
                 f"{self.dtype}{list(self.shape)}>")
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, repr=False)
 class _Entry:
     id: int
     nbytes: int
@@ -394,7 +394,7 @@ class Offloader:
             if entry.reading:
                 self._wait()
                 continue
-            with contextlib.suppress(ValueError):
+            if entry in self._prefetch_queue:
                 self._prefetch_queue.remove(entry)
             self._make_room(min(entry.nbytes, self.budget))
             if entry.array is None and not entry.reading:
@@ -545,7 +545,9 @@ class Offloader:
 
     def _free_entry(self, entry: _Entry) -> None:
         entry.freed = True
-        with contextlib.suppress(ValueError):
+        # Not remove() within suppress(ValueError): its message would format the entry's
+        # repr, and with it the array's (a device-to-host copy for a GPU tensor).
+        if entry in self._prefetch_queue:
             self._prefetch_queue.remove(entry)
         if entry.writing or entry.reading:
             return  # the worker finishes the job when it is done
