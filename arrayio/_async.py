@@ -57,11 +57,13 @@ from ._frameworks import Exported, parse_target
 
 __all__ = ["AsyncFuture", "load_async", "save_async"]
 
-# The staged GPU tool hands each of its workers the same two pinned staging buffers in
-# every call (by worker index), so two transfers of device memory through one tool
-# instance at once mix their bytes. Until it hands them out per call, arrayio's own
-# background transfers of device memory (async saves and loads, the offloader's spills and
-# reads) go one at a time; host memory is not affected.
+# arrayio's own background transfers of device memory (async saves and loads, the
+# offloader's spills and reads) go one at a time; host memory is not affected. The staged
+# and naive GPU tools used to hand every call the same pinned staging buffers, so two
+# transfers at once mixed their bytes (the offloader's first H200 run read back corrupted
+# spills, caught by the checksums). Since commit a4be910 they lend buffers to one call at a
+# time; this lock stays until a GPU run of the offloader's concurrency tests without it
+# confirms that, and the offload benchmark is measured again.
 device_transfers = threading.Lock()
 
 

@@ -37,9 +37,8 @@ the offloader's directory (see :mod:`arrayio.offload._directory`), checksummed (
 unless ``verify=False``. Files are removed when their handle is freed, and the directory on
 :meth:`~Offloader.close`, or by the next offloader after a crash.
 
-Transfers of device memory go one at a time (host ones in parallel): the staged GPU tool
-shares its pinned staging buffers between concurrent calls (see
-``arrayio._async.device_transfers``).
+Transfers of device memory go one at a time (host ones in parallel); see
+``arrayio._async.device_transfers`` for why, and for when that can go.
 
 Nothing is ever queued on the caller's compute stream:
 
