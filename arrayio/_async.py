@@ -264,6 +264,7 @@ def _snapshot(exported: Exported) -> Exported:
 
 def save_async(
     path: str | os.PathLike[str], obj: Any, *, metadata: Any = None, tool: Any = None,
+    progress: bool | None = False,
 ) -> AsyncFuture:
     """Save like :func:`arrayio.save`, writing in the background.
 
@@ -275,6 +276,9 @@ def save_async(
     ----------
     path, obj, metadata, tool
         As for :func:`arrayio.save`.
+    progress
+        As for :func:`arrayio.save`, but off by default: a bar drawn from a background
+        thread would interleave with the caller's output.
 
     Returns
     -------
@@ -295,7 +299,8 @@ def save_async(
 
     def run(checkpoint: Callable[[bool], None]) -> None:
         with device_transfers if on_device else contextlib.nullcontext():
-            _api.write_prepared(prepared, tool=tool, checkpoint=checkpoint)
+            _api.write_prepared(prepared, tool=tool, checkpoint=checkpoint,
+                                progress=progress)
 
     _scheduler.submit(_Operation(_path_key(prepared.path), future, run))
     return future
@@ -310,6 +315,7 @@ def load_async(
     structure: Any = None,
     verify: bool | None = None,
     tool: Any = None,
+    progress: bool | None = False,
 ) -> AsyncFuture:
     """Load like :func:`arrayio.load`, reading in the background.
 
@@ -317,6 +323,8 @@ def load_async(
     ----------
     path, like, device, keys, structure, verify, tool
         As for :func:`arrayio.load`.
+    progress
+        As for :func:`arrayio.load`, but off by default (see :func:`save_async`).
 
     Returns
     -------
@@ -333,7 +341,8 @@ def load_async(
         with device_transfers if on_device else contextlib.nullcontext():
             checkpoint(False)
             result = _api.load(path, like=like, device=device, keys=keys,
-                               structure=structure, verify=verify, tool=tool)
+                               structure=structure, verify=verify, tool=tool,
+                               progress=progress)
         checkpoint(True)
         return result
 
