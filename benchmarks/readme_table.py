@@ -108,6 +108,157 @@ def render_sweep(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
     return "\n".join(lines).rstrip() + "\n" if lines else ""
 
 
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _gbps_of(value: float | None, ceiling: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.2f} ({value / ceiling:.2f})" if ceiling else f"{value:.2f}"
+
+
+def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") -> str:
+    """The peer benchmarks of the latest results folder that has them (``benchmarks/peers``):
+    checkpoint (per size, every peer beside the ceilings, and the targets), feature-map
+    offload (step times) and small arrays (microseconds per array)."""
+    folders = sorted({p.parent for p in results_dir.glob("*/checkpoint*.json")},
+                     key=lambda p: p.name)
+    if not folders:
+        return ""
+    folder = folders[-1]
+    lines: list[str] = []
+
+    def source(report: dict, path: pathlib.Path) -> str:
+        link = (f"[{path.parent.name}/{path.name}]({path.relative_to(ROOT).as_posix()})"
+                if path.is_relative_to(ROOT) else f"{path.parent.name}/{path.name}")
+        return (f"{report['date'][:10]}, {report['machine']['summary']}; "
+                f"`{report['command']}`; {link}")
+
+    from benchmarks.peers.checkpoint import most_complete_sizes
+
+    # Each size from the run that measured the most peers at that size (a run cut short by
+    # its time budget measures fewer); the others stay committed beside it.
+    chosen = {size["gib"]: (pathlib.Path(path), report, size) for path, report, size in
+              most_complete_sizes([str(p) for p in sorted(folder.glob("checkpoint*.json"))])}
+    for gib in sorted(chosen):
+        path, report, size = chosen[gib]
+        where = "the GPU" if report["device"].startswith("cuda") else report["device"]
+        if not size.get("peers"):
+            lines += [f"**Checkpoint, {gib:g} GiB**: not measured ({size.get('skipped')}).", ""]
+            continue
+        c = size["ceilings"]
+        write, cold, warm = (c[k]["GBps"] for k in ("write_fsync", "cold_read", "warm_read"))
+        label = f"{gib:g} GiB ({size['bytes'] / 1e9:.2f} GB)"
+        lines += [
+            f"**Checkpoint against its peers, {label}** ({source(report, path)}): "
+            f"{size['tensors']} tensors from {_size(size['smallest_bytes'])} to "
+            f"{_size(size['largest_bytes'])}, bfloat16 and float32, saved from and loaded to "
+            f"{where}; saves fsynced, cold loads after dropping the page cache, warm loads "
+            f"after reading the file into it. GB/s, medians of up to {report['repeats']} "
+            "interleaved rounds (samples column), with the fraction of the ceiling: "
+            f"write+fsync {_fmt(write)}, cold read {_fmt(cold)}, warm (page-cache) read "
+            f"{_fmt(warm)} GB/s, the best of the settings measured up front and in the rounds.",
+            "",
+            "| peer | save GB/s | cold load GB/s | warm load GB/s | save vs torch | "
+            "cold vs torch | warm vs torch | warm vs safetensors | samples |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            f"| *ceiling* | {_fmt(write)} | {_fmt(cold)} | {_fmt(warm)} | | | | | |",
+        ]
+        for name, row in size["peers"].items():
+            if not row.get("samples"):
+                why = row.get("error") or ("skipped for time" if row.get(
+                    "rounds_skipped_for_time") else "not measured")
+                lines.append(f"| {name} | {why.replace('|', '/')[:80]} | | | | | | | 0 |")
+                continue
+            vs_t, vs_s = row.get("vs_torch", {}), row.get("vs_safetensors", {})
+            lines.append(
+                f"| {name} | {_gbps_of(row['save_GBps'], write)} | "
+                f"{_gbps_of(row['cold_load_GBps'], cold)} | "
+                f"{_gbps_of(row['warm_load_GBps'], warm)} | {_ratio(vs_t.get('save'))} | "
+                f"{_ratio(vs_t.get('cold_load'))} | {_ratio(vs_t.get('warm_load'))} | "
+                f"{_ratio(vs_s.get('warm_load'))} | {row['samples']} |")
+        lines.append("")
+        goals = size.get("targets", {}).get("arrayio")
+        if goals:
+            lines += [f"Targets, {label} (arrayio with torch tensors; for the "
+                      "ceilings also the ratio round by round to the ceiling sampled in the "
+                      "same round, right after its own write, as every peer's cold load is):",
+                      "",
+                      "| target | arrayio GB/s | against GB/s | ratio | in-round ratio | goal "
+                      "| met |",
+                      "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+            paired = size["peers"]["arrayio"].get("paired_fraction_of_ceiling", {})
+            for goal_name, t in goals.items():
+                met = {True: "yes", False: "**no**", None: "n/a"}[t["met"]]
+                if t["reference"].startswith("ceiling:") and "paired_ratio" not in t:
+                    t = dict(t, paired_ratio=paired.get(goal_name.split("_vs_")[0]))
+                lines.append(f"| {goal_name.replace('_', ' ')} ({t['reference']}) | "
+                             f"{_fmt(t['GBps'])} | {_fmt(t['reference_GBps'])} | "
+                             f"{_fmt(t['ratio'])} | {_fmt(t.get('paired_ratio'))} | "
+                             f"{t['goal']:g} | {met} |")
+            lines.append("")
+    unavailable = {name: why for _, report, _ in chosen.values()
+                   for name, why in (report.get("peers_unavailable") or {}).items()}
+    if unavailable:
+        lines += ["Not measured here: " + "; ".join(
+            f"{name} ({why})" for name, why in unavailable.items()) + ".", ""]
+    # The merged plot when several runs share the sizes, else the one run's.
+    png = next((p for p in (folder / "checkpoint-merged.png", folder / "checkpoint.png")
+                if p.exists()), folder / "checkpoint.png")
+    if png.exists() and png.is_relative_to(ROOT):
+        lines += [f"![checkpoint against its peers]({png.relative_to(ROOT).as_posix()})", ""]
+
+    path = folder / "featuremap.json"
+    if path.exists():
+        report = json.loads(path.read_text())
+        rows = report["results"]
+        lines += [
+            f"**Feature-map offload** ({source(report, path)}): {report['arrays']} arrays of "
+            f"{_size(report['array_bytes'])} written and read back while the "
+            f"{'GPU' if report['device'].startswith('cuda') else 'CPU'} computes; step time "
+            "(compute, offload and reload), medians of "
+            f"{report['repeats']}. Cold: files fsynced and evicted before the reload; floor: "
+            "compute alone or the I/O at the disk's ceilings, whichever is longer.",
+            "",
+            "| method | cache | step ms | offload ms | reload ms | torch step / this | "
+            "floor / this |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r in rows:
+            lines.append(f"| {r['method']} | {r['cache']} | {_fmt(r['step_ms'])} | "
+                         f"{_fmt(r['offload_ms'])} | {_fmt(r['reload_ms'])} | "
+                         f"{_ratio(r.get('torch_step_over_this'))} | "
+                         f"{_fmt(r.get('floor_over_step'))} |")
+        lines.append("")
+
+    path = folder / "small_arrays.json"
+    if path.exists():
+        report = json.loads(path.read_text())
+        lines += [f"**Small arrays** ({source(report, path)}): 4 to 64 KiB float32 arrays on "
+                  f"`{report['device']}`, us per array (medians of {report['repeats']}); saves "
+                  "fsynced; ratio = torch's time / this one's.", "",
+                  "| layout | peer | save us per array | cold load | warm load | "
+                  "torch / this (save, cold, warm) |",
+                  "| --- | --- | ---: | ---: | ---: | --- |"]
+        for layout, result in report["layouts"].items():
+            floor = result["floor"]
+            if layout == "one file":
+                lines.append(f"| {layout} ({result['arrays']}) | *disk ceilings* | " + " | ".join(
+                    _fmt(floor.get(f"{q}_us_per_array"))
+                    for q in ("save", "cold_load", "warm_load")) + " | |")
+            for name, row in result["peers"].items():
+                ratios = row.get("torch_time_over_this", {})
+                lines.append(
+                    f"| {layout} ({result['arrays']}) | {name} | " + " | ".join(
+                        _fmt(row.get(f"{q}_us_per_array"))
+                        for q in ("save", "cold_load", "warm_load")) + " | " + ", ".join(
+                        _ratio(ratios.get(q)) for q in ("save", "cold_load", "warm_load"))
+                    + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true")
@@ -116,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     readme = readme_path.read_text()
     head, rest = readme.split(START, 1)
     _, tail = rest.split(END, 1)
-    updated = f"{head}{START}\n{render()}\n{render_sweep()}{END}{tail}"
+    peers = render_peers()
+    updated = (f"{head}{START}\n{render()}\n{render_sweep()}"
+               f"{chr(10) + peers if peers else ''}{END}{tail}")
     if args.check:
         return 0 if updated == readme else 1
     readme_path.write_text(updated)

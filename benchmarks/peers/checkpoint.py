@@ -38,6 +38,7 @@ how many samples each peer has.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -525,6 +526,34 @@ def print_size(result: dict[str, Any]) -> None:
 # ------------------------------------------------------------------ plot
 
 
+def measured_peers(size: dict[str, Any]) -> int:
+    return sum(1 for row in size.get("peers", {}).values() if row.get("samples"))
+
+
+def most_complete_sizes(paths: list[str]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Each size once, from the report (of ``paths``) that measured the most peers at that
+    size, later ones winning ties: a run cut short by its time budget measures fewer.
+    Returns (path, report, size) sorted by size."""
+    chosen: dict[float, tuple[str, dict[str, Any], dict[str, Any]]] = {}
+    for path in paths:
+        with open(path) as f:
+            report = json.load(f)
+        for size in report["sizes"]:
+            held = chosen.get(size["gib"])
+            if held is None or measured_peers(size) >= measured_peers(held[2]):
+                chosen[size["gib"]] = (path, report, size)
+    return [chosen[gib] for gib in sorted(chosen)]
+
+
+def replot_merged(paths: list[str], png: str) -> None:
+    """One plot of several runs' reports, each size from the most complete run."""
+    picked = most_complete_sizes(paths)
+    report = dict(picked[-1][1], sizes=[size for _, _, size in picked])
+    dates = sorted({r["date"][:10] for _, r, _ in picked})
+    report["date"] = ", ".join(dates)
+    h.try_plot(plot, report, png)
+
+
 def plot(report: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
@@ -569,10 +598,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--d-model", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=65536)
+    parser.add_argument("--plot-out", help="with --replot A.json,B.json: the merged plot")
     parser.add_argument("--warmup-gib", type=float, default=None,
                         help="size of the untimed warm-up round's checkpoint (default: the "
                              "first size)")
     args = parser.parse_args(argv)
+    if args.replot and "," in args.replot:
+        replot_merged(args.replot.split(","), args.plot_out or "checkpoint-merged.png")
+        return None
     if args.replot:
         h.replot(plot, args.replot)
         return None

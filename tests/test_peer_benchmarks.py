@@ -1,0 +1,128 @@
+"""CI smoke tests of the peer benchmarks (``benchmarks/peers``): each scenario runs in its
+CPU-only ``--smoke`` mode, and its JSON has the promised shape; the README renderer turns
+it into tables.
+
+Nothing here asserts a speed (CI machines are too noisy): only that every figure is there,
+positive and finite, beside its ceiling. Peers missing here (CuPy, KvikIO, orbax,
+fastsafetensors) must be reported as unavailable, with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+QUANTITIES = ("save", "cold_load", "warm_load")
+
+
+def run_module(module: str, *args: str, tmp_path: Path) -> None:
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith("ARRAYIO_")}
+    env.update(ARRAYIO_CACHE_DIR="none", MPLBACKEND="Agg", MPLCONFIGDIR=str(tmp_path / "mpl"))
+    result = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, f"{module} failed:\n{result.stdout}\n{result.stderr}"
+
+
+def is_rate(value: object) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and value > 0
+
+
+@pytest.fixture(scope="module")
+def smoke_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every scenario's smoke run, in one results folder (as the GPU runs make them)."""
+    tmp = tmp_path_factory.mktemp("peers")
+    out = tmp / "results" / "2000-01-01-smoke-peers"
+    for module in ("checkpoint", "featuremap", "small_arrays"):
+        run_module(f"benchmarks.peers.{module}", "--smoke", "--out", str(out),
+                   "--dir", str(tmp), tmp_path=tmp)
+    return out
+
+
+def test_checkpoint_reports_every_peer_beside_the_ceilings(smoke_results: Path) -> None:
+    report = json.loads((smoke_results / "checkpoint.json").read_text())
+    assert report["benchmark"] == "peers-checkpoint" and report["smoke"] is True
+    assert (smoke_results / "checkpoint.png").stat().st_size > 0
+    (size,) = report["sizes"]
+    assert size["smallest_bytes"] < size["largest_bytes"]
+    assert set(size["dtype_bytes"]) == {"bfloat16", "float32"}
+    assert all(v > 0 for v in size["dtype_bytes"].values())
+    for name in ("write_fsync", "cold_read", "warm_read"):
+        ceiling = size["ceilings"][name]
+        # O_DIRECT may be refused by a CI file system: then the ceiling says why.
+        assert is_rate(ceiling["GBps"]) or ceiling["error"], name
+    peers = size["peers"]
+    for name in ("arrayio", "arrayio-jax", "torch", "safetensors", "numpy"):
+        row = peers[name]
+        assert row["samples"] == 1 and "error" not in row, (name, row)
+        for q in QUANTITIES:
+            assert is_rate(row[f"{q}_GBps"]), (name, q)
+            assert set(row["vs_torch"]) == set(QUANTITIES)
+            assert q in row["fraction_of_ceiling"]
+    # Peers that cannot run here are named, with the reason.
+    unavailable = report["peers_unavailable"]
+    for name in ("arrayio-cupy", "kvikio"):
+        assert "CUDA" in unavailable[name]
+    for name in ("orbax", "fastsafetensors"):
+        assert name in unavailable or peers[name]["samples"] == 1
+    goals = size["targets"]["arrayio"]
+    assert set(goals) == {"cold_load_vs_disk_ceiling", "warm_load_vs_torch",
+                          "warm_load_vs_safetensors", "save_vs_torch", "save_vs_write_ceiling"}
+    for goal in goals.values():
+        assert goal["met"] in (True, False, None) and goal["goal"] > 0
+        assert goal["met"] is None or goal["met"] == (goal["ratio"] >= goal["goal"])
+
+
+def test_featuremap_reports_step_times(smoke_results: Path) -> None:
+    report = json.loads((smoke_results / "featuremap.json").read_text())
+    assert report["benchmark"] == "peers-featuremap"
+    rows = {(r["method"], r["cache"]): r for r in report["results"]}
+    assert "pinned host copy" in report["methods_unavailable"]  # no CUDA here
+    for key in [("compute only", "warm"), ("pageable host copy", "warm"),
+                ("torch.save/load", "warm"), ("torch.save/load", "cold"),
+                ("arrayio async", "warm"), ("arrayio async", "cold"),
+                ("arrayio", "warm"), ("arrayio", "cold")]:
+        row = rows[key]
+        assert "error" not in row, row
+        assert row["step_ms"] > 0 and row["samples"] == 1
+    assert rows[("arrayio async", "cold")]["torch_step_over_this"] > 0
+    assert rows[("arrayio", "cold")]["floor_ms"] > 0
+
+
+def test_small_arrays_report_microseconds_per_array(smoke_results: Path) -> None:
+    report = json.loads((smoke_results / "small_arrays.json").read_text())
+    assert report["benchmark"] == "peers-small-arrays"
+    one, each = report["layouts"]["one file"], report["layouts"]["file per array"]
+    assert one["arrays"] > each["arrays"] > 0
+    for layout, names in ((one, ("arrayio", "torch", "safetensors", "numpy")),
+                          (each, ("arrayio", "torch", "safetensors", "numpy", "os floor"))):
+        for name in names:
+            row = layout["peers"][name]
+            assert "error" not in row, (name, row)
+            assert all(row[f"{q}_us_per_array"] > 0 for q in QUANTITIES)
+    assert one["floor"]["save_us_per_array"] > 0
+
+
+def test_readme_renders_the_peer_tables(smoke_results: Path) -> None:
+    from benchmarks.readme_table import render_peers
+
+    text = render_peers(smoke_results.parent)
+    assert "| arrayio |" in text and "| torch |" in text
+    assert "ceiling" in text.lower() and "us per array" in text.lower()
+    assert "2000-01-01-smoke-peers/checkpoint.json" in text
+
+
+def test_the_plot_can_be_redrawn_from_the_json(smoke_results: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "checkpoint.json"
+    copy.write_text((smoke_results / "checkpoint.json").read_text())
+    run_module("benchmarks.peers.checkpoint", "--replot", str(copy), tmp_path=tmp_path)
+    assert (tmp_path / "checkpoint.png").stat().st_size > 0
