@@ -508,8 +508,6 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--drop-caches", action="store_true",
                         help="cold starts also drop the whole page cache (root)")
-    parser.add_argument("--deadline", type=float, default=None,
-                        help="wall-clock time (seconds since the epoch) to finish by")
     parser.add_argument("--smoke", action="store_true",
                         help="CI: tiny sizes in host memory, one repetition")
     parser.add_argument("--replot", metavar="JSON", help="only redraw the plot of a report")

@@ -598,6 +598,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--d-model", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=65536)
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="wall-clock time (seconds since the epoch) to finish by")
     parser.add_argument("--plot-out", help="with --replot A.json,B.json: the merged plot")
     parser.add_argument("--warmup-gib", type=float, default=None,
                         help="size of the untimed warm-up round's checkpoint (default: the "
