@@ -126,7 +126,7 @@ class Bench:
 
     # ---------------------------------------------------------------- measurements
 
-    def gbps(self, runner: Callable[[int, Any], Any], memory: str, direction: str, cache: str,
+    def gbps(self, runner: Callable[..., Any], memory: str, direction: str, cache: str,
              nbytes: int) -> float:
         """Median bandwidth of ``runner`` over the repeats (see :meth:`time_one`)."""
         seconds = [self.time_one(runner, memory, direction, cache, nbytes)
@@ -137,11 +137,11 @@ class Bench:
         size = self.max_size
         out: dict[str, float] = {}
 
-        def reader(tool: tools.Tool) -> Callable[[int, Any], Any]:
-            return lambda fd, buffer: tool.read(fd, buffer, 0)
+        def reader(tool: tools.Tool) -> Callable[..., Any]:
+            return lambda fd, buffer, offset=0: tool.read(fd, buffer, offset)
 
-        def writer(tool: tools.Tool) -> Callable[[int, Any], Any]:
-            return lambda fd, buffer: tool.write(fd, buffer, 0)
+        def writer(tool: tools.Tool) -> Callable[..., Any]:
+            return lambda fd, buffer, offset=0: tool.write(fd, buffer, offset)
 
         # Tools are made (and their threads started) once, outside the timed calls. Each
         # ceiling is the best of several thread counts and request sizes, so that it is the
@@ -202,18 +202,18 @@ class Bench:
                        self.args.checksum)
 
     def arm_runner(self, arm: dispatch.Arm, direction: str, nbytes: int,
-                   checksum: bool | None = None) -> Callable[[int, Any], Any]:
+                   checksum: bool | None = None) -> Callable[..., Any]:
         """One arm as a fixed strategy: every call forced onto it through a dispatcher of
         its own, so it takes arrayio's whole path (checksum where the dispatcher computes
         it, flush after writes) and differs from the dispatcher only by not choosing."""
         forcing = self.forcing
         checksum = self.args.checksum if checksum is None else checksum
 
-        def run(fd: int, buffer: Any) -> None:
+        def run(fd: int, buffer: Any, offset: int = 0) -> None:
             if direction == "read":
-                forcing.read(fd, buffer, 0, with_checksum=checksum, tool=arm)
+                forcing.read(fd, buffer, offset, with_checksum=checksum, tool=arm)
             else:
-                forcing.write(fd, buffer, 0, with_checksum=checksum, tool=arm)
+                forcing.write(fd, buffer, offset, with_checksum=checksum, tool=arm)
 
         return run
 
@@ -237,14 +237,15 @@ class Bench:
                 dispatcher.close()
         self.forcing.close()
 
-    def time_one(self, runner: Callable[[int, Any], Any], memory: str, direction: str,
+    def time_one(self, runner: Callable[..., Any], memory: str, direction: str,
                  cache: str, nbytes: int) -> float:
         """Seconds per transfer, after putting the page cache in the state asked for.
 
         Warm reads and writes repeat the transfer until about 64 MiB have moved (up to 1024
         times) and report the mean, so that a small transfer's sample spans milliseconds, not
         one scheduler tick; a cold read must be alone, right after the eviction. The file is
-        opened before the clock starts, for every runner alike.
+        opened before the clock starts, for every runner alike. Writes of one sample go to
+        successive ranges, and the sample ends with an ``fsync``.
         """
         if direction == "read":
             repeat = 1 if cache == "cold" else _calls_per_sample(nbytes)
@@ -265,9 +266,12 @@ class Bench:
         fd = os.open(self.write_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             buffer = self.buffer(memory, nbytes)
+            # One after the other, as a save lays out its arrays (rewriting one range would
+            # let the page cache absorb all but the last copy of a small write).
+            step = -(-nbytes // 4096) * 4096
             start = time.perf_counter()
-            for _ in range(repeat):
-                runner(fd, buffer)
+            for i in range(repeat):
+                runner(fd, buffer, i * step)
             os.fsync(fd)
             return (time.perf_counter() - start) / repeat
         finally:
@@ -278,11 +282,11 @@ class Bench:
         """Every candidate arm and the dispatcher on one case, timed in interleaved rounds
         (each round runs each of them once), so that slow drifts of the machine (page cache
         pressure, disk write-back, clocks) fall on all of them alike."""
-        def through_dispatcher(fd: int, buffer: Any) -> None:
+        def through_dispatcher(fd: int, buffer: Any, offset: int = 0) -> None:
             if direction == "read":
-                dispatcher.read(fd, buffer, 0, with_checksum=self.args.checksum)
+                dispatcher.read(fd, buffer, offset, with_checksum=self.args.checksum)
             else:
-                dispatcher.write(fd, buffer, 0, with_checksum=self.args.checksum)
+                dispatcher.write(fd, buffer, offset, with_checksum=self.args.checksum)
 
         # Learning: untimed calls until the policy exploits in this context (transfers too
         # small to be learned go straight through).
@@ -295,7 +299,7 @@ class Bench:
         # An arm that cannot checksum (KvikIO, unless the GPU computes the checksum) is no
         # candidate with checksums on; KvikIO is shown anyway, without them.
         gpu_checksums = memory == "cuda" and dispatch.device_checksums_on_gpu()
-        runners: dict[str, Callable[[int, Any], Any]] = {}
+        runners: dict[str, Callable[..., Any]] = {}
         for arm in arms:
             if (not self.args.checksum or gpu_checksums
                     or tools.tool_class(arm.name).capabilities.checksums):
@@ -316,9 +320,10 @@ class Bench:
         if nbytes == self.max_size and ceiling_tool is not None:
             host = self.host[:nbytes]
             if direction == "read":
-                runners["ceiling"] = lambda fd, _: ceiling_tool.read(fd, host, 0)
+                runners["ceiling"] = lambda fd, _, offset=0: ceiling_tool.read(fd, host, offset)
             else:
-                runners["ceiling"] = lambda fd, _: ceiling_tool.write(fd, host, 0)
+                runners["ceiling"] = lambda fd, _, offset=0: ceiling_tool.write(fd, host,
+                                                                               offset)
 
         samples: dict[str, list[float]] = {label: [] for label in runners}
         failures: dict[str, str] = {}

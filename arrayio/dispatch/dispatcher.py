@@ -273,21 +273,26 @@ class Dispatcher:
         if nbytes == 0:
             return 0 if with_checksum else None
         forced = self.forced_arm(tool)
+        flush = nbytes >= SMALL_TRANSFER
 
         def operation(t: Tool) -> int | None:
             if with_checksum and _checksum_on_gpu(buffer, t):
                 synchronize_device(buffer)  # type: ignore[arg-type]
                 crc = _device_checksum.device_checksum(buffer)  # type: ignore[arg-type]
                 t.write(fd, buffer, file_offset)
-                flush_range(fd, file_offset, nbytes)
+                if flush:
+                    flush_range(fd, file_offset, nbytes)
                 return crc
             parts = (ChecksumParts(nbytes) if with_checksum and t.capabilities.checksums
                      else None)
             t.write(fd, buffer, file_offset, checksum=parts)
             # arrayio's writes are durable (saves fsync before renaming). Flushing the range
-            # here costs nothing extra and makes the timing honest: a tool that only fills
-            # the page cache would otherwise look faster than one that reaches the disk.
-            flush_range(fd, file_offset, nbytes)
+            # here makes the timing honest (a tool that only fills the page cache would
+            # otherwise look faster than one that reaches the disk) and bounds dirty pages.
+            # Small writes, which are neither timed nor learned, leave it to the final fsync:
+            # waiting for each would serialise thousands of small arrays on the disk.
+            if flush:
+                flush_range(fd, file_offset, nbytes)
             return parts.value() if parts is not None else None
 
         return self._dispatch("write", fd, buffer, file_offset, with_checksum, forced,
