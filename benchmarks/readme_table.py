@@ -20,32 +20,6 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
-def render(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") -> str:
-    lines: list[str] = []
-    # The simple path first, then the same benchmark through the dispatcher.
-    for path in sorted(results_dir.glob("*/core_baseline*.json"),
-                       key=lambda p: (p.parent.name, "-" in p.stem)):
-        report = json.loads(path.read_text())
-        machine = report["machine"]
-        where = f"{machine.get('gpu') or 'CPU'}, {machine['cpus']} cores"
-        size = report["bytes"] / (1 << 30)
-        lines += [
-            f"**Core baseline{', through the dispatcher' if '-' in path.stem else ''}** "
-            f"({report['date'][:10]}, {where}; `{report['command']}`; "
-            f"[{path.parent.name}]({path.relative_to(ROOT).as_posix()})): a {size:g} GiB dict of "
-            f"{report['arrays']} float32 arrays on `{report['device']}`, median of "
-            f"{report['repeats']}, saves fsynced, cold reads after dropping the page cache.",
-            "",
-            "| library | write GB/s | cold read GB/s | warm read GB/s |",
-            "| --- | ---: | ---: | ---: |",
-        ]
-        for name, row in report["results"].items():
-            lines.append(f"| {name} | {_fmt(row['write_GBps'])} | {_fmt(row['cold_read_GBps'])} "
-                         f"| {_fmt(row['warm_read_GBps'])} |")
-        lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
-
-
 def _size(nbytes: int) -> str:
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if nbytes >= 1 << shift:
@@ -268,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     head, rest = readme.split(START, 1)
     _, tail = rest.split(END, 1)
     peers = render_peers()
-    updated = (f"{head}{START}\n{render()}\n{render_sweep()}"
+    # The core baselines (benchmarks/core_baseline.py) stay in benchmarks/results as
+    # history: the checkpoint benchmark against every peer supersedes them here.
+    updated = (f"{head}{START}\n{render_sweep()}"
                f"{chr(10) + peers if peers else ''}{END}{tail}")
     if args.check:
         return 0 if updated == readme else 1
