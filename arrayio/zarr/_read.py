@@ -81,7 +81,14 @@ def read(source: Any, selection: Any = Ellipsis, *, like: Any = None, device: An
     """
     request = _frameworks.parse_target(like, device)
     array = _open(source, path)
-    dtype = _dtypes.dtype_of(np.dtype(array.dtype), where=f"{array.name or 'array'}: ")
+    stored = np.dtype(array.dtype)
+    if not stored.isnative and not request.placement.is_cuda:
+        # Zarr v2 arrays may be big-endian ('>f8'): zarr swaps the bytes as it copies the
+        # chunks into ``out``, so the result is the same values in native order, as zarr v3
+        # gives for its big-endian ``bytes`` codec. (CuPy has no big-endian dtypes: on the GPU
+        # these are refused below.)
+        stored = stored.newbyteorder("=")
+    dtype = _dtypes.dtype_of(stored, where=f"{array.name or 'array'}: ")
     # The shape a basic selection gives, without reading anything: index a zero-stride view.
     shape = np.broadcast_to(np.empty((), dtype=np.bool_), array.shape)[selection].shape
     target = _frameworks.allocate(request, dtype, shape)

@@ -111,3 +111,17 @@ def test_jax_refuses_to_narrow_64_bit_types(tmp_path):
     zarr.create_array(NVMeStore(tmp_path), shape=(4,), dtype="f8")[...] = np.arange(4.0)
     with pytest.raises(arrayio.UnsupportedDtypeError, match="jax_enable_x64"):
         read(tmp_path, like="jax")
+
+
+@pytest.mark.parametrize("dtype", [">i4", ">f8", ">u2", ">c8"])
+def test_big_endian_zarr_v2_arrays_read_in_native_order(tmp_path, dtype):
+    # Zarr v2 stores the byte order in the dtype; zarr itself reads these arrays, so read()
+    # must too (the values, in native order, as zarr v3's big-endian bytes codec gives them).
+    data = np.arange(-7, 23).reshape(5, 6).astype(dtype)
+    z = zarr.create_array(NVMeStore(tmp_path), shape=data.shape, chunks=(2, 4), dtype=dtype,
+                          zarr_format=2)
+    z[...] = data
+    for selection in (Ellipsis, (slice(1, 4), 3), (2, 5)):
+        got = read(tmp_path, selection)
+        assert got.dtype == data.dtype.newbyteorder("=")
+        np.testing.assert_array_equal(got, data[selection])
