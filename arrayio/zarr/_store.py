@@ -349,6 +349,7 @@ def _fill(fd: int, file_offset: int, nbytes: int, prototype: BufferPrototype, pa
 def _read(path: str, prototype: BufferPrototype, byte_range: ByteRequest | None
           ) -> Buffer | None:
     """The value at ``path`` (or part of it), or None if there is no such file."""
+    _span(byte_range, 0)  # a malformed byte range fails on every path, present key or not
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except _MISSING:
@@ -718,7 +719,10 @@ class NVMeStore(Store):
         path = self._path(key)
 
         def size() -> int:
-            status = os.stat(path)
+            try:
+                status = os.stat(path)
+            except NotADirectoryError:  # "a/" or "a/b" below the key "a"
+                raise FileNotFoundError(f"no key {key!r} in {self}") from None
             if not stat.S_ISREG(status.st_mode):
                 raise FileNotFoundError(f"{key!r} is a prefix, not a key, of {self}")
             return status.st_size
@@ -829,7 +833,9 @@ class NVMeStore(Store):
     async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
         """Every key that starts with ``prefix`` (a string prefix: ``"fo"`` finds ``foo/a``)."""
         _check_key(prefix, what="prefix")
-        folder = prefix.rpartition("/")[0]
+        # The directory to walk, spelled as list() spells keys ("c//0" walks "c", and no key
+        # starts with "c//").
+        folder = "/".join(part for part in prefix.rpartition("/")[0].split("/") if part)
         base = f"{folder}/" if folder else ""
         keys = await _in_pool(_files_below, self._path(folder, what="prefix"), base)
         for key in keys:

@@ -300,6 +300,11 @@ def test_malformed_byte_ranges_are_refused(store, request_, error):
         store.get_sync("c/0", byte_range=request_)
     with pytest.raises(error):  # also for a key that does not exist
         asyncio.run(store.get("c/missing", CPU, byte_range=request_))
+    # ... on every read path, as get() does
+    with pytest.raises(error):
+        store.get_sync("c/missing", byte_range=request_)
+    with pytest.raises(error):
+        asyncio.run(store.get_partial_values(CPU, [("c/missing", request_)]))
 
 
 def test_missing_keys_read_as_none(store):
@@ -310,6 +315,18 @@ def test_missing_keys_read_as_none(store):
     assert asyncio.run(store.get_partial_values(CPU, [("c/1", None), ("c/0", None)]))[0] is None
     with pytest.raises(FileNotFoundError):
         asyncio.run(store.getsize("c"))
+    for below_a_file in ("c/0/", "c/0/deeper"):  # NotADirectoryError from the OS
+        with pytest.raises(FileNotFoundError):
+            asyncio.run(store.getsize(below_a_file))
+
+
+@pytest.mark.parametrize("prefix", ["c//", "c//0", "c/0//", "c//0/1"])
+def test_list_prefix_yields_only_keys_that_exist(store, prefix):
+    # Keys are listed as list() spells them ("c/0/1"), and none starts with a double slash.
+    store.set_sync("c/0/1", buffer(b"x"))
+    listed = asyncio.run(_collect_aiterator(store.list_prefix(prefix)))
+    assert all(store.get_sync(key) is not None for key in listed)
+    assert listed == ()
 
 
 # --------------------------------------------------------------------------- zarr pipelines
