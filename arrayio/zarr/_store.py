@@ -674,7 +674,8 @@ class NVMeStore(Store):
             if len(members) == 1:
                 fetches.append((list(members), members[0][1]))
             else:
-                start = members[0][1].start
+                # Not members[0]: nothing here relies on the order of a group's members.
+                start = min(r.start for _, r in members)
                 fetches.append((list(members),
                                 RangeByteRequest(start, max(r.end for _, r in members))))
 
