@@ -178,6 +178,7 @@ class _Scheduler:
         self._lanes: dict[str, collections.deque[_Operation]] = {}
         self._ready: collections.deque[_Operation] = collections.deque()
         self._threads: set[threading.Thread] = set()
+        self._busy = 0  # threads running an operation (the others are about to take one)
         self._idle = threading.Condition(self._lock)
 
     def submit(self, operation: _Operation) -> None:
@@ -186,34 +187,52 @@ class _Scheduler:
             lane.append(operation)
             if len(lane) == 1:
                 self._ready.append(operation)
-                self._spawn_locked()
+                try:
+                    self._spawn_locked()
+                except BaseException:  # no thread to run it, ever: refuse it
+                    self._ready.remove(operation)
+                    del self._lanes[operation.key]
+                    raise
 
     def _spawn_locked(self) -> None:
-        while len(self._threads) < min(len(self._ready), config.get().async_workers):
+        # Threads busy with an operation cannot take a ready one: count only the others.
+        while (len(self._threads) < config.get().async_workers
+               and len(self._threads) - self._busy < len(self._ready)):
             thread = threading.Thread(target=self._work, name="arrayio-async")
+            try:
+                thread.start()
+            except RuntimeError:  # interpreter shutting down: the running threads go on
+                if self._threads:
+                    return
+                raise
             self._threads.add(thread)
-            thread.start()
 
     def _work(self) -> None:
-        me = threading.current_thread()
-        while True:
-            with self._lock:
-                if not self._ready or len(self._threads) > config.get().async_workers:
-                    self._threads.discard(me)
-                    self._idle.notify_all()
-                    return
-                operation = self._ready.popleft()
-            try:
-                operation.execute()
-            finally:
+        me = threading.current_thread()  # in _threads: _spawn_locked added it
+        try:
+            while True:
                 with self._lock:
-                    lane = self._lanes[operation.key]
-                    lane.popleft()
-                    if lane:
-                        self._ready.append(lane[0])
-                    else:
-                        del self._lanes[operation.key]
-                    self._spawn_locked()
+                    if not self._ready or len(self._threads) > config.get().async_workers:
+                        return
+                    operation = self._ready.popleft()
+                    self._busy += 1
+                try:
+                    operation.execute()
+                finally:
+                    with self._lock:
+                        self._busy -= 1
+                        lane = self._lanes[operation.key]
+                        lane.popleft()
+                        if lane:
+                            self._ready.append(lane[0])
+                        else:
+                            del self._lanes[operation.key]
+        finally:
+            with self._lock:
+                self._threads.discard(me)
+                with contextlib.suppress(RuntimeError):
+                    self._spawn_locked()  # what this thread leaves (if it died) goes on
+                self._idle.notify_all()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every queued operation is done and every worker thread has exited."""
@@ -294,6 +313,9 @@ def save_async(
     prepared = _api.prepare_save(path, obj, metadata)
     prepared.arrays = {key: _snapshot(e) for key, e in prepared.arrays.items()}
     future = AsyncFuture("save", prepared.path)
+    # Resolved now: a relative path names a file in the caller's working directory at the
+    # time of the call, not at the time the worker gets to it.
+    prepared.path = os.path.abspath(prepared.path)
 
     on_device = any(not isinstance(e.data, np.ndarray) for e in prepared.arrays.values())
 
@@ -333,8 +355,8 @@ def load_async(
         raise (``FileNotFoundError``, ``ChecksumError``...). It runs after every operation
         already submitted on the same path.
     """
-    path = os.fspath(path)
-    future = AsyncFuture("load", path)
+    future = AsyncFuture("load", os.fspath(path))
+    path = os.path.abspath(path)  # resolved now, as in save_async
 
     def run(checkpoint: Callable[[bool], None]) -> Any:
         on_device = parse_target(like, device).placement.is_cuda

@@ -340,3 +340,36 @@ def test_gpu_concurrent_saves_and_loads(tmp_path, gpu_xp) -> None:
         future.result(TIMEOUT)
     for a, future in zip(arrays, loads, strict=True):
         assert gpu_xp.to_bytes(future.result(TIMEOUT)["x"]) == a.tobytes()
+
+
+def test_a_path_does_not_wait_for_another_paths_running_save(tmp_path, monkeypatch) -> None:
+    """Submitted one at a time, each after the previous one started: the first worker is
+    busy, so the second save needs a thread of its own (it used to wait for the first)."""
+    gate = Gate(monkeypatch)
+    first = arrayio.save_async(tmp_path / "a.safetensors", {"x": np.ones(10)})
+    gate.wait_entered()
+    second = arrayio.save_async(tmp_path / "b.safetensors", {"x": np.ones(10)})
+    gate.wait_entered()  # both writing at once
+    assert gate.active == 2
+    gate.open()
+    first.result(TIMEOUT)
+    second.result(TIMEOUT)
+
+
+def test_relative_paths_are_resolved_when_submitted(tmp_path, monkeypatch) -> None:
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    monkeypatch.chdir(tmp_path / "one")
+    gate = Gate(monkeypatch)
+    held = arrayio.save_async("r.safetensors", {"x": np.zeros(3)})
+    gate.wait_entered()
+    saved = arrayio.save_async("r.safetensors", {"x": np.ones(3)})  # queued behind it
+    loaded = arrayio.load_async("r.safetensors")
+    monkeypatch.chdir(tmp_path / "two")  # before either runs
+    gate.open()
+    held.result(TIMEOUT)
+    saved.result(TIMEOUT)
+    assert saved.path == "r.safetensors"
+    assert np.array_equal(loaded.result(TIMEOUT)["x"], np.ones(3))
+    assert os.listdir(tmp_path / "two") == []
+    assert np.array_equal(arrayio.load(tmp_path / "one" / "r.safetensors")["x"], np.ones(3))
