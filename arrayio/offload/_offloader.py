@@ -261,6 +261,7 @@ class Offloader:
         self._written = self._read = self._writes = self._reads = 0
         self._write_error: BaseException | None = None
         self._closed = False
+        self._close_done = threading.Event()
         self._writers = concurrent.futures.ThreadPoolExecutor(
             write_workers, thread_name_prefix="arrayio-offload-write")
         self._readers = concurrent.futures.ThreadPoolExecutor(
@@ -379,6 +380,8 @@ class Offloader:
 
     def _get(self, entry: _Entry) -> Any:
         while True:
+            if entry.freed:  # by another thread while this one waited
+                raise ValueError(f"array #{entry.id} was freed while get() waited for it")
             if entry.array is not None:
                 self._lru.move_to_end(entry.id)
                 entry.prefetched = False
@@ -440,28 +443,41 @@ class Offloader:
             If a background write failed since the last call.
         """
         with self._locked():
-            while any(e.writing or e.reading for e in self._entries.values()):
-                self._wait()
+            while not self._closed and any(e.writing or e.reading
+                                           for e in self._entries.values()):
+                self._process_releases()
+                self._cond.wait()
             self._raise_write_error()
 
     def close(self) -> None:
         """Wait for I/O in flight, drop every array and remove the spill directory."""
         with self._locked():
             if self._closed:
-                return
-            self._closed = True
-            self._prefetch_queue.clear()
-        # Queued I/O is pointless now; what is running finishes (a tool may be using the
-        # arrays' memory).
-        self._writers.shutdown(wait=True, cancel_futures=True)
-        self._readers.shutdown(wait=True, cancel_futures=True)
-        with self._lock:
-            for entry in self._entries.values():
-                entry.array = None
-            self._entries.clear()
-            self._lru.clear()
-            self._held = 0
-        self._finalizer()
+                closing = self._close_done
+            else:
+                closing = None
+                self._closed = True
+                self._prefetch_queue.clear()
+                self._cond.notify_all()  # calls waiting in other threads give up
+        if closing is not None:  # closed, or being closed by another thread: wait for it
+            if not threading.current_thread().name.startswith("arrayio-offload"):
+                closing.wait()
+            return
+        try:
+            # Queued I/O is pointless now; what is running finishes (a tool may be using
+            # the arrays' memory).
+            self._writers.shutdown(wait=True, cancel_futures=True)
+            self._readers.shutdown(wait=True, cancel_futures=True)
+            with self._lock:
+                for entry in self._entries.values():
+                    entry.array = None
+                self._entries.clear()
+                self._lru.clear()
+                self._held = 0
+                self._cond.notify_all()
+            self._finalizer()
+        finally:
+            self._close_done.set()
 
     @property
     def closed(self) -> bool:
@@ -518,14 +534,20 @@ class Offloader:
     def _entry(self, handle: Handle) -> _Entry:
         if not isinstance(handle, Handle) or handle._offloader() is not self:
             raise ValueError(f"{handle!r} is not a handle of this offloader")
+        if self._closed:
+            raise ValueError("I/O on a closed arrayio Offloader")
         entry = self._entries.get(handle.id)
-        if entry is None:
+        if entry is None or entry.freed:  # freed: its write may still be finishing
             raise ValueError(f"{handle!r} was freed")
         return entry
 
     def _wait(self) -> None:
+        """Wait for a change; raise if the offloader was closed meanwhile (close() cancels
+        queued I/O, so what the caller waits for may never come)."""
         self._process_releases()
         self._cond.wait()
+        if self._closed:
+            raise ValueError("the arrayio Offloader was closed while this call waited")
         self._process_releases()
 
     def _add_held(self, nbytes: int) -> None:

@@ -379,3 +379,117 @@ def test_gpu_concurrent_spills_keep_data_apart(tmp_path, gpu_xp: Framework) -> N
         for a, handle in zip(arrays, handles, strict=True):
             assert gpu_xp.to_bytes(off.get(handle)) == a.tobytes()
         assert off.stats().writes >= 10
+
+
+class _WriteGate:
+    """Holds every ``_transfer.write_from`` until opened; ``entered`` counts writes started."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._real = _transfer.write_from
+        self.opened = threading.Event()
+        self.entered = threading.Semaphore(0)
+        monkeypatch.setattr(_transfer, "write_from", self)
+
+    def __call__(self, *args, **kwargs):
+        self.entered.release()
+        assert self.opened.wait(TIMEOUT), "gate never opened"
+        return self._real(*args, **kwargs)
+
+    def wait_entered(self) -> None:
+        assert self.entered.acquire(timeout=TIMEOUT), "no write started"
+
+
+def _when_shutting_down(off: Offloader) -> threading.Event:
+    """An event set once close() has marked ``off`` closed and begun waiting for its I/O."""
+    event = threading.Event()
+    shutdown = off._writers.shutdown
+
+    def spy(*args, **kwargs):
+        event.set()
+        return shutdown(*args, **kwargs)
+
+    off._writers.shutdown = spy
+    return event
+
+
+def test_close_wakes_calls_waiting_in_other_threads(tmp_path, monkeypatch) -> None:
+    """A put waiting for spills and a wait() in other threads must not hang when close()
+    cancels the queued writes they wait for: the put raises, wait() returns."""
+    gate = _WriteGate(monkeypatch)
+    off = Offloader(tmp_path, device_budget_bytes=2 * 64 * KB, writeback_bytes=0,
+                    write_workers=1)
+    small = [off.put(_array(i)) for i in range(2)]
+    results: dict[str, object] = {}
+
+    def put_big() -> None:  # needs both small arrays out: one write runs, one is queued
+        try:
+            results["put"] = off.put(_array(9, 128 * KB))
+        except BaseException as error:  # noqa: BLE001
+            results["put"] = error
+
+    def wait() -> None:
+        off.wait()
+        results["wait"] = "returned"
+
+    putter = threading.Thread(target=put_big)
+    putter.start()
+    gate.wait_entered()
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    shutting_down = _when_shutting_down(off)
+    closer = threading.Thread(target=off.close)
+    closer.start()
+    assert shutting_down.wait(TIMEOUT)
+    gate.opened.set()
+    for thread in (closer, putter, waiter):
+        thread.join(10)
+    assert not putter.is_alive() and not waiter.is_alive() and not closer.is_alive()
+    assert isinstance(results["put"], ValueError) and "closed" in str(results["put"])
+    assert results["wait"] == "returned"
+    assert not os.path.exists(off.directory)
+    del small
+
+
+def test_second_close_returns_once_closed(tmp_path, monkeypatch) -> None:
+    gate = _WriteGate(monkeypatch)
+    off = Offloader(tmp_path, device_budget_bytes=MB)
+    handle = off.put(_array(1), hint="spill")
+    gate.wait_entered()
+    shutting_down = _when_shutting_down(off)
+    first = threading.Thread(target=off.close)
+    first.start()
+    assert shutting_down.wait(TIMEOUT)
+    seen = []
+
+    def close_again() -> None:
+        off.close()
+        seen.append(os.path.exists(off.directory))
+
+    second = threading.Thread(target=close_again)
+    second.start()
+    second.join(0.2)  # returning now, with the write in flight, would be the bug
+    gate.opened.set()
+    first.join(TIMEOUT)
+    second.join(TIMEOUT)
+    assert seen == [False]  # the directory was gone when the second close() returned
+    del handle
+
+
+def test_handles_after_free_and_close_raise_clearly(tmp_path, monkeypatch) -> None:
+    gate = _WriteGate(monkeypatch)
+    off = Offloader(tmp_path, device_budget_bytes=MB)
+    writing = off.put(_array(1), hint="spill")
+    gate.wait_entered()
+    off.free(writing)  # its write is still in flight
+    with pytest.raises(ValueError, match="freed"):
+        off.get(writing)
+    with pytest.raises(ValueError, match="freed"):
+        off.resident(writing)
+    gate.opened.set()
+    off.wait()
+    kept = off.put(_array(2))
+    off.close()
+    for call in (off.get, off.resident, off.prefetch):
+        with pytest.raises(ValueError, match="closed"):
+            call(kept)
+    assert off.peek(kept) is None
