@@ -88,6 +88,7 @@ class SpillDirectory:
         os.makedirs(parent, exist_ok=True)
         self.reclaimed = reclaim(parent)
         self.path = _make_directory(parent)
+        self._pid = os.getpid()
         # The lock is taken on a temporary name and renamed into place, so that nobody sees
         # a .lock nobody holds.
         temporary = os.path.join(self.path, LOCK_NAME + ".new")
@@ -108,10 +109,16 @@ class SpillDirectory:
         return os.path.join(self.path, name)
 
     def close(self) -> None:
-        """Remove the directory and everything in it; release the lock."""
+        """Remove the directory and everything in it; release the lock.
+
+        In a process forked from the owner (which inherited this object), only the
+        inherited descriptor is closed: the directory is the owner's, still in use, and its
+        lock stays held by the owner's descriptor.
+        """
         if self._lock_fd is None:
             return
-        shutil.rmtree(self.path, ignore_errors=True)
+        if os.getpid() == self._pid:
+            shutil.rmtree(self.path, ignore_errors=True)
         os.close(self._lock_fd)
         self._lock_fd = None
 

@@ -493,3 +493,28 @@ def test_handles_after_free_and_close_raise_clearly(tmp_path, monkeypatch) -> No
         with pytest.raises(ValueError, match="closed"):
             call(kept)
     assert off.peek(kept) is None
+
+
+def test_forked_child_closing_leaves_the_parents_directory(tmp_path) -> None:
+    """A forked child inherits the offloader; its close() (or its exit handlers) must not
+    delete the parent's spill files, nor release the parent's lock."""
+    script = textwrap.dedent(f"""
+        import os, numpy as np, arrayio
+        off = arrayio.Offloader({str(tmp_path)!r}, device_budget_bytes=1 << 16)
+        handle = off.put(np.full(1 << 14, 7, np.float32), hint="spill")
+        off.wait()
+        assert not off.resident(handle)
+        pid = os.fork()
+        if pid == 0:
+            off.close()
+            os._exit(0)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        with arrayio.Offloader({str(tmp_path)!r}, device_budget_bytes=1 << 16):
+            pass  # reclaims what is unlocked: not ours
+        print(os.path.isdir(off.directory), float(off.get(handle)[0]))
+        off.close()
+    """)
+    result = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", script],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.stdout.split() == ["True", "7.0"], result.stderr
+    assert os.listdir(tmp_path) == []
