@@ -35,11 +35,12 @@ __all__ = ["activations"]
 class _Saved:
     """What autograd keeps in place of an offloaded tensor."""
 
-    __slots__ = ("__weakref__", "handle", "index")
+    __slots__ = ("__weakref__", "handle", "index", "version")
 
-    def __init__(self, handle: Handle, index: int) -> None:
+    def __init__(self, handle: Handle, index: int, version: int) -> None:
         self.handle = handle
         self.index = index
+        self.version = version  # the tensor's version counter when it was put
 
 
 class _Hooks:
@@ -57,13 +58,14 @@ class _Hooks:
         with self.lock:
             known = self.by_id.get(id(tensor))
             saved = known() if known is not None else None
-        if saved is not None and _same(self.offloader.peek(saved.handle), tensor):
+        if saved is not None and _same(self.offloader.peek(saved.handle), tensor, saved.version):
             return saved
+        version = tensor._version
         # Detached: the offloader must not hold the tensor's grad_fn, whose saved variables
         # hold this very handle (a reference cycle through autograd's C++ graph).
         handle = self.offloader.put(tensor.detach())
         with self.lock:
-            saved = _Saved(handle, len(self.order))
+            saved = _Saved(handle, len(self.order), version)
             self.order.append(weakref.ref(saved))
             self.by_id[id(tensor)] = weakref.ref(saved, self._forget(id(tensor)))
         return saved
@@ -89,16 +91,19 @@ class _Hooks:
         return self.offloader.get(packed.handle)
 
 
-def _same(held: Any, tensor: Any) -> bool:
-    """Whether the tensor the offloader holds (a detached alias) is ``tensor``'s data.
+def _same(held: Any, tensor: Any, version: int) -> bool:
+    """Whether the tensor the offloader holds (a detached alias) is ``tensor``'s data, as it
+    was when put (``version``).
 
     While the offloader holds it, its memory cannot have been given to another tensor, so
-    equal pointers, shapes, strides and dtypes mean the same data; the version counter,
-    shared with the alias, tells whether it was modified in place since.
+    equal pointers, shapes, strides and dtypes mean the same memory. Whether it was modified
+    in place since (its spill file, if written, holds the older values) is told by the
+    version recorded at put: the alias shares ``tensor``'s version counter, so comparing
+    the two tensors' versions could never tell.
     """
     return (held is not None and held.data_ptr() == tensor.data_ptr()
             and held.shape == tensor.shape and held.stride() == tensor.stride()
-            and held.dtype == tensor.dtype and held._version == tensor._version)
+            and held.dtype == tensor.dtype and tensor._version == version)
 
 
 def _is_leaf_data(tensor: Any) -> bool:

@@ -109,3 +109,26 @@ def test_identical_gradients_with_offload_on_gpu(tmp_path) -> None:
 def test_offload_is_exported() -> None:
     assert arrayio.offload.activations is activations
     assert arrayio.Offloader is Offloader
+
+
+def test_tensor_modified_in_place_between_saves_is_put_again(tmp_path) -> None:
+    """y is saved (and written out), then modified in place, then saved again by another
+    operation: the second save must give back the modified values, not the file's older
+    ones (the alias the offloader holds shares y's version counter, so comparing the two
+    versions could never tell)."""
+    torch = pytest.importorskip("torch")
+    n = 16 * KB  # 64 KiB of float32
+    x = torch.arange(n, dtype=torch.float32, requires_grad=True)
+    unused = torch.ones(n, requires_grad=True)
+    p = torch.ones(n, requires_grad=True)
+    with Offloader(tmp_path, device_budget_bytes=2 * 4 * n, writeback_bytes=2 * 4 * n) as off:
+        with activations(off, min_bytes=0, prefetch=0):
+            y = x * 1.0
+            _ = y * unused  # saves y (never used by backward: not part of the loss)
+            off.wait()  # y's file is complete (writeback)
+            y.mul_(2)
+            loss = (y * p).sum()  # saves y again, now doubled
+            fillers = [off.put(torch.zeros(n)) for _ in range(2)]  # y's clean copy dropped
+            loss.backward()
+        del fillers
+    assert torch.equal(p.grad, 2 * torch.arange(n, dtype=torch.float32))
