@@ -574,7 +574,9 @@ class Offloader:
             return  # the worker finishes the job when it is done
         self._drop(entry)
         if entry.on_disk:
-            with contextlib.suppress(FileNotFoundError):
+            # Any OSError: this also runs in the workers, where raising would skip the
+            # bookkeeping below (and close() removes the file anyway).
+            with contextlib.suppress(OSError):
                 os.unlink(entry.file)
             entry.on_disk = False
         self._entries.pop(entry.id, None)
@@ -659,8 +661,12 @@ class Offloader:
     # ------------------------------------------------------------------ I/O
 
     def _start_write(self, entry: _Entry) -> None:
+        try:  # refused at interpreter exit: the entry must not stay "writing" forever
+            self._writers.submit(self._write, entry, entry.array, entry.ready)
+        except BaseException:
+            entry.evict = False
+            raise
         entry.writing = True
-        self._writers.submit(self._write, entry, entry.array, entry.ready)
 
     def _write(self, entry: _Entry, array: Any, ready: Any) -> None:
         crc, error = None, None
@@ -699,11 +705,13 @@ class Offloader:
             self._pump_prefetch()
 
     def _start_read(self, entry: _Entry) -> None:
+        # Submitted first, state after (under the lock, the task cannot look before): a
+        # refused task (interpreter exit) must not leave the entry "reading" forever.
+        self._readers.submit(self._read_back, entry)
         entry.reading = True
         entry.read_error = None
         self._reading += 1
         self._add_held(entry.nbytes)
-        self._readers.submit(self._read_back, entry)
 
     def _read_back(self, entry: _Entry) -> None:
         array, error = None, None

@@ -518,3 +518,29 @@ def test_forked_child_closing_leaves_the_parents_directory(tmp_path) -> None:
                             capture_output=True, text=True, timeout=120, check=False)
     assert result.stdout.split() == ["True", "7.0"], result.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_refused_io_task_leaves_no_entry_stuck(offloader, monkeypatch) -> None:
+    """At interpreter exit the executors refuse new tasks: the call fails, and the entry is
+    not left marked as being read or written (a later get() waited forever)."""
+    handles = [offloader.put(_array(i)) for i in range(5)]  # #0 spilled
+    offloader.wait()
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr(offloader._readers, "submit", refuse)
+    with pytest.raises(RuntimeError, match="shutdown"):
+        offloader.get(handles[0])
+    monkeypatch.setattr(offloader._writers, "submit", refuse)
+    with pytest.raises(RuntimeError, match="shutdown"):
+        offloader.put(_array(9), hint="spill")
+    monkeypatch.undo()
+    result: list = []
+    getter = threading.Thread(target=lambda: result.append(offloader.get(handles[0])[0]))
+    getter.start()
+    getter.join(10)
+    assert result == [0]
+    assert offloader.stats().resident_bytes <= offloader.budget
+    for i, handle in enumerate(handles):
+        assert offloader.get(handle)[0] == i
