@@ -28,8 +28,8 @@ from ._checksum import _POLY, _multiply, _x8n, combine
 if TYPE_CHECKING:
     from ._buffers import DeviceBuffer
 
-__all__ = ["SEGMENT_BYTES", "available", "device_checksum", "segment_for", "segment_powers",
-           "slicing_tables"]
+__all__ = ["SEGMENT_BYTES", "available", "checksum_anywhere", "device_checksum", "host_checksum",
+           "segment_for", "segment_powers", "slicing_tables"]
 
 logger = logging.getLogger("arrayio")
 
@@ -228,10 +228,16 @@ def device_checksum(buffer: DeviceBuffer, segment: int | None = None) -> int | N
         _unavailable = f"{type(error).__name__}: {error}"
         logger.warning("arrayio: checksums of GPU memory fall back to the host: %s",
                        _unavailable)
-        return _host_checksum(buffer)
+        return host_checksum(buffer)
 
 
-def _host_checksum(buffer: DeviceBuffer) -> int:
+def checksum_anywhere(buffer: DeviceBuffer) -> int:
+    """The CRC-32C of a device buffer: on its GPU where possible, else through the host."""
+    crc = device_checksum(buffer)
+    return host_checksum(buffer) if crc is None else crc
+
+
+def host_checksum(buffer: DeviceBuffer) -> int:
     """The CRC through host memory, a staging buffer at a time (the fallback's fallback)."""
     from ._checksum import checksum
 

@@ -259,8 +259,8 @@ class Dispatcher:
                 raise TruncatedFileError(
                     f"{path}: file ends at byte {file_offset + got}, {nbytes - got} bytes "
                     "short of the array (truncated while reading?)")
-            if on_gpu:
-                return _device_checksum.device_checksum(buffer)  # type: ignore[arg-type]
+            if on_gpu:  # (through the host if the kernel failed meanwhile, in any thread)
+                return _device_checksum.checksum_anywhere(buffer)  # type: ignore[arg-type]
             return parts.value() if parts is not None else None
 
         return self._dispatch("read", fd, buffer, file_offset, with_checksum, forced, operation)
@@ -278,7 +278,7 @@ class Dispatcher:
         def operation(t: Tool) -> int | None:
             if with_checksum and _checksum_on_gpu(buffer, t):
                 synchronize_device(buffer)  # type: ignore[arg-type]
-                crc = _device_checksum.device_checksum(buffer)  # type: ignore[arg-type]
+                crc = _device_checksum.checksum_anywhere(buffer)  # type: ignore[arg-type]
                 t.write(fd, buffer, file_offset)
                 if flush:
                     flush_range(fd, file_offset, nbytes)
