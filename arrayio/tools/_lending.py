@@ -9,7 +9,9 @@ its own (a spare one, or a new one when all are out) and keeps up to ``keep`` sp
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -25,6 +27,7 @@ class BufferPool:
         self.keep = keep
         self._spare: dict[Any, list[Any]] = {}
         self._lock = threading.Lock()
+        _pools.add(self)
 
     @contextlib.contextmanager
     def lend(self, key: Any, make: Callable[[], B],
@@ -51,3 +54,16 @@ class BufferPool:
     def clear(self) -> None:
         with self._lock:
             self._spare.clear()
+
+
+_pools: weakref.WeakSet[BufferPool] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A lock a parent's thread held at the fork stays held in the child.
+    for pool in list(_pools):
+        pool._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

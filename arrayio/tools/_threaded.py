@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
+import weakref
 from typing import Any
 
 from .base import Tool
@@ -22,6 +24,14 @@ class ThreadedTool(Tool):
         self.threads = threads
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        _live.add(self)
+
+    def _forget_threads(self) -> None:
+        """In a forked child: the parent's worker threads do not exist there (a task
+        submitted to their pool would wait forever), and a lock one of them held stays held.
+        Start afresh on next use."""
+        self._pool = None
+        self._lock = threading.Lock()
 
     def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
@@ -35,3 +45,15 @@ class ThreadedTool(Tool):
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+
+
+_live: weakref.WeakSet[ThreadedTool] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for tool in list(_live):
+        tool._forget_threads()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
