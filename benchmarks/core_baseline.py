@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,25 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import arrayio
-
-
-def drop_caches() -> bool:
-    """Drop the page cache (root only); return whether it worked."""
-    try:
-        subprocess.run(["sync"], check=True)
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
-
-
-def fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from benchmarks._pagecache import drop_caches, fsync_path
 
 
 def timed(fn: Callable[[], Any], sync: Callable[[], None]) -> float:

@@ -49,6 +49,7 @@ from arrayio import tools
 from arrayio._buffers import CupyDeviceBuffer, aligned_empty
 from arrayio.dispatch import dispatcher as dispatch
 from arrayio.dispatch.context import Context, size_class, storage_of
+from benchmarks._pagecache import evict
 
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -60,23 +61,6 @@ def _calls_per_sample(nbytes: int) -> int:
 def parse_size(text: str) -> int:
     text = text.strip().upper().removesuffix("B").removesuffix("I")
     return int(float(text[:-1]) * _UNITS[text[-1]]) if text[-1] in _UNITS else int(text)
-
-
-def evict(path: str, drop_caches: bool) -> None:
-    """Push the file's pages out of the page cache (and all caches with --drop-caches)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    if drop_caches:
-        try:
-            os.sync()
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("3\n")
-        except OSError:
-            pass
 
 
 class Bench:

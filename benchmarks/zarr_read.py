@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from arrayio._buffers import aligned_empty
+from benchmarks._pagecache import evict
 from benchmarks.sweep import machine, parse_size
 
 STORES = ("arrayio", "zarr.LocalStore", "kvikio.GDSStore")
@@ -102,26 +103,6 @@ def chunk_files(root: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------- cache state
-
-
-def evict(files: list[str], drop_caches: bool) -> bool:
-    """Push the files out of the page cache; with ``drop_caches`` also drop every cache
-    (root only). Return whether the caches were dropped."""
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    if not drop_caches:
-        return False
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def read_files(files: list[str], threads: int, direct: bool) -> int:

@@ -36,6 +36,9 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import _pagecache
+from benchmarks._pagecache import fsync_path
+
 GB = 1e9
 MiB = 1 << 20
 
@@ -59,14 +62,6 @@ def disk_bytes(path: str) -> int:
     return sum(os.path.getsize(name) for name in files_under(path))
 
 
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def fsync_tree(path: str) -> None:
     """Make what a peer saved durable: every file, and the directories that name them.
 
@@ -74,34 +69,16 @@ def fsync_tree(path: str) -> None:
     """
     directories = {os.path.dirname(os.path.abspath(path))}
     for name in files_under(path):
-        _fsync(name)
+        fsync_path(name)
         directories.add(os.path.dirname(name))
     for directory in directories:
-        _fsync(directory)
-
-
-def drop_caches() -> bool:
-    """Write back and drop the whole page cache (root only); return whether it worked."""
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
+        fsync_path(directory)
 
 
 def evict(path: str, drop: bool) -> bool:
-    """Push ``path``'s pages out of the page cache (``posix_fadvise(DONTNEED)``), and with
-    ``drop`` every cache (``/proc/sys/vm/drop_caches``); return whether the drop worked."""
-    for name in files_under(path):
-        fd = os.open(name, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return drop_caches() if drop else False
+    """Push ``path``'s files (a file or a directory tree) out of the page cache, and with
+    ``drop`` every cache; return whether the drop worked."""
+    return _pagecache.evict(files_under(path), drop)
 
 
 _WARM_CHUNK = 16 * MiB

@@ -1,0 +1,42 @@
+"""Page-cache control shared by the benchmarks: durable files, cold reads."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+__all__ = ["drop_caches", "evict", "fsync_path"]
+
+
+def fsync_path(path: str) -> None:
+    """fsync a file or a directory by name."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def drop_caches() -> bool:
+    """Write back and drop the whole page cache (root only); return whether it worked."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def evict(paths: str | Iterable[str], drop: bool = False) -> bool:
+    """Push the files' pages out of the page cache (written back first, then
+    ``posix_fadvise(DONTNEED)``: no root needed); with ``drop`` also drop every cache.
+    Return whether the caches were dropped."""
+    for path in [paths] if isinstance(paths, str) else paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return drop_caches() if drop else False
