@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._checksum import _POLY, _multiply, _x8n, combine
+from ._checksum import _POLY, _x8n, combine
 
 if TYPE_CHECKING:
     from ._buffers import DeviceBuffer
@@ -137,26 +137,6 @@ def slicing_tables() -> np.ndarray:
 def segment_powers(segment: int) -> np.ndarray:
     """``x^(8 * segment * 2^j)`` modulo the polynomial for j = 0..47, as ``uint32[48]``."""
     return np.array([_x8n(segment << j) for j in range(_MAX_POWERS)], dtype=np.uint32)
-
-
-def combine_segments(segment_crcs: list[int], segment: int, last_length: int) -> int:
-    """The CRC-32C of a range from the CRCs of its segments, by the kernel's arithmetic.
-
-    The host-side twin of the kernel's reduction (every segment ``segment`` bytes but the
-    last, ``last_length``), which the CPU tests check against a direct CRC.
-    """
-    powers = segment_powers(segment)
-    *full, last = segment_crcs
-    shifted = 0
-    for index, crc in enumerate(full):
-        after, bit = len(full) - 1 - index, 0
-        while after:
-            if after & 1:
-                crc = _multiply(int(powers[bit]), crc)
-            after >>= 1
-            bit += 1
-        shifted ^= crc
-    return combine(shifted, last, last_length)
 
 
 _lock = threading.Lock()

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from arrayio import tools
+from arrayio import _device_checksum, tools
 from arrayio._buffers import CupyDeviceBuffer, aligned_empty
 from arrayio.dispatch import dispatcher as dispatch
 from arrayio.dispatch.context import Context, size_class, storage_of
@@ -290,7 +290,7 @@ class Bench:
 
         # An arm that cannot checksum (KvikIO, unless the GPU computes the checksum) is no
         # candidate with checksums on; KvikIO is shown anyway, without them.
-        gpu_checksums = memory == "cuda" and dispatch.device_checksums_on_gpu()
+        gpu_checksums = memory == "cuda" and _device_checksum.available()
         runners: dict[str, Callable[..., Any]] = {}
         for arm in arms:
             if (not self.args.checksum or gpu_checksums

@@ -8,9 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrayio._checksum import _multiply, checksum
+from arrayio._checksum import _multiply, checksum, combine
 from arrayio._device_checksum import (
-    combine_segments,
     device_checksum,
     segment_powers,
     slicing_tables,
@@ -29,6 +28,26 @@ def _table_crc(data: bytes) -> int:
     for byte in data[4 * words :]:
         crc = int(t[0][(crc ^ byte) & 255]) ^ (crc >> 8)
     return crc ^ 0xFFFFFFFF
+
+
+def combine_segments(segment_crcs: list[int], segment: int, last_length: int) -> int:
+    """The CRC-32C of a range from the CRCs of its segments, by the kernel's arithmetic.
+
+    The host-side twin of the kernel's reduction (every segment ``segment`` bytes but the
+    last, ``last_length``), which the CPU tests check against a direct CRC.
+    """
+    powers = segment_powers(segment)
+    *full, last = segment_crcs
+    shifted = 0
+    for index, crc in enumerate(full):
+        after, bit = len(full) - 1 - index, 0
+        while after:
+            if after & 1:
+                crc = _multiply(int(powers[bit]), crc)
+            after >>= 1
+            bit += 1
+        shifted ^= crc
+    return combine(shifted, last, last_length)
 
 
 @given(st.binary(max_size=300))

@@ -38,8 +38,7 @@ from .context import Context, InFlight, cache_state, size_class, storage_of
 from .policy import Arm, Policy
 from .table import Table
 
-__all__ = ["Dispatcher", "candidate_arms", "device_checksums_on_gpu", "get",
-           "machine_fingerprint", "parse_arm", "reset"]
+__all__ = ["Dispatcher", "candidate_arms", "get", "machine_fingerprint", "parse_arm", "reset"]
 
 logger = logging.getLogger("arrayio.dispatch")
 
@@ -111,15 +110,9 @@ def candidate_arms(context: Context) -> list[Arm]:
         kvikio = [_arm("kvikio", threads=16, task_size=4 * _MiB)]
     # KvikIO never sees the bytes on the host: with checksums it needs the GPU to compute
     # them (device memory) and is no candidate otherwise.
-    if context.checksum and not (context.memory == "cuda" and device_checksums_on_gpu()):
+    if context.checksum and not (context.memory == "cuda" and _device_checksum.available()):
         return arms
     return arms + kvikio
-
-
-def device_checksums_on_gpu() -> bool:
-    """Whether checksums of device buffers are computed on the GPU (CuPy present), after
-    the tool moved the bytes, rather than by the tool on the host as they pass."""
-    return _device_checksum.available()
 
 
 def _available(arm: Arm) -> bool:
