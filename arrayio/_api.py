@@ -111,8 +111,9 @@ def write_prepared(prepared: PreparedSave, *, tool: Any = None,
                    progress: bool | None = None) -> None:
     """Write a :class:`PreparedSave` atomically.
 
-    ``checkpoint(False)`` is called before each array and ``checkpoint(True)`` just before
-    the file replaces ``path``; an exception it raises abandons the save, leaving any previous
+    ``checkpoint(False)`` is called before the first array and as each array but the last is
+    written, and ``checkpoint(True)`` just before the file replaces ``path``; an exception
+    it raises abandons the save (once the writes under way are done), leaving any previous
     file intact (how a running :func:`arrayio.save_async` is cancelled).
     """
     total = sum(exported.data.nbytes for exported in prepared.arrays.values())
@@ -127,15 +128,22 @@ def write_prepared(prepared: PreparedSave, *, tool: Any = None,
             advance(exported.data.nbytes)
         else:
             layout = prepared.layout
-            checksums = {}
-            for entry in layout.entries:
-                if checkpoint is not None:
+            entries = layout.entries
+
+            def done(i: int) -> None:
+                advance(entries[i].nbytes)
+                if checkpoint is not None and i + 1 < len(entries):
                     checkpoint(False)
-                crc = _transfer.write_from(fd, entry.start, prepared.arrays[entry.key].data,
-                                           with_checksum=True, tool=tool)
-                if crc is not None:  # None only from a forced tool that cannot checksum
-                    checksums[entry.key] = crc
-                advance(entry.nbytes)
+
+            if checkpoint is not None and entries:
+                checkpoint(False)
+            # One batch: every array's write in flight at once (see Dispatcher.write_many).
+            crcs = _transfer.write_many(
+                fd, [(entry.start, prepared.arrays[entry.key].data) for entry in entries],
+                with_checksum=True, tool=tool, done=done)
+            # None only from a forced tool that cannot checksum
+            checksums = {entry.key: crc for entry, crc in zip(entries, crcs, strict=True)
+                         if crc is not None}
             _write_all(fd, layout.header(checksums), 0)
             if os.fstat(fd).st_size < layout.file_size:  # only an empty last tensor does this
                 os.ftruncate(fd, layout.file_size)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,8 +29,8 @@ from ._checksum import _POLY, _x8n, combine
 if TYPE_CHECKING:
     from ._buffers import DeviceBuffer
 
-__all__ = ["SEGMENT_BYTES", "available", "checksum_anywhere", "device_checksum", "host_checksum",
-           "segment_for", "segment_powers", "slicing_tables"]
+__all__ = ["SEGMENT_BYTES", "available", "checksum_anywhere", "device_checksum", "device_checksums",
+           "host_checksum", "segment_for", "segment_powers", "slicing_tables"]
 
 logger = logging.getLogger("arrayio")
 
@@ -187,6 +188,7 @@ def device_checksum(buffer: DeviceBuffer, segment: int | None = None) -> int | N
 
     The caller must have finished writing the buffer (the tools synchronize before they
     return); the kernel runs on CuPy's current stream, and this function waits for it.
+    ``segment`` (bytes per GPU thread) is for tests; by default it follows the size.
 
     Returns
     -------
@@ -194,21 +196,34 @@ def device_checksum(buffer: DeviceBuffer, segment: int | None = None) -> int | N
         The CRC; None where the GPU cannot compute it (:func:`available` is false), and the
         caller must checksum on the host.
     """
-    global _unavailable
-    nbytes = buffer.nbytes
-    if nbytes == 0:
+    if buffer.nbytes == 0:
         return 0
     if not available():
         return None
+    return _guarded([buffer], lambda: _run(_cupy(), [buffer], segment))[0]
+
+
+def device_checksums(buffers: Sequence[DeviceBuffer]) -> list[int] | None:
+    """The CRC-32C of each device buffer, with one wait for the whole batch; None where the
+    GPU cannot compute them (see :func:`device_checksum`)."""
+    if not any(buffer.nbytes for buffer in buffers):
+        return [0] * len(buffers)
+    if not available():
+        return None
+    return _guarded(buffers, lambda: _run(_cupy(), buffers))
+
+
+def _guarded(buffers: Sequence[DeviceBuffer], run: Callable[[], list[int]]) -> list[int]:
+    global _unavailable
     try:
-        return _run(_cupy(), buffer, nbytes, segment or segment_for(nbytes))
+        return run()
     except MemoryError:
         raise
     except Exception as error:  # noqa: BLE001 - a kernel that cannot be built or run here
         _unavailable = f"{type(error).__name__}: {error}"
         logger.warning("arrayio: checksums of GPU memory fall back to the host: %s",
                        _unavailable)
-        return host_checksum(buffer)
+        return [host_checksum(buffer) for buffer in buffers]
 
 
 def checksum_anywhere(buffer: DeviceBuffer) -> int:
@@ -230,16 +245,33 @@ def host_checksum(buffer: DeviceBuffer) -> int:
     return crc
 
 
-def _run(cupy: Any, buffer: DeviceBuffer, nbytes: int, segment: int) -> int:
-    with cupy.cuda.Device(buffer.device_index):
-        data = cupy.asarray(buffer.cuda_array).view(cupy.uint8).reshape(-1)
-        kernel, tables, powers = _kernel(cupy, buffer.device_index, segment)
-        out = cupy.zeros(2, dtype=cupy.uint32)
-        segments = -(-nbytes // segment)
-        blocks = -(-segments // _THREADS)
-        kernel((blocks,), (_THREADS,),
-               (data, np.uint64(nbytes), np.uint64(segment), np.uint64(segments), tables,
-                powers, out))
-        shifted, last = (int(v) for v in out.get())
-    last_length = nbytes - (segments - 1) * segment
-    return combine(shifted, last, last_length)
+def _run(cupy: Any, buffers: Sequence[DeviceBuffer], segment: int | None = None) -> list[int]:
+    """Launch one kernel per buffer, all on the current stream of each buffer's device, then
+    wait once: a batch of tensors pays one synchronisation, not one each."""
+    results: list[int] = [0] * len(buffers)
+    by_device: dict[int, list[int]] = {}
+    for i, buffer in enumerate(buffers):
+        if buffer.nbytes:
+            by_device.setdefault(buffer.device_index, []).append(i)
+    for device_index, indices in by_device.items():
+        with cupy.cuda.Device(device_index):
+            out = cupy.zeros((len(indices), 2), dtype=cupy.uint32)
+            shapes = []
+            for row, i in enumerate(indices):
+                buffer = buffers[i]
+                nbytes = buffer.nbytes
+                per_thread = segment or segment_for(nbytes)
+                data = cupy.asarray(buffer.cuda_array).view(cupy.uint8).reshape(-1)
+                kernel, tables, powers = _kernel(cupy, device_index, per_thread)
+                segments = -(-nbytes // per_thread)
+                blocks = -(-segments // _THREADS)
+                kernel((blocks,), (_THREADS,),
+                       (data, np.uint64(nbytes), np.uint64(per_thread), np.uint64(segments),
+                        tables, powers, out[row]))
+                shapes.append((nbytes, per_thread, segments))
+            values = out.get()
+        for row, i in enumerate(indices):
+            nbytes, segment, segments = shapes[row]
+            shifted, last = (int(v) for v in values[row])
+            results[i] = combine(shifted, last, nbytes - (segments - 1) * segment)
+    return results

@@ -328,6 +328,9 @@ class Target:
 
     data: np.ndarray | DeviceBuffer
     finish: Callable[[], Any]
+    # Whether finish() copies ``data`` elsewhere (host bytes put on a device by JAX): a load
+    # then holds ``data`` and the copy at once, and bounds how much it reads before finishing.
+    copies: bool = False
 
 
 def allocate(request: Request, dtype: DType, shape: tuple[int, ...]) -> Target:
@@ -414,15 +417,16 @@ def _allocate_jax(dtype: DType, shape: tuple[int, ...], nbytes: int, request: Re
         return Target(CupyDeviceBuffer(flat), finish_cuda)
 
     host = aligned_empty(nbytes)
+    copies = placement.is_cuda or request.jax_device is not None or not dtype.numpy_native
 
     def finish_host() -> Any:
         array = host.view(np_dtype).reshape(shape)
-        if placement.is_cuda or request.jax_device is not None or not dtype.numpy_native:
+        if copies:
             device = request.jax_device or _jax_device(jax, placement)
             return jax.device_put(array, device)
         return jax.dlpack.from_dlpack(array)  # zero-copy: the buffer is 4096-aligned
 
-    return Target(host, finish_host)
+    return Target(host, finish_host, copies)
 
 
 def _jax_device(jax: ModuleType, placement: Placement) -> Any:

@@ -28,6 +28,7 @@ from .errors import ArrayioError, FormatError, UnsupportedObjectError
 
 __all__ = [
     "SINGLE_ARRAY_KEY",
+    "example_keys",
     "flatten",
     "leaves_by_key",
     "rebuild_like",
@@ -262,23 +263,37 @@ def rebuild_like(structure: Any, lookup: Callable[[str], Any]) -> Any:
     The example's leaves may be arrays, ``jax.ShapeDtypeStruct`` placeholders or constants;
     only its shape as a tree matters. Custom JAX nodes are rebuilt with JAX's own unflatten.
     """
+    return _walk_example(structure, "", lookup, rebuild=True)
 
+
+def example_keys(structure: Any) -> list[str]:
+    """The keys :func:`rebuild_like` asks ``lookup`` for, in order, without rebuilding."""
+    keys: list[str] = []
+    _walk_example(structure, "", keys.append, rebuild=False)
+    return keys
+
+
+def _walk_example(x: Any, key: str, leaf: Callable[[str], Any], *, rebuild: bool) -> Any:
     def visit(x: Any, key: str) -> Any:
-        if isinstance(x, dict):
-            return type(x)((k, visit(v, _join(key, k))) for k, v in x.items())
-        if _is_namedtuple(x):
-            return type(x)(*(visit(v, _join(key, f)) for f, v in zip(x._fields, x, strict=True)))
-        if isinstance(x, list | tuple):
-            return type(x)(visit(v, _join(key, i)) for i, v in enumerate(x))
-        if x is None:
-            return None
-        children = None if is_array(x) or _constant(x) is not None else _jax_children(x)
-        if children is None:
-            return lookup(key or SINGLE_ARRAY_KEY)
-        jax = sys.modules["jax"]
-        _, treedef = jax.tree_util.tree_flatten(x, is_leaf=lambda y: y is not x)
-        return jax.tree_util.tree_unflatten(
-            treedef, [visit(child, _join(key, name)) for name, child in children]
-        )
+        return _walk_example(x, key, leaf, rebuild=rebuild)
 
-    return visit(structure, "")
+    if isinstance(x, dict):
+        items = [(k, visit(v, _join(key, k))) for k, v in x.items()]
+        return type(x)(items) if rebuild else None
+    if _is_namedtuple(x):
+        values = [visit(v, _join(key, f)) for f, v in zip(x._fields, x, strict=True)]
+        return type(x)(*values) if rebuild else None
+    if isinstance(x, list | tuple):
+        values = [visit(v, _join(key, i)) for i, v in enumerate(x)]
+        return type(x)(values) if rebuild else None
+    if x is None:
+        return None
+    children = None if is_array(x) or _constant(x) is not None else _jax_children(x)
+    if children is None:
+        return leaf(key or SINGLE_ARRAY_KEY)
+    values = [visit(child, _join(key, name)) for name, child in children]
+    if not rebuild:
+        return None
+    jax = sys.modules["jax"]
+    _, treedef = jax.tree_util.tree_flatten(x, is_leaf=lambda y: y is not x)
+    return jax.tree_util.tree_unflatten(treedef, values)

@@ -20,12 +20,14 @@ import numpy as np
 
 from . import _progress, _pytree, _transfer, config, formats
 from ._dtypes import DType
-from ._frameworks import Request, allocate, parse_target, writable_view
+from ._frameworks import Request, Target, allocate, parse_target, writable_view
 from .errors import ChecksumError, FormatError, KeyNotFoundError, MismatchError
 
 __all__ = ["ArrayInfo", "Reader"]
 
 _ARRAY = object()  # stands for an array leaf where only constants are wanted
+# A load whose results are copies (JAX's device_put of host bytes) reads this much at a time.
+COPY_BATCH_BYTES = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -97,6 +99,7 @@ class Reader:
                                      header.fortran_order)}
         self._tree: dict[str, Any] = {"leaf": key}
         self._order = [key]
+        self._leaf_keys = [key]
         self.metadata: dict[str, Any] = {}
         self.framework: str | None = None
 
@@ -111,6 +114,7 @@ class Reader:
         if arrayio is None:
             self._tree = {"dict": [[key, {"leaf": key}] for key in self._stored]}
             self._order = list(self._stored)
+            self._leaf_keys = list(self._stored)
             self.framework = None
         else:
             metadata.pop(formats.safetensors.ARRAYIO_KEY)
@@ -127,6 +131,7 @@ class Reader:
                     except (ValueError, RecursionError):
                         raise FormatError(f"{self.path}: metadata {key!r} is not JSON") from None
             leaf_keys = _pytree.validate(self._tree, where=f"{self.path}: ")
+            self._leaf_keys = leaf_keys
             missing = set(leaf_keys) - self._stored.keys()
             listed = set(leaf_keys)  # then any tensor the structure does not name
             self._order = leaf_keys + [key for key in self._stored if key not in listed]
@@ -243,11 +248,51 @@ class Reader:
         check = self._verify and stored.crc32c is not None
         crc = _transfer.read_into(self.fd, stored.start, data, path=self.path,
                                   with_checksum=check, tool=self._tool)
-        if check and crc != stored.crc32c:
+        if check:
+            self._check(stored, crc)
+
+    def _check(self, stored: _Stored, crc: int | None) -> None:
+        if crc != stored.crc32c:
             raise ChecksumError(
                 f"{self.path}: array {stored.key!r} has CRC-32C {crc:08x}, the file recorded "
                 f"{stored.crc32c:08x}: the data is damaged (verify=False skips this check)"
             )
+
+    def _read_all(self, keys: Sequence[str], request: Request, advance: Any) -> dict[str, Any]:
+        """Read whole arrays as batches of transfers (see :meth:`Dispatcher.read_many`): every
+        array is allocated, then all of them are read at once, then finished. Where finishing
+        copies (host bytes put on a device by JAX) a batch stops at :data:`COPY_BATCH_BYTES`,
+        so that the load never holds much more than the result twice."""
+        results: dict[str, Any] = {}
+        batch: list[tuple[_Stored, Target]] = []
+        copied = 0
+        for key in dict.fromkeys(keys):
+            stored = self._entry(key)
+            shape = stored.shape[::-1] if stored.fortran_order else stored.shape
+            target = allocate(request, stored.dtype, shape)
+            batch.append((stored, target))
+            copied += stored.nbytes if target.copies else 0
+            if copied >= COPY_BATCH_BYTES:
+                self._read_batch(batch, results, advance)
+                batch, copied = [], 0
+        self._read_batch(batch, results, advance)
+        return results
+
+    def _read_batch(self, batch: list[tuple[_Stored, Target]], results: dict[str, Any],
+                    advance: Any) -> None:
+        if not batch:
+            return
+        checks = [self._verify and stored.crc32c is not None for stored, _ in batch]
+        crcs = _transfer.read_many(
+            self.fd, [(stored.start, target.data) for stored, target in batch], path=self.path,
+            with_checksum=any(checks), tool=self._tool,
+            done=lambda i: advance(batch[i][0].nbytes))
+        for (stored, _), check, crc in zip(batch, checks, crcs, strict=True):
+            if check:
+                self._check(stored, crc)
+        for stored, target in batch:
+            result = target.finish()
+            results[stored.key] = _transpose(result) if stored.fortran_order else result
 
     def _read_rows(self, stored: _Stored, index: Any, request: Request) -> Any:
         if not stored.shape:
@@ -298,31 +343,27 @@ class Reader:
 
     def _load(self, keys: str | Sequence[str] | None, request: Request, structure: Any,
               advance: Any) -> Any:
-        def read(key: str) -> Any:
-            stored = self._entry(key)
-            array = self._read_whole(stored, request)
-            advance(stored.nbytes)
-            return array
-
         if keys is not None:
             if isinstance(keys, str):
                 if keys in self._stored:
-                    return read(keys)
+                    return self._read_all([keys], request, advance)[keys]
                 keys = [keys]  # a subtree: a flat dict of the arrays below it
-            return {key: read(key) for key in self._select(keys)}
+            chosen = self._select(keys)
+            return self._read_all(chosen, request, advance)
         if structure is not None:
             constants = _pytree.leaves_by_key(_pytree.unflatten(self._tree, lambda key: _ARRAY))
-
-            def lookup(key: str) -> Any:
-                if key in self._stored:
-                    return read(key)
-                if constants.get(key, _ARRAY) is not _ARRAY:
-                    return constants[key]
-                raise KeyNotFoundError(f"{self.path}: the structure asks for {key!r}, which the "
-                                       f"file lacks (keys: {self.keys()[:5]}...)")
-
-            return _pytree.rebuild_like(structure, lookup)
-        return _pytree.unflatten(self._tree, read, where=f"{self.path}: ")
+            wanted = _pytree.example_keys(structure)
+            missing = [key for key in wanted if key not in self._stored
+                       and constants.get(key, _ARRAY) is _ARRAY]
+            if missing:  # before reading anything
+                raise KeyNotFoundError(f"{self.path}: the structure asks for {missing[0]!r}, "
+                                       f"which the file lacks (keys: {self.keys()[:5]}...)")
+            arrays = self._read_all([key for key in wanted if key in self._stored], request,
+                                    advance)
+            return _pytree.rebuild_like(
+                structure, lambda key: arrays[key] if key in arrays else constants[key])
+        arrays = self._read_all(self._leaf_keys, request, advance)
+        return _pytree.unflatten(self._tree, arrays.__getitem__, where=f"{self.path}: ")
 
     def _select(self, keys: Sequence[str]) -> list[str]:
         chosen: list[str] = []

@@ -11,6 +11,7 @@ the GPU after the transfer (:mod:`arrayio._device_checksum`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .dispatch import dispatcher
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
     from ._buffers import DeviceBuffer
 
-__all__ = ["read_into", "write_from"]
+__all__ = ["read_into", "read_many", "write_from", "write_many"]
 
 
 def read_into(fd: int, file_offset: int, dest: np.ndarray | DeviceBuffer, *,
@@ -41,3 +42,27 @@ def write_from(fd: int, file_offset: int, src: np.ndarray | DeviceBuffer, *,
     """Write all of ``src`` to ``fd`` at ``file_offset``; return its CRC-32C if asked (None
     if a forced tool cannot compute it)."""
     return dispatcher.get().write(fd, src, file_offset, with_checksum=with_checksum, tool=tool)
+
+
+def read_many(fd: int, requests: Sequence[tuple[int, Any]], *, path: str = "<file>",
+              with_checksum: bool = False, tool: Any = None,
+              done: Callable[[int], None] | None = None) -> list[int | None]:
+    """Fill each ``(file_offset, buffer)`` as one batch, every transfer in flight at once;
+    return their CRC-32Cs if asked. ``done(i)`` is called as request ``i`` completes.
+
+    Raises
+    ------
+    TruncatedFileError
+        If the file ends before a buffer is full.
+    """
+    return dispatcher.get().read_many(fd, requests, path=path, with_checksum=with_checksum,
+                                      tool=tool, done=done)
+
+
+def write_many(fd: int, requests: Sequence[tuple[int, Any]], *, with_checksum: bool = False,
+               tool: Any = None, done: Callable[[int], None] | None = None
+               ) -> list[int | None]:
+    """Write each ``(file_offset, buffer)`` as one batch; return their CRC-32Cs if asked
+    (None for a forced tool that cannot compute them)."""
+    return dispatcher.get().write_many(fd, requests, with_checksum=with_checksum, tool=tool,
+                                       done=done)

@@ -99,7 +99,8 @@ def explain(
     path
         A file arrayio can open. Without it, every learned context is shown.
     key
-        With ``path``: only this array (default: every array of the file).
+        With ``path``: only this array (default: every array of the file, which a load
+        moves as one batch: one context, that of a transfer of their total size).
     device
         With ``path``: where the arrays would be read to (default: the CPU).
     verify
@@ -125,19 +126,20 @@ def explain(
         check = config.get().verify_checksums if verify is None else verify
         with Reader(path) as reader:
             keys = [key] if key is not None else reader.keys()
-            seen = set()
             for name in keys:
                 if name not in reader:
                     raise KeyNotFoundError(f"{reader.path}: no array {name!r}")
-                info = reader[name]
-                context = active.context("read", reader.fd, info.file_offset, info.nbytes,
-                                         memory, check and info.crc32c is not None)
-                forced = active.forced_arm(None)
-                if info.nbytes == 0 or (info.nbytes < dispatch.SMALL_TRANSFER and forced is None):
-                    continue  # empty, or straight to the naive tool: nothing to explain
-                if context.key() not in seen:
-                    seen.add(context.key())
-                    explanations.append(active.policy.explain(context, force=forced))
+            # What load() does: the arrays it learns for (1 MiB and more, or all of them
+            # under a forced tool) move as one batch, in the context of their total size.
+            forced = active.forced_arm(None)
+            infos = [info for info in map(reader.__getitem__, keys) if info.nbytes and (
+                forced is not None or info.nbytes >= dispatch.SMALL_TRANSFER)]
+            if infos:
+                checksum = check and any(info.crc32c is not None for info in infos)
+                context = active.batch_context(
+                    "read", reader.fd, [(info.file_offset, info.nbytes) for info in infos],
+                    memory, checksum)
+                explanations.append(active.policy.explain(context, force=forced))
     return DispatchReport(tuple(explanations), _tool_availability(), active.table_path)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import errno
+import functools
 import os
 import random
 import threading
@@ -21,11 +22,11 @@ TIMEOUT = 60
 
 
 class Gate:
-    """Wraps ``arrayio._transfer.write_from``: counts writers in flight and, while closed,
-    holds each write until opened."""
+    """Wraps ``arrayio._transfer.write_from`` and ``write_many``: counts writers in flight
+    and, while closed, holds each write until opened."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, *, closed: bool = True) -> None:
-        self._write_from = _transfer.write_from
+        self._real = {name: getattr(_transfer, name) for name in ("write_from", "write_many")}
         self._open = threading.Event()
         if not closed:
             self._open.set()
@@ -33,16 +34,17 @@ class Gate:
         self.active = 0
         self.most_active = 0
         self.entered = threading.Semaphore(0)
-        monkeypatch.setattr(_transfer, "write_from", self)
+        for name in self._real:  # one array (.npy) or a container's batch
+            monkeypatch.setattr(_transfer, name, functools.partial(self, name))
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, name, *args, **kwargs):
         with self._lock:
             self.active += 1
             self.most_active = max(self.most_active, self.active)
         self.entered.release()
         try:
             assert self._open.wait(TIMEOUT), "gate never opened"
-            return self._write_from(*args, **kwargs)
+            return self._real[name](*args, **kwargs)
         finally:
             with self._lock:
                 self.active -= 1
@@ -136,6 +138,7 @@ def test_io_errors_surface_on_the_future(tmp_path, monkeypatch) -> None:
         raise OSError(errno.ENOSPC, "No space left on device (injected)")
 
     monkeypatch.setattr(_transfer, "write_from", disk_full)
+    monkeypatch.setattr(_transfer, "write_many", disk_full)
     failed = arrayio.save_async(path, {"x": np.zeros(3)})
     with pytest.raises(OSError, match="injected"):
         failed.result(TIMEOUT)
@@ -225,14 +228,16 @@ def test_cancel_running_load_drops_its_result(tmp_path, monkeypatch) -> None:
     path = tmp_path / "l.safetensors"
     arrayio.save(path, {"x": np.ones(3)})
     started, release = threading.Event(), threading.Event()
-    real = _transfer.read_into
+    real = {name: getattr(_transfer, name) for name in ("read_into", "read_many")}
 
     def slow_read(*args, **kwargs):
         started.set()
         assert release.wait(TIMEOUT)
-        return real(*args, **kwargs)
+        many = isinstance(args[1], list)  # read_many(fd, requests) or read_into(fd, offset...)
+        return real["read_many" if many else "read_into"](*args, **kwargs)
 
     monkeypatch.setattr(_transfer, "read_into", slow_read)
+    monkeypatch.setattr(_transfer, "read_many", slow_read)
     future = arrayio.load_async(path)
     assert started.wait(TIMEOUT)
     assert future.cancel() and future.cancelled()

@@ -176,10 +176,21 @@ Injection = Callable[[pytest.MonkeyPatch, Path, list[bool]], None]
 
 
 def _fail_write_from(calls: int, error: BaseException) -> Injection:
+    """Array writes fail after ``calls`` arrays: ``.npy`` saves write their array alone
+    (``write_from``), containers all of theirs as one batch (``write_many``), of which the
+    first ``calls`` are written before the error."""
     def inject(monkeypatch: pytest.MonkeyPatch, directory: Path, seen: list[bool]) -> None:
         real = arrayio._transfer.write_from
         monkeypatch.setattr(arrayio._transfer, "write_from",
                             fail_after(calls, real, error, directory, seen))
+        real_many = arrayio._transfer.write_many
+
+        def write_many(fd: int, requests: Any, **kwargs: Any) -> Any:
+            real_many(fd, requests[:calls], **kwargs)
+            seen.append(bool(temp_files(directory)))
+            raise error
+
+        monkeypatch.setattr(arrayio._transfer, "write_many", write_many)
 
     return inject
 

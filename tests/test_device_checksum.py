@@ -108,6 +108,20 @@ def test_kernel_matches_host_crc_property(data: bytes, misalign: int, segment: i
 
 
 @pytest.mark.gpu
+def test_a_batch_of_buffers_is_checksummed_with_one_wait() -> None:
+    import cupy
+
+    from arrayio._buffers import CupyDeviceBuffer
+    from arrayio._device_checksum import device_checksums
+
+    rng = np.random.default_rng(3)
+    hosts = [rng.integers(0, 256, n, dtype=np.uint8) for n in (0, 1, 4097, 5 << 20, 33, 0)]
+    buffers = [CupyDeviceBuffer(cupy.asarray(h)) for h in hosts]
+    assert device_checksums(buffers) == [checksum(h) for h in hosts]
+    assert device_checksums([]) == []
+
+
+@pytest.mark.gpu
 def test_kernel_on_torch_memory() -> None:
     torch = pytest.importorskip("torch")
     from arrayio._buffers import TorchDeviceBuffer

@@ -43,18 +43,25 @@ def forbid_data_reads(monkeypatch) -> None:
         raise DataNotAllowed("array data was read")
 
     monkeypatch.setattr(_transfer, "read_into", refuse)
+    monkeypatch.setattr(_transfer, "read_many", refuse)
 
 
 def spy_on_reads(monkeypatch) -> list[tuple[int, int]]:
-    """Record ``(file_offset, nbytes)`` of every read the byte mover makes."""
+    """Record ``(file_offset, nbytes)`` of every read the byte mover makes, alone or in a
+    batch."""
     calls: list[tuple[int, int]] = []
-    real = _transfer.read_into
+    real, real_many = _transfer.read_into, _transfer.read_many
 
     def spy(fd, file_offset, dest, **kwargs):
         calls.append((file_offset, dest.nbytes))
         return real(fd, file_offset, dest, **kwargs)
 
+    def spy_many(fd, requests, **kwargs):
+        calls.extend((file_offset, dest.nbytes) for file_offset, dest in requests)
+        return real_many(fd, requests, **kwargs)
+
     monkeypatch.setattr(_transfer, "read_into", spy)
+    monkeypatch.setattr(_transfer, "read_many", spy_many)
     return calls
 
 
@@ -797,3 +804,23 @@ def test_metadata_round_trips_through_load_and_open(model_file):
     with arrayio.open(path) as reader:
         assert reader.load(keys="params.b").tolist() == [0, 1, 2, 3]
         assert reader.metadata["nested"] == {"k": [1, 2], "m": {"x": False}}
+
+
+def test_a_structure_asking_for_a_missing_array_fails_before_reading(tmp_path, monkeypatch):
+    path = tmp_path / "s.safetensors"
+    arrayio.save(path, {"a": np.arange(3), "n": 7})
+    forbid_data_reads(monkeypatch)
+    with pytest.raises(arrayio.KeyNotFoundError, match="'b'"):
+        arrayio.load(path, structure={"a": 0, "b": 0, "n": 0})
+
+
+def test_a_structure_reads_only_the_arrays_it_asks_for(tmp_path, monkeypatch):
+    path = tmp_path / "s.safetensors"
+    tree = {"a": np.arange(3), "b": np.ones((2, 2)), "c": {"d": np.zeros(5)}, "n": 7}
+    arrayio.save(path, tree)
+    calls = spy_on_reads(monkeypatch)
+    with arrayio.open(path) as reader:
+        wanted = {reader["b"].file_offset, reader["c.d"].file_offset}
+    back = arrayio.load(path, structure={"b": 0, "c": {"d": 0}, "n": 0})
+    assert {offset for offset, _ in calls} == wanted
+    assert_tree_equal(back, {"b": tree["b"], "c": tree["c"], "n": 7})

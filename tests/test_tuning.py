@@ -14,7 +14,7 @@ import pytest
 
 import arrayio
 from arrayio import tools
-from arrayio.dispatch import Explanation, dispatcher
+from arrayio.dispatch import dispatcher
 from arrayio.dispatch.dispatcher import Dispatcher
 
 MiB = 1 << 20
@@ -156,55 +156,49 @@ def saved_file(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray]]:
     return path, tree
 
 
-def learned_sizes(report: arrayio.DispatchReport) -> list[Explanation]:
-    """The explanations of contexts of 1 MiB or more (size class 20 and up)."""
-    return [e for e in report.explanations if int(e.key.split("/")[2][2:]) >= 20]
-
-
 def test_explain_a_file_leaves_out_arrays_too_small_to_learn(tmp_path, fresh):
     # Below 1 MiB a transfer goes straight to the naive tool, with no context: explaining a
-    # context for it would describe a choice that is never made.
+    # context for it would describe a choice that is never made. The others (13 MiB) load as
+    # one batch, in the context of a transfer of their total size.
     path, _ = saved_file(tmp_path)
     report = arrayio.explain(path)
-    assert [e.key.split("/")[2] for e in report.explanations] == ["2^20", "2^21", "2^23"]
-    # Forced, every size goes through the forced arm, and is shown.
+    assert [e.key.split("/")[2] for e in report.explanations] == ["2^24"]
+    # Forced, every array goes through the forced arm, in the batch.
     with arrayio.config.set(tool="naive"):
-        forced = arrayio.explain(path).explanations
-    assert [e.key.split("/")[2] for e in forced] == ["2^20", "2^21", "2^23", "2^16", "2^12"]
-    assert {(e.phase, e.chosen) for e in forced} == {("forced", "naive")}
+        [forced] = arrayio.explain(path).explanations
+    assert (forced.key, forced.phase, forced.chosen) == (
+        report.explanations[0].key, "forced", "naive")
 
 
-def test_explain_a_file_lists_one_context_per_learned_size(tmp_path, fresh):
+def test_explain_a_file_shows_the_context_its_load_uses(tmp_path, fresh):
     path, tree = saved_file(tmp_path)
-    report = arrayio.explain(path)
-    explanations = learned_sizes(report)
-    assert [e.key.split("/")[2] for e in explanations] == ["2^20", "2^21", "2^23"]
-    assert all(e.key.startswith("read/host/") and e.key.endswith("/crc") for e in explanations)
-    assert all(e.phase == "exploring" for e in explanations)
+    [batch] = arrayio.explain(path).explanations
+    assert batch.key.startswith("read/host/2^24/") and batch.key.endswith("/crc")
+    assert batch.phase == "exploring"
     # Explaining learns nothing (the save taught the write contexts).
     assert [key for key, _ in fresh.table.items() if key.startswith("read/")] == []
 
     for _ in range(40):
         back = arrayio.load(path)
-        if all(e.phase == "exploiting" for e in learned_sizes(arrayio.explain(path))):
+        assert dispatcher.get().last[0].key() == batch.key  # the context explained
+        if arrayio.explain(path).explanations[0].phase == "exploiting":
             break
     assert all(back[key].tobytes() == array.tobytes() for key, array in tree.items())
-    report = arrayio.explain(path)
-    explanations = learned_sizes(report)
-    assert [e.phase for e in explanations] == ["exploiting"] * 3
-    for explanation in explanations:
-        assert explanation.chosen is not None
-        assert [arm.label for arm in explanation.arms if arm.state == "chosen"] == [
-            explanation.chosen]
+    [batch] = arrayio.explain(path).explanations
+    assert batch.phase == "exploiting" and batch.chosen is not None
+    assert [arm.label for arm in batch.arms if arm.state == "chosen"] == [batch.chosen]
+    context, arm = dispatcher.get().last
+    assert (context.key(), arm.label) == (batch.key, batch.chosen)
 
+    # One array alone: its own context, the one a load of that key uses.
     [only] = arrayio.explain(path, key="eight_mib").explanations
-    assert only == explanations[2]
+    assert only.key.split("/")[2] == "2^23" and only.key != batch.key
     arrayio.load(path, keys="eight_mib")
     context, arm = dispatcher.get().last
-    assert (context.key(), arm.label) == (only.key, only.chosen)
+    assert context.key() == only.key
 
-    unverified = learned_sizes(arrayio.explain(path, verify=False))
-    assert [e.key for e in unverified] == [e.key.removesuffix("/crc") for e in explanations]
+    [unverified] = arrayio.explain(path, verify=False).explanations
+    assert unverified.key == batch.key.removesuffix("/crc")
 
 
 def test_explain_a_missing_key_raises(tmp_path, fresh):

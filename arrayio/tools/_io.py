@@ -3,17 +3,21 @@ the task size tools use for a request, and flushing a written range to the devic
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import ctypes.util
 import functools
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from .._checksum import checksum
 
-__all__ = ["flush_range", "pread_checksummed", "pread_full", "pwrite_full", "task_bytes"]
+__all__ = ["flush_range", "in_batch", "pread_checksummed", "pread_full", "pwrite_full",
+           "task_bytes"]
 
 # Below this, per-task costs (a thread hand-off, a CUDA stream wait) eat the gain; measured
 # on the H200 machine: 16 threads of 1 MiB tasks read 16 MiB slower than 4 threads of 4 MiB.
@@ -62,11 +66,32 @@ def pwrite_full(fd: int, view: np.ndarray, file_offset: int) -> int:
     return done
 
 
+_batched: contextvars.ContextVar[bool] = contextvars.ContextVar("arrayio_batched", default=False)
+
+
+@contextlib.contextmanager
+def in_batch() -> Iterator[None]:
+    """Requests a tool is handed (in this thread) within are parts of a batch, whose other
+    requests keep its threads busy: :func:`task_bytes` does not spread them."""
+    token = _batched.set(True)
+    try:
+        yield
+    finally:
+        _batched.reset(token)
+
+
 def task_bytes(nbytes: int, threads: int, task_size: int, block: int = 4096) -> int:
     """The task size for a request: at most ``task_size``, but small enough that the request
-    spreads over every thread (and never under ``_MIN_TASK``, where per-task costs dominate)."""
-    per_thread = -(-nbytes // max(threads, 1))
-    size = min(task_size, max(_MIN_TASK, per_thread))
+    spreads over every thread (and never under ``_MIN_TASK``, where per-task costs dominate).
+
+    Within a batch (:func:`in_batch`) it is ``task_size``: smaller tasks would only cost
+    more (on the H200 VM, O_DIRECT writes of 4 MiB ran at 3/4 the rate of 32 MiB ones).
+    """
+    if _batched.get():
+        size = task_size
+    else:
+        per_thread = -(-nbytes // max(threads, 1))
+        size = min(task_size, max(_MIN_TASK, per_thread))
     return -(-size // block) * block
 
 

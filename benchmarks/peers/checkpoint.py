@@ -25,9 +25,11 @@ measures the disk's ceilings on a file of the checkpoint's size (see
 :class:`~benchmarks.peers._harness.DiskCeilings`) up front and again in every round,
 between the peers (round-robin), since the disk's write rate drifts over a run. An untimed,
 checked round of every peer comes first, on a checkpoint of ``--warmup-gib`` (default: the
-first size): imports, CUDA contexts, and the arrayio dispatcher's first explorations, which
-then serve every size (the tensor shapes are the same). Each size's first sample of every
-peer is checked too. Each round saves, loads and deletes one peer's checkpoint before the
+first size): imports and CUDA contexts. arrayio moves a checkpoint's tensors as one batch,
+learned as one transfer of the checkpoint's size, so before each size's rounds (untimed,
+and unless ``--no-tune``) ``arrayio.tune`` teaches the dispatcher that size's contexts:
+saves and cold and warm loads into GPU memory, as a user would once per machine. Each size's
+first sample of every peer is checked too. Each round saves, loads and deletes one peer's checkpoint before the
 next: at most two checkpoints (the peer's and the ceilings' file) are on the disk at once.
 
 With ``--deadline``, a peer whose next measurement would not fit is skipped for that round
@@ -450,6 +452,14 @@ def run_size(args: argparse.Namespace, gib: float, deadline: h.Deadline,
         return got
 
     try:
+        if args.tune and any(p.name.startswith("arrayio") for p in peers):
+            import arrayio
+
+            result["tune_seconds"], tuned = h.timed(lambda: arrayio.tune(
+                directory, device=args.device, sizes=[nbytes]))
+            result["tuned"] = {e.key: e.chosen for e in tuned.explanations}
+            print(f"  {gib:g} GiB tuned in {result['tune_seconds']:.1f} s: {result['tuned']}",
+                  flush=True)
         result["ceiling_search_seconds"], _ = h.timed(ceilings.search)
         if args.device.startswith("cuda") and "pinned_host_to_device_GBps" not in report:
             ceilings.measure_pinned_h2d()
@@ -600,6 +610,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--vocab", type=int, default=65536)
     parser.add_argument("--deadline", type=float, default=None,
                         help="wall-clock time (seconds since the epoch) to finish by")
+    parser.add_argument("--no-tune", dest="tune", action="store_false",
+                        help="let arrayio learn during the measured rounds instead")
     parser.add_argument("--plot-out", help="with --replot A.json,B.json: the merged plot")
     parser.add_argument("--warmup-gib", type=float, default=None,
                         help="size of the untimed warm-up round's checkpoint (default: the "

@@ -490,3 +490,17 @@ def test_a_forked_child_reads_through_a_tool_its_parent_used(tmp_path):
     result = subprocess.run([sys.executable, "-c", _FORK_SCRIPT, str(path)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+
+
+def test_task_bytes_spread_a_request_alone_but_not_within_a_batch() -> None:
+    from arrayio.tools._io import in_batch, task_bytes
+
+    MiB = 1 << 20
+    # Alone: 16 MiB over 8 threads, but never under 4 MiB a task.
+    assert task_bytes(16 * MiB, 8, 32 * MiB) == 4 * MiB
+    assert task_bytes(256 * MiB, 8, 32 * MiB) == 32 * MiB
+    assert task_bytes(5000, 4, 8 * MiB) == 4 * MiB
+    with in_batch():  # the batch's other requests keep the threads busy
+        assert task_bytes(16 * MiB, 8, 32 * MiB) == 32 * MiB
+        assert task_bytes(5000, 4, 8 * MiB + 1) == 8 * MiB + 4096  # rounded to blocks
+    assert task_bytes(16 * MiB, 8, 32 * MiB) == 4 * MiB  # and only within

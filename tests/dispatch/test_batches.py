@@ -1,0 +1,262 @@
+"""Batches of transfers (``Dispatcher.read_many``/``write_many``), what loads and saves of
+several arrays use: every request's bytes and checksum exactly as alone, one context for
+the batch, a bounded number in flight, every started transfer waited for before an error
+leaves, and ``done`` once per request even when a failing tool's batch is redone.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import crc32c
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import arrayio
+from arrayio import tools
+from arrayio.dispatch import Arm, dispatcher
+from arrayio.dispatch.dispatcher import SMALL_TRANSFER, Dispatcher
+from arrayio.errors import ToolUnavailableError, TruncatedFileError
+from arrayio.tools import Capabilities, IOFuture, Tool
+from arrayio.tools._io import pread_full, pwrite_full
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tools, "_REGISTRY", dict(tools._REGISTRY))
+
+
+class Slow(Tool):
+    """pread/pwrite on a thread pool, each taking a moment; counts how many run at once."""
+
+    name = "slow"
+    capabilities = Capabilities(frozenset({"host"}), checksums=False)
+    lock = threading.Lock()
+    running = 0
+    most = 0
+    finished: list[int] = []
+    fail_at: int | None = None  # the file offset whose transfer raises
+
+    def __init__(self, **params) -> None:
+        super().__init__(**params)
+        self.pool = ThreadPoolExecutor(8)
+
+    def _run(self, move, fd, buffer, file_offset):
+        cls = type(self)
+        with cls.lock:
+            cls.running += 1
+            cls.most = max(cls.most, cls.running)
+        try:
+            time.sleep(0.002)
+            if file_offset == cls.fail_at:
+                raise ToolUnavailableError("slow: injected failure")
+            return move(fd, buffer, file_offset)
+        finally:
+            with cls.lock:
+                cls.running -= 1
+                cls.finished.append(file_offset)
+
+    def pread(self, fd, buffer, file_offset, *, checksum=None):
+        return IOFuture(self.pool.submit(self._run, pread_full, fd, buffer, file_offset))
+
+    def pwrite(self, fd, buffer, file_offset, *, checksum=None):
+        return IOFuture(self.pool.submit(self._run, pwrite_full, fd, buffer, file_offset))
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+@pytest.fixture
+def slow(registry, monkeypatch):
+    monkeypatch.setattr(Slow, "running", 0)
+    monkeypatch.setattr(Slow, "most", 0)
+    monkeypatch.setattr(Slow, "finished", [])
+    monkeypatch.setattr(Slow, "fail_at", None)
+    tools.register("slow", Slow, clobber=True)
+    return Slow
+
+
+def layout(sizes: list[int], gaps: list[int]) -> list[tuple[int, int]]:
+    """(offset, size) of each request, one after another with the given gaps."""
+    ranges, offset = [], 0
+    for size, gap in zip(sizes, gaps, strict=True):
+        offset += gap
+        ranges.append((offset, size))
+        offset += size
+    return ranges
+
+
+@given(sizes=st.lists(st.sampled_from([0, 1, 4095, 4096, 70_000, MiB, MiB + 13, 3 * MiB - 7]),
+                      min_size=1, max_size=7),
+       data=st.data(), tool=st.sampled_from([None, "posix(threads=3,task_size=65536)",
+                                             "direct(threads=2,task_size=1048576)", "naive"]))
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_batches_move_every_request_exactly_with_its_checksum(tmp_path, fresh, sizes, data,
+                                                              tool):
+    gaps = data.draw(st.lists(st.sampled_from([0, 1, 512, 4096]), min_size=len(sizes),
+                              max_size=len(sizes)))
+    ranges = layout(sizes, gaps)
+    end = max(offset + size for offset, size in ranges)
+    content = np.random.default_rng(len(sizes)).integers(0, 256, end, dtype=np.uint8)
+    path = tmp_path / "batch.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        sources = [content[offset:offset + size].copy() for offset, size in ranges]
+        done: list[int] = []
+        crcs = fresh.write_many(fd, [(offset, src) for (offset, _), src in
+                                     zip(ranges, sources, strict=True)],
+                                with_checksum=True, tool=tool, done=done.append)
+        assert sorted(done) == list(range(len(ranges)))
+        expected = [crc32c.crc32c(src.tobytes()) for src in sources]
+        assert crcs == expected
+        on_disk = np.fromfile(path, dtype=np.uint8)
+        for (offset, size), src in zip(ranges, sources, strict=True):
+            assert on_disk[offset:offset + size].tobytes() == src.tobytes()
+
+        dests = [np.full(size, 0xA5, np.uint8) for _, size in ranges]
+        done.clear()
+        crcs = fresh.read_many(fd, [(offset, dest) for (offset, _), dest in
+                                    zip(ranges, dests, strict=True)],
+                               with_checksum=True, tool=tool, done=done.append)
+        assert sorted(done) == list(range(len(ranges)))
+        assert crcs == expected
+        for dest, src in zip(dests, sources, strict=True):
+            assert dest.tobytes() == src.tobytes()
+        # Without checksums: none reported.
+        assert fresh.read_many(fd, [(ranges[0][0], dests[0])], tool=tool) == [None]
+    finally:
+        os.close(fd)
+
+
+def test_a_batch_is_learned_as_one_transfer_of_its_total_size(tmp_path, fresh):
+    path = tmp_path / "b.bin"
+    path.write_bytes(os.urandom(6 * MiB))
+    dests = [np.empty(2 * MiB, np.uint8) for _ in range(3)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fresh.read_many(fd, [(i * 2 * MiB, dest) for i, dest in enumerate(dests)])
+        context, _ = fresh.last
+        assert context.size_class == 23  # 6 MiB rounds up to 2^23
+        assert context.key() == fresh.batch_context(
+            "read", fd, [(0, 6 * MiB)], "host", False).key()
+        # Small requests go one by one through the naive tool, outside the batch.
+        small = [np.empty(1000, np.uint8) for _ in range(3)]
+        fresh.read_many(fd, [(i * 1000, s) for i, s in enumerate(small)])
+        assert fresh.last == (None, Arm("naive"))
+        assert b"".join(s.tobytes() for s in small) == path.read_bytes()[:3000]
+    finally:
+        os.close(fd)
+
+
+def test_a_batch_keeps_a_bounded_number_in_flight(tmp_path, fresh, slow, monkeypatch):
+    monkeypatch.setattr(dispatcher, "BATCH_WINDOW", 3)
+    count = 12
+    path = tmp_path / "w.bin"
+    path.write_bytes(os.urandom(count * MiB))
+    dests = [np.empty(MiB, np.uint8) for _ in range(count)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fresh.read_many(fd, [(i * MiB, d) for i, d in enumerate(dests)], tool="slow")
+    finally:
+        os.close(fd)
+    assert 2 <= slow.most <= 3  # in flight together, never more than the window
+    assert b"".join(d.tobytes() for d in dests) == path.read_bytes()
+
+
+def test_a_failure_waits_for_every_started_transfer_before_falling_back(
+        tmp_path, fresh, slow, monkeypatch):
+    # The failing tool's other transfers may still be writing into the buffers: the
+    # fallback must not start before they have all stopped, or they would overwrite it.
+    count = 10
+    path = tmp_path / "f.bin"
+    content = os.urandom(count * MiB)
+    path.write_bytes(content)
+    monkeypatch.setattr(dispatcher, "candidate_arms",
+                        lambda context: [Arm("slow"), Arm.of("posix", threads=2)])
+    slow.fail_at = 2 * MiB
+    dests = [np.empty(MiB, np.uint8) for _ in range(count)]
+    done: list[int] = []
+    started_fallback: list[int] = []
+    real_posix = tools.tool_class("posix").pread
+
+    def posix_pread(self, *args, **kwargs):
+        started_fallback.append(len(slow.finished))
+        return real_posix(self, *args, **kwargs)
+
+    monkeypatch.setattr(tools.tool_class("posix"), "pread", posix_pread)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fresh.read_many(fd, [(i * MiB, d) for i, d in enumerate(dests)], done=done.append)
+    finally:
+        os.close(fd)
+    assert b"".join(d.tobytes() for d in dests) == content
+    started = len(slow.finished)
+    assert started >= 3 and min(started_fallback) == started  # all done before the fallback
+    assert sorted(done) == list(range(count))  # once each, despite the redo
+    [context] = [e for e in arrayio.explain().explanations]
+    assert "slow" in context.unavailable
+
+
+def test_a_short_file_in_a_batch_is_a_data_error(tmp_path, fresh):
+    path = tmp_path / "short.bin"
+    path.write_bytes(os.urandom(5 * MiB))
+    dests = [np.empty(2 * MiB, np.uint8) for _ in range(3)]  # the last runs 1 MiB past the end
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(TruncatedFileError, match="1048576 bytes short"):
+            fresh.read_many(fd, [(i * 2 * MiB, d) for i, d in enumerate(dests)], path="short")
+    finally:
+        os.close(fd)
+    assert all(not e.unavailable for e in arrayio.explain().explanations)  # no tool blamed
+
+
+def test_an_error_from_done_stops_the_batch_after_its_transfers(tmp_path, fresh, slow,
+                                                                monkeypatch):
+    # How a cancelled save_async stops: the callback raises; what started finishes first.
+    monkeypatch.setattr(dispatcher, "BATCH_WINDOW", 2)
+    path = tmp_path / "c.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    sources = [np.full(MiB, i, np.uint8) for i in range(8)]
+
+    def done(i: int) -> None:
+        if i == 1:
+            raise KeyboardInterrupt
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fresh.write_many(fd, [(i * MiB, s) for i, s in enumerate(sources)], tool="slow",
+                             done=done)
+        assert slow.running == 0
+        assert len(slow.finished) < len(sources)  # it stopped starting new ones
+    finally:
+        os.close(fd)
+
+
+def test_loads_and_saves_of_many_arrays_use_one_batch(tmp_path, fresh, monkeypatch):
+    batches: list[int] = []
+    for name in ("read_many", "write_many"):
+        real = getattr(Dispatcher, name)
+
+        def spy(self, fd, requests, *args, real=real, **kwargs):
+            batches.append(len(requests))
+            return real(self, fd, requests, *args, **kwargs)
+
+        monkeypatch.setattr(Dispatcher, name, spy)
+    rng = np.random.default_rng(0)
+    tree = {"a": rng.standard_normal(MiB), "b": {"c": rng.integers(0, 9, 3 * MiB, np.uint8),
+                                                 "d": np.arange(10)}, "e": [1, None]}
+    path = tmp_path / "t.safetensors"
+    arrayio.save(path, tree)
+    back = arrayio.load(path)
+    assert batches == [3, 3]  # every array of the save, then of the load
+    assert back["b"]["c"].tobytes() == tree["b"]["c"].tobytes()
+    assert back["a"].tobytes() == tree["a"].tobytes() and back["e"] == [1, None]
+    assert SMALL_TRANSFER <= tree["a"].nbytes
