@@ -93,9 +93,9 @@ def _gbps_of(value: float | None, ceiling: float | None) -> str:
 
 
 def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") -> str:
-    """The peer benchmarks of the latest results folder that has them (``benchmarks/peers``):
-    checkpoint (per size, every peer beside the ceilings, and the targets), feature-map
-    offload (step times) and small arrays (microseconds per array)."""
+    """The peer benchmarks (``benchmarks/peers``), each from the latest results folder that
+    has it: checkpoint (per size, every peer beside the ceilings, and the targets),
+    feature-map offload (step times) and small arrays (microseconds per array)."""
     folders = sorted({p.parent for p in results_dir.glob("*/checkpoint*.json")},
                      key=lambda p: p.name)
     if not folders:
@@ -183,7 +183,12 @@ def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
     if png.exists() and png.is_relative_to(ROOT):
         lines += [f"![checkpoint against its peers]({png.relative_to(ROOT).as_posix()})", ""]
 
-    path = folder / "featuremap.json"
+    def latest(name: str) -> pathlib.Path:
+        # Each scenario from the latest folder that has it: a run may measure only some.
+        found = sorted(results_dir.glob(f"*/{name}"), key=lambda p: p.parent.name)
+        return found[-1] if found else folder / name
+
+    path = latest("featuremap.json")
     if path.exists():
         report = json.loads(path.read_text())
         rows = report["results"]
@@ -206,7 +211,7 @@ def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
                          f"{_fmt(r.get('floor_over_step'))} |")
         lines.append("")
 
-    path = folder / "small_arrays.json"
+    path = latest("small_arrays.json")
     if path.exists():
         report = json.loads(path.read_text())
         lines += [f"**Small arrays** ({source(report, path)}): 4 to 64 KiB float32 arrays on "

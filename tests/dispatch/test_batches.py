@@ -260,3 +260,44 @@ def test_loads_and_saves_of_many_arrays_use_one_batch(tmp_path, fresh, monkeypat
     assert back["b"]["c"].tobytes() == tree["b"]["c"].tobytes()
     assert back["a"].tobytes() == tree["a"].tobytes() and back["e"] == [1, None]
     assert SMALL_TRANSFER <= tree["a"].nbytes
+
+
+def test_small_neighbours_are_read_with_one_read(tmp_path, fresh, monkeypatch):
+    content = os.urandom(3 * MiB)
+    path = tmp_path / "s.bin"
+    path.write_bytes(content)
+    # Neighbours (gaps of 0 and 100 bytes), one far away, one overlapping the first.
+    ranges = [(0, 4096), (4096, 8192), (12388, 50_000), (2 * MiB, 4096), (100, 300)]
+    dests = [np.empty(size, np.uint8) for _, size in ranges]
+    reads: list[tuple[int, int]] = []
+    real = Dispatcher.read
+
+    def spy(self, fd, buffer, file_offset, **kwargs):
+        reads.append((file_offset, buffer.nbytes))
+        return real(self, fd, buffer, file_offset, **kwargs)
+
+    monkeypatch.setattr(Dispatcher, "read", spy)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        crcs = fresh.read_many(fd, [(o, d) for (o, _), d in zip(ranges, dests, strict=True)],
+                               with_checksum=True)
+    finally:
+        os.close(fd)
+    # The overlapping request starts a run of its own in file order, which its neighbours
+    # after it join; the first stays alone.
+    assert sorted(reads) == [(0, 4096), (100, 62288), (2 * MiB, 4096)]
+    for (offset, size), dest, crc in zip(ranges, dests, crcs, strict=True):
+        assert dest.tobytes() == content[offset:offset + size]
+        assert crc == crc32c.crc32c(content[offset:offset + size])
+
+
+def test_a_short_file_under_small_neighbours_names_the_short_array(tmp_path, fresh):
+    path = tmp_path / "short.bin"
+    path.write_bytes(os.urandom(10_000))
+    dests = [np.empty(4096, np.uint8) for _ in range(3)]  # the last ends 2288 bytes past EOF
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(TruncatedFileError, match="file ends at byte 10000, 2288 bytes"):
+            fresh.read_many(fd, [(i * 4096, d) for i, d in enumerate(dests)], path="short")
+    finally:
+        os.close(fd)
