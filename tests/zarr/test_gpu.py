@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 
 import numpy as np
 import pytest
@@ -97,6 +98,42 @@ def test_many_threads_read_into_the_gpu_at_once(tmp_path, cupy, gpu_prototype):
         return await store.get_partial_values(gpu_prototype, [(k, None) for k in keys])
 
     assert [g.to_bytes() for g in asyncio.run(batch())] == [values[k] for k in keys]
+
+
+def test_a_crowd_reads_through_kvikio_or_falls_back_to_pieces(tmp_path, cupy, gpu_prototype,
+                                                              monkeypatch):
+    from arrayio import tools
+    from arrayio.errors import ToolUnavailableError
+    from arrayio.tools import Capabilities, Tool
+
+    calls = []
+
+    class Broken(Tool):
+        name = "broken"
+        capabilities = Capabilities(frozenset({"host", "cuda"}), checksums=False)
+
+        def pread(self, fd, buffer, file_offset, *, checksum=None):
+            calls.append(buffer.nbytes)
+            buffer.cuda_array[:] = 0xA5  # scribbles, then fails
+            raise ToolUnavailableError("broken: injected")
+
+        pwrite = pread
+
+    monkeypatch.setattr(tools, "_REGISTRY", dict(tools._REGISTRY))
+    tools.register("broken", Broken)
+    monkeypatch.setattr(store_module, "_CROWD_KVIKIO", "broken")
+    monkeypatch.setattr(store_module, "_kvikio_usable",
+                        lambda: not store_module._no_kvikio.is_set())
+    monkeypatch.setattr(store_module, "_no_kvikio", threading.Event())
+    values = {f"w/{i}": payload((2 << 20) + i, i) for i in range(24)}
+    for key, value in values.items():
+        (tmp_path / key).parent.mkdir(exist_ok=True)
+        (tmp_path / key).write_bytes(value)  # in the page cache: warm
+    store = NVMeStore(tmp_path)
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        got = list(pool.map(lambda k: store.get_sync(k, prototype=gpu_prototype), values))
+    assert [g.to_bytes() for g in got] == list(values.values())
+    assert calls and store_module._no_kvikio.is_set()  # tried, then never again
 
 
 @pytest.mark.parametrize("request_", [None, RangeByteRequest(5, 3_000_000),
