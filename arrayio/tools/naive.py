@@ -21,6 +21,7 @@ from .base import Buffer, Capabilities, IOFuture, Tool
 __all__ = ["NaiveTool"]
 
 _HOST_CHUNK = 64 << 20  # writes go out in pieces this size, each checksummed first
+_MIN_STAGING = 1 << 20
 
 
 class NaiveTool(Tool):
@@ -36,7 +37,11 @@ class NaiveTool(Tool):
 
     def _host_for(self, device: DeviceBuffer) -> Any:
         need = min(config.get().staging_bytes, max(device.nbytes, 1))
-        return self._staging.lend(device.device_index, lambda: device.pinned_empty(need),
+        # Pinned memory is slow to allocate whatever its size: sizes are rounded up (a power
+        # of two, 1 MiB at least) so that one spare fits any small array that comes next,
+        # rather than growing a few kilobytes at a time as larger ones arrive.
+        size = min(config.get().staging_bytes, max(_MIN_STAGING, 1 << (need - 1).bit_length()))
+        return self._staging.lend(device.device_index, lambda: device.pinned_empty(size),
                                   fits=lambda buffer: buffer.nbytes >= need)
 
     def pread(self, fd: int, buffer: Buffer, file_offset: int, *,

@@ -504,3 +504,45 @@ def test_task_bytes_spread_a_request_alone_but_not_within_a_batch() -> None:
         assert task_bytes(16 * MiB, 8, 32 * MiB) == 32 * MiB
         assert task_bytes(5000, 4, 8 * MiB + 1) == 8 * MiB + 4096  # rounded to blocks
     assert task_bytes(16 * MiB, 8, 32 * MiB) == 4 * MiB  # and only within
+
+
+class _FakeDevice:
+    """Host bytes posing as device memory, counting the pinned buffers asked for."""
+
+    device_index = 0
+    pinned: list[int] = []
+
+    def __init__(self, nbytes: int) -> None:
+        self.data = np.zeros(nbytes, np.uint8)
+        self.nbytes = nbytes
+
+    def copy_to_host(self, offset: int, dst: np.ndarray) -> None:
+        dst[...] = self.data[offset:offset + dst.nbytes]
+
+    def copy_from_host(self, offset: int, src: np.ndarray) -> None:
+        self.data[offset:offset + src.nbytes] = src
+
+    def pinned_empty(self, nbytes: int) -> np.ndarray:
+        self.pinned.append(nbytes)
+        return np.empty(nbytes, np.uint8)
+
+
+def test_naive_staging_is_not_reallocated_for_each_new_small_size(tmp_path, monkeypatch):
+    # Pinned allocations cost about a millisecond: arrays of random small sizes must reuse
+    # one staging buffer, not grow it a few kilobytes at a time.
+    monkeypatch.setattr(_FakeDevice, "pinned", [])
+    tool = NaiveTool()
+    rng = np.random.default_rng(0)
+    path = tmp_path / "n.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        for size in rng.integers(4096, 65536, 50):
+            device = _FakeDevice(int(size))
+            device.data[...] = rng.integers(0, 256, int(size), dtype=np.uint8)
+            assert tool.write(fd, device, 0) == size
+            back = _FakeDevice(int(size))
+            assert tool.read(fd, back, 0) == size
+            assert back.data.tobytes() == device.data.tobytes()
+    finally:
+        os.close(fd)
+    assert _FakeDevice.pinned == [1 << 20]
