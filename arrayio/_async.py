@@ -18,8 +18,7 @@ A save has two phases, as orbax's does:
 Operations are queued per file (``os.path.realpath``): on the same path they run one after
 another in submission order (a load after a save sees what that save wrote; of two saves,
 the last wins), on different paths they run in parallel, at most
-``config.get().async_workers`` at once (``ARRAYIO_ASYNC_WORKERS``, default 4; those that move
-device memory one at a time, see :data:`device_transfers`). Worker threads
+``config.get().async_workers`` at once (``ARRAYIO_ASYNC_WORKERS``, default 4). Worker threads
 are started on demand and exit when the queue is empty; they are not daemons, so queued
 saves finish before the interpreter exits.
 
@@ -53,18 +52,10 @@ import numpy as np
 
 from . import _api, config
 from ._buffers import CupyDeviceBuffer, TorchDeviceBuffer, aligned_empty
-from ._frameworks import Exported, parse_target
+from ._frameworks import Exported
 
 __all__ = ["AsyncFuture", "load_async", "save_async"]
 
-# arrayio's own background transfers of device memory (async saves and loads, the
-# offloader's spills and reads) go one at a time; host memory is not affected. The staged
-# and naive GPU tools used to hand every call the same pinned staging buffers, so two
-# transfers at once mixed their bytes (the offloader's first H200 run read back corrupted
-# spills, caught by the checksums). Since commit a4be910 they lend buffers to one call at a
-# time; this lock stays until a GPU run of the offloader's concurrency tests without it
-# confirms that, and the offload benchmark is measured again.
-device_transfers = threading.Lock()
 
 
 class _Stopped(Exception):
@@ -317,12 +308,8 @@ def save_async(
     # time of the call, not at the time the worker gets to it.
     prepared.path = os.path.abspath(prepared.path)
 
-    on_device = any(not isinstance(e.data, np.ndarray) for e in prepared.arrays.values())
-
     def run(checkpoint: Callable[[bool], None]) -> None:
-        with device_transfers if on_device else contextlib.nullcontext():
-            _api.write_prepared(prepared, tool=tool, checkpoint=checkpoint,
-                                progress=progress)
+        _api.write_prepared(prepared, tool=tool, checkpoint=checkpoint, progress=progress)
 
     _scheduler.submit(_Operation(_path_key(prepared.path), future, run))
     return future
@@ -359,12 +346,9 @@ def load_async(
     path = os.path.abspath(path)  # resolved now, as in save_async
 
     def run(checkpoint: Callable[[bool], None]) -> Any:
-        on_device = parse_target(like, device).placement.is_cuda
-        with device_transfers if on_device else contextlib.nullcontext():
-            checkpoint(False)
-            result = _api.load(path, like=like, device=device, keys=keys,
-                               structure=structure, verify=verify, tool=tool,
-                               progress=progress)
+        checkpoint(False)
+        result = _api.load(path, like=like, device=device, keys=keys, structure=structure,
+                           verify=verify, tool=tool, progress=progress)
         checkpoint(True)
         return result
 

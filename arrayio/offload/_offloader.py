@@ -37,8 +37,8 @@ the offloader's directory (see :mod:`arrayio.offload._directory`), checksummed (
 unless ``verify=False``. Files are removed when their handle is freed, and the directory on
 :meth:`~Offloader.close`, or by the next offloader after a crash.
 
-Transfers of device memory go one at a time (host ones in parallel); see
-``arrayio._async.device_transfers`` for why, and for when that can go.
+Transfers run in parallel, device memory included: the tools lend their staging buffers to
+one call at a time (``arrayio.tools._lending``).
 
 Nothing is ever queued on the caller's compute stream:
 
@@ -72,10 +72,7 @@ import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import numpy as np
-
 from .. import _dtypes, _transfer, config
-from .._async import device_transfers
 from .._frameworks import CPU, Request, allocate, export, framework_of, placement_of
 from ..errors import ArrayioError, ChecksumError, UnsupportedObjectError
 from ._directory import SpillDirectory
@@ -678,9 +675,8 @@ class Offloader:
             fd = os.open(entry.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
                          0o600)
             try:
-                with _serialized(data):
-                    crc = _transfer.write_from(fd, 0, data, with_checksum=self._verify,
-                                               tool=self._tool)
+                crc = _transfer.write_from(fd, 0, data, with_checksum=self._verify,
+                                           tool=self._tool)
             finally:
                 os.close(fd)
         except BaseException as caught:  # noqa: BLE001 - reported through the offloader
@@ -746,9 +742,8 @@ class Offloader:
         fd = os.open(entry.file, os.O_RDONLY | os.O_CLOEXEC)
         try:
             check = self._verify and entry.crc is not None
-            with _serialized(target.data):
-                crc = _transfer.read_into(fd, 0, target.data, path=entry.file,
-                                          with_checksum=check, tool=self._tool)
+            crc = _transfer.read_into(fd, 0, target.data, path=entry.file,
+                                      with_checksum=check, tool=self._tool)
         finally:
             os.close(fd)
         if check and crc != entry.crc:
@@ -788,9 +783,6 @@ class Offloader:
         return stack
 
 
-def _serialized(buffer: Any) -> Any:
-    """One device-memory transfer at a time (see ``arrayio._async.device_transfers``)."""
-    return contextlib.nullcontext() if isinstance(buffer, np.ndarray) else device_transfers
 
 
 def _finalize(writers: Any, readers: Any, directory: SpillDirectory) -> None:
