@@ -83,6 +83,7 @@ class Config:
     smoke: bool
     min_bytes: int = 64 << 10
     prefetch: int = 2
+    writeback_fraction: float | None = None  # None: the offloader's default
 
 
 def _stats(off: arrayio.Offloader | None) -> dict[str, int] | None:
@@ -190,8 +191,11 @@ class _TorchRunner:
                 if no_flush:
                     stack.enter_context(_no_flush())
                 if budget is not None:
+                    writeback = (None if self.cfg.writeback_fraction is None
+                                 else int(self.cfg.writeback_fraction * budget))
                     off = stack.enter_context(arrayio.Offloader(
-                        self.cfg.scratch, device_budget_bytes=budget))
+                        self.cfg.scratch, device_budget_bytes=budget,
+                        writeback_bytes=writeback))
                 for i in range(1 + steps):
                     self.sync()
                     start = time.perf_counter()
@@ -570,6 +574,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep-fractions", default="0.5,0.25",
                         help="offloader budgets, as fractions of the activations")
     parser.add_argument("--scratch", default=None, help="spill directory (default: a temp dir)")
+    parser.add_argument("--writeback-fraction", type=float, default=None,
+                        help="torch: the offloader's writeback_bytes as a fraction of its "
+                             "budget (default: the offloader's own)")
     parser.add_argument("--time-limit", type=float, default=200.0, help="seconds, roughly")
     parser.add_argument("--jax-worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -628,7 +635,7 @@ def main(argv: list[str] | None = None) -> None:
                 steps=args.steps, batches=batches, max_batch=args.max_batch,
                 keep_fractions=[float(k) for k in args.keep_fractions.split(",")],
                 scratch=scratch, deadline=started + share * (index + 1), device=device,
-                smoke=args.smoke)
+                smoke=args.smoke, writeback_fraction=args.writeback_fraction)
             if name == "torch":
                 run_torch(cfg, report, save)
             elif name == "jax":

@@ -1,7 +1,7 @@
 """Checkpoint save and load against every peer, beside the disk's limits, in one run.
 
 ``python -m benchmarks.peers.checkpoint --out DIR [--gib 1,8] [--repeats 3] [--drop-caches]
-[--dir SCRATCH] [--deadline EPOCH] [--smoke] [--replot DIR/checkpoint.json]``
+[--dir SCRATCH] [--deadline EPOCH] [--no-tune] [--smoke] [--replot DIR/checkpoint.json]``
 
 The checkpoint is a transformer-like state dict on the GPU: a 256 MiB bfloat16 embedding,
 then layers of float32 attention weights (16 MiB) with 4 KiB bfloat16 biases and 8 KiB
@@ -29,8 +29,9 @@ first size): imports and CUDA contexts. arrayio moves a checkpoint's tensors as 
 learned as one transfer of the checkpoint's size, so before each size's rounds (untimed,
 and unless ``--no-tune``) ``arrayio.tune`` teaches the dispatcher that size's contexts:
 saves and cold and warm loads into GPU memory, as a user would once per machine. Each size's
-first sample of every peer is checked too. Each round saves, loads and deletes one peer's checkpoint before the
-next: at most two checkpoints (the peer's and the ceilings' file) are on the disk at once.
+first sample of every peer is checked too. Each round saves, loads and deletes one peer's
+checkpoint before the next: at most two checkpoints (the peer's and the ceilings' file) are on
+the disk at once.
 
 With ``--deadline``, a peer whose next measurement would not fit is skipped for that round
 (torch, safetensors and arrayio, the targets' terms, keep their time first); the JSON says

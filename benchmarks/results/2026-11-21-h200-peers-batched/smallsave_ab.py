@@ -1,31 +1,53 @@
 """A/B: 300 .npy saves of small CUDA tensors, one file each, fsynced (file and directory),
-as benchmarks.peers.small_arrays does; which code is on sys.path[0] decides the variant."""
-import os, sys, tempfile, time
+as benchmarks.peers.small_arrays does; which arrayio is first on sys.path decides the variant
+(the name given as the argument only labels the output).
+
+Run on the GPU machine as ``.devrun/final.sh`` did: ``old`` with the code of commit 52e52b0
+first on ``PYTHONPATH``, ``new`` with this repository's, alternating.
+"""
+
+import os
+import sys
+import tempfile
+import time
+
 import torch
+
 import arrayio
-rng = torch.Generator(device="cuda").manual_seed(0)
-sizes = torch.randint(1024, 16384, (300,), generator=torch.Generator().manual_seed(0))
-arrays = [torch.randn(int(n), device="cuda", generator=rng) for n in sizes]
-torch.cuda.synchronize()
-d = tempfile.mkdtemp(dir="/tmp", prefix="ab-")
-def fsync_path(p):
-    fd = os.open(p, os.O_RDONLY)
-    try: os.fsync(fd)
-    finally: os.close(fd)
-out = {}
-for rep in range(3):
-    t = time.perf_counter()
-    for i, a in enumerate(arrays):
-        p = os.path.join(d, f"a{i}.npy")
-        arrayio.save(p, a)
-        fsync_path(p)
-    fsync_path(d)
-    save = (time.perf_counter() - t) / len(arrays) * 1e6
-    t = time.perf_counter()
-    for i, a in enumerate(arrays):
-        p = os.path.join(d, f"t{i}.pt")
-        torch.save(a, p)
-        fsync_path(p)
-    fsync_path(d)
-    tsave = (time.perf_counter() - t) / len(arrays) * 1e6
-    print(f"{sys.argv[1]:4s} rep {rep}: arrayio save {save:7.1f} us/array, torch.save {tsave:7.1f}", flush=True)
+
+
+def fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def main() -> None:
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    sizes = torch.randint(1024, 16384, (300,), generator=torch.Generator().manual_seed(0))
+    arrays = [torch.randn(int(n), device="cuda", generator=generator) for n in sizes]
+    torch.cuda.synchronize()
+    directory = tempfile.mkdtemp(dir="/tmp", prefix="ab-")
+    for rep in range(3):
+        start = time.perf_counter()
+        for i, array in enumerate(arrays):
+            path = os.path.join(directory, f"a{i}.npy")
+            arrayio.save(path, array)
+            fsync_path(path)
+        fsync_path(directory)
+        save = (time.perf_counter() - start) / len(arrays) * 1e6
+        start = time.perf_counter()
+        for i, array in enumerate(arrays):
+            path = os.path.join(directory, f"t{i}.pt")
+            torch.save(array, path)
+            fsync_path(path)
+        fsync_path(directory)
+        torch_save = (time.perf_counter() - start) / len(arrays) * 1e6
+        print(f"{sys.argv[1]:4s} rep {rep}: arrayio save {save:7.1f} us/array, "
+              f"torch.save {torch_save:7.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
