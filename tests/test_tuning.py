@@ -115,7 +115,9 @@ def test_tune_learns_even_where_a_tool_is_forced(tmp_path, fresh):
     with fresh.table.lock:
         counts = {label: stats.count for label, stats in fresh.table.get(
             explanation.key).arms.items()}
-    assert sum(counts.values()) <= 2 * len(explanation.arms) + 2, counts
+    # Each arm: its samples (more for close contenders), and a first call or two unrecorded.
+    per_arm = fresh.policy.contend_samples
+    assert sum(counts.values()) <= per_arm * len(explanation.arms) + 2, counts
     assert explanation.phase == "exploiting"
 
 

@@ -11,11 +11,15 @@ Exploration
     each. Interleaving the rounds spreads slow changes (a cache warming up) over all arms
     instead of favouring one. An arm whose first sample is below ``prune_ratio`` (0.5) times
     the best estimate so far is pruned: it gets no more samples, which bounds the cost of
-    exploring hopeless arms to one call each. A context never seen before is seeded with the
-    winner of its nearest learned neighbour (same direction, memory, storage and cache; the
-    closest size class, then the same load): that arm goes first, so it sets the bar that
-    prunes the slow arms at once. While several threads explore one context, each call takes
-    an arm that no other call is already measuring (up to its missing samples).
+    exploring hopeless arms to one call each. Arms within ``contend_ratio`` (0.85) of the
+    best get samples up to ``contend_samples`` (4): where two arms are that close, two
+    samples each pick the wrong one too often (on the H200 VM, arms 10-20% apart swapped
+    places between runs), while a hopeless arm still costs one call. A context never seen
+    before is seeded with the winner of its nearest learned neighbour (same direction,
+    memory, storage and cache; the closest size class, then the same load): that arm goes
+    first, so it sets the bar that prunes the slow arms at once. While several threads
+    explore one context, each call takes an arm that no other call is already measuring (up
+    to its missing samples).
 
 Exploitation
     The arm with the best estimate (the median of its recent samples, see
@@ -250,6 +254,12 @@ class _Arms:
     by_label: dict[str, Arm]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Bars:
+    prune: float  # below, after its first sample, an arm gets no more
+    contend: float  # at or above, an arm gets up to contend_samples
+
+
 class Policy:
     """Learns, per context, which arm is fastest; see the module docstring.
 
@@ -266,6 +276,10 @@ class Policy:
         Makes the tool of an arm (default :meth:`Arm.make`); the policy keeps one per arm.
     explore_samples
         Samples per arm while exploring (1 to :data:`~arrayio.dispatch.table.WINDOW`).
+    contend_samples, contend_ratio
+        Arms whose estimate is at least ``contend_ratio`` times the best get samples up to
+        ``contend_samples`` (``explore_samples`` to ``WINDOW``; default 4, or
+        ``explore_samples`` if more) before the context exploits.
     prune_ratio
         While exploring, an arm measured below this fraction of the best estimate gets no
         more samples (0 disables pruning).
@@ -298,6 +312,8 @@ class Policy:
         clock: Callable[[], float] = time.perf_counter,
         make: Callable[[Arm], Tool] | None = None,
         explore_samples: int = 2,
+        contend_samples: int | None = None,
+        contend_ratio: float = 0.85,
         prune_ratio: float = 0.5,
         drift_ratio: float = 0.6,
         drift_patience: int = 3,
@@ -308,6 +324,13 @@ class Policy:
     ) -> None:
         if not 1 <= explore_samples <= WINDOW:
             raise ValueError(f"explore_samples must be in 1..{WINDOW}, got {explore_samples}")
+        if contend_samples is None:
+            contend_samples = max(explore_samples, 4)
+        if not explore_samples <= contend_samples <= WINDOW:
+            raise ValueError(f"contend_samples must be in {explore_samples}..{WINDOW}, got "
+                             f"{contend_samples}")
+        if not 0 < contend_ratio <= 1:
+            raise ValueError(f"contend_ratio must be in (0, 1], got {contend_ratio}")
         if not 0 <= prune_ratio < 1:
             raise ValueError(f"prune_ratio must be in [0, 1), got {prune_ratio}")
         if not 0 < drift_ratio < 1:
@@ -323,6 +346,8 @@ class Policy:
         self._clock = clock
         self._make = make if make is not None else Arm.make
         self.explore_samples = explore_samples
+        self.contend_samples = contend_samples
+        self.contend_ratio = contend_ratio
         self.prune_ratio = prune_ratio
         self.drift_ratio = drift_ratio
         self.drift_patience = drift_patience
@@ -416,16 +441,16 @@ class Policy:
     def _explore(self, key: str, entry: ContextEntry, arms: _Arms, exclude: Iterable[Arm], *,
                  reserve: bool) -> Arm | None:
         """The arm with the fewest samples (in flight included), in order; or the best."""
-        eligible, best, floor = self._scan(entry, arms)
+        eligible, best, bars = self._scan(entry, arms)
         pick: Arm | None = None
-        pick_load = self.explore_samples
+        pick_load = self.contend_samples
         fallback: Arm | None = None
         for arm, stats in eligible:
             if arm in exclude:
                 continue
             if fallback is None or arm == best:
                 fallback = arm
-            if not self._needs_samples(stats, floor):
+            if not self._needs_samples(stats, bars):
                 continue
             load = (stats.samples if stats is not None else 0)
             if reserve:
@@ -444,8 +469,9 @@ class Policy:
                 self._in_flight.pop(slot, None)
 
     def _scan(self, entry: ContextEntry, arms: _Arms
-              ) -> tuple[list[tuple[Arm, ArmStats | None]], Arm | None, float]:
-        """The available candidates with their stats, the best one, and the pruning bar."""
+              ) -> tuple[list[tuple[Arm, ArmStats | None]], Arm | None, _Bars]:
+        """The available candidates with their stats, the best one, and the bars below which
+        an arm is pruned, and above which it contends."""
         eligible: list[tuple[Arm, ArmStats | None]] = []
         best: Arm | None = None
         best_rate = 0.0
@@ -456,12 +482,15 @@ class Policy:
             eligible.append((arm, stats))
             if stats is not None and stats.estimate is not None and stats.estimate > best_rate:
                 best, best_rate = arm, stats.estimate
-        return eligible, best, self.prune_ratio * best_rate
+        return eligible, best, _Bars(self.prune_ratio * best_rate,
+                                     self.contend_ratio * best_rate)
 
-    def _needs_samples(self, stats: ArmStats | None, floor: float) -> bool:
+    def _needs_samples(self, stats: ArmStats | None, bars: _Bars) -> bool:
         if stats is None or stats.estimate is None:
             return True
-        return stats.samples < self.explore_samples and stats.estimate >= floor
+        if stats.samples < self.explore_samples and stats.estimate >= bars.prune:
+            return True
+        return stats.samples < self.contend_samples and stats.estimate >= bars.contend
 
     def _known(self, context: Context, key: str) -> tuple[ContextEntry, _Arms]:
         """The entry (created, and seeded, if new) and candidates of a context; lock held."""
@@ -510,8 +539,8 @@ class Policy:
                                 stats.unavailable)
                     stats.unavailable = None
         entry.refreshed = now
-        eligible, best, floor = self._scan(entry, arms)
-        exploring = best is None or any(self._needs_samples(s, floor) for _, s in eligible)
+        eligible, best, bars = self._scan(entry, arms)
+        exploring = best is None or any(self._needs_samples(s, bars) for _, s in eligible)
         entry.phase = EXPLORING if exploring else EXPLOITING
         chosen = best.label if best is not None else None
         if chosen != entry.chosen:
@@ -740,8 +769,9 @@ class Policy:
                 arms = _order(self._candidates(context), seed)
             if entry is None:
                 entry = ContextEntry()
-            eligible, best, floor = self._scan(entry, arms)
-            left = sum(self._needs_samples(stats, floor) for _, stats in eligible)
+            eligible, best, bars = self._scan(entry, arms)
+            floor = bars.prune
+            left = sum(self._needs_samples(stats, bars) for _, stats in eligible)
             measured = sum(stats is not None and stats.estimate is not None
                            for _, stats in eligible)
             if force is not None:

@@ -115,6 +115,8 @@ def make_policy(world: World, arms: list[Arm] | Callable[[Context], list[Arm]],
     candidates = arms if callable(arms) else (lambda _context: list(arms))
     table = table if table is not None else Table(clock=world.wall_clock)
     tunables.setdefault("skip_first_call", False)  # fake tools have no setup cost
+    # Extra samples for close contenders are tested on their own; elsewhere, off.
+    tunables.setdefault("contend_samples", tunables.get("explore_samples", 2))
     return Policy(candidates, table, clock=world.clock, make=world.make, **tunables)
 
 
@@ -182,6 +184,25 @@ def test_the_default_make_uses_the_registry(monkeypatch):
 
 
 # -- exploring and exploiting -----------------------------------------------------------------
+
+
+def test_close_contenders_get_more_samples_before_the_choice():
+    # a and b within 15% of each other: 4 samples each. d between the pruning bar and the
+    # contenders' one: the usual 2. c below half the best: pruned after one.
+    world = World({"a": 3 * GB, "b": 2.8 * GB, "c": 1 * GB, "d": 2 * GB})
+    policy = make_policy(world, [A, B, C, D], contend_samples=4, contend_ratio=0.85)
+    ctx = context()
+    assert labels(policy, ctx, 11) == ["a", "b", "c", "d", "a", "b", "d", "a", "b", "a", "b"]
+    assert entry_of(policy, ctx).phase == EXPLOITING
+    assert labels(policy, ctx, 3) == ["a"] * 3
+    report = {arm.label: arm for arm in policy.explain(ctx).arms}
+    assert [report[x].samples for x in "abcd"] == [7, 4, 1, 2]
+
+
+def test_policy_defaults_give_close_arms_four_samples():
+    policy = Policy(lambda _context: [A])
+    assert (policy.explore_samples, policy.contend_samples, policy.contend_ratio) == (
+        2, 4, 0.85)
 
 
 def test_exploration_visits_every_arm_in_rounds_then_exploits_the_fastest():
@@ -700,7 +721,8 @@ def test_logging_says_when_a_tool_is_dropped_and_when_it_reexplores(caplog):
 @pytest.mark.parametrize("tunables", [
     {"explore_samples": 0}, {"explore_samples": 9}, {"prune_ratio": 1.0},
     {"prune_ratio": -0.1}, {"drift_ratio": 0}, {"drift_ratio": 1}, {"drift_patience": 0},
-    {"min_bytes_to_learn": -1}, {"unavailable_ttl": 0},
+    {"min_bytes_to_learn": -1}, {"unavailable_ttl": 0}, {"contend_samples": 1},
+    {"contend_samples": 9}, {"contend_ratio": 0}, {"contend_ratio": 1.5},
 ])
 def test_tunables_out_of_range_are_refused(tunables):
     with pytest.raises(ValueError):
