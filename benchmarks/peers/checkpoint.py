@@ -537,13 +537,16 @@ def print_size(result: dict[str, Any]) -> None:
 # ------------------------------------------------------------------ plot
 
 
-def measured_peers(size: dict[str, Any]) -> int:
-    return sum(1 for row in size.get("peers", {}).values() if row.get("samples"))
+def measured_peers(size: dict[str, Any]) -> tuple[int, int]:
+    """How many peers a size measured, then how many samples in all (the tie-break)."""
+    rows = [row for row in size.get("peers", {}).values() if row.get("samples")]
+    return len(rows), sum(row["samples"] for row in rows)
 
 
 def most_complete_sizes(paths: list[str]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """Each size once, from the report (of ``paths``) that measured the most peers at that
-    size, later ones winning ties: a run cut short by its time budget measures fewer.
+    size, then the most samples, later ones winning ties: a run cut short by its time budget
+    measures fewer.
     Returns (path, report, size) sorted by size."""
     chosen: dict[float, tuple[str, dict[str, Any], dict[str, Any]]] = {}
     for path in paths:
