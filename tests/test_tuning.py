@@ -189,6 +189,7 @@ def test_explain_a_file_shows_the_context_its_load_uses(tmp_path, fresh):
     [batch] = arrayio.explain(path).explanations
     assert batch.phase == "exploiting" and batch.chosen is not None
     assert [arm.label for arm in batch.arms if arm.state == "chosen"] == [batch.chosen]
+    arrayio.load(path)  # the load that ended the exploration measured the last arm tried
     context, arm = dispatcher.get().last
     assert (context.key(), arm.label) == (batch.key, batch.chosen)
 

@@ -485,12 +485,17 @@ class Policy:
         return eligible, best, _Bars(self.prune_ratio * best_rate,
                                      self.contend_ratio * best_rate)
 
-    def _needs_samples(self, stats: ArmStats | None, bars: _Bars) -> bool:
+    def _needs_samples(self, stats: ArmStats | None, bars: _Bars, *,
+                       contending: bool = True) -> bool:
+        """Whether an arm needs another sample; ``contending``: counting the close
+        contenders' extra ones, which only an exploration asks for (an estimate moving
+        while the context exploits does not send it back to exploring)."""
         if stats is None or stats.estimate is None:
             return True
         if stats.samples < self.explore_samples and stats.estimate >= bars.prune:
             return True
-        return stats.samples < self.contend_samples and stats.estimate >= bars.contend
+        return (contending and stats.samples < self.contend_samples
+                and stats.estimate >= bars.contend)
 
     def _known(self, context: Context, key: str) -> tuple[ContextEntry, _Arms]:
         """The entry (created, and seeded, if new) and candidates of a context; lock held."""
@@ -540,7 +545,9 @@ class Policy:
                     stats.unavailable = None
         entry.refreshed = now
         eligible, best, bars = self._scan(entry, arms)
-        exploring = best is None or any(self._needs_samples(s, bars) for _, s in eligible)
+        contending = entry.phase == EXPLORING
+        exploring = best is None or any(
+            self._needs_samples(s, bars, contending=contending) for _, s in eligible)
         entry.phase = EXPLORING if exploring else EXPLOITING
         chosen = best.label if best is not None else None
         if chosen != entry.chosen:
@@ -771,7 +778,8 @@ class Policy:
                 entry = ContextEntry()
             eligible, best, bars = self._scan(entry, arms)
             floor = bars.prune
-            left = sum(self._needs_samples(stats, bars) for _, stats in eligible)
+            left = sum(self._needs_samples(stats, bars, contending=entry.phase == EXPLORING)
+                       for _, stats in eligible)
             measured = sum(stats is not None and stats.estimate is not None
                            for _, stats in eligible)
             if force is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import json
 import logging
 import random
 import threading
@@ -197,6 +198,24 @@ def test_close_contenders_get_more_samples_before_the_choice():
     assert labels(policy, ctx, 3) == ["a"] * 3
     report = {arm.label: arm for arm in policy.explain(ctx).arms}
     assert [report[x].samples for x in "abcd"] == [7, 4, 1, 2]
+
+
+def test_a_contender_appearing_while_exploiting_does_not_reopen_exploration():
+    # b is outside the band (2/3 of a) and gets its 2 samples. Then a slows to 2.2, not
+    # enough to count as drift: b is now within 15% of a's estimate, but the context keeps
+    # exploiting a (and so does a new policy loading the same table).
+    world = World({"a": 3 * GB, "b": 2 * GB})
+    table = Table(clock=world.wall_clock)
+    policy = make_policy(world, [A, B], table, contend_samples=4, contend_ratio=0.85)
+    ctx = context()
+    assert labels(policy, ctx, 4) == ["a", "b", "a", "b"]
+    world.speeds["a"] = 2.2 * GB
+    assert labels(policy, ctx, 12) == ["a"] * 12
+    assert entry_of(policy, ctx).phase == EXPLOITING
+    reloaded = make_policy(world, [A, B], Table.from_json(json.loads(table.dumps()),
+                                                         clock=world.wall_clock),
+                           contend_samples=4, contend_ratio=0.85)
+    assert labels(reloaded, ctx, 3) == ["a"] * 3
 
 
 def test_policy_defaults_give_close_arms_four_samples():
