@@ -824,3 +824,33 @@ def test_a_structure_reads_only_the_arrays_it_asks_for(tmp_path, monkeypatch):
     back = arrayio.load(path, structure={"b": 0, "c": {"d": 0}, "n": 0})
     assert {offset for offset, _ in calls} == wanted
     assert_tree_equal(back, {"b": tree["b"], "c": tree["c"], "n": 7})
+
+
+def test_a_load_whose_results_are_copies_reads_in_bounded_batches(tmp_path, monkeypatch):
+    # JAX puts host bytes of a non-NumPy dtype (bfloat16) on its device with a copy: the load
+    # must not read everything before finishing anything, or it would hold the file twice.
+    jax = pytest.importorskip("jax")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from arrayio import _reader
+
+    monkeypatch.setattr(_reader, "COPY_BATCH_BYTES", 3 << 20)
+    rng = np.random.default_rng(5)
+    tree = {f"w{i}": rng.standard_normal(1 << 20).astype(ml_dtypes.bfloat16) for i in range(5)}
+    path = tmp_path / "bf16.safetensors"
+    arrayio.save(path, tree)  # five arrays of 2 MiB
+    batches = []
+    real = _transfer.read_many
+
+    def spy(fd, requests, **kwargs):
+        batches.append(len(requests))
+        return real(fd, requests, **kwargs)
+
+    monkeypatch.setattr(_transfer, "read_many", spy)
+    back = arrayio.load(path, like="jax")
+    assert batches == [2, 2, 1]  # a batch ends once it holds 3 MiB or more of copies
+    for key, array in tree.items():
+        assert isinstance(back[key], jax.Array)
+        assert np.asarray(back[key]).tobytes() == array.tobytes()
+    batches.clear()
+    arrayio.load(path)  # NumPy results are the buffers read into: one batch
+    assert batches == [5]
