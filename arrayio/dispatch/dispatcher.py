@@ -379,10 +379,14 @@ class Dispatcher:
             else:
                 device = -1 if isinstance(buffer, np.ndarray) else buffer.device_index
                 groups.setdefault((buffer_kind(buffer), device), []).append(i)
-        runs = (_runs(requests, small) if direction == "read" else [[i] for i in small])
+        # Neighbours in the file move with one read or write and a copy each; writes only
+        # join what touches (they would overwrite the bytes between).
+        runs = _runs(requests, small, RUN_GAP if direction == "read" else 0)
         for run in runs:
-            if len(run) > 1:  # neighbours in the file: one read, then a copy each
+            if len(run) > 1 and direction == "read":
                 self._read_run(fd, requests, run, path, with_checksum, results)
+            elif len(run) > 1:
+                self._write_run(fd, requests, run, with_checksum, results)
             else:
                 offset, buffer = requests[run[0]]
                 results[run[0]] = self._one(direction, fd, offset, buffer, path,
@@ -438,6 +442,24 @@ class Dispatcher:
                 buffer.copy_from_host(0, piece)
             results[i] = checksum(piece) if with_checksum else None
 
+    def _write_run(self, fd: int, requests: Sequence[Request], run: list[int],
+                   with_checksum: bool, results: list[int | None]) -> None:
+        """Gather small requests that follow each other in the file into host memory (and
+        checksum each piece there), then write them with one write: thousands of small
+        arrays cost thousands of system calls otherwise."""
+        start = requests[run[0]][0]
+        end = max(offset + buffer.nbytes for offset, buffer in (requests[i] for i in run))
+        span = aligned_empty(end - start)
+        for i in run:
+            offset, buffer = requests[i]
+            piece = span[offset - start : offset - start + buffer.nbytes]
+            if isinstance(buffer, np.ndarray):
+                np.copyto(piece, buffer)
+            else:
+                buffer.copy_to_host(0, piece)
+            results[i] = checksum(piece) if with_checksum else None
+        self.write(fd, span, start)
+
     def _one(self, direction: str, fd: int, offset: int, buffer: Buffer, path: str,
              with_checksum: bool, tool: str | Arm | Tool | None) -> int | None:
         if direction == "read":
@@ -491,19 +513,20 @@ class Dispatcher:
 
 # Small reads are merged into one when the file holds them within this many bytes of each
 # other, up to this many bytes a read: the bytes between them cost less than a disk seek.
+# (Small writes are merged only where they touch, up to as many bytes.)
 RUN_GAP = 64 << 10
 RUN_BYTES = 4 << 20
 
 
-def _runs(requests: Sequence[Request], indices: list[int]) -> list[list[int]]:
-    """Group ``indices`` into runs of requests that are neighbours in the file, in file
-    order (requests that overlap start runs of their own)."""
+def _runs(requests: Sequence[Request], indices: list[int], gap: int) -> list[list[int]]:
+    """Group ``indices`` into runs of requests that are neighbours in the file (at most
+    ``gap`` bytes apart), in file order; requests that overlap start runs of their own."""
     runs: list[list[int]] = []
     start = end = 0
     for i in sorted(indices, key=lambda i: requests[i][0]):
         offset, buffer = requests[i]
         stop = offset + buffer.nbytes
-        if runs and end <= offset <= end + RUN_GAP and stop - start <= RUN_BYTES:
+        if runs and end <= offset <= end + gap and stop - start <= RUN_BYTES:
             runs[-1].append(i)
             end = stop
         else:

@@ -301,3 +301,33 @@ def test_a_short_file_under_small_neighbours_names_the_short_array(tmp_path, fre
             fresh.read_many(fd, [(i * 4096, d) for i, d in enumerate(dests)], path="short")
     finally:
         os.close(fd)
+
+
+def test_small_writes_that_touch_are_written_with_one_write(tmp_path, fresh, monkeypatch):
+    path = tmp_path / "w.bin"
+    path.write_bytes(b"\xee" * (3 * MiB))
+    # Three that touch, then one 1 byte further on (the byte between must survive), and one
+    # far away.
+    ranges = [(0, 4096), (4096, 10_000), (14_096, 300), (14_397, 5000), (2 * MiB, 4096)]
+    sources = [np.random.default_rng(i).integers(0, 256, n, dtype=np.uint8)
+               for i, (_, n) in enumerate(ranges)]
+    writes: list[tuple[int, int]] = []
+    real = Dispatcher.write
+
+    def spy(self, fd, buffer, file_offset, **kwargs):
+        writes.append((file_offset, buffer.nbytes))
+        return real(self, fd, buffer, file_offset, **kwargs)
+
+    monkeypatch.setattr(Dispatcher, "write", spy)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        crcs = fresh.write_many(fd, [(o, s) for (o, _), s in zip(ranges, sources, strict=True)],
+                                with_checksum=True)
+    finally:
+        os.close(fd)
+    assert sorted(writes) == [(0, 14_396), (14_397, 5000), (2 * MiB, 4096)]
+    content = path.read_bytes()
+    for (offset, size), src, crc in zip(ranges, sources, crcs, strict=True):
+        assert content[offset:offset + size] == src.tobytes()
+        assert crc == crc32c.crc32c(src.tobytes())
+    assert content[14_396] == 0xEE and content[-1] == 0xEE
