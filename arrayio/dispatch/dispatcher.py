@@ -422,9 +422,7 @@ class Dispatcher:
         """Read small requests that are neighbours in the file with one read into host
         memory, then copy (and checksum) each piece: a cold 4 KiB read costs the disk's
         latency (0.7 ms on the H200 VM), and a checkpoint has hundreds of biases."""
-        start = requests[run[0]][0]
-        end = max(offset + buffer.nbytes for offset, buffer in (requests[i] for i in run))
-        span = aligned_empty(end - start)
+        start, span, pieces = _span(requests, run)
         try:
             self.read(fd, span, start, path=path)
         except TruncatedFileError:  # say which array is short: read them one by one
@@ -433,9 +431,7 @@ class Dispatcher:
                 results[i] = self.read(fd, buffer, offset, path=path,
                                        with_checksum=with_checksum)
             return
-        for i in run:
-            offset, buffer = requests[i]
-            piece = span[offset - start : offset - start + buffer.nbytes]
+        for i, piece, buffer in pieces:
             if isinstance(buffer, np.ndarray):
                 np.copyto(buffer, piece)
             else:
@@ -447,12 +443,8 @@ class Dispatcher:
         """Gather small requests that follow each other in the file into host memory (and
         checksum each piece there), then write them with one write: thousands of small
         arrays cost thousands of system calls otherwise."""
-        start = requests[run[0]][0]
-        end = max(offset + buffer.nbytes for offset, buffer in (requests[i] for i in run))
-        span = aligned_empty(end - start)
-        for i in run:
-            offset, buffer = requests[i]
-            piece = span[offset - start : offset - start + buffer.nbytes]
+        start, span, pieces = _span(requests, run)
+        for i, piece, buffer in pieces:
             if isinstance(buffer, np.ndarray):
                 np.copyto(piece, buffer)
             else:
@@ -533,6 +525,18 @@ def _runs(requests: Sequence[Request], indices: list[int], gap: int) -> list[lis
             runs.append([i])
             start, end = offset, stop
     return runs
+
+
+def _span(requests: Sequence[Request], run: list[int]
+          ) -> tuple[int, np.ndarray, list[tuple[int, np.ndarray, Buffer]]]:
+    """A host buffer covering a run's bytes in the file: its file offset, the buffer, and
+    each request's piece of it."""
+    start = requests[run[0]][0]
+    end = max(requests[i][0] + requests[i][1].nbytes for i in run)
+    span = aligned_empty(end - start)
+    pieces = [(i, span[requests[i][0] - start : requests[i][0] - start + requests[i][1].nbytes],
+               requests[i][1]) for i in run]
+    return start, span, pieces
 
 
 def _submit_windowed(starts: Sequence[Callable[[], IOFuture[int]]],
