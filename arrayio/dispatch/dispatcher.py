@@ -23,24 +23,24 @@ import platform
 import re
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from .. import _device_checksum, config, tools
-from .._buffers import aligned_empty, synchronize_device
+from .._buffers import synchronize_device
 from .._checksum import ChecksumParts, checksum
 from ..errors import ToolUnavailableError, TruncatedFileError, UnknownToolError
-from ..tools import Buffer, IOFuture, Tool, buffer_kind
-from ..tools._io import flush_range, in_batch
+from ..tools import Buffer, Tool, buffer_kind
+from ..tools._io import flush_range
+from . import batches
+from .batches import Request
 from .context import Context, InFlight, cache_state, size_class, storage_of
 from .policy import Arm, Policy
 from .table import Table
 
-__all__ = ["Dispatcher", "Request", "candidate_arms", "get", "machine_fingerprint", "parse_arm",
-           "reset"]
+__all__ = ["Dispatcher", "candidate_arms", "get", "machine_fingerprint", "parse_arm", "reset"]
 
 logger = logging.getLogger("arrayio.dispatch")
 
@@ -50,15 +50,6 @@ _SAVE_INTERVAL = 5.0  # seconds between saves of the learned table
 # straight to the naive tool, with no context probe, no timing and no learning, whose cost
 # (several microseconds) would exceed any difference between tools.
 SMALL_TRANSFER = 1 << 20
-
-
-# A batch keeps at most this many of its transfers submitted at once: enough to keep every
-# worker of any tool busy, few enough to bound what they hold (O_DIRECT and KvikIO open a
-# descriptor per transfer).
-BATCH_WINDOW = 64
-
-Request = tuple[int, Buffer]
-"""One transfer of a batch: the file offset and the buffer."""
 
 
 def _arm(name: str, **params: Any) -> Arm:
@@ -185,19 +176,6 @@ def machine_fingerprint() -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-# A GPU checksum costs a kernel launch and a wait (about 50 µs on the H200 VM) whatever the
-# size; a tool checksumming on the host as the bytes pass costs about 40 µs a megabyte. Below
-# this size the tool does it, where it can.
-GPU_CHECKSUM_MIN_BYTES = 4 << 20
-
-
-def _checksum_on_gpu(buffer: Buffer, tool: Tool) -> bool:
-    """Whether the checksum of ``buffer`` moved by ``tool`` is computed on the GPU."""
-    if isinstance(buffer, np.ndarray) or not _device_checksum.available():
-        return False
-    return buffer.nbytes >= GPU_CHECKSUM_MIN_BYTES or not tool.capabilities.checksums
-
-
 class Dispatcher:
     """Chooses, runs and learns; see the module docstring.
 
@@ -263,7 +241,7 @@ class Dispatcher:
         forced = self.forced_arm(tool)
 
         def operation(t: Tool) -> int | None:
-            on_gpu = with_checksum and _checksum_on_gpu(buffer, t)
+            on_gpu = with_checksum and batches.checksum_on_gpu(buffer, t)
             if with_checksum and not on_gpu and not t.capabilities.checksums:
                 raise ToolUnavailableError(
                     f"{t.name} cannot checksum what it reads: load with verify=False to "
@@ -291,7 +269,7 @@ class Dispatcher:
         flush = nbytes >= SMALL_TRANSFER
 
         def operation(t: Tool) -> int | None:
-            if with_checksum and _checksum_on_gpu(buffer, t):
+            if with_checksum and batches.checksum_on_gpu(buffer, t):
                 synchronize_device(buffer)  # type: ignore[arg-type]
                 crc = _device_checksum.checksum_anywhere(buffer)  # type: ignore[arg-type]
                 t.write(fd, buffer, file_offset)
@@ -338,7 +316,8 @@ class Dispatcher:
         """Fill each ``(file_offset, buffer)`` of ``requests``; return their CRC-32Cs if asked.
 
         The transfers of one memory kind and device run as one: one tool, every transfer in
-        flight at once (up to :data:`BATCH_WINDOW`), one wait for the GPU checksums. Moving
+        flight at once (up to :data:`~arrayio.dispatch.batches.BATCH_WINDOW`), one wait for the
+        GPU checksums. Moving
         the tensors of a checkpoint one after the other leaves most workers idle between
         them (on the H200 VM, a 1 GiB checkpoint of 16 to 256 MiB tensors loaded at a third
         of the page cache's rate that way). A batch is chosen for, timed and learned as one
@@ -381,7 +360,7 @@ class Dispatcher:
                 groups.setdefault((buffer_kind(buffer), device), []).append(i)
         # Neighbours in the file move with one read or write and a copy each; writes only
         # join what touches (they would overwrite the bytes between).
-        runs = _runs(requests, small, RUN_GAP if direction == "read" else 0)
+        runs = batches.runs(requests, small, batches.RUN_GAP if direction == "read" else 0)
         for run in runs:
             if len(run) > 1 and direction == "read":
                 self._read_run(fd, requests, run, path, with_checksum, results)
@@ -422,7 +401,7 @@ class Dispatcher:
         """Read small requests that are neighbours in the file with one read into host
         memory, then copy (and checksum) each piece: a cold 4 KiB read costs the disk's
         latency (0.7 ms on the H200 VM), and a checkpoint has hundreds of biases."""
-        start, span, pieces = _span(requests, run)
+        start, span, pieces = batches.span(requests, run)
         try:
             self.read(fd, span, start, path=path)
         except TruncatedFileError:  # say which array is short: read them one by one
@@ -443,7 +422,7 @@ class Dispatcher:
         """Gather small requests that follow each other in the file into host memory (and
         checksum each piece there), then write them with one write: thousands of small
         arrays cost thousands of system calls otherwise."""
-        start, span, pieces = _span(requests, run)
+        start, span, pieces = batches.span(requests, run)
         for i, piece, buffer in pieces:
             if isinstance(buffer, np.ndarray):
                 np.copyto(piece, buffer)
@@ -467,8 +446,8 @@ class Dispatcher:
 
         def operation(t: Tool) -> list[int | None]:
             if direction == "read":
-                return _read_batch(t, fd, batch, path, with_checksum, report)
-            return _write_batch(t, fd, batch, with_checksum, report)
+                return batches.read_batch(t, fd, batch, path, with_checksum, report)
+            return batches.write_batch(t, fd, batch, with_checksum, report)
 
         with self.in_flight:
             context = self.batch_context(direction, fd, ranges, buffer_kind(batch[0][1]),
@@ -501,132 +480,6 @@ class Dispatcher:
         self.save()
         self.policy.close()
         self._naive.close()
-
-
-# Small reads are merged into one when the file holds them within this many bytes of each
-# other, up to this many bytes a read: the bytes between them cost less than a disk seek.
-# (Small writes are merged only where they touch, up to as many bytes.)
-RUN_GAP = 64 << 10
-RUN_BYTES = 4 << 20
-
-
-def _runs(requests: Sequence[Request], indices: list[int], gap: int) -> list[list[int]]:
-    """Group ``indices`` into runs of requests that are neighbours in the file (at most
-    ``gap`` bytes apart), in file order; requests that overlap start runs of their own."""
-    runs: list[list[int]] = []
-    start = end = 0
-    for i in sorted(indices, key=lambda i: requests[i][0]):
-        offset, buffer = requests[i]
-        stop = offset + buffer.nbytes
-        if runs and end <= offset <= end + gap and stop - start <= RUN_BYTES:
-            runs[-1].append(i)
-            end = stop
-        else:
-            runs.append([i])
-            start, end = offset, stop
-    return runs
-
-
-def _span(requests: Sequence[Request], run: list[int]
-          ) -> tuple[int, np.ndarray, list[tuple[int, np.ndarray, Buffer]]]:
-    """A host buffer covering a run's bytes in the file: its file offset, the buffer, and
-    each request's piece of it."""
-    start = requests[run[0]][0]
-    end = max(requests[i][0] + requests[i][1].nbytes for i in run)
-    span = aligned_empty(end - start)
-    pieces = [(i, span[requests[i][0] - start : requests[i][0] - start + requests[i][1].nbytes],
-               requests[i][1]) for i in run]
-    return start, span, pieces
-
-
-def _submit_windowed(starts: Sequence[Callable[[], IOFuture[int]]],
-                     report: Callable[[int], None]) -> list[int]:
-    """Start each transfer, keeping at most :data:`BATCH_WINDOW` in flight; return their byte
-    counts. After a failure nothing more starts, and every started transfer is waited for
-    before the error is raised: a fallback tool must not race a failed one's stragglers."""
-    counts = [0] * len(starts)
-    pending: deque[tuple[int, IOFuture[int]]] = deque()
-    error: BaseException | None = None
-
-    def settle() -> None:
-        nonlocal error
-        index, future = pending.popleft()
-        try:
-            counts[index] = future.get()
-            report(index)  # may raise too (a cancelled save): stop the same way
-        except BaseException as exc:  # noqa: BLE001 - re-raised once all are done
-            error = error or exc
-
-    for index, start in enumerate(starts):
-        if len(pending) >= BATCH_WINDOW:
-            settle()
-        if error is not None:
-            break
-        try:
-            with in_batch():  # the batch keeps the tool's threads busy: no spreading
-                pending.append((index, start()))
-        except BaseException as exc:  # noqa: BLE001 - re-raised once all are done
-            error = exc
-            break
-    while pending:
-        settle()
-    if error is not None:
-        raise error
-    return counts
-
-
-def _gpu_checksums(buffers: list[Buffer]) -> list[int]:
-    crcs = _device_checksum.device_checksums(buffers)  # type: ignore[arg-type]
-    if crcs is None:  # the kernel failed meanwhile, in another thread
-        crcs = [_device_checksum.host_checksum(b) for b in buffers]  # type: ignore[arg-type]
-    return crcs
-
-
-def _read_batch(t: Tool, fd: int, batch: list[Request], path: str, with_checksum: bool,
-                report: Callable[[int], None]) -> list[int | None]:
-    on_gpu = [with_checksum and _checksum_on_gpu(buffer, t) for _, buffer in batch]
-    if with_checksum and not t.capabilities.checksums and not all(on_gpu):
-        raise ToolUnavailableError(
-            f"{t.name} cannot checksum what it reads: load with verify=False to use it")
-    parts = [ChecksumParts(buffer.nbytes) if with_checksum and not gpu else None
-             for (_, buffer), gpu in zip(batch, on_gpu, strict=True)]
-    counts = _submit_windowed(
-        [functools.partial(t.pread, fd, buffer, offset, checksum=part)
-         for (offset, buffer), part in zip(batch, parts, strict=True)], report)
-    for (offset, buffer), got in zip(batch, counts, strict=True):
-        if got != buffer.nbytes:
-            raise TruncatedFileError(
-                f"{path}: file ends at byte {offset + got}, {buffer.nbytes - got} bytes short "
-                "of the array (truncated while reading?)")
-    crcs = [part.value() if part is not None else None for part in parts]
-    gpu = [i for i, flag in enumerate(on_gpu) if flag]
-    for i, crc in zip(gpu, _gpu_checksums([batch[i][1] for i in gpu]), strict=True):
-        crcs[i] = crc
-    return crcs
-
-
-def _write_batch(t: Tool, fd: int, batch: list[Request], with_checksum: bool,
-                 report: Callable[[int], None]) -> list[int | None]:
-    on_gpu = [with_checksum and _checksum_on_gpu(buffer, t) for _, buffer in batch]
-    crcs: list[int | None] = [None] * len(batch)
-    gpu = [i for i, flag in enumerate(on_gpu) if flag]
-    if gpu:
-        synchronize_device(batch[gpu[0]][1])  # type: ignore[arg-type]  # one device per batch
-        for i, crc in zip(gpu, _gpu_checksums([batch[i][1] for i in gpu]), strict=True):
-            crcs[i] = crc
-    parts = [ChecksumParts(buffer.nbytes)
-             if with_checksum and not gpu_crc and t.capabilities.checksums else None
-             for (_, buffer), gpu_crc in zip(batch, on_gpu, strict=True)]
-    _submit_windowed(
-        [functools.partial(t.pwrite, fd, buffer, offset, checksum=part)
-         for (offset, buffer), part in zip(batch, parts, strict=True)], report)
-    first = min(offset for offset, _ in batch)
-    end = max(offset + buffer.nbytes for offset, buffer in batch)
-    flush_range(fd, first, end - first)  # as for one transfer: durable, and honestly timed
-    for i, part in enumerate(parts):
-        if part is not None:
-            crcs[i] = part.value()
-    return crcs
 
 
 _lock = threading.Lock()

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import arrayio
 from arrayio import tools
-from arrayio.dispatch import Arm, dispatcher
+from arrayio.dispatch import Arm, batches, dispatcher
 from arrayio.dispatch.dispatcher import SMALL_TRANSFER, Dispatcher
 from arrayio.errors import ToolUnavailableError, TruncatedFileError
 from arrayio.tools import Capabilities, IOFuture, Tool
@@ -157,7 +157,7 @@ def test_a_batch_is_learned_as_one_transfer_of_its_total_size(tmp_path, fresh):
 
 
 def test_a_batch_keeps_a_bounded_number_in_flight(tmp_path, fresh, slow, monkeypatch):
-    monkeypatch.setattr(dispatcher, "BATCH_WINDOW", 3)
+    monkeypatch.setattr(batches, "BATCH_WINDOW", 3)
     count = 12
     path = tmp_path / "w.bin"
     path.write_bytes(os.urandom(count * MiB))
@@ -221,7 +221,7 @@ def test_a_short_file_in_a_batch_is_a_data_error(tmp_path, fresh):
 def test_an_error_from_done_stops_the_batch_after_its_transfers(tmp_path, fresh, slow,
                                                                 monkeypatch):
     # How a cancelled save_async stops: the callback raises; what started finishes first.
-    monkeypatch.setattr(dispatcher, "BATCH_WINDOW", 2)
+    monkeypatch.setattr(batches, "BATCH_WINDOW", 2)
     path = tmp_path / "c.bin"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     sources = [np.full(MiB, i, np.uint8) for i in range(8)]

@@ -1,0 +1,175 @@
+"""Batches of transfers, and where checksums are computed.
+
+A batch moves many ``(file_offset, buffer)`` requests with one tool, every transfer in flight
+at once (up to :data:`BATCH_WINDOW`), then checksums the device buffers on the GPU with one
+wait. Small requests that are neighbours in the file are laid out in one host buffer and move
+with one read or write (:func:`runs`, :func:`span`). The dispatcher
+(:mod:`arrayio.dispatch.dispatcher`) decides which tool a batch uses and learns from it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .. import _device_checksum
+from .._buffers import aligned_empty, synchronize_device
+from .._checksum import ChecksumParts
+from ..errors import ToolUnavailableError, TruncatedFileError
+from ..tools import Buffer, IOFuture, Tool
+from ..tools._io import flush_range, in_batch
+
+__all__ = ["BATCH_WINDOW", "GPU_CHECKSUM_MIN_BYTES", "RUN_BYTES", "RUN_GAP", "Request",
+           "checksum_on_gpu", "gpu_checksums", "read_batch", "runs", "span", "submit_windowed",
+           "write_batch"]
+
+# A batch keeps at most this many of its transfers submitted at once: enough to keep every
+# worker of any tool busy, few enough to bound what they hold (O_DIRECT and KvikIO open a
+# descriptor per transfer).
+BATCH_WINDOW = 64
+
+Request = tuple[int, Buffer]
+"""One transfer of a batch: the file offset and the buffer."""
+
+
+
+# A GPU checksum costs a kernel launch and a wait (about 50 µs on the H200 VM) whatever the
+# size; a tool checksumming on the host as the bytes pass costs about 40 µs a megabyte. Below
+# this size the tool does it, where it can.
+GPU_CHECKSUM_MIN_BYTES = 4 << 20
+
+
+def checksum_on_gpu(buffer: Buffer, tool: Tool) -> bool:
+    """Whether the checksum of ``buffer`` moved by ``tool`` is computed on the GPU."""
+    if isinstance(buffer, np.ndarray) or not _device_checksum.available():
+        return False
+    return buffer.nbytes >= GPU_CHECKSUM_MIN_BYTES or not tool.capabilities.checksums
+
+
+# Small reads are merged into one when the file holds them within this many bytes of each
+# other, up to this many bytes a read: the bytes between them cost less than a disk seek.
+# (Small writes are merged only where they touch, up to as many bytes.)
+RUN_GAP = 64 << 10
+RUN_BYTES = 4 << 20
+
+
+def runs(requests: Sequence[Request], indices: list[int], gap: int) -> list[list[int]]:
+    """Group ``indices`` into runs of requests that are neighbours in the file (at most
+    ``gap`` bytes apart), in file order; requests that overlap start runs of their own."""
+    runs: list[list[int]] = []
+    start = end = 0
+    for i in sorted(indices, key=lambda i: requests[i][0]):
+        offset, buffer = requests[i]
+        stop = offset + buffer.nbytes
+        if runs and end <= offset <= end + gap and stop - start <= RUN_BYTES:
+            runs[-1].append(i)
+            end = stop
+        else:
+            runs.append([i])
+            start, end = offset, stop
+    return runs
+
+
+def span(requests: Sequence[Request], run: list[int]
+          ) -> tuple[int, np.ndarray, list[tuple[int, np.ndarray, Buffer]]]:
+    """A host buffer covering a run's bytes in the file: its file offset, the buffer, and
+    each request's piece of it."""
+    start = requests[run[0]][0]
+    end = max(requests[i][0] + requests[i][1].nbytes for i in run)
+    span = aligned_empty(end - start)
+    pieces = [(i, span[requests[i][0] - start : requests[i][0] - start + requests[i][1].nbytes],
+               requests[i][1]) for i in run]
+    return start, span, pieces
+
+
+def submit_windowed(starts: Sequence[Callable[[], IOFuture[int]]],
+                     report: Callable[[int], None]) -> list[int]:
+    """Start each transfer, keeping at most :data:`BATCH_WINDOW` in flight; return their byte
+    counts. After a failure nothing more starts, and every started transfer is waited for
+    before the error is raised: a fallback tool must not race a failed one's stragglers."""
+    counts = [0] * len(starts)
+    pending: deque[tuple[int, IOFuture[int]]] = deque()
+    error: BaseException | None = None
+
+    def settle() -> None:
+        nonlocal error
+        index, future = pending.popleft()
+        try:
+            counts[index] = future.get()
+            report(index)  # may raise too (a cancelled save): stop the same way
+        except BaseException as exc:  # noqa: BLE001 - re-raised once all are done
+            error = error or exc
+
+    for index, start in enumerate(starts):
+        if len(pending) >= BATCH_WINDOW:
+            settle()
+        if error is not None:
+            break
+        try:
+            with in_batch():  # the batch keeps the tool's threads busy: no spreading
+                pending.append((index, start()))
+        except BaseException as exc:  # noqa: BLE001 - re-raised once all are done
+            error = exc
+            break
+    while pending:
+        settle()
+    if error is not None:
+        raise error
+    return counts
+
+
+def gpu_checksums(buffers: list[Buffer]) -> list[int]:
+    crcs = _device_checksum.device_checksums(buffers)  # type: ignore[arg-type]
+    if crcs is None:  # the kernel failed meanwhile, in another thread
+        crcs = [_device_checksum.host_checksum(b) for b in buffers]  # type: ignore[arg-type]
+    return crcs
+
+
+def read_batch(t: Tool, fd: int, batch: list[Request], path: str, with_checksum: bool,
+                report: Callable[[int], None]) -> list[int | None]:
+    on_gpu = [with_checksum and checksum_on_gpu(buffer, t) for _, buffer in batch]
+    if with_checksum and not t.capabilities.checksums and not all(on_gpu):
+        raise ToolUnavailableError(
+            f"{t.name} cannot checksum what it reads: load with verify=False to use it")
+    parts = [ChecksumParts(buffer.nbytes) if with_checksum and not gpu else None
+             for (_, buffer), gpu in zip(batch, on_gpu, strict=True)]
+    counts = submit_windowed(
+        [functools.partial(t.pread, fd, buffer, offset, checksum=part)
+         for (offset, buffer), part in zip(batch, parts, strict=True)], report)
+    for (offset, buffer), got in zip(batch, counts, strict=True):
+        if got != buffer.nbytes:
+            raise TruncatedFileError(
+                f"{path}: file ends at byte {offset + got}, {buffer.nbytes - got} bytes short "
+                "of the array (truncated while reading?)")
+    crcs = [part.value() if part is not None else None for part in parts]
+    gpu = [i for i, flag in enumerate(on_gpu) if flag]
+    for i, crc in zip(gpu, gpu_checksums([batch[i][1] for i in gpu]), strict=True):
+        crcs[i] = crc
+    return crcs
+
+
+def write_batch(t: Tool, fd: int, batch: list[Request], with_checksum: bool,
+                 report: Callable[[int], None]) -> list[int | None]:
+    on_gpu = [with_checksum and checksum_on_gpu(buffer, t) for _, buffer in batch]
+    crcs: list[int | None] = [None] * len(batch)
+    gpu = [i for i, flag in enumerate(on_gpu) if flag]
+    if gpu:
+        synchronize_device(batch[gpu[0]][1])  # type: ignore[arg-type]  # one device per batch
+        for i, crc in zip(gpu, gpu_checksums([batch[i][1] for i in gpu]), strict=True):
+            crcs[i] = crc
+    parts = [ChecksumParts(buffer.nbytes)
+             if with_checksum and not gpu_crc and t.capabilities.checksums else None
+             for (_, buffer), gpu_crc in zip(batch, on_gpu, strict=True)]
+    submit_windowed(
+        [functools.partial(t.pwrite, fd, buffer, offset, checksum=part)
+         for (offset, buffer), part in zip(batch, parts, strict=True)], report)
+    first = min(offset for offset, _ in batch)
+    end = max(offset + buffer.nbytes for offset, buffer in batch)
+    flush_range(fd, first, end - first)  # as for one transfer: durable, and honestly timed
+    for i, part in enumerate(parts):
+        if part is not None:
+            crcs[i] = part.value()
+    return crcs
