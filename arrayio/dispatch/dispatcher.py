@@ -316,14 +316,14 @@ class Dispatcher:
         """Fill each ``(file_offset, buffer)`` of ``requests``; return their CRC-32Cs if asked.
 
         The transfers of one memory kind and device run as one: one tool, every transfer in
-        flight at once (up to :data:`~arrayio.dispatch.batches.BATCH_WINDOW`), one wait for the
-        GPU checksums. Moving
-        the tensors of a checkpoint one after the other leaves most workers idle between
-        them (on the H200 VM, a 1 GiB checkpoint of 16 to 256 MiB tensors loaded at a third
-        of the page cache's rate that way). A batch is chosen for, timed and learned as one
-        transfer of its total size: its context is that of a single transfer of that size,
-        the one :func:`arrayio.tune` and :func:`arrayio.explain` describe. Transfers below
-        :data:`SMALL_TRANSFER` go one by one through the naive tool, as they would alone.
+        flight at once (up to :data:`~arrayio.dispatch.batches.BATCH_WINDOW`), one wait for
+        the GPU checksums. Moving the tensors of a checkpoint one after the other leaves most
+        workers idle between them (on the H200 VM, a 1 GiB checkpoint of 16 to 256 MiB
+        tensors loaded at a third of the page cache's rate that way). A batch is chosen for,
+        timed and learned as one transfer of its total size: its context is that of a single
+        transfer of that size, the one :func:`arrayio.tune` and :func:`arrayio.explain`
+        describe. Transfers below :data:`SMALL_TRANSFER` go through the naive tool, as they
+        would alone, neighbours in the file with one read (or, touching, one write).
         ``done(i)`` is called once request ``i`` has completed (for progress bars).
 
         Raises
