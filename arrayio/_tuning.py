@@ -100,7 +100,9 @@ def explain(
         A file arrayio can open. Without it, every learned context is shown.
     key
         With ``path``: only this array (default: every array of the file, which a load
-        moves as one batch: one context, that of a transfer of their total size).
+        moves as one batch: one context, that of a transfer of their total size; a load
+        whose results are copies, as JAX's ``device_put`` of host bytes without CuPy, reads
+        in batches of up to 1 GiB instead, each in the context of its own size).
     device
         With ``path``: where the arrays would be read to (default: the CPU).
     verify
@@ -134,8 +136,8 @@ def explain(
             forced = active.forced_arm(None)
             infos = [info for info in map(reader.__getitem__, keys) if info.nbytes and (
                 forced is not None or info.nbytes >= dispatch.SMALL_TRANSFER)]
-            if infos:
-                checksum = check and any(info.crc32c is not None for info in infos)
+            if infos:  # verified if any array of the load is (as Reader._read_batch does)
+                checksum = check and any(reader[name].crc32c is not None for name in keys)
                 context = active.batch_context(
                     "read", reader.fd, [(info.file_offset, info.nbytes) for info in infos],
                     memory, checksum)

@@ -378,3 +378,38 @@ def test_relative_paths_are_resolved_when_submitted(tmp_path, monkeypatch) -> No
     assert np.array_equal(loaded.result(TIMEOUT)["x"], np.ones(3))
     assert os.listdir(tmp_path / "two") == []
     assert np.array_equal(arrayio.load(tmp_path / "one" / "r.safetensors")["x"], np.ones(3))
+
+
+def test_cancelling_a_save_mid_batch_blames_no_tool(tmp_path, monkeypatch, fresh) -> None:
+    # The cancellation surfaces inside the batch (at an array's completion): the tool that
+    # was writing must not be marked unavailable, nor the batch written again by another.
+    from arrayio import tools
+    from arrayio.dispatch import Arm, dispatcher
+
+    monkeypatch.setattr(dispatcher, "candidate_arms",
+                        lambda context: [Arm.of("posix", threads=2), Arm("naive")])
+    posix = tools.tool_class("posix")
+    real = posix.pwrite
+    started, release = threading.Event(), threading.Event()
+    writes = []
+
+    def held(self, fd, buffer, file_offset, **kwargs):
+        writes.append(file_offset)
+        started.set()
+        assert release.wait(TIMEOUT)
+        return real(self, fd, buffer, file_offset, **kwargs)
+
+    path = tmp_path / "big.safetensors"
+    old = {k: np.ones(1 << 18) for k in "abcd"}  # four arrays of 2 MiB
+    arrayio.save(path, old)
+    monkeypatch.setattr(posix, "pwrite", held)
+    future = arrayio.save_async(path, {k: np.zeros(1 << 18) for k in "abcd"})
+    assert started.wait(TIMEOUT)
+    assert future.cancel()
+    release.set()
+    assert _async.wait_idle(TIMEOUT)
+    assert len(writes) <= 4  # no second pass over the batch
+    back = arrayio.load(path)
+    assert all(np.array_equal(back[k], old[k]) for k in old)
+    assert all(not e.unavailable for e in arrayio.explain().explanations)
+    assert _tmp_files(tmp_path) == []

@@ -52,6 +52,16 @@ _SAVE_INTERVAL = 5.0  # seconds between saves of the learned table
 SMALL_TRANSFER = 1 << 20
 
 
+class _Abandoned(BaseException):
+    """Carries what a batch's ``done`` callback raised (a cancelled save) out of the policy,
+    which would take an ``Exception`` from inside a transfer for the tool's failure: mark
+    the tool unavailable and redo the batch with another."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 def _arm(name: str, **params: Any) -> Arm:
     return Arm.of(name, **params)
 
@@ -388,10 +398,16 @@ class Dispatcher:
                 # Once per request, even when a failing tool's batch is redone by another.
                 if done is not None and indices[k] not in reported:
                     reported.add(indices[k])
-                    done(indices[k])
+                    try:
+                        done(indices[k])
+                    except BaseException as error:
+                        raise _Abandoned(error) from error
 
             batch = [requests[i] for i in indices]
-            crcs = self._batch(direction, fd, batch, path, with_checksum, forced, report)
+            try:
+                crcs = self._batch(direction, fd, batch, path, with_checksum, forced, report)
+            except _Abandoned as abandoned:
+                raise abandoned.error from None
             for i, crc in zip(indices, crcs, strict=True):
                 results[i] = crc
         return results

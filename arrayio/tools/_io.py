@@ -16,8 +16,8 @@ import numpy as np
 
 from .._checksum import checksum
 
-__all__ = ["flush_range", "in_batch", "pread_checksummed", "pread_full", "pwrite_full",
-           "task_bytes"]
+__all__ = ["batched", "flush_range", "in_batch", "pread_checksummed", "pread_full",
+           "pwrite_full", "task_bytes"]
 
 # Below this, per-task costs (a thread hand-off, a CUDA stream wait) eat the gain; measured
 # on the H200 machine: 16 threads of 1 MiB tasks read 16 MiB slower than 4 threads of 4 MiB.
@@ -78,6 +78,13 @@ def in_batch() -> Iterator[None]:
         yield
     finally:
         _batched.reset(token)
+
+
+def batched() -> bool:
+    """Whether the request being handed to a tool is part of a batch (:func:`in_batch`):
+    then even a request of one task goes to the tool's threads, so that the batch's
+    requests run side by side instead of one after another in the caller's thread."""
+    return _batched.get()
 
 
 def task_bytes(nbytes: int, threads: int, task_size: int, block: int = 4096) -> int:

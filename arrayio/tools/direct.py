@@ -38,7 +38,7 @@ import numpy as np
 from .._buffers import aligned_empty
 from .._checksum import ChecksumParts
 from ..errors import ToolUnavailableError
-from ._io import pwrite_full
+from ._io import batched, pwrite_full
 from ._lending import BufferPool
 from ._threaded import ThreadedTool
 from .base import Availability, Buffer, Capabilities, IOFuture
@@ -248,7 +248,7 @@ class DirectTool(ThreadedTool):
             if direct_fd is not None:
                 os.close(direct_fd)
 
-        if self.threads == 1 or nbytes <= self.task_size:
+        if self.threads == 1 or (nbytes <= self.task_size and not batched()):
             try:
                 return IOFuture.completed(sum(task(start, end) for start, end in pieces))
             finally:

@@ -21,6 +21,7 @@ import numpy as np
 
 from .._checksum import ChecksumParts
 from ..errors import ToolUnavailableError
+from ._io import batched
 from ._threaded import ThreadedTool
 from .base import Buffer, Capabilities, IOFuture
 
@@ -85,7 +86,7 @@ class MmapTool(ThreadedTool):
             return view.nbytes
 
         starts = range(0, count, _CHUNK)
-        if self.threads == 1 or len(starts) <= 1:
+        if self.threads == 1 or (len(starts) <= 1 and not batched()):
             return IOFuture.completed(sum(task(start) for start in starts))
         pool = self._executor()
         return IOFuture.gather([IOFuture(pool.submit(task, start)) for start in starts])

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .._checksum import ChecksumParts
-from ._io import pread_checksummed, pread_full, pwrite_full, task_bytes
+from ._io import batched, pread_checksummed, pread_full, pwrite_full, task_bytes
 from ._threaded import ThreadedTool
 from .base import Buffer, Capabilities, IOFuture
 
@@ -43,7 +43,7 @@ class PosixTool(ThreadedTool):
 
     def _run(self, task, buffer: np.ndarray, size: int) -> IOFuture[int]:
         starts = range(0, buffer.nbytes, size)
-        if self.threads == 1 or len(starts) <= 1:
+        if self.threads == 1 or (len(starts) <= 1 and not batched()):
             return IOFuture.completed(sum(task(start) for start in starts))
         pool = self._executor()
         return IOFuture.gather([IOFuture(pool.submit(task, start)) for start in starts])

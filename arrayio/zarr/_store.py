@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import os
 import shutil
 import stat
@@ -56,6 +57,7 @@ from .. import _atomic, _transfer, config
 from .._buffers import CupyDeviceBuffer, aligned_empty
 from ..dispatch.context import cache_state
 from ..dispatch.dispatcher import SMALL_TRANSFER
+from ..dispatch.policy import is_tool_failure
 from ..errors import ArrayioError, ToolUnavailableError
 
 if TYPE_CHECKING:
@@ -71,6 +73,7 @@ _BLOCK = 4096  # O_DIRECT granularity: host buffers start at the file offset's p
 # GPU reads and writes go through the host in pieces of this size, two per thread: big
 # enough for the dispatcher's multi-threaded tools, small enough that 32 threads hold 512 MiB
 # of pinned memory at most.
+logger = logging.getLogger("arrayio")
 _PIECE = 8 << 20
 _MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
@@ -315,10 +318,16 @@ def _read_device(fd: int, file_offset: int, nbytes: int, path: str, crowded: boo
                 _transfer.read_into(fd, file_offset, CupyDeviceBuffer(out), path=path,
                                     tool=tool)
                 return out
-            except ToolUnavailableError:
-                if tool is None:  # no device tool at all here
-                    raise
-                _no_kvikio.set()  # and read it through the pieces
+            except Exception as error:
+                if tool is None or not is_tool_failure(error):  # the dispatcher fell back
+                    raise                                        # already, or a data error
+                _no_kvikio.set()
+                logger.warning("arrayio: NVMeStore reads cached chunks through its pinned "
+                               "pieces from now on: KvikIO failed (%s)", error)
+            # Into new memory: a failed KvikIO read may still have tasks writing into the
+            # old one (KvikIO reports the first failed task without waiting for the others).
+            with stream:
+                out = cupy.empty(nbytes, dtype=cupy.uint8)
     return _read_pieces(fd, file_offset, out, path, crowded, file_system, stream)
 
 

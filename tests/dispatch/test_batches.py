@@ -331,3 +331,66 @@ def test_small_writes_that_touch_are_written_with_one_write(tmp_path, fresh, mon
         assert content[offset:offset + size] == src.tobytes()
         assert crc == crc32c.crc32c(src.tobytes())
     assert content[14_396] == 0xEE and content[-1] == 0xEE
+
+
+def test_an_exception_from_done_is_no_tool_failure(tmp_path, fresh, monkeypatch):
+    # A cancelled save_async raises from its progress callback, inside the batch: that must
+    # not mark the tool unavailable, nor have another tool write the whole batch again.
+    monkeypatch.setattr(dispatcher, "candidate_arms",
+                        lambda context: [Arm.of("posix", threads=2), Arm("naive")])
+    calls: list[int] = []
+    posix = tools.tool_class("posix")
+    real = posix.pwrite
+
+    def counting(self, fd, buffer, file_offset, **kwargs):
+        calls.append(file_offset)
+        return real(self, fd, buffer, file_offset, **kwargs)
+
+    monkeypatch.setattr(posix, "pwrite", counting)
+
+    class Cancelled(Exception):
+        pass
+
+    def done(i: int) -> None:
+        if i == 0:
+            raise Cancelled
+
+    sources = [np.full(MiB, i, np.uint8) for i in range(4)]
+    fd = os.open(tmp_path / "c.bin", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        with pytest.raises(Cancelled):
+            fresh.write_many(fd, [(i * MiB, s) for i, s in enumerate(sources)], done=done)
+    finally:
+        os.close(fd)
+    assert sorted(calls) == [i * MiB for i in range(4)]  # once each: no second tool
+    assert all(not e.unavailable for e in arrayio.explain().explanations)
+
+
+def test_requests_of_one_task_run_on_the_tools_threads_within_a_batch(tmp_path, fresh,
+                                                                      monkeypatch):
+    from arrayio.tools import posix as posix_module
+
+    threads: set[str] = set()
+    real = posix_module.pread_full
+
+    def recording(fd, view, offset):
+        threads.add(threading.current_thread().name)
+        time.sleep(0.001)
+        return real(fd, view, offset)
+
+    monkeypatch.setattr(posix_module, "pread_full", recording)
+    path = tmp_path / "t.bin"
+    path.write_bytes(os.urandom(16 * MiB))
+    dests = [np.empty(MiB, np.uint8) for _ in range(16)]  # each one task of posix(4x4 MiB)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fresh.read_many(fd, [(i * MiB, d) for i, d in enumerate(dests)],
+                        tool="posix(threads=4,task_size=4194304)")
+        assert threading.current_thread().name not in threads  # all on the pool
+        assert len(threads) >= 2
+        threads.clear()
+        fresh.read(fd, dests[0], 0, tool="posix(threads=4,task_size=4194304)")
+        assert threads == {threading.current_thread().name}  # alone: in the caller
+    finally:
+        os.close(fd)
+    assert b"".join(d.tobytes() for d in dests) == path.read_bytes()

@@ -100,8 +100,9 @@ def test_many_threads_read_into_the_gpu_at_once(tmp_path, cupy, gpu_prototype):
     assert [g.to_bytes() for g in asyncio.run(batch())] == [values[k] for k in keys]
 
 
+@pytest.mark.parametrize("failure", ["ToolUnavailableError", "RuntimeError"])
 def test_a_crowd_reads_through_kvikio_or_falls_back_to_pieces(tmp_path, cupy, gpu_prototype,
-                                                              monkeypatch):
+                                                              monkeypatch, failure):
     from arrayio import tools
     from arrayio.errors import ToolUnavailableError
     from arrayio.tools import Capabilities, Tool
@@ -115,6 +116,8 @@ def test_a_crowd_reads_through_kvikio_or_falls_back_to_pieces(tmp_path, cupy, gp
         def pread(self, fd, buffer, file_offset, *, checksum=None):
             calls.append(buffer.nbytes)
             buffer.cuda_array[:] = 0xA5  # scribbles, then fails
+            if failure == "RuntimeError":
+                raise RuntimeError("broken: a KvikIO error in the middle of a read")
             raise ToolUnavailableError("broken: injected")
 
         pwrite = pread
