@@ -44,6 +44,7 @@ import contextlib
 import dataclasses
 import os
 import threading
+import time
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import _base
 from typing import Any
@@ -171,6 +172,7 @@ class _Scheduler:
         self._threads: set[threading.Thread] = set()
         self._busy = 0  # threads running an operation (the others are about to take one)
         self._idle = threading.Condition(self._lock)
+        self._leaving: list[threading.Thread] = []  # done, but perhaps not exited yet
 
     def submit(self, operation: _Operation) -> None:
         with self._lock:
@@ -221,14 +223,23 @@ class _Scheduler:
         finally:
             with self._lock:
                 self._threads.discard(me)
+                # Kept for wait_idle to join; those already gone are dropped, so that the
+                # list stays short in a process that never waits.
+                self._leaving = [t for t in self._leaving if t.is_alive()] + [me]
                 with contextlib.suppress(RuntimeError):
                     self._spawn_locked()  # what this thread leaves (if it died) goes on
                 self._idle.notify_all()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every queued operation is done and every worker thread has exited."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            return self._idle.wait_for(lambda: not self._threads and not self._lanes, timeout)
+            if not self._idle.wait_for(lambda: not self._threads and not self._lanes, timeout):
+                return False
+            leaving, self._leaving = self._leaving, []
+        for thread in leaving:  # past its last line under the lock, maybe not yet gone
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in leaving)
 
 
 _scheduler = _Scheduler()
