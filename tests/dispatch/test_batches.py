@@ -54,7 +54,7 @@ class Slow(Tool):
             cls.running += 1
             cls.most = max(cls.most, cls.running)
         try:
-            time.sleep(0.002)
+            time.sleep(0.02)
             if file_offset == cls.fail_at:
                 raise ToolUnavailableError("slow: injected failure")
             return move(fd, buffer, file_offset)
