@@ -37,7 +37,6 @@ after that.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import concurrent.futures
 import contextlib
@@ -134,6 +133,8 @@ class AsyncFuture(concurrent.futures.Future):
             return self._stop
 
     def __await__(self) -> Generator[Any, None, Any]:
+        import asyncio  # here: 12 ms that ``import arrayio`` need not pay
+
         return asyncio.wrap_future(self).__await__()
 
     def __repr__(self) -> str:

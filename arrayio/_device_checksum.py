@@ -29,8 +29,9 @@ from ._checksum import _POLY, _x8n, combine
 if TYPE_CHECKING:
     from ._buffers import DeviceBuffer
 
-__all__ = ["SEGMENT_BYTES", "available", "checksum_anywhere", "device_checksum", "device_checksums",
-           "host_checksum", "segment_for", "segment_powers", "slicing_tables"]
+__all__ = ["SEGMENT_BYTES", "available", "checksum_anywhere", "checksums_anywhere",
+           "device_checksum", "device_checksums", "host_checksum", "segment_for",
+           "segment_powers", "slicing_tables"]
 
 logger = logging.getLogger("arrayio")
 
@@ -228,8 +229,14 @@ def _guarded(buffers: Sequence[DeviceBuffer], run: Callable[[], list[int]]) -> l
 
 def checksum_anywhere(buffer: DeviceBuffer) -> int:
     """The CRC-32C of a device buffer: on its GPU where possible, else through the host."""
-    crc = device_checksum(buffer)
-    return host_checksum(buffer) if crc is None else crc
+    return checksums_anywhere([buffer])[0]
+
+
+def checksums_anywhere(buffers: Sequence[DeviceBuffer]) -> list[int]:
+    """The CRC-32C of each device buffer: on the GPU with one wait where possible (see
+    :func:`device_checksums`), else through the host."""
+    crcs = device_checksums(buffers)
+    return [host_checksum(b) for b in buffers] if crcs is None else crcs
 
 
 def host_checksum(buffer: DeviceBuffer) -> int:

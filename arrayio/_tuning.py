@@ -131,13 +131,14 @@ def explain(
             for name in keys:
                 if name not in reader:
                     raise KeyNotFoundError(f"{reader.path}: no array {name!r}")
+            every = [reader[name] for name in keys]
             # What load() does: the arrays it learns for (1 MiB and more, or all of them
             # under a forced tool) move as one batch, in the context of their total size.
             forced = active.forced_arm(None)
-            infos = [info for info in map(reader.__getitem__, keys) if info.nbytes and (
+            infos = [info for info in every if info.nbytes and (
                 forced is not None or info.nbytes >= dispatch.SMALL_TRANSFER)]
             if infos:  # verified if any array of the load is (as Reader._read_batch does)
-                checksum = check and any(reader[name].crc32c is not None for name in keys)
+                checksum = check and any(info.crc32c is not None for info in every)
                 context = active.batch_context(
                     "read", reader.fd, [(info.file_offset, info.nbytes) for info in infos],
                     memory, checksum)

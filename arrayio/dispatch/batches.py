@@ -23,8 +23,8 @@ from ..tools import Buffer, IOFuture, Tool
 from ..tools._io import flush_range, in_batch
 
 __all__ = ["BATCH_WINDOW", "GPU_CHECKSUM_MIN_BYTES", "RUN_BYTES", "RUN_GAP", "Request",
-           "checksum_on_gpu", "gpu_checksums", "read_batch", "runs", "span", "submit_windowed",
-           "write_batch"]
+           "cannot_checksum", "checksum_on_gpu", "read_batch", "runs", "span",
+           "submit_windowed", "truncated", "write_batch"]
 
 # A batch keeps at most this many of its transfers submitted at once: enough to keep every
 # worker of any tool busy, few enough to bound what they hold (O_DIRECT and KvikIO open a
@@ -121,19 +121,27 @@ def submit_windowed(starts: Sequence[Callable[[], IOFuture[int]]],
     return counts
 
 
-def gpu_checksums(buffers: list[Buffer]) -> list[int]:
-    crcs = _device_checksum.device_checksums(buffers)  # type: ignore[arg-type]
-    if crcs is None:  # the kernel failed meanwhile, in another thread
-        crcs = [_device_checksum.host_checksum(b) for b in buffers]  # type: ignore[arg-type]
-    return crcs
+def cannot_checksum(t: Tool) -> ToolUnavailableError:
+    """The failure of a tool asked to verify a read it cannot checksum (so that the
+    dispatcher falls back to one that can)."""
+    return ToolUnavailableError(
+        f"{t.name} cannot checksum what it reads: load with verify=False to use it")
+
+
+def truncated(path: str, file_offset: int, nbytes: int, got: int) -> TruncatedFileError:
+    """The data error of a read that found ``got`` of ``nbytes`` bytes before the end."""
+    return TruncatedFileError(
+        f"{path}: file ends at byte {file_offset + got}, {nbytes - got} bytes short of the "
+        "array (truncated while reading?)")
 
 
 def read_batch(t: Tool, fd: int, batch: list[Request], path: str, with_checksum: bool,
-                report: Callable[[int], None]) -> list[int | None]:
+               report: Callable[[int], None]) -> list[int | None]:
+    # The single-transfer twin is Dispatcher.read's operation, kept apart: a batch's lists,
+    # partials and window cost microseconds that small transfers cannot spare.
     on_gpu = [with_checksum and checksum_on_gpu(buffer, t) for _, buffer in batch]
     if with_checksum and not t.capabilities.checksums and not all(on_gpu):
-        raise ToolUnavailableError(
-            f"{t.name} cannot checksum what it reads: load with verify=False to use it")
+        raise cannot_checksum(t)
     parts = [ChecksumParts(buffer.nbytes) if with_checksum and not gpu else None
              for (_, buffer), gpu in zip(batch, on_gpu, strict=True)]
     counts = submit_windowed(
@@ -141,24 +149,24 @@ def read_batch(t: Tool, fd: int, batch: list[Request], path: str, with_checksum:
          for (offset, buffer), part in zip(batch, parts, strict=True)], report)
     for (offset, buffer), got in zip(batch, counts, strict=True):
         if got != buffer.nbytes:
-            raise TruncatedFileError(
-                f"{path}: file ends at byte {offset + got}, {buffer.nbytes - got} bytes short "
-                "of the array (truncated while reading?)")
+            raise truncated(path, offset, buffer.nbytes, got)
     crcs = [part.value() if part is not None else None for part in parts]
     gpu = [i for i, flag in enumerate(on_gpu) if flag]
-    for i, crc in zip(gpu, gpu_checksums([batch[i][1] for i in gpu]), strict=True):
+    on_device = [batch[i][1] for i in gpu]
+    for i, crc in zip(gpu, _device_checksum.checksums_anywhere(on_device), strict=True):
         crcs[i] = crc
     return crcs
 
 
 def write_batch(t: Tool, fd: int, batch: list[Request], with_checksum: bool,
-                 report: Callable[[int], None]) -> list[int | None]:
+                report: Callable[[int], None]) -> list[int | None]:
     on_gpu = [with_checksum and checksum_on_gpu(buffer, t) for _, buffer in batch]
     crcs: list[int | None] = [None] * len(batch)
     gpu = [i for i, flag in enumerate(on_gpu) if flag]
     if gpu:
         synchronize_device(batch[gpu[0]][1])  # type: ignore[arg-type]  # one device per batch
-        for i, crc in zip(gpu, gpu_checksums([batch[i][1] for i in gpu]), strict=True):
+        on_device = [batch[i][1] for i in gpu]
+        for i, crc in zip(gpu, _device_checksum.checksums_anywhere(on_device), strict=True):
             crcs[i] = crc
     parts = [ChecksumParts(buffer.nbytes)
              if with_checksum and not gpu_crc and t.capabilities.checksums else None

@@ -31,7 +31,7 @@ import numpy as np
 from .. import _device_checksum, config, tools
 from .._buffers import synchronize_device
 from .._checksum import ChecksumParts, checksum
-from ..errors import ToolUnavailableError, TruncatedFileError, UnknownToolError
+from ..errors import TruncatedFileError, UnknownToolError
 from ..tools import Buffer, Tool, buffer_kind
 from ..tools._io import flush_range
 from . import batches
@@ -253,15 +253,11 @@ class Dispatcher:
         def operation(t: Tool) -> int | None:
             on_gpu = with_checksum and batches.checksum_on_gpu(buffer, t)
             if with_checksum and not on_gpu and not t.capabilities.checksums:
-                raise ToolUnavailableError(
-                    f"{t.name} cannot checksum what it reads: load with verify=False to "
-                    "use it")
+                raise batches.cannot_checksum(t)
             parts = ChecksumParts(nbytes) if with_checksum and not on_gpu else None
             got = t.read(fd, buffer, file_offset, checksum=parts)
             if got != nbytes:
-                raise TruncatedFileError(
-                    f"{path}: file ends at byte {file_offset + got}, {nbytes - got} bytes "
-                    "short of the array (truncated while reading?)")
+                raise batches.truncated(path, file_offset, nbytes, got)
             if on_gpu:  # (through the host if the kernel failed meanwhile, in any thread)
                 return _device_checksum.checksum_anywhere(buffer)  # type: ignore[arg-type]
             return parts.value() if parts is not None else None

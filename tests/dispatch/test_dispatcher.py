@@ -36,6 +36,7 @@ from arrayio.errors import ToolUnavailableError, TruncatedFileError, UnknownTool
 from arrayio.tools import Capabilities, IOFuture, Tool
 from arrayio.tools import direct as direct_module
 from arrayio.tools._io import pread_full, pwrite_full
+from benchmarks import _pagecache as pagecache
 
 MiB = 1 << 20
 GARBAGE = 0xA5
@@ -131,12 +132,7 @@ def assert_checksums_recorded(path: Path, expected: dict[str, np.ndarray]) -> No
 
 def evict(path: Path) -> None:
     """Push the file's pages out of the page cache (no root needed)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    pagecache.evict(os.fspath(path))
 
 
 def warm(path: Path) -> None:

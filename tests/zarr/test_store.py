@@ -31,6 +31,7 @@ import arrayio  # noqa: E402
 from arrayio import _atomic, _transfer  # noqa: E402
 from arrayio.zarr import InvalidKeyError, NVMeStore  # noqa: E402
 from arrayio.zarr import _store as store_module  # noqa: E402
+from benchmarks._pagecache import evict  # noqa: E402
 
 CPU = cpu.buffer_prototype
 FUSED = "zarr.core.codec_pipeline.FusedCodecPipeline"
@@ -445,13 +446,6 @@ def tool_requests(monkeypatch):
     return requests
 
 
-def _evict(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def test_a_read_alone_lets_the_dispatcher_choose(store, tool_requests):
@@ -467,7 +461,7 @@ def test_a_read_in_a_crowd_uses_one_thread_by_cache_state(monkeypatch, store, to
     data = payload(2 << 20, 4)
     store.set_sync("c/0", buffer(data))
     path = store.root / "c" / "0"
-    _evict(path)
+    evict(os.fspath(path))
     fd = os.open(path, os.O_RDONLY)
     probe = cache_state(fd, 0, len(data))
     os.close(fd)
