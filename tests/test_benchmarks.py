@@ -11,10 +11,12 @@ import importlib.util
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -101,3 +103,20 @@ def test_the_core_baseline_runs_on_the_cpu(tmp_path):
             assert result["cold_read_GBps"] is None, name
         assert {kind: len(seconds) for kind, seconds in result["seconds"].items()} == {
             "write": 1, "cold": 1, "warm": 1}, name
+
+
+def test_held_out_ratio_removes_the_winners_luck_but_not_a_real_gap():
+    from benchmarks.sweep import held_out_ratio
+
+    rng = np.random.default_rng(0)
+    # Seven arms doing the same work, and a dispatcher running one of them: the best median
+    # overstates the arms' speed, the held-out comparison does not.
+    same = {f"arm{i}": list(1.0 + 0.1 * rng.standard_normal(11)) for i in range(7)}
+    dispatcher = list(1.0 + 0.1 * rng.standard_normal(11))
+    best_median = min(statistics.median(v) for v in same.values())
+    assert best_median / statistics.median(dispatcher) < 0.97  # the bias it removes
+    assert 0.93 < held_out_ratio(same, dispatcher) < 1.07
+    # A dispatcher 30% slower than the best arm is reported as such.
+    fast = {"fast": [1.0] * 8, "slow": [2.0] * 8}
+    assert held_out_ratio(fast, [1.3] * 8) == pytest.approx(1 / 1.3)
+    assert held_out_ratio(fast, [1.3] * 3) is None  # too few rounds to split

@@ -102,7 +102,9 @@ def test_many_threads_read_into_the_gpu_at_once(tmp_path, cupy, gpu_prototype):
 
 @pytest.mark.parametrize("failure", ["ToolUnavailableError", "RuntimeError"])
 def test_a_crowd_reads_through_kvikio_or_falls_back_to_pieces(tmp_path, cupy, gpu_prototype,
-                                                              monkeypatch, failure):
+                                                              monkeypatch, failure, fresh):
+    # A fresh dispatcher: the process-wide one keeps the tool instances it made, and would
+    # hand this run the Broken of the previous parametrization.
     from arrayio import tools
     from arrayio.errors import ToolUnavailableError
     from arrayio.tools import Capabilities, Tool
