@@ -93,12 +93,16 @@ def candidate_arms(context: Context) -> list[Arm]:
         else:
             # Large writes reach the disk's rate only with large O_DIRECT requests, several
             # in flight (measured on the H200 VM: 2.6 GB/s with 8 x 32 MiB, 2.4 with
-            # 4 x 16 MiB, 1.7 buffered).
+            # 4 x 16 MiB, 1.7 buffered; its raw write ceiling, 3.4 to 3.5 GB/s, needs 64 MiB
+            # requests: 3.15 with 16 MiB ones, and the 8 x 32 MiB arm wrote 1 GiB from the
+            # GPU at 0.89 of it).
             deep = (_arm("staged", threads=8, chunk_size=32 * _MiB, direct=True)
                     if context.size_class > 26 else
                     _arm("staged", threads=8, chunk_size=8 * _MiB, direct=True))
             arms = [_arm("staged", threads=4, chunk_size=16 * _MiB, direct=True), deep,
                     _arm("staged", threads=4, chunk_size=16 * _MiB), _arm("naive")]
+            if context.size_class > 27:  # 256 MiB and more: whole 64 MiB requests
+                arms.insert(2, _arm("staged", threads=4, chunk_size=64 * _MiB, direct=True))
         kvikio = [_arm("kvikio", threads=16, task_size=4 * _MiB)]
     elif not big:
         arms = [_arm("naive"), _arm("posix", threads=1, task_size=4 * _MiB)]
@@ -119,6 +123,8 @@ def candidate_arms(context: Context) -> list[Arm]:
         arms = [_arm("posix", threads=4, task_size=8 * _MiB),
                 _arm("posix", threads=16, task_size=4 * _MiB),
                 _arm("direct", threads=4, task_size=8 * _MiB), _arm("naive")]
+        if context.size_class > 27:  # as for the GPU: the disk's rate needs 64 MiB requests
+            arms.insert(3, _arm("direct", threads=4, task_size=64 * _MiB))
         kvikio = [_arm("kvikio", threads=16, task_size=4 * _MiB)]
     # KvikIO never sees the bytes on the host: with checksums it needs the GPU to compute
     # them (device memory) and is no candidate otherwise.
