@@ -31,7 +31,7 @@ def render_sweep(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
     """The GPU panels of each committed sweep: best single tool and dispatcher per size."""
     lines: list[str] = []
     sweeps = [p for p in sorted(results_dir.glob("*/sweep*.json"),
-                                key=lambda p: (p.parent.name, "-" in p.stem))
+                                key=lambda p: (p.parent.name, "-" in p.stem, p.stem))
               if json.loads(p.read_text())["machine"].get("gpu")]
     # The latest results folder only: older sweeps stay committed, as history.
     latest = max((p.parent.name for p in sweeps), default=None)
