@@ -58,7 +58,11 @@ def render_sweep(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
         for panel in ("read/cold/cuda", "read/warm/cuda", "write/-/cuda"):
             rows = [r for r in report["rows"]
                     if f"{r['direction']}/{r['cache']}/{r['memory']}" == panel]
-            cells = [f"{r['dispatcher_GBps']:.2f} ({r['summary']['ratio']:.2f})" for r in rows]
+            by_size = {r["bytes"]: r for r in rows}
+            # A size the run did not reach (its time ran out) is shown as not measured.
+            cells = [f"{by_size[n]['dispatcher_GBps']:.2f} ({by_size[n]['summary']['ratio']:.2f})"
+                     if n in by_size else "not measured"
+                     for n in report["panels"]["read/cold/cuda"]["sizes"]]
             beats = report["panels"][panel]["dispatcher_beats_every_fixed_arm"]
             lines.append(f"| {panel.replace('/-', '')} | " + " | ".join(cells)
                          + f" | {'yes' if beats else 'no'} |")
