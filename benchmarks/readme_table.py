@@ -41,6 +41,7 @@ def render_sweep(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
         report = json.loads(path.read_text())
         ceilings = report["ceilings"]
         mode = "checksums on (the default)" if report["checksum"] else "checksums off"
+        sizes = report["panels"]["read/cold/cuda"]["sizes"]  # the sweep's, every panel's
         lines += [
             f"**Transfer sweep, {mode}** ({report['date'][:10]}, {report['machine']['summary']}; "
             f"`{report['command']}`; [{path.parent.name}/{path.name}]"
@@ -51,9 +52,9 @@ def render_sweep(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
             f"{ceilings.get('pinned_host_to_device', float('nan')):.2f}. GB/s, medians of "
             f"{report['repeats']}; ratio = dispatcher / best single tool at that size.",
             "",
-            "| GPU | " + " | ".join(_size(n) for n in report["panels"]["read/cold/cuda"]["sizes"])
+            "| GPU | " + " | ".join(_size(n) for n in sizes)
             + " | beats every fixed tool (geomean) |",
-            "| --- |" + " ---: |" * (len(report["panels"]["read/cold/cuda"]["sizes"]) + 1),
+            "| --- |" + " ---: |" * (len(sizes) + 1),
         ]
         for panel in ("read/cold/cuda", "read/warm/cuda", "write/-/cuda"):
             rows = [r for r in report["rows"]
@@ -62,7 +63,7 @@ def render_sweep(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
             # A size the run did not reach (its time ran out) is shown as not measured.
             cells = [f"{by_size[n]['dispatcher_GBps']:.2f} ({by_size[n]['summary']['ratio']:.2f})"
                      if n in by_size else "not measured"
-                     for n in report["panels"]["read/cold/cuda"]["sizes"]]
+                     for n in sizes]
             beats = report["panels"][panel]["dispatcher_beats_every_fixed_arm"]
             lines.append(f"| {panel.replace('/-', '')} | " + " | ".join(cells)
                          + f" | {'yes' if beats else 'no'} |")

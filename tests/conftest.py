@@ -6,6 +6,11 @@ where no CUDA device is usable; a missing framework skips only its own cases.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from arrayio.testing import FRAMEWORK_PARAMS, Framework, gpu_available
@@ -78,3 +83,25 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") is not None and not gpu_available():
         pytest.skip("no CUDA GPU")
+
+
+@pytest.fixture(scope="session")
+def run_module():
+    """``run_module(module, *args, tmp_path=..., timeout=...)`` runs ``python -m module args``
+    from the repository root, as the benchmarks' smoke tests do: without the caller's
+    ``ARRAYIO_*`` settings, the dispatcher's table in memory, matplotlib headless with its
+    cache under ``tmp_path``; the test fails with the output if the module does."""
+    root = Path(__file__).resolve().parents[1]
+
+    def run(module: str, *args: str, tmp_path: Path, timeout: float = 240
+            ) -> subprocess.CompletedProcess[str]:
+        env = {name: value for name, value in os.environ.items()
+               if not name.startswith("ARRAYIO_")}
+        env.update(ARRAYIO_CACHE_DIR="none", MPLBACKEND="Agg",
+                   MPLCONFIGDIR=str(tmp_path / "mpl"))
+        result = subprocess.run([sys.executable, "-m", module, *args], cwd=root, env=env,
+                                capture_output=True, text=True, timeout=timeout, check=False)
+        assert result.returncode == 0, f"{module} failed:\n{result.stdout}\n{result.stderr}"
+        return result
+
+    return run

@@ -10,37 +10,23 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
 QUICK_SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20]  # what --quick sweeps
 SMALL_TRANSFER = 1 << 20
 
-
-def run_module(module: str, *args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith("ARRAYIO_")}
-    env.update(ARRAYIO_CACHE_DIR="none", MPLBACKEND="Agg", MPLCONFIGDIR=str(tmp_path / "mpl"))
-    result = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=240, check=False)
-    assert result.returncode == 0, f"{module} failed:\n{result.stdout}\n{result.stderr}"
-    return result
 
 
 def is_rate(value: object) -> bool:
     return isinstance(value, float) and math.isfinite(value) and value > 0
 
 
-def test_the_sweep_runs_quick_and_reports_every_case(tmp_path):
+def test_the_sweep_runs_quick_and_reports_every_case(tmp_path, run_module):
     out, png = tmp_path / "s.json", tmp_path / "s.png"
     run_module("benchmarks.sweep", "--quick", "--out", str(out), "--plot", str(png),
                "--dir", str(tmp_path), tmp_path=tmp_path)
@@ -84,7 +70,7 @@ def test_the_sweep_runs_quick_and_reports_every_case(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None
                     or importlib.util.find_spec("safetensors") is None,
                     reason="the core baseline compares with torch and safetensors")
-def test_the_core_baseline_runs_on_the_cpu(tmp_path):
+def test_the_core_baseline_runs_on_the_cpu(tmp_path, run_module):
     out = tmp_path / "c.json"
     run_module("benchmarks.core_baseline", "--device", "cpu", "--gib", "0.0625", "--repeats",
                "1", "--out", str(out), "--dir", str(tmp_path), tmp_path=tmp_path)

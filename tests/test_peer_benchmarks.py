@@ -11,26 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
 QUANTITIES = ("save", "cold_load", "warm_load")
 
-
-def run_module(module: str, *args: str, tmp_path: Path) -> None:
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith("ARRAYIO_")}
-    env.update(ARRAYIO_CACHE_DIR="none", MPLBACKEND="Agg", MPLCONFIGDIR=str(tmp_path / "mpl"))
-    result = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 0, f"{module} failed:\n{result.stdout}\n{result.stderr}"
 
 
 def is_rate(value: object) -> bool:
@@ -38,13 +26,13 @@ def is_rate(value: object) -> bool:
 
 
 @pytest.fixture(scope="module")
-def smoke_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def smoke_results(tmp_path_factory: pytest.TempPathFactory, run_module) -> Path:
     """Every scenario's smoke run, in one results folder (as the GPU runs make them)."""
     tmp = tmp_path_factory.mktemp("peers")
     out = tmp / "results" / "2000-01-01-smoke-peers"
     for module in ("checkpoint", "featuremap", "small_arrays"):
         run_module(f"benchmarks.peers.{module}", "--smoke", "--out", str(out),
-                   "--dir", str(tmp), tmp_path=tmp)
+                   "--dir", str(tmp), tmp_path=tmp, timeout=120)
     return out
 
 
@@ -121,8 +109,10 @@ def test_readme_renders_the_peer_tables(smoke_results: Path) -> None:
     assert "2000-01-01-smoke-peers/checkpoint.json" in text
 
 
-def test_the_plot_can_be_redrawn_from_the_json(smoke_results: Path, tmp_path: Path) -> None:
+def test_the_plot_can_be_redrawn_from_the_json(smoke_results: Path, tmp_path: Path,
+                                                run_module) -> None:
     copy = tmp_path / "checkpoint.json"
     copy.write_text((smoke_results / "checkpoint.json").read_text())
-    run_module("benchmarks.peers.checkpoint", "--replot", str(copy), tmp_path=tmp_path)
+    run_module("benchmarks.peers.checkpoint", "--replot", str(copy), tmp_path=tmp_path,
+               timeout=120)
     assert (tmp_path / "checkpoint.png").stat().st_size > 0

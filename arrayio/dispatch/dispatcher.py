@@ -73,6 +73,9 @@ _SMALL_CHOICE = (None, _NAIVE)
 def candidate_arms(context: Context) -> list[Arm]:
     """The arms worth trying in ``context``, best guess first (before availability)."""
     big = context.size_class > 20  # more than 1 MiB
+    # 256 MiB and more: worth whole 64 MiB writes and 16 streams of 16 MiB cold reads, which
+    # reach the H200 VM's disk ceilings (smaller transfers would not fill them).
+    large = context.size_class > 27
     reads = context.direction == "read"
     cold = context.cache in ("cold", "mixed")
     if context.memory == "cuda":
@@ -89,10 +92,10 @@ def candidate_arms(context: Context) -> list[Arm]:
             warm = [_arm("staged", threads=16, chunk_size=8 * _MiB)]
             disk = [_arm("staged", threads=16, chunk_size=8 * _MiB, direct=True),
                     _arm("staged", threads=4, chunk_size=16 * _MiB, direct=True)]
-            if context.size_class > 27:
-                # 256 MiB and more: 16 streams of 16 MiB, the cold-read ceiling's best setting
-                # on the H200 VM and what fastsafetensors' O_DIRECT reader uses (it loaded a
-                # 1 GiB checkpoint cold at 4.5-4.8 GB/s there, arrayio at 3.3-4.0).
+            if large:
+                # 16 streams of 16 MiB: the cold-read ceiling's best setting on the H200 VM and
+                # what fastsafetensors' O_DIRECT reader uses (it loaded a 1 GiB checkpoint
+                # cold at 4.5-4.8 GB/s there, arrayio at 3.3-4.0).
                 disk.append(_arm("staged", threads=16, chunk_size=16 * _MiB, direct=True))
             arms = [*(disk + warm if cold else warm + disk), _arm("naive")]
         else:
@@ -106,7 +109,7 @@ def candidate_arms(context: Context) -> list[Arm]:
                     _arm("staged", threads=8, chunk_size=8 * _MiB, direct=True))
             arms = [_arm("staged", threads=4, chunk_size=16 * _MiB, direct=True), deep,
                     _arm("staged", threads=4, chunk_size=16 * _MiB), _arm("naive")]
-            if context.size_class > 27:  # 256 MiB and more: whole 64 MiB requests
+            if large:  # whole 64 MiB requests
                 arms.insert(2, _arm("staged", threads=4, chunk_size=64 * _MiB, direct=True))
         kvikio = [_arm("kvikio", threads=16, task_size=4 * _MiB)]
     elif not big:
@@ -128,7 +131,7 @@ def candidate_arms(context: Context) -> list[Arm]:
         arms = [_arm("posix", threads=4, task_size=8 * _MiB),
                 _arm("posix", threads=16, task_size=4 * _MiB),
                 _arm("direct", threads=4, task_size=8 * _MiB), _arm("naive")]
-        if context.size_class > 27:  # as for the GPU: the disk's rate needs 64 MiB requests
+        if large:  # as for the GPU: the disk's rate needs 64 MiB requests
             arms.insert(3, _arm("direct", threads=4, task_size=64 * _MiB))
         kvikio = [_arm("kvikio", threads=16, task_size=4 * _MiB)]
     # KvikIO never sees the bytes on the host: with checksums it needs the GPU to compute

@@ -7,34 +7,23 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("zarr")
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def is_rate(value: object) -> bool:
     return isinstance(value, float) and math.isfinite(value) and value > 0
 
 
-def test_zarr_read_benchmark_runs_on_the_cpu(tmp_path):
+def test_zarr_read_benchmark_runs_on_the_cpu(tmp_path, run_module):
     out = tmp_path / "out"
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith("ARRAYIO_")}
-    env.update(ARRAYIO_CACHE_DIR="none", MPLBACKEND="Agg", MPLCONFIGDIR=str(tmp_path / "mpl"))
-    result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.zarr_read", "--memory", "host", "--size", "8M",
-         "--chunk", "1M", "--repeats", "1", "--learn", "0", "--out", str(out),
-         "--dir", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
-    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    run_module("benchmarks.zarr_read", "--memory", "host", "--size", "8M", "--chunk", "1M",
+               "--repeats", "1", "--learn", "0", "--out", str(out), "--dir", str(tmp_path),
+               tmp_path=tmp_path)
     report = json.loads((out / "zarr_read.json").read_text())
 
     assert report["benchmark"] == "zarr_read" and report["memory"] == "host"
