@@ -8,8 +8,10 @@ In one run, on one data file in ``--dir``:
 * ceilings: parallel O_DIRECT cold read (best of 4, 8 and 16 threads), warm buffered read
   with 16 threads (best of 4 and 16 MiB requests), write with fsync (best of buffered with 4
   threads and O_DIRECT with 1, 4 and 16 threads and 16 or 64 MiB requests), each setting
-  three times, and pinned host-to-device copy (GPU runs); the best setting of each is
-  measured again in the same rounds as the tools at the largest size;
+  three times, each searched right before the first panel it bounds (the disk's rate drifts
+  over a run), and pinned host-to-device copy (GPU runs); the best setting of each is
+  measured again in the same rounds as the tools at the largest size, which each panel
+  measures first;
 * every candidate arm (tool and parameters) the dispatcher would consider, at every size,
   for reads (cold and warm) and writes (fsync included), into host and/or GPU memory, each
   as a fixed strategy: forced (``tool=``) through arrayio's own path, so that it differs
@@ -82,6 +84,7 @@ class Bench:
         # it runs again, in the same rounds as the tools and the dispatcher.
         self.ceiling_settings: dict[str, dict[str, float]] = {}
         self.ceiling_tools: dict[str, tools.Tool] = {}
+        self.ceiling_values: dict[str, Any] = {}  # GB/s by ceiling (or its error), as measured
         self._make_data()
 
     def warm(self, nbytes: int) -> None:
@@ -118,71 +121,85 @@ class Bench:
                    for _ in range(repeats or self.args.repeats)]
         return nbytes / statistics.median(seconds) / 1e9
 
-    def ceilings(self) -> dict[str, float]:
-        size = self.max_size
-        out: dict[str, float] = {}
+    # The disk ceiling each panel is compared with, and the settings searched for it.
+    CEILING_OF = {"cold": "cold_read_direct", "warm": "warm_read_16_threads",
+                  "-": "write_fsync"}
 
-        def reader(tool: tools.Tool) -> Callable[..., Any]:
-            return lambda fd, buffer, offset=0: tool.read(fd, buffer, offset)
-
-        def writer(tool: tools.Tool) -> Callable[..., Any]:
-            return lambda fd, buffer, offset=0: tool.write(fd, buffer, offset)
-
-        # Tools are made (and their threads started) once, outside the timed calls. Each
-        # ceiling is the best of several thread counts and request sizes, so that it is the
-        # hardware's limit rather than one setting's.
-        def best(name: str, direction: str, cache: str, settings: list[tuple[int, int]]
-                 ) -> float:
-            speeds, errors = {}, []
-            for threads, task in settings:
-                try:
-                    tool = tools.make(name, threads=threads, task_size=task)
-                    runner = reader(tool) if direction == "read" else writer(tool)
-                    # Three samples a setting: the search only picks the setting, which is
-                    # measured again beside the others at the largest size.
-                    speeds[tool] = self.gbps(runner, "host", direction, cache, size,
-                                             repeats=min(3, self.args.repeats))
-                except Exception as error:  # noqa: BLE001 - e.g. O_DIRECT refused: go on
-                    errors.append(repr(error))
-            if not speeds:
-                raise RuntimeError("; ".join(errors))
-            ceiling = "write_fsync" if direction == "write" else f"{cache}_read"
-            detail = self.ceiling_settings.setdefault(ceiling, {})
-            detail.update({tool.label: speed for tool, speed in speeds.items()})
-            winner = max(speeds, key=speeds.__getitem__)
-            held = self.ceiling_tools.get(ceiling)
-            if held is None or speeds[winner] > detail[held.label]:
-                self.ceiling_tools[ceiling] = winner
-            return speeds[winner]
-
+    def ceiling(self, cache: str) -> None:
+        """Measure the disk ceiling of the panels with this cache state (``-``: writes) into
+        ``self.ceiling_values``, once, right before the first of them: the disk's rate drifts
+        over a run (a virtual disk's write rate sags after some tens of gigabytes), so the
+        search runs just before the largest transfers it is compared with, not minutes
+        earlier."""
+        name = self.CEILING_OF[cache]
+        if name in self.ceiling_values or f"{name}_error" in self.ceiling_values:
+            return
         try:
-            out["cold_read_direct"] = best("direct", "read", "cold",
-                                           [(4, 16 << 20), (8, 16 << 20), (16, 16 << 20)])
+            if cache == "cold":
+                value = self._best("direct", "read", "cold",
+                                   [(4, 16 << 20), (8, 16 << 20), (16, 16 << 20)])
+            elif cache == "warm":
+                value = self._best("posix", "read", "warm", [(16, 4 << 20), (16, 16 << 20)])
+            else:
+                # Buffered writes never came near O_DIRECT ones on the H200 VM (1.7-1.9
+                # against 2.6-3.3 GB/s): one setting of them is enough.
+                value = max(
+                    self._best("posix", "write", "-", [(4, 16 << 20)]),
+                    self._best("direct", "write", "-", [(1, 64 << 20), (4, 64 << 20),
+                                                        (16, 64 << 20), (4, 16 << 20)]))
         except Exception as error:  # noqa: BLE001 - reported, and the sweep goes on
-            out["cold_read_direct_error"] = repr(error)  # type: ignore[assignment]
-        out["warm_read_16_threads"] = best("posix", "read", "warm",
-                                           [(16, 4 << 20), (16, 16 << 20)])
-        # Buffered writes never came near O_DIRECT ones on the H200 VM (1.7-1.9 against 2.6-
-        # 3.3 GB/s): one setting of them is enough. Each setting writes gigabytes, and a
-        # virtual disk's write rate can sag after a few tens of them.
-        out["write_fsync"] = max(
-            best("posix", "write", "-", [(4, 16 << 20)]),
-            best("direct", "write", "-", [(1, 64 << 20), (4, 64 << 20), (16, 64 << 20),
-                                          (4, 16 << 20)]))
-        if self.device is not None:
-            import cupy
-            import cupyx
+            self.ceiling_values[f"{name}_error"] = repr(error)
+            return
+        self.ceiling_values[name] = value
+        print(json.dumps({name: value}), flush=True)
 
-            pinned = cupyx.empty_pinned((size,), dtype=np.uint8)
-            pinned[:] = 1
-            seconds = []
-            for _ in range(self.args.repeats):
-                start = time.perf_counter()
-                self.device.set(pinned)
-                cupy.cuda.Device().synchronize()
-                seconds.append(time.perf_counter() - start)
-            out["pinned_host_to_device"] = size / statistics.median(seconds) / 1e9
-        return out
+    def _best(self, name: str, direction: str, cache: str, settings: list[tuple[int, int]]
+              ) -> float:
+        """The best of several thread counts and request sizes, so that a ceiling is the
+        hardware's limit rather than one setting's. Tools are made (and their threads
+        started) once, outside the timed calls."""
+        speeds, errors = {}, []
+        for threads, task in settings:
+            try:
+                tool = tools.make(name, threads=threads, task_size=task)
+                runner = ((lambda fd, buffer, offset=0, t=tool: t.read(fd, buffer, offset))
+                          if direction == "read" else
+                          (lambda fd, buffer, offset=0, t=tool: t.write(fd, buffer, offset)))
+                # Three samples a setting: the search only picks the setting, which is
+                # measured again beside the others at the largest size.
+                speeds[tool] = self.gbps(runner, "host", direction, cache, self.max_size,
+                                         repeats=min(3, self.args.repeats))
+            except Exception as error:  # noqa: BLE001 - e.g. O_DIRECT refused: go on
+                errors.append(repr(error))
+        if not speeds:
+            raise RuntimeError("; ".join(errors))
+        ceiling = "write_fsync" if direction == "write" else f"{cache}_read"
+        detail = self.ceiling_settings.setdefault(ceiling, {})
+        detail.update({tool.label: speed for tool, speed in speeds.items()})
+        winner = max(speeds, key=speeds.__getitem__)
+        held = self.ceiling_tools.get(ceiling)
+        if held is None or speeds[winner] > detail[held.label]:
+            self.ceiling_tools[ceiling] = winner
+        return speeds[winner]
+
+    def pinned_host_to_device(self) -> None:
+        """Pinned host-to-device copy of the largest size (GPU runs), into
+        ``self.ceiling_values``."""
+        if self.device is None:
+            return
+        import cupy
+        import cupyx
+
+        size = self.max_size
+        pinned = cupyx.empty_pinned((size,), dtype=np.uint8)
+        pinned[:] = 1
+        seconds = []
+        for _ in range(self.args.repeats):
+            start = time.perf_counter()
+            self.device.set(pinned)
+            cupy.cuda.Device().synchronize()
+            seconds.append(time.perf_counter() - start)
+        self.ceiling_values["pinned_host_to_device"] = size / statistics.median(seconds) / 1e9
 
     def contexts(self, nbytes: int, memory: str, direction: str, cache: str) -> Context:
         fd = os.open(self.data_path, os.O_RDONLY)
@@ -215,6 +232,7 @@ class Bench:
             for direction, cache in (("read", "cold"), ("read", "warm"), ("write", "-")):
                 if direction == "read" and cache not in self.args.cache:
                     continue
+                self.ceiling(cache)
                 dispatcher = dispatch.Dispatcher(None)
                 # Every arm the dispatcher may use at any size of the sweep is measured at
                 # every size: each is then a fixed-tool strategy to compare the dispatcher to.
@@ -222,7 +240,9 @@ class Bench:
                 for nbytes in self.args.sizes:
                     context = self.contexts(nbytes, memory, direction, cache)
                     arms += [a for a in dispatcher.candidates(context) if a not in arms]
-                for nbytes in self.args.sizes:
+                # Largest first: the targets' size runs right after its ceiling's search, and
+                # is measured even when a run is cut short.
+                for nbytes in sorted(self.args.sizes, reverse=True):
                     row = self.measure(dispatcher, memory, direction, cache, nbytes, arms)
                     print(json.dumps(row["summary"]), flush=True)
                     yield row
@@ -442,7 +462,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     bytes / bandwidth, which the largest size dominates)."""
     panels: dict[str, Any] = {}
     for key in sorted({(r["direction"], r["cache"], r["memory"]) for r in rows}):
-        mine = [r for r in rows if (r["direction"], r["cache"], r["memory"]) == key]
+        mine = sorted((r for r in rows if (r["direction"], r["cache"], r["memory"]) == key),
+                      key=lambda r: r["bytes"])
         ratios = [r["summary"]["ratio"] for r in mine if r["summary"]["ratio"] is not None]
         paired = [r["summary"].get("paired_ratio") for r in mine]
         paired = [p for p in paired if p is not None]
@@ -492,8 +513,9 @@ def plot(report: dict[str, Any], path: str) -> None:
     cells = [(grid[i][j], (kind[0], kind[1], memory)) for i, memory in enumerate(memories)
              for j, kind in enumerate(kinds)]
     for ax, (direction, cache, memory) in cells:
-        rows = [r for r in report["rows"]
-                if (r["direction"], r["cache"], r["memory"]) == (direction, cache, memory)]
+        rows = sorted((r for r in report["rows"]
+                       if (r["direction"], r["cache"], r["memory"]) == (direction, cache, memory)),
+                      key=lambda r: r["bytes"])  # runs measure the largest size first
         labels = sorted({k for r in rows for k, v in r["tools_GBps"].items()
                          if isinstance(v, float)})
         for label in labels:
@@ -567,11 +589,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "machine": machine(),
         "checksum": args.checksum,
         "repeats": args.repeats,
-        "ceilings": bench.ceilings(),
+        "ceilings": bench.ceiling_values,  # filled in as each panel's ceiling is measured
         "ceiling_settings": bench.ceiling_settings,
         "rows": [],
     }
-    print(json.dumps(report["ceilings"]), flush=True)
+    bench.pinned_host_to_device()
     for row in bench.sweep():
         report["rows"].append(row)
         report["panels"] = summarize(report["rows"])

@@ -41,6 +41,11 @@ def test_the_sweep_runs_quick_and_reports_every_case(tmp_path, run_module):
         assert is_rate(value) or (name.endswith("_error") and isinstance(value, str)), name
 
     rows = report["rows"]
+    # Each panel measures its largest size first, right after its ceiling's search.
+    for panel in {(row["direction"], row["cache"]) for row in rows}:
+        order = [row["bytes"] for row in rows if (row["direction"], row["cache"]) == panel]
+        assert order == sorted(QUICK_SIZES, reverse=True), panel
+        assert report["panels"][f"{panel[0]}/{panel[1]}/host"]["sizes"] == QUICK_SIZES
     cases = [(row["direction"], row["cache"], row["bytes"]) for row in rows]
     assert sorted(cases) == sorted(
         [(direction, cache, nbytes)
