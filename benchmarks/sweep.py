@@ -65,6 +65,11 @@ def parse_size(text: str) -> int:
     return int(float(text[:-1]) * _UNITS[text[-1]]) if text[-1] in _UNITS else int(text)
 
 
+def _settings_key(direction: str, cache: str) -> str:
+    """The key of a ceiling's settings and tool (``ceiling_settings``, ``ceiling_tools``)."""
+    return "write_fsync" if direction == "write" else f"{cache}_read"
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -173,7 +178,7 @@ class Bench:
                 errors.append(repr(error))
         if not speeds:
             raise RuntimeError("; ".join(errors))
-        ceiling = "write_fsync" if direction == "write" else f"{cache}_read"
+        ceiling = _settings_key(direction, cache)
         detail = self.ceiling_settings.setdefault(ceiling, {})
         detail.update({tool.label: speed for tool, speed in speeds.items()})
         winner = max(speeds, key=speeds.__getitem__)
@@ -327,8 +332,7 @@ class Bench:
         # The ceiling again, at the largest size, between the others: the disk's write rate in
         # particular changes over a run (a burst allowance spent, write-back), so the targets
         # compare with the limit measured under the same conditions.
-        ceiling = "write_fsync" if direction == "write" else f"{cache}_read"
-        ceiling_tool = self.ceiling_tools.get(ceiling)
+        ceiling_tool = self.ceiling_tools.get(_settings_key(direction, cache))
         if nbytes == self.max_size and ceiling_tool is not None:
             host = self.host[:nbytes]
             if direction == "read":

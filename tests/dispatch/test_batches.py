@@ -262,6 +262,19 @@ def test_loads_and_saves_of_many_arrays_use_one_batch(tmp_path, fresh, monkeypat
     assert SMALL_TRANSFER <= tree["a"].nbytes
 
 
+def _record_calls(monkeypatch, method: str) -> list[tuple[int, int]]:
+    """Record (file offset, bytes) of every ``Dispatcher.<method>`` call from now on."""
+    calls: list[tuple[int, int]] = []
+    real = getattr(Dispatcher, method)
+
+    def spy(self, fd, buffer, file_offset, **kwargs):
+        calls.append((file_offset, buffer.nbytes))
+        return real(self, fd, buffer, file_offset, **kwargs)
+
+    monkeypatch.setattr(Dispatcher, method, spy)
+    return calls
+
+
 def test_small_neighbours_are_read_with_one_read(tmp_path, fresh, monkeypatch):
     content = os.urandom(3 * MiB)
     path = tmp_path / "s.bin"
@@ -269,14 +282,7 @@ def test_small_neighbours_are_read_with_one_read(tmp_path, fresh, monkeypatch):
     # Neighbours (gaps of 0 and 100 bytes), one far away, one overlapping the first.
     ranges = [(0, 4096), (4096, 8192), (12388, 50_000), (2 * MiB, 4096), (100, 300)]
     dests = [np.empty(size, np.uint8) for _, size in ranges]
-    reads: list[tuple[int, int]] = []
-    real = Dispatcher.read
-
-    def spy(self, fd, buffer, file_offset, **kwargs):
-        reads.append((file_offset, buffer.nbytes))
-        return real(self, fd, buffer, file_offset, **kwargs)
-
-    monkeypatch.setattr(Dispatcher, "read", spy)
+    reads = _record_calls(monkeypatch, "read")
     fd = os.open(path, os.O_RDONLY)
     try:
         crcs = fresh.read_many(fd, [(o, d) for (o, _), d in zip(ranges, dests, strict=True)],
@@ -311,14 +317,7 @@ def test_small_writes_that_touch_are_written_with_one_write(tmp_path, fresh, mon
     ranges = [(0, 4096), (4096, 10_000), (14_096, 300), (14_397, 5000), (2 * MiB, 4096)]
     sources = [np.random.default_rng(i).integers(0, 256, n, dtype=np.uint8)
                for i, (_, n) in enumerate(ranges)]
-    writes: list[tuple[int, int]] = []
-    real = Dispatcher.write
-
-    def spy(self, fd, buffer, file_offset, **kwargs):
-        writes.append((file_offset, buffer.nbytes))
-        return real(self, fd, buffer, file_offset, **kwargs)
-
-    monkeypatch.setattr(Dispatcher, "write", spy)
+    writes = _record_calls(monkeypatch, "write")
     fd = os.open(path, os.O_RDWR)
     try:
         crcs = fresh.write_many(fd, [(o, s) for (o, _), s in zip(ranges, sources, strict=True)],
