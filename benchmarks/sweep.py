@@ -23,8 +23,8 @@ Cold means the file's pages were evicted with ``posix_fadvise(DONTNEED)`` before
 timed read (no root needed; ``--drop-caches`` also writes ``/proc/sys/vm/drop_caches``).
 Writes are flushed (``sync_file_range``) after every transfer, by the tools as by the
 dispatcher (arrayio's saves are durable), and fsynced at the end of each sample. Every
-figure is the median of ``--repeats`` samples, timed in interleaved rounds, in GB/s (10^9
-bytes per second).
+figure is the median of ``--repeats`` samples, timed in interleaved rounds (each in its own
+shuffled order), in GB/s (10^9 bytes per second).
 Transfers carry checksums, as arrayio's loads and saves do by default (``--no-checksum``
 measures without, which also admits KvikIO). Results go to JSON; ``--plot`` draws bandwidth
 against size per tool, one panel per direction, cache state and memory kind.
@@ -38,6 +38,7 @@ import json
 import math
 import os
 import platform
+import random
 import statistics
 import sys
 import tempfile
@@ -297,8 +298,9 @@ class Bench:
     def measure(self, dispatcher: dispatch.Dispatcher, memory: str, direction: str,
                 cache: str, nbytes: int, arms: list[dispatch.Arm]) -> dict[str, Any]:
         """Every candidate arm and the dispatcher on one case, timed in interleaved rounds
-        (each round runs each of them once), so that slow drifts of the machine (page cache
-        pressure, disk write-back, clocks) fall on all of them alike."""
+        (each round runs each of them once, in a shuffled order), so that slow drifts of the
+        machine (page cache pressure, disk write-back, clocks) and the lingering effects of
+        one transfer on the next fall on all of them alike."""
         def through_dispatcher(fd: int, buffer: Any, offset: int = 0) -> None:
             if direction == "read":
                 dispatcher.read(fd, buffer, offset, with_checksum=self.args.checksum)
@@ -346,8 +348,10 @@ class Bench:
         # Small transfers are quick and their samples noisy: take more of them.
         rounds = self.args.repeats if nbytes > 16 << 20 else max(self.args.repeats,
                                                                  self.args.small_repeats)
-        for _ in range(rounds):
-            for label, runner in runners.items():
+        orders = round_orders(list(runners), rounds, f"{memory}/{direction}/{cache}/{nbytes}")
+        for labels in orders:
+            for label in labels:
+                runner = runners[label]
                 if label in failures:
                     continue
                 try:
@@ -386,6 +390,7 @@ class Bench:
             } if "ceiling" in runners and "ceiling" not in failures
                 and "dispatcher" not in failures else None),
             "samples": rounds,
+            "orders": orders,
             "dispatcher_choice": {
                 "context": context_used.key() if context_used else "small transfer, not learned",
                 "arm": arm_used.label,
@@ -405,6 +410,19 @@ class Bench:
                     if measured and "dispatcher" not in failures else None),
             },
         }
+
+
+def round_orders(labels: list[str], rounds: int, seed: str) -> list[list[str]]:
+    """The order of the runners in each round: shuffled, seeded (a run is repeatable). A
+    transfer runs slower right after some others (about 12% after an O_DIRECT one, on the
+    H200 VM): in a fixed order one runner would always pay for it."""
+    rng = random.Random(seed)
+    orders = []
+    for _ in range(rounds):
+        labels = labels.copy()
+        rng.shuffle(labels)
+        orders.append(labels)
+    return orders
 
 
 def held_out_ratio(arms: dict[str, list[float]], dispatcher: list[float]) -> float | None:

@@ -67,6 +67,7 @@ def test_the_sweep_runs_quick_and_reports_every_case(tmp_path, run_module):
         else:
             assert choice["context"].startswith(f"{row['direction']}/host/"), case
         assert row["summary"]["best_tool"] in measured, case
+        assert [sorted(order) for order in row["orders"]] == [sorted(row["seconds"])], case
 
     assert png.stat().st_size > 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -111,3 +112,18 @@ def test_held_out_ratio_removes_the_winners_luck_but_not_a_real_gap():
     fast = {"fast": [1.0] * 8, "slow": [2.0] * 8}
     assert held_out_ratio(fast, [1.3] * 8) == pytest.approx(1 / 1.3)
     assert held_out_ratio(fast, [1.3] * 3) is None  # too few rounds to split
+
+
+def test_each_round_runs_the_runners_in_its_own_order():
+    from benchmarks.sweep import round_orders
+
+    labels = ["naive", "staged", "kvikio", "dispatcher", "ceiling"]
+    orders = round_orders(labels, 12, "read/cold/cuda/16777216")
+    assert all(sorted(order) == sorted(labels) for order in orders)
+    assert orders == round_orders(labels, 12, "read/cold/cuda/16777216")  # repeatable
+    # Nobody keeps a place or a predecessor in every round.
+    for label in labels:
+        assert len({order.index(label) for order in orders}) > 1, label
+        before = {order[order.index(label) - 1] if order.index(label) else None
+                  for order in orders}
+        assert len(before) > 1, label
