@@ -26,6 +26,7 @@ import json
 import math
 import os
 import platform
+import random
 import shutil
 import statistics
 import sys
@@ -273,6 +274,102 @@ def measure(peer: Peer, path: str, drop: bool, verify: bool) -> dict[str, float]
     return {"save": save_s, "cold_load": cold_s, "warm_load": warm_s, "disk_bytes": disk}
 
 
+PHASES = (("save", "write_fsync"), ("cold_load", "cold_read"), ("warm_load", "warm_read"))
+
+
+@dataclasses.dataclass
+class Round:
+    """What :func:`measure_round` measured: seconds per peer and quantity, the bytes each
+    peer's save put on disk, the wall time each peer took, and the peers that failed."""
+
+    seconds: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    disk: dict[str, int] = dataclasses.field(default_factory=dict)
+    took: dict[str, float] = dataclasses.field(default_factory=dict)
+    errors: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: set[str],
+                  seed: str, ceilings: DiskCeilings | None = None) -> Round:
+    """One round of ``peers`` in three phases: every save (fsync included), then every cold
+    load (each after eviction), then every warm load (each after reading its files into the
+    page cache); the files are then removed. The loads named in ``verify`` are checked.
+
+    Each phase runs in its own shuffled order (seeded), with the ceiling's sample of that
+    phase among the peers when ``ceilings`` is given. So every cold read, of a peer or of the
+    ceiling, follows another cold read: on the H200 VM a cold read right after a 1 GiB write
+    ran at 0.84 of one right after a read (probe of 2026-11-21), and a load timed right
+    after its own save, as before, was compared with a ceiling read after reads.
+    """
+    rng = random.Random(seed)
+    done = Round()
+
+    def fail(name: str, error: Exception) -> None:
+        done.errors[name] = f"{type(error).__name__}: {error}"
+        remove(paths[name])
+
+    def save(peer: Peer) -> float:
+        remove(paths[peer.name])
+        seconds, _ = timed(lambda: (peer.save(paths[peer.name]), fsync_tree(paths[peer.name])))
+        done.disk[peer.name] = disk_bytes(paths[peer.name])
+        return seconds
+
+    def cold(peer: Peer) -> float:
+        evict(paths[peer.name], drop)
+        seconds, out = timed(lambda: peer.load(paths[peer.name]))
+        if peer.name in verify:
+            peer.check(out)
+        return seconds
+
+    def warm_load(peer: Peer) -> float:
+        warm(paths[peer.name])
+        seconds, _ = timed(lambda: peer.load(paths[peer.name]))
+        return seconds
+
+    try:
+        for (quantity, ceiling), run in zip(PHASES, (save, cold, warm_load), strict=True):
+            jobs: list[Peer | None] = [p for p in peers if p.name not in done.errors]
+            if ceilings is not None:
+                jobs.append(None)
+            rng.shuffle(jobs)
+            for peer in jobs:
+                if peer is None:
+                    assert ceilings is not None
+                    ceilings.sample(ceiling)
+                    continue
+                if peer.name in done.errors:
+                    continue
+                start = time.perf_counter()
+                try:
+                    done.seconds.setdefault(peer.name, {})[quantity] = run(peer)
+                except Exception as error:  # noqa: BLE001 - a failing peer is reported
+                    fail(peer.name, error)
+                done.took[peer.name] = (done.took.get(peer.name, 0.0)
+                                        + time.perf_counter() - start)
+    finally:
+        for peer in peers:
+            remove(paths[peer.name])
+    for name in done.errors:
+        done.seconds.pop(name, None)
+    return done
+
+
+def groups_on_disk(peers: list[Peer], directory: str, expected: Callable[[Peer], int]
+                   ) -> list[list[Peer]]:
+    """``peers`` in order, cut into groups whose files fit on the disk together (at most
+    80% of its free space): a round's phases hold every peer's files of a group at once."""
+    room = shutil.disk_usage(directory).free * 0.8
+    groups: list[list[Peer]] = []
+    used = math.inf
+    for peer in peers:
+        need = expected(peer)
+        if used + need > room:
+            groups.append([])
+            used = 0
+        groups[-1].append(peer)
+        used += need
+    return groups
+
+
 # ------------------------------------------------------------------ ceilings
 
 
@@ -393,9 +490,14 @@ class DiskCeilings:
 
     def sample_round(self) -> None:
         """One sample of each chosen ceiling, between the peers of a round."""
-        for name, limit in self.limits.items():
-            if limit.tool is not None:
-                limit.samples.append(self._once(name, limit.tool))
+        for name in self.limits:
+            self.sample(name)
+
+    def sample(self, name: str) -> None:
+        """One sample of the ceiling ``name``, if it has a setting."""
+        limit = self.limits[name]
+        if limit.tool is not None:
+            limit.samples.append(self._once(name, limit.tool))
 
     def measure_pinned_h2d(self, repeats: int = 3) -> None:
         """Pinned host-to-device copy of up to 1 GiB (torch), median of ``repeats``."""

@@ -23,15 +23,18 @@ the whole page cache); a warm one right after the files were read into the page 
 load is timed until its arrays are on the GPU and the device is synchronized. Each size
 measures the disk's ceilings on a file of the checkpoint's size (see
 :class:`~benchmarks.peers._harness.DiskCeilings`) up front and again in every round,
-between the peers (round-robin), since the disk's write rate drifts over a run. An untimed,
+between the peers, since the disk's write rate drifts over a run. A round runs in three
+phases (:func:`~benchmarks.peers._harness.measure_round`): every peer's save, then every
+cold load, then every warm load, each phase in its own shuffled order with the ceiling's
+sample among them, so that every cold read follows another cold read. An untimed,
 checked round of every peer comes first, on a checkpoint of ``--warmup-gib`` (default: the
 first size): imports and CUDA contexts. arrayio moves a checkpoint's tensors as one batch,
 learned as one transfer of the checkpoint's size, so before each size's rounds (untimed,
 and unless ``--no-tune``) ``arrayio.tune`` teaches the dispatcher that size's contexts:
 saves and cold and warm loads into GPU memory, as a user would once per machine. Each size's
-first sample of every peer is checked too. Each round saves, loads and deletes one peer's
-checkpoint before the next: at most two checkpoints (the peer's and the ceilings' file) are on
-the disk at once.
+first sample of every peer is checked too. A round holds every peer's checkpoint on the
+disk at once, or, where they would not fit, runs its phases over groups of peers that do
+(the ceilings' samples with the first group).
 
 With ``--deadline``, a peer whose next measurement would not fit is skipped for that round
 (torch, safetensors and arrayio, the targets' terms, keep their time first); the JSON says
@@ -391,17 +394,19 @@ def warm_up(args: argparse.Namespace, gib: float, per_byte: dict[str, float],
     h.settle()
     directory = tempfile.mkdtemp(prefix="arrayio-peers-warmup-", dir=args.dir)
     peers, _ = make_peers(state, args.device)
+    paths = {p.name: os.path.join(directory, f"{p.name}{p.suffix}") for p in peers}
     seconds: dict[str, Any] = {}
     try:
-        for peer in peers:
-            path = os.path.join(directory, f"{peer.name}{peer.suffix}")
-            try:
-                seconds[peer.name], _ = h.timed(
-                    lambda p=peer, path=path: h.measure(p, path, args.drop_caches, True))
-                per_byte[peer.name] = seconds[peer.name] / nbytes
-            except Exception as error:  # noqa: BLE001 - reported; the peer is tried again
-                seconds[peer.name] = f"{type(error).__name__}: {error}"
-                print(f"  warm-up {peer.name}: {seconds[peer.name]}", flush=True)
+        for index, group in enumerate(h.groups_on_disk(peers, directory,
+                                                       lambda _: int(nbytes * 1.1))):
+            got = h.measure_round(group, paths, args.drop_caches,
+                                  verify={p.name for p in group}, seed=f"warm-up/{index}")
+            for name, took in got.took.items():
+                seconds[name] = took
+                per_byte[name] = took / nbytes
+            for name, error in got.errors.items():  # reported; the peer is tried again
+                seconds[name] = error
+                print(f"  warm-up {name}: {error}", flush=True)
     finally:
         for peer in peers:
             if peer.close is not None:
@@ -441,16 +446,8 @@ def run_size(args: argparse.Namespace, gib: float, deadline: h.Deadline,
     skipped: dict[str, int] = {}
     paths = {p.name: os.path.join(directory, f"{p.name}{p.suffix}") for p in peers}
 
-    def attempt(peer: h.Peer, verify: bool) -> dict[str, float] | None:
-        try:
-            took, got = h.timed(lambda: h.measure(peer, paths[peer.name], args.drop_caches,
-                                                verify))
-        except Exception as error:  # noqa: BLE001 - a failing peer is reported, the run goes on
-            errors[peer.name] = f"{type(error).__name__}: {error}"
-            print(f"  {peer.name}: {errors[peer.name]}", flush=True)
-            return None
-        per_byte[peer.name] = took / nbytes
-        return got
+    def expected_disk(peer: h.Peer) -> int:
+        return result.get("disk_bytes", {}).get(peer.name, int(nbytes * 1.1))
 
     try:
         if args.tune and any(p.name.startswith("arrayio") for p in peers):
@@ -466,27 +463,44 @@ def run_size(args: argparse.Namespace, gib: float, deadline: h.Deadline,
             ceilings.measure_pinned_h2d()
             report["pinned_host_to_device_GBps"] = ceilings.pinned_h2d_GBps
         order = sorted(peers, key=lambda p: p.name not in CORE)  # stable: core peers first
+        ceiling_round = 0.0
         for round_index in range(args.repeats):
-            ceiling_round, _ = h.timed(ceilings.sample_round)
+            # Who fits in the time left: the core peers first, then the others while the
+            # core peers' later rounds still fit after them.
+            later = args.repeats - round_index - 1
             core_round = ceiling_round + sum(per_byte.get(n, 0.0) * nbytes for n in CORE)
+            chosen, planned = [], ceiling_round
             for peer in order:
                 if peer.name in errors:
                     continue
                 need = per_byte.get(peer.name, 0.0) * nbytes * 1.2 + 2.0
-                later = args.repeats - round_index - 1
-                if not deadline.allows(need + (0 if peer.name in CORE else core_round * later)):
+                if not deadline.allows(planned + need
+                                       + (0 if peer.name in CORE else core_round * later)):
                     skipped[peer.name] = skipped.get(peer.name, 0) + 1
                     continue
-                got = attempt(peer, verify=not samples[peer.name]["rounds"])
-                if got is None:
-                    continue
-                samples[peer.name]["rounds"].append(round_index)
-                for q in QUANTITIES:
-                    samples[peer.name][q].append(got[q])
-                result.setdefault("disk_bytes", {})[peer.name] = got["disk_bytes"]
-                print(f"  {gib:g} GiB round {round_index + 1} {peer.name:16s} " + "  ".join(
-                    f"{q} {nbytes / got[q] / h.GB:6.2f}" for q in QUANTITIES) + " GB/s",
-                    flush=True)
+                chosen.append(peer)
+                planned += need
+            start = time.perf_counter()
+            for index, group in enumerate(h.groups_on_disk(chosen, directory, expected_disk)):
+                got = h.measure_round(
+                    group, paths, args.drop_caches,
+                    verify={p.name for p in group if not samples[p.name]["rounds"]},
+                    seed=f"{gib}/{round_index}/{index}",
+                    ceilings=ceilings if index == 0 else None)
+                for name, error in got.errors.items():
+                    errors[name] = error
+                    print(f"  {name}: {error}", flush=True)
+                for name, seconds in got.seconds.items():
+                    per_byte[name] = got.took[name] / nbytes
+                    samples[name]["rounds"].append(round_index)
+                    for q in QUANTITIES:
+                        samples[name][q].append(seconds[q])
+                    result.setdefault("disk_bytes", {})[name] = got.disk[name]
+                    print(f"  {gib:g} GiB round {round_index + 1} {name:16s} " + "  ".join(
+                        f"{q} {nbytes / seconds[q] / h.GB:6.2f}" for q in QUANTITIES)
+                        + " GB/s", flush=True)
+            ceiling_round = max(0.0, time.perf_counter() - start
+                                - sum(per_byte.get(p.name, 0.0) * nbytes for p in chosen))
             result["ceilings"] = ceilings.report()
             result["peers"] = summarize(nbytes, ceilings,
                                         {n: s for n, s in samples.items() if s["rounds"]})

@@ -1,0 +1,113 @@
+"""How a round of the peer benchmarks is run (``benchmarks.peers._harness.measure_round``):
+phases in order, the ceiling's samples inside their phase, failures kept apart, the disk
+cleaned up; and how peers are grouped to fit on the disk."""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import pytest
+
+from benchmarks.peers import _harness as h
+
+
+class FakeCeilings:
+    def __init__(self, log: list[tuple[str, str]]) -> None:
+        self.log = log
+
+    def sample(self, name: str) -> None:
+        self.log.append(("ceiling", name))
+
+
+def fake_peer(name: str, log: list[tuple[str, str]], fail: str | None = None,
+              checked: list[str] | None = None) -> h.Peer:
+    def save(path: str) -> None:
+        log.append((name, "save"))
+        if fail == "save":
+            raise OSError("disk full")
+        with open(path, "wb") as f:
+            f.write(name.encode() * 100)
+
+    def load(path: str) -> bytes:
+        log.append((name, "load"))
+        if fail == "load":
+            raise ValueError("bad file")
+        with open(path, "rb") as f:
+            return f.read()
+
+    def check(out: bytes) -> None:
+        assert out == name.encode() * 100
+        if checked is not None:
+            checked.append(name)
+
+    return h.Peer(name, save, load, check)
+
+
+def test_a_round_runs_every_save_then_every_cold_load_then_every_warm_load(tmp_path):
+    log: list[tuple[str, str]] = []
+    checked: list[str] = []
+    peers = [fake_peer(n, log, checked=checked) for n in ("a", "b", "c")]
+    paths = {p.name: str(tmp_path / p.name) for p in peers}
+    got = h.measure_round(peers, paths, drop=False, verify={"b"}, seed="s",
+                          ceilings=FakeCeilings(log))
+    phases = [log[0:4], log[4:8], log[8:12]]
+    assert len(log) == 12
+    assert sorted(phases[0]) == [("a", "save"), ("b", "save"), ("c", "save"),
+                                 ("ceiling", "write_fsync")]
+    for phase, ceiling in zip(phases[1:], ("cold_read", "warm_read"), strict=True):
+        assert sorted(phase) == [("a", "load"), ("b", "load"), ("c", "load"),
+                                 ("ceiling", ceiling)]
+    assert checked == ["b"]  # its cold load only
+    assert set(got.seconds) == {"a", "b", "c"}
+    assert all(set(s) == set(h.QUANTITIES) and all(v > 0 for v in s.values())
+               for s in got.seconds.values())
+    assert got.disk == {"a": 100, "b": 100, "c": 100} and not got.errors
+    assert not any(os.path.exists(p) for p in paths.values())  # the files are removed
+
+
+def test_each_phase_of_each_round_has_its_own_order(tmp_path):
+    firsts = collections.Counter()
+    for seed in range(12):
+        log: list[tuple[str, str]] = []
+        peers = [fake_peer(n, log) for n in ("a", "b", "c", "d")]
+        h.measure_round(peers, {p.name: str(tmp_path / p.name) for p in peers}, False,
+                        set(), seed=str(seed), ceilings=FakeCeilings(log))
+        firsts.update(who for who, _ in (log[0], log[5], log[10]))
+    assert len(firsts) == 5  # every peer, and the ceiling, opened some phase
+
+
+@pytest.mark.parametrize("fail", ["save", "load"])
+def test_a_failing_peer_is_reported_and_the_others_measured(tmp_path, fail):
+    log: list[tuple[str, str]] = []
+    peers = [fake_peer("good", log), fake_peer("bad", log, fail=fail)]
+    paths = {p.name: str(tmp_path / p.name) for p in peers}
+    got = h.measure_round(peers, paths, drop=False, verify=set(), seed="s")
+    assert set(got.seconds) == {"good"} and set(got.errors) == {"bad"}
+    assert ("OSError: disk full" if fail == "save" else "ValueError: bad file") \
+        == got.errors["bad"]
+    assert log.count(("bad", "load")) == (1 if fail == "load" else 0)  # not tried again
+    assert not any(os.path.exists(p) for p in paths.values())
+
+
+def test_a_failed_check_is_a_failure_of_that_peer(tmp_path):
+    log: list[tuple[str, str]] = []
+    peer = fake_peer("p", log)
+    got = h.measure_round([peer], {"p": str(tmp_path / "p")}, False, {"p"}, "s")
+    assert not got.errors
+    def wrong_values(out: bytes) -> None:
+        raise AssertionError("q: values differ")
+
+    wrong = h.Peer("q", peer.save, peer.load, wrong_values)
+    got = h.measure_round([wrong], {"q": str(tmp_path / "q")}, False, {"q"}, "s")
+    assert set(got.errors) == {"q"} and not got.seconds
+
+
+def test_peers_are_grouped_to_fit_on_the_disk(tmp_path, monkeypatch):
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(h.shutil, "disk_usage", lambda _: usage(1000, 0, 1000))
+    peers = [h.Peer(n, print, print, print) for n in "abcde"]
+    sizes = dict(zip("abcde", (300, 300, 300, 900, 100), strict=True))
+    groups = h.groups_on_disk(peers, str(tmp_path), lambda p: sizes[p.name])
+    # 80% of the free space: 800 bytes a group; one too big for it goes alone.
+    assert [[p.name for p in g] for g in groups] == [["a", "b"], ["c"], ["d"], ["e"]]
