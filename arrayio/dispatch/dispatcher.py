@@ -53,9 +53,10 @@ _SAVE_INTERVAL = 5.0  # seconds between saves of the learned table
 # (several microseconds) would exceed any difference between tools.
 SMALL_TRANSFER = 1 << 20
 # A batch read's small transfers (a checkpoint's biases and norms, each its own read between
-# large tensors) run on this many threads while the large ones run: a cold small read costs
-# the disk's latency (0.7 ms on the H200 VM), so one after another before the batch they
-# added tens of milliseconds to a 1 GiB load.
+# large tensors) run on this many threads while the large ones run, rather than one after
+# another before the batch, each waiting for the disk (a cold small read costs about 0.7 ms
+# on the H200 VM). Measured there: a cold 1 GiB checkpoint with 36 of them loaded 1.4%
+# faster (median of 8 paired rounds); more for a file of many small arrays.
 SIDE_THREADS = 8
 
 
