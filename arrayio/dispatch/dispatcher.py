@@ -56,7 +56,7 @@ SMALL_TRANSFER = 1 << 20
 # large tensors) run on this many threads while the large ones run, rather than one after
 # another before the batch, each waiting for the disk (a cold small read costs about 0.7 ms
 # on the H200 VM). Measured there: a cold 1 GiB checkpoint with 36 of them loaded 1.4%
-# faster (median of 8 paired rounds); more for a file of many small arrays.
+# faster (median of 8 paired rounds). Not yet measured: files of many small arrays.
 SIDE_THREADS = 8
 
 
