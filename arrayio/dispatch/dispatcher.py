@@ -15,7 +15,6 @@ handful of calls.
 from __future__ import annotations
 
 import atexit
-import concurrent.futures
 import functools
 import hashlib
 import logging
@@ -24,7 +23,6 @@ import platform
 import re
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -52,12 +50,6 @@ _SAVE_INTERVAL = 5.0  # seconds between saves of the learned table
 # straight to the naive tool, with no context probe, no timing and no learning, whose cost
 # (several microseconds) would exceed any difference between tools.
 SMALL_TRANSFER = 1 << 20
-# A batch read's small transfers (a checkpoint's biases and norms, each its own read between
-# large tensors) run on this many threads while the large ones run, rather than one after
-# another before the batch, each waiting for the disk (a cold small read costs about 0.7 ms
-# on the H200 VM). Measured there: a cold 1 GiB checkpoint with 36 of them loaded 1.4%
-# faster (median of 8 paired rounds). Not yet measured: files of many small arrays.
-SIDE_THREADS = 8
 
 
 class _Abandoned(BaseException):
@@ -228,9 +220,6 @@ class Dispatcher:
         self._last_save = time.monotonic()
         self._save_lock = threading.Lock()
         self._naive = tools.make("naive")  # small transfers: no lookup on their path
-        self._side: concurrent.futures.ThreadPoolExecutor | None = None
-        self._side_lock = threading.Lock()
-        _live.add(self)
         # The latest choice, for benchmarks and tune(); no context for small transfers.
         self.last: tuple[Context | None, Arm] | None = None
 
@@ -273,15 +262,7 @@ class Dispatcher:
         nbytes = buffer.nbytes
         if nbytes == 0:
             return 0 if with_checksum else None
-        return self._dispatch("read", fd, buffer, file_offset, with_checksum,
-                              self.forced_arm(tool),
-                              self._read_operation(fd, buffer, file_offset, path, with_checksum))
-
-    @staticmethod
-    def _read_operation(fd: int, buffer: Buffer, file_offset: int, path: str,
-                        with_checksum: bool) -> Callable[[Tool], int | None]:
-        """What :meth:`read` runs with the tool it is given."""
-        nbytes = buffer.nbytes
+        forced = self.forced_arm(tool)
 
         def operation(t: Tool) -> int | None:
             on_gpu = with_checksum and batches.checksum_on_gpu(buffer, t)
@@ -295,7 +276,7 @@ class Dispatcher:
                 return _device_checksum.checksum_anywhere(buffer)  # type: ignore[arg-type]
             return parts.value() if parts is not None else None
 
-        return operation
+        return self._dispatch("read", fd, buffer, file_offset, with_checksum, forced, operation)
 
     def write(self, fd: int, buffer: Buffer, file_offset: int, *,
               with_checksum: bool = False, tool: str | Arm | Tool | None = None) -> int | None:
@@ -400,50 +381,18 @@ class Dispatcher:
         # Neighbours in the file move with one read or write and a copy each; writes only
         # join what touches (they would overwrite the bytes between).
         runs = batches.runs(requests, small, batches.RUN_GAP if direction == "read" else 0)
-        side: list[tuple[list[int], concurrent.futures.Future[None]]] = []
-        if direction == "read" and (groups or len(runs) > 1):
-            # On the side threads, while the large transfers run (see SIDE_THREADS); with the
-            # naive tool, as a small read alone goes, untimed and unlearned.
-            def read(buffer: Buffer, offset: int, crc: bool) -> int | None:
-                return self._read_operation(fd, buffer, offset, path, crc)(self._naive)
-
-            side = [(run, self._side_executor().submit(self._read_small, requests, run,
-                                                       with_checksum, results, read))
-                    for run in runs]
-        else:
-            for run in runs:
-                if len(run) > 1 and direction == "read":
-                    self._read_run(requests, run, with_checksum, results,
-                                   lambda b, o, c: self.read(fd, b, o, path=path,
-                                                             with_checksum=c))
-                elif len(run) > 1:
-                    self._write_run(fd, requests, run, with_checksum, results)
-                else:
-                    offset, buffer = requests[run[0]]
-                    results[run[0]] = self._one(direction, fd, offset, buffer, path,
-                                                with_checksum, tool)
-                if done is not None:
-                    for i in run:
-                        done(i)
-        try:
-            self._groups(direction, fd, requests, groups, path, with_checksum, tool, forced,
-                         done, results)
-        finally:
-            # Every side read is over before this returns or raises: none may still write
-            # into a buffer the caller has let go of.
-            concurrent.futures.wait([future for _, future in side])
-        for run, future in side:
-            future.result()  # the first error, in file order
+        for run in runs:
+            if len(run) > 1 and direction == "read":
+                self._read_run(fd, requests, run, path, with_checksum, results)
+            elif len(run) > 1:
+                self._write_run(fd, requests, run, with_checksum, results)
+            else:
+                offset, buffer = requests[run[0]]
+                results[run[0]] = self._one(direction, fd, offset, buffer, path,
+                                            with_checksum, tool)
             if done is not None:
                 for i in run:
                     done(i)
-        return results
-
-    def _groups(self, direction: str, fd: int, requests: Sequence[Request],
-                groups: dict[tuple[str, int], list[int]], path: str, with_checksum: bool,
-                tool: str | Arm | Tool | None, forced: Arm | None,
-                done: Callable[[int], None] | None, results: list[int | None]) -> None:
-        """Move each group of requests (one memory kind and device) as one batch."""
         for indices in groups.values():
             if len(indices) == 1:  # alone, a batch is just a transfer
                 offset, buffer = requests[indices[0]]
@@ -471,31 +420,21 @@ class Dispatcher:
                 raise abandoned.error from None
             for i, crc in zip(indices, crcs, strict=True):
                 results[i] = crc
+        return results
 
-    def _read_small(self, requests: Sequence[Request], run: list[int], with_checksum: bool,
-                    results: list[int | None],
-                    read: Callable[[Buffer, int, bool], int | None]) -> None:
-        """Read one run of small requests (a side thread's task)."""
-        if len(run) > 1:
-            self._read_run(requests, run, with_checksum, results, read)
-        else:
-            offset, buffer = requests[run[0]]
-            results[run[0]] = read(buffer, offset, with_checksum)
-
-    def _read_run(self, requests: Sequence[Request], run: list[int], with_checksum: bool,
-                  results: list[int | None],
-                  read: Callable[[Buffer, int, bool], int | None]) -> None:
+    def _read_run(self, fd: int, requests: Sequence[Request], run: list[int], path: str,
+                  with_checksum: bool, results: list[int | None]) -> None:
         """Read small requests that are neighbours in the file with one read into host
         memory, then copy (and checksum) each piece: a cold 4 KiB read costs the disk's
-        latency (0.7 ms on the H200 VM), and a checkpoint has hundreds of biases.
-        ``read(buffer, file_offset, with_checksum)`` reads one buffer."""
+        latency (0.7 ms on the H200 VM), and a checkpoint has hundreds of biases."""
         start, span, pieces = batches.span(requests, run)
         try:
-            read(span, start, False)
+            self.read(fd, span, start, path=path)
         except TruncatedFileError:  # say which array is short: read them one by one
             for i in run:
                 offset, buffer = requests[i]
-                results[i] = read(buffer, offset, with_checksum)
+                results[i] = self.read(fd, buffer, offset, path=path,
+                                       with_checksum=with_checksum)
             return
         for i, piece, buffer in pieces:
             if isinstance(buffer, np.ndarray):
@@ -567,36 +506,10 @@ class Dispatcher:
         self.save()
         self.policy.close()
         self._naive.close()
-        with self._side_lock:
-            side, self._side = self._side, None
-        if side is not None:
-            side.shutdown(wait=True)
-
-    def _side_executor(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self._side_lock:
-            if self._side is None:
-                self._side = concurrent.futures.ThreadPoolExecutor(
-                    SIDE_THREADS, thread_name_prefix="arrayio-small")
-            return self._side
-
-    def _forget_threads(self) -> None:
-        """In a forked child: the parent's side threads do not exist there."""
-        self._side = None
-        self._side_lock = threading.Lock()
 
 
 _lock = threading.Lock()
 _dispatcher: Dispatcher | None = None
-_live: weakref.WeakSet[Dispatcher] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for dispatcher in list(_live):
-        dispatcher._forget_threads()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _table_path() -> str | None:

@@ -262,18 +262,16 @@ def test_loads_and_saves_of_many_arrays_use_one_batch(tmp_path, fresh, monkeypat
     assert SMALL_TRANSFER <= tree["a"].nbytes
 
 
-def _record_calls(monkeypatch, owner, method: str) -> list[tuple[int, int]]:
-    """Record (file offset, bytes) of every ``owner.<method>`` call from now on (``owner`` a
-    class or an instance whose method takes ``fd, buffer, file_offset``)."""
+def _record_calls(monkeypatch, method: str) -> list[tuple[int, int]]:
+    """Record (file offset, bytes) of every ``Dispatcher.<method>`` call from now on."""
     calls: list[tuple[int, int]] = []
-    real = getattr(owner, method)
+    real = getattr(Dispatcher, method)
 
-    def spy(*args, **kwargs):
-        fd, buffer, file_offset = args[-3:]
+    def spy(self, fd, buffer, file_offset, **kwargs):
         calls.append((file_offset, buffer.nbytes))
-        return real(*args, **kwargs)
+        return real(self, fd, buffer, file_offset, **kwargs)
 
-    monkeypatch.setattr(owner, method, spy)
+    monkeypatch.setattr(Dispatcher, method, spy)
     return calls
 
 
@@ -284,8 +282,7 @@ def test_small_neighbours_are_read_with_one_read(tmp_path, fresh, monkeypatch):
     # Neighbours (gaps of 0 and 100 bytes), one far away, one overlapping the first.
     ranges = [(0, 4096), (4096, 8192), (12388, 50_000), (2 * MiB, 4096), (100, 300)]
     dests = [np.empty(size, np.uint8) for _, size in ranges]
-    # Several runs: they go to the naive tool on the side threads.
-    reads = _record_calls(monkeypatch, fresh._naive, "read")
+    reads = _record_calls(monkeypatch, "read")
     fd = os.open(path, os.O_RDONLY)
     try:
         crcs = fresh.read_many(fd, [(o, d) for (o, _), d in zip(ranges, dests, strict=True)],
@@ -312,85 +309,6 @@ def test_a_short_file_under_small_neighbours_names_the_short_array(tmp_path, fre
         os.close(fd)
 
 
-def _read_many(dispatcher, path, ranges, **kwargs):
-    dests = [np.empty(size, np.uint8) for _, size in ranges]
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        crcs = dispatcher.read_many(fd, [(o, d) for (o, _), d in zip(ranges, dests, strict=True)],
-                                    **kwargs)
-    finally:
-        os.close(fd)
-    return dests, crcs
-
-
-def test_small_reads_run_beside_the_batch(tmp_path, fresh, monkeypatch):
-    # Each small read waits for the batch to have started: run one after another before it,
-    # as they were, they would time out.
-    content = os.urandom(8 * MiB)
-    path = tmp_path / "m.bin"
-    path.write_bytes(content)
-    ranges = [(0, 4096), (2 * MiB, 2 * MiB), (5 * MiB, 4096), (6 * MiB, 2 * MiB - 8192),
-              (8 * MiB - 8192, 8192)]
-    started = threading.Event()
-    real_groups = Dispatcher._groups
-
-    def groups(self, *args, **kwargs):
-        started.set()
-        return real_groups(self, *args, **kwargs)
-
-    monkeypatch.setattr(Dispatcher, "_groups", groups)
-    seen = []
-    real_read = fresh._naive.read
-
-    def read(fd, buffer, file_offset, **kwargs):
-        seen.append((file_offset, started.wait(5), threading.current_thread().name))
-        return real_read(fd, buffer, file_offset, **kwargs)
-
-    monkeypatch.setattr(fresh._naive, "read", read)
-    dests, crcs = _read_many(fresh, path, ranges, with_checksum=True)
-    assert sorted(offset for offset, _, _ in seen) == [0, 5 * MiB, 8 * MiB - 8192]
-    assert all(waited and name.startswith("arrayio-small") for _, waited, name in seen)
-    for (offset, size), dest, crc in zip(ranges, dests, crcs, strict=True):
-        assert dest.tobytes() == content[offset:offset + size]
-        assert crc == crc32c.crc32c(content[offset:offset + size])
-
-
-def test_a_failing_batch_leaves_only_once_its_small_reads_are_done(tmp_path, fresh,
-                                                                    monkeypatch):
-    path = tmp_path / "f.bin"
-    path.write_bytes(os.urandom(3 * MiB))
-    finished = []
-    real_read = fresh._naive.read
-
-    def read(fd, buffer, file_offset, **kwargs):
-        time.sleep(0.3)  # still running when the batch fails
-        got = real_read(fd, buffer, file_offset, **kwargs)
-        finished.append(file_offset)
-        return got
-
-    monkeypatch.setattr(fresh._naive, "read", read)
-    # The second large array ends past the end of the file.
-    with pytest.raises(TruncatedFileError):
-        _read_many(fresh, path, [(0, 4096), (MiB, MiB), (2 * MiB, 2 * MiB)])
-    assert finished == [0]
-
-
-def test_a_short_small_read_beside_a_batch_is_raised_after_it(tmp_path, fresh):
-    content = os.urandom(3 * MiB)
-    path = tmp_path / "s.bin"
-    path.write_bytes(content)
-    dests = [np.empty(2 * MiB, np.uint8), np.empty(2 * MiB, np.uint8),
-             np.empty(4096, np.uint8)]
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        with pytest.raises(TruncatedFileError, match="file ends at byte 3145728, 100 bytes"):
-            fresh.read_many(fd, [(0, dests[0]), (0, dests[1]), (3 * MiB - 3996, dests[2])],
-                            path="s")
-    finally:
-        os.close(fd)
-    assert dests[0].tobytes() == content[:2 * MiB]  # the batch ran to its end
-
-
 def test_small_writes_that_touch_are_written_with_one_write(tmp_path, fresh, monkeypatch):
     path = tmp_path / "w.bin"
     path.write_bytes(b"\xee" * (3 * MiB))
@@ -399,7 +317,7 @@ def test_small_writes_that_touch_are_written_with_one_write(tmp_path, fresh, mon
     ranges = [(0, 4096), (4096, 10_000), (14_096, 300), (14_397, 5000), (2 * MiB, 4096)]
     sources = [np.random.default_rng(i).integers(0, 256, n, dtype=np.uint8)
                for i, (_, n) in enumerate(ranges)]
-    writes = _record_calls(monkeypatch, Dispatcher, "write")
+    writes = _record_calls(monkeypatch, "write")
     fd = os.open(path, os.O_RDWR)
     try:
         crcs = fresh.write_many(fd, [(o, s) for (o, _), s in zip(ranges, sources, strict=True)],
