@@ -145,7 +145,9 @@ def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
             f"{_size(size['largest_bytes'])}, bfloat16 and float32, saved from and loaded to "
             f"{where}; saves fsynced, cold loads after dropping the page cache, warm loads "
             f"after reading the file into it. GB/s, medians of up to {report['repeats']} "
-            "interleaved rounds (samples column), with the fraction of the ceiling: "
+            "rounds (samples column), each in three phases (every save, then every cold "
+            "load, then every warm load, each phase shuffled with the ceiling's sample among "
+            "the peers), with the fraction of the ceiling: "
             f"write+fsync {_fmt(write)}, cold read {_fmt(cold)}, warm (page-cache) read "
             f"{_fmt(warm)} GB/s, the best of the settings measured up front and in the rounds.",
             "",
@@ -172,7 +174,7 @@ def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
         if goals:
             lines += [f"Targets, {label} (arrayio with torch tensors; for the "
                       "ceilings also the ratio round by round to the ceiling sampled in the "
-                      "same round, right after its own write, as every peer's cold load is):",
+                      "same phase of the same round):",
                       "",
                       "| target | arrayio GB/s | against GB/s | ratio | in-round ratio | goal "
                       "| met |",
@@ -193,8 +195,10 @@ def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
         lines += ["Not measured here: " + "; ".join(
             f"{name} ({why})" for name, why in unavailable.items()) + ".", ""]
     # The merged plot when several runs share the sizes, else the one run's.
-    png = next((p for p in (folder / "checkpoint-merged.png", folder / "checkpoint.png")
-                if p.exists()), folder / "checkpoint.png")
+    # or, failing both, the plot beside the JSON the first size came from.
+    candidates = [folder / "checkpoint-merged.png", folder / "checkpoint.png",
+                  *(path.with_suffix(".png") for path, _, _ in chosen.values())]
+    png = next((p for p in candidates if p.exists()), folder / "checkpoint.png")
     if png.exists() and png.is_relative_to(ROOT):
         lines += [f"![checkpoint against its peers]({png.relative_to(ROOT).as_posix()})", ""]
 
