@@ -372,8 +372,8 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
             mine[goal_name] = {"GBps": value, "reference": against, "reference_GBps": reference,
                                "ratio": r, "goal": goal, "met": None if r is None else r >= goal}
             if against.startswith("ceiling:"):
-                # Beside the ceiling sampled in the same rounds (same disk conditions: right
-                # after a write of the same size), not only the best one measured.
+                # Beside the ceiling sampled in the same phase of the same rounds (the same
+                # disk conditions), not only the best one measured.
                 name = against.split(":")[1]
                 mine[goal_name]["reference_interleaved_GBps"] = ceilings[name][
                     "interleaved_GBps"]
