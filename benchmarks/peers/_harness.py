@@ -298,7 +298,9 @@ def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: 
     phase among the peers when ``ceilings`` is given. So every cold read, of a peer or of the
     ceiling, follows another cold read: on the H200 VM a cold read right after a 1 GiB write
     ran at 0.84 of one right after a read (probe of 2026-11-21), and a load timed right
-    after its own save, as before, was compared with a ceiling read after reads.
+    after its own save, as before, was compared with a ceiling read after reads. (Every cold
+    read is still the first of a file just written, and on that VM a first read's rate
+    depends on the writer: see ``benchmarks/results/2026-11-21-h200-disk-probes``.)
     """
     rng = random.Random(seed)
     done = Round()
