@@ -57,7 +57,6 @@ from ._frameworks import Exported
 __all__ = ["AsyncFuture", "load_async", "save_async"]
 
 
-
 class _Stopped(Exception):
     """Raised at a checkpoint of an operation whose future was cancelled while running."""
 

@@ -17,11 +17,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
-
 def _gbps(ceilings: dict[str, Any], name: str) -> str:
     """A ceiling for the prose: a run cut short may not have reached its panel."""
     value = ceilings.get(name)
     return f"{value:.2f}" if isinstance(value, float) else "not measured"
+
 
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
@@ -194,8 +194,8 @@ def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
     if unavailable:
         lines += ["Not measured here: " + "; ".join(
             f"{name} ({why})" for name, why in unavailable.items()) + ".", ""]
-    # The merged plot when several runs share the sizes, else the one run's.
-    # or, failing both, the plot beside the JSON the first size came from.
+    # The merged plot when several runs share the sizes, else the one run's: its folder's
+    # checkpoint.png or, failing that, the plot beside the JSON the first size came from.
     candidates = [folder / "checkpoint-merged.png", folder / "checkpoint.png",
                   *(path.with_suffix(".png") for path, _, _ in chosen.values())]
     png = next((p for p in candidates if p.exists()), folder / "checkpoint.png")

@@ -21,7 +21,6 @@ QUICK_SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20]  # what --quick sweeps
 SMALL_TRANSFER = 1 << 20
 
 
-
 def is_rate(value: object) -> bool:
     return isinstance(value, float) and math.isfinite(value) and value > 0
 

@@ -20,7 +20,6 @@ pytestmark = pytest.mark.slow
 QUANTITIES = ("save", "cold_load", "warm_load")
 
 
-
 def is_rate(value: object) -> bool:
     return isinstance(value, float) and math.isfinite(value) and value > 0
 

@@ -35,7 +35,6 @@ Request = tuple[int, Buffer]
 """One transfer of a batch: the file offset and the buffer."""
 
 
-
 # A GPU checksum costs a kernel launch and a wait (about 50 µs on the H200 VM) whatever the
 # size; a tool checksumming on the host as the bytes pass costs about 40 µs a megabyte. Below
 # this size the tool does it, where it can.

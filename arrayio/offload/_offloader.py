@@ -787,8 +787,6 @@ class Offloader:
         return stack
 
 
-
-
 def _finalize(writers: Any, readers: Any, directory: SpillDirectory) -> None:
     # An offloader dropped by the user can die in one of its own workers (the last
     # reference being a task's), which cannot wait for itself.

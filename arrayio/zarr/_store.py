@@ -70,10 +70,10 @@ __all__ = ["InvalidKeyError", "NVMeStore"]
 T = TypeVar("T")
 
 _BLOCK = 4096  # O_DIRECT granularity: host buffers start at the file offset's phase in it
+logger = logging.getLogger("arrayio")
 # GPU reads and writes go through the host in pieces of this size, two per thread: big
 # enough for the dispatcher's multi-threaded tools, small enough that 32 threads hold 512 MiB
 # of pinned memory at most.
-logger = logging.getLogger("arrayio")
 _PIECE = 8 << 20
 _MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 

@@ -7,6 +7,8 @@
   write + fsync, parallel O_DIRECT cold read, 16-thread page-cache read), searched over a
   few settings up front and measured again in every round, between the peers, since the
   VM disk's write rate drifts over a run;
+* :func:`measure_round`: a round of peers (one or many): every save, then every cold
+  load, then every warm load, each phase shuffled, failures reported per peer;
 * :class:`Deadline`: a run that must end by a wall-clock time skips what would not fit,
   and says so in its JSON;
 * :func:`settle`: a load is timed until its data is on the device and synchronized;
@@ -252,26 +254,6 @@ def check_flat(expected: dict[str, Any], get: Callable[[Any, str, Any], Any]
 
 
 QUANTITIES = ("save", "cold_load", "warm_load")
-
-
-def measure(peer: Peer, path: str, drop: bool, verify: bool) -> dict[str, float]:
-    """One save (and fsync of what it wrote, timed), one cold load (after eviction) and one
-    warm load (after reading the files into the page cache); the files are then removed."""
-    remove(path)
-    try:
-        save_s, _ = timed(lambda: (peer.save(path), fsync_tree(path)))
-        disk = disk_bytes(path)
-        evict(path, drop)
-        cold_s, out = timed(lambda: peer.load(path))
-        if verify:
-            peer.check(out)
-        del out
-        warm(path)
-        warm_s, out = timed(lambda: peer.load(path))
-        del out
-    finally:
-        remove(path)
-    return {"save": save_s, "cold_load": cold_s, "warm_load": warm_s, "disk_bytes": disk}
 
 
 PHASES = (("save", "write_fsync"), ("cold_load", "cold_read"), ("warm_load", "warm_read"))

@@ -198,15 +198,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                     if (layout, peer.name) in errors:
                         continue
                     path = os.path.join(directory, f"{peer.name.replace(' ', '_')}{peer.suffix}")
-                    try:
-                        got = h.measure(peer, path, args.drop_caches, verify=round_index < 0)
-                    except Exception as error:  # noqa: BLE001 - a failing peer is reported
-                        errors[(layout, peer.name)] = f"{type(error).__name__}: {error}"
+                    got = h.measure_round([peer], {peer.name: path}, args.drop_caches,
+                                          {peer.name} if round_index < 0 else set(), seed="")
+                    if peer.name in got.errors:  # a failing peer is reported
+                        errors[(layout, peer.name)] = got.errors[peer.name]
                         print(f"{layout} {peer.name}: {errors[(layout, peer.name)]}", flush=True)
                         continue
                     if round_index >= 0:
                         for q in QUANTITIES:
-                            samples[(layout, peer.name)][q].append(got[q])
+                            samples[(layout, peer.name)][q].append(got.seconds[peer.name][q])
         report["ceilings"] = ceilings.report()
     finally:
         ceilings.close()

@@ -446,8 +446,6 @@ def tool_requests(monkeypatch):
     return requests
 
 
-
-
 def test_a_read_alone_lets_the_dispatcher_choose(store, tool_requests):
     store.set_sync("c/0", buffer(payload(2 << 20, 0)))
     assert store.get_sync("c/0").to_bytes() == payload(2 << 20, 0)

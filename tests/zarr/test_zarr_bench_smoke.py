@@ -14,7 +14,6 @@ pytest.importorskip("zarr")
 pytestmark = pytest.mark.slow
 
 
-
 def is_rate(value: object) -> bool:
     return isinstance(value, float) and math.isfinite(value) and value > 0
 

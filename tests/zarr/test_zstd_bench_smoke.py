@@ -15,7 +15,6 @@ pytest.importorskip("numcodecs")
 pytestmark = pytest.mark.slow
 
 
-
 def is_rate(value: object) -> bool:
     return isinstance(value, float) and math.isfinite(value) and value > 0
 
