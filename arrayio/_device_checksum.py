@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,9 +29,9 @@ from ._checksum import _POLY, _x8n, combine
 if TYPE_CHECKING:
     from ._buffers import DeviceBuffer
 
-__all__ = ["SEGMENT_BYTES", "available", "checksum_anywhere", "checksums_anywhere",
-           "device_checksum", "device_checksums", "host_checksum", "segment_for",
-           "segment_powers", "slicing_tables"]
+__all__ = ["SEGMENT_BYTES", "DeviceChecksums", "available", "checksum_anywhere",
+           "checksums_anywhere", "device_checksum", "device_checksums", "host_checksum",
+           "segment_for", "segment_powers", "slicing_tables"]
 
 logger = logging.getLogger("arrayio")
 
@@ -188,7 +188,7 @@ def device_checksum(buffer: DeviceBuffer, segment: int | None = None) -> int | N
     """The CRC-32C of a device buffer's bytes, computed on its GPU.
 
     The caller must have finished writing the buffer (the tools synchronize before they
-    return); the kernel runs on CuPy's current stream, and this function waits for it.
+    return); the kernel runs on a stream of arrayio's own, and this function waits for it.
     ``segment`` (bytes per GPU thread) is for tests; by default it follows the size.
 
     Returns
@@ -201,7 +201,7 @@ def device_checksum(buffer: DeviceBuffer, segment: int | None = None) -> int | N
         return 0
     if not available():
         return None
-    return _guarded([buffer], lambda: _run(_cupy(), [buffer], segment))[0]
+    return DeviceChecksums([buffer], segment).results()[0]
 
 
 def device_checksums(buffers: Sequence[DeviceBuffer]) -> list[int] | None:
@@ -211,20 +211,7 @@ def device_checksums(buffers: Sequence[DeviceBuffer]) -> list[int] | None:
         return [0] * len(buffers)
     if not available():
         return None
-    return _guarded(buffers, lambda: _run(_cupy(), buffers))
-
-
-def _guarded(buffers: Sequence[DeviceBuffer], run: Callable[[], list[int]]) -> list[int]:
-    global _unavailable
-    try:
-        return run()
-    except MemoryError:
-        raise
-    except Exception as error:  # noqa: BLE001 - a kernel that cannot be built or run here
-        _unavailable = f"{type(error).__name__}: {error}"
-        logger.warning("arrayio: checksums of GPU memory fall back to the host: %s",
-                       _unavailable)
-        return [host_checksum(buffer) for buffer in buffers]
+    return DeviceChecksums(buffers).results()
 
 
 def checksum_anywhere(buffer: DeviceBuffer) -> int:
@@ -235,8 +222,127 @@ def checksum_anywhere(buffer: DeviceBuffer) -> int:
 def checksums_anywhere(buffers: Sequence[DeviceBuffer]) -> list[int]:
     """The CRC-32C of each device buffer: on the GPU with one wait where possible (see
     :func:`device_checksums`), else through the host."""
-    crcs = device_checksums(buffers)
-    return [host_checksum(b) for b in buffers] if crcs is None else crcs
+    return DeviceChecksums(buffers).results()
+
+
+class DeviceChecksums:
+    """The CRC-32C of several device buffers, computed on their GPUs.
+
+    Each buffer's kernel starts when :meth:`launch` says the buffer is ready (a batch read
+    calls it as each read lands, so that the kernels run while later reads are still
+    moving), and :meth:`results` launches the rest and waits once for all of them. The
+    kernels run on a non-blocking stream of arrayio's own per device, so that they never
+    wait for, nor hold up, the tools' copies on other streams: a buffer must be complete
+    (its tool's future done) when it is launched.
+
+    Where the GPU cannot compute them (no CuPy, or a kernel that fails: no NVRTC, say), the
+    checksums are computed through the host instead, and the GPU is not tried again.
+    """
+
+    def __init__(self, buffers: Sequence[DeviceBuffer], segment: int | None = None) -> None:
+        self.buffers = list(buffers)
+        self._segment = segment
+        self._launched = [False] * len(self.buffers)
+        self._shapes: dict[int, tuple[int, int, int]] = {}  # index: nbytes, segment, segments
+        self._rows: dict[int, tuple[int, int]] = {}  # index: device, row of its results
+        self._counts: dict[int, int] = {}  # device: rows
+        for index, buffer in enumerate(self.buffers):
+            if buffer.nbytes:
+                device = buffer.device_index
+                self._rows[index] = (device, self._counts.get(device, 0))
+                self._counts[device] = self._rows[index][1] + 1
+        self._out: dict[int, Any] = {}  # device: its results, (rows, 2) uint32 on the GPU
+        self._on_gpu = bool(self._rows) and available()
+
+    def launch(self, index: int) -> None:
+        """Start the kernel of buffer ``index``, whose bytes are final (no-op if started)."""
+        if self._launched[index] or not self._on_gpu:
+            return
+        self._launched[index] = True
+        if index not in self._rows:
+            return
+        try:
+            self._launch(_cupy(), index)
+        except MemoryError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a kernel that cannot be built or run here
+            self._give_up(error)
+
+    def results(self) -> list[int]:
+        """The CRC of every buffer, in order, after one wait per device."""
+        for index in range(len(self.buffers)):
+            self.launch(index)
+        if self._on_gpu:
+            try:
+                return self._collect(_cupy())
+            except MemoryError:
+                raise
+            except Exception as error:  # noqa: BLE001 - as in launch
+                self._give_up(error)
+        return [host_checksum(buffer) if buffer.nbytes else 0 for buffer in self.buffers]
+
+    def abandon(self) -> None:
+        """Wait for the kernels already started, without their results: before the buffers
+        are freed or filled again (a failed read, a fallback to another tool)."""
+        if not self._on_gpu or not any(self._launched):
+            return
+        cupy = _cupy()
+        for device in self._counts:
+            try:
+                with cupy.cuda.Device(device):
+                    _stream(cupy, device).synchronize()
+            except Exception:  # noqa: BLE001 - the caller is already failing
+                pass
+
+    def _launch(self, cupy: Any, index: int) -> None:
+        buffer = self.buffers[index]
+        device, row = self._rows[index]
+        nbytes = buffer.nbytes
+        per_thread = self._segment or segment_for(nbytes)
+        segments = -(-nbytes // per_thread)
+        with cupy.cuda.Device(device), _stream(cupy, device):
+            out = self._out.get(device)
+            if out is None:
+                out = self._out[device] = cupy.zeros((self._counts[device], 2), cupy.uint32)
+            data = cupy.asarray(buffer.cuda_array).view(cupy.uint8).reshape(-1)
+            kernel, tables, powers = _kernel(cupy, device, per_thread)
+            blocks = -(-segments // _THREADS)
+            kernel((blocks,), (_THREADS,),
+                   (data, np.uint64(nbytes), np.uint64(per_thread), np.uint64(segments),
+                    tables, powers, out[row]))
+        self._shapes[index] = (nbytes, per_thread, segments)
+
+    def _collect(self, cupy: Any) -> list[int]:
+        values = {}
+        for device, out in self._out.items():
+            with cupy.cuda.Device(device), _stream(cupy, device) as stream:
+                values[device] = out.get(stream=stream)
+        results = [0] * len(self.buffers)
+        for index, (nbytes, segment, segments) in self._shapes.items():
+            device, row = self._rows[index]
+            shifted, last = (int(v) for v in values[device][row])
+            results[index] = combine(shifted, last, nbytes - (segments - 1) * segment)
+        return results
+
+    def _give_up(self, error: Exception) -> None:
+        global _unavailable
+        self.abandon()
+        self._on_gpu = False
+        _unavailable = f"{type(error).__name__}: {error}"
+        logger.warning("arrayio: checksums of GPU memory fall back to the host: %s",
+                       _unavailable)
+
+
+_streams: dict[int, Any] = {}
+
+
+def _stream(cupy: Any, device: int) -> Any:
+    """arrayio's checksum stream on ``device`` (current), made once."""
+    with _lock:
+        stream = _streams.get(device)
+        if stream is None:
+            stream = _streams[device] = cupy.cuda.Stream(non_blocking=True)
+        return stream
 
 
 def host_checksum(buffer: DeviceBuffer) -> int:
@@ -250,35 +356,3 @@ def host_checksum(buffer: DeviceBuffer) -> int:
         buffer.copy_to_host(start, piece)
         crc = checksum(piece, crc)
     return crc
-
-
-def _run(cupy: Any, buffers: Sequence[DeviceBuffer], segment: int | None = None) -> list[int]:
-    """Launch one kernel per buffer, all on the current stream of each buffer's device, then
-    wait once: a batch of tensors pays one synchronisation, not one each."""
-    results: list[int] = [0] * len(buffers)
-    by_device: dict[int, list[int]] = {}
-    for i, buffer in enumerate(buffers):
-        if buffer.nbytes:
-            by_device.setdefault(buffer.device_index, []).append(i)
-    for device_index, indices in by_device.items():
-        with cupy.cuda.Device(device_index):
-            out = cupy.zeros((len(indices), 2), dtype=cupy.uint32)
-            shapes = []
-            for row, i in enumerate(indices):
-                buffer = buffers[i]
-                nbytes = buffer.nbytes
-                per_thread = segment or segment_for(nbytes)
-                data = cupy.asarray(buffer.cuda_array).view(cupy.uint8).reshape(-1)
-                kernel, tables, powers = _kernel(cupy, device_index, per_thread)
-                segments = -(-nbytes // per_thread)
-                blocks = -(-segments // _THREADS)
-                kernel((blocks,), (_THREADS,),
-                       (data, np.uint64(nbytes), np.uint64(per_thread), np.uint64(segments),
-                        tables, powers, out[row]))
-                shapes.append((nbytes, per_thread, segments))
-            values = out.get()
-        for row, i in enumerate(indices):
-            nbytes, segment, segments = shapes[row]
-            shifted, last = (int(v) for v in values[row])
-            results[i] = combine(shifted, last, nbytes - (segments - 1) * segment)
-    return results

@@ -173,3 +173,44 @@ def test_checksum_anywhere_falls_back_to_the_host(monkeypatch) -> None:
     data = np.random.default_rng(3).integers(0, 256, (64 << 20) + 5, dtype=np.uint8)
     assert _device_checksum.device_checksum(_HostBackedDevice(data)) is None  # type: ignore[arg-type]
     assert _device_checksum.checksum_anywhere(_HostBackedDevice(data)) == checksum(data)  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+def test_checksums_launched_one_by_one_in_any_order_match_the_host() -> None:
+    import cupy
+
+    from arrayio._buffers import CupyDeviceBuffer
+    from arrayio._device_checksum import DeviceChecksums
+
+    rng = np.random.default_rng(5)
+    hosts = [rng.integers(0, 256, n, dtype=np.uint8) for n in (5 << 20, 0, 77, 1 << 20, 9)]
+    sums = DeviceChecksums([CupyDeviceBuffer(cupy.asarray(h)) for h in hosts])
+    for index in (3, 1, 0, 3):  # out of order, one twice; 2 and 4 left to results()
+        sums.launch(index)
+    assert sums.results() == [checksum(h) for h in hosts]
+
+
+@pytest.mark.gpu
+def test_a_kernel_that_fails_midway_falls_back_to_the_host(monkeypatch) -> None:
+    import cupy
+
+    from arrayio import _device_checksum
+    from arrayio._buffers import CupyDeviceBuffer
+
+    monkeypatch.setattr(_device_checksum, "_unavailable", None)
+    real = _device_checksum._kernel
+    calls = []
+
+    def failing_second(*args):
+        calls.append(args)
+        if len(calls) == 2:
+            raise RuntimeError("pretend: the kernel cannot be launched")
+        return real(*args)
+
+    monkeypatch.setattr(_device_checksum, "_kernel", failing_second)
+    hosts = [np.full(n, i, np.uint8) for i, n in enumerate((3 << 20, 5000, 1 << 20))]
+    sums = _device_checksum.DeviceChecksums([CupyDeviceBuffer(cupy.asarray(h)) for h in hosts])
+    sums.launch(0)
+    sums.launch(1)  # fails: the rest go through the host
+    assert sums.results() == [checksum(h) for h in hosts]
+    assert len(calls) == 2 and "pretend" in _device_checksum._unavailable

@@ -393,3 +393,128 @@ def test_requests_of_one_task_run_on_the_tools_threads_within_a_batch(tmp_path, 
     finally:
         os.close(fd)
     assert b"".join(d.tobytes() for d in dests) == path.read_bytes()
+
+
+class RecordingChecksums:
+    """A stand-in for the GPU's DeviceChecksums: CRCs on the host, every call recorded."""
+
+    made: list[RecordingChecksums] = []
+    on_launch = None  # called with the index of each launch
+
+    def __init__(self, buffers, segment=None) -> None:
+        self.buffers = list(buffers)
+        self.events: list[object] = []
+        RecordingChecksums.made.append(self)
+
+    def launch(self, index: int) -> None:
+        self.events.append(("launch", index))
+        if RecordingChecksums.on_launch is not None:
+            RecordingChecksums.on_launch(index)
+
+    def results(self) -> list[int]:
+        self.events.append("results")
+        return [crc32c.crc32c(buffer.tobytes()) for buffer in self.buffers]
+
+    def abandon(self) -> None:
+        self.events.append("abandon")
+
+
+class Gated(Tool):
+    """pread on threads; the read at ``last`` waits until the first checksum is launched
+    (or 10 s) and records whether it was."""
+
+    name = "gated"
+    capabilities = Capabilities(frozenset({"host"}), checksums=False)
+    last = -1
+    gate = threading.Event()
+    gate_was_open: list[bool] = []
+
+    def __init__(self, **params) -> None:
+        super().__init__(**params)
+        self.pool = ThreadPoolExecutor(4)
+
+    def _read(self, fd, buffer, file_offset):
+        if file_offset == type(self).last:
+            type(self).gate_was_open.append(type(self).gate.wait(10))
+        return pread_full(fd, buffer, file_offset)
+
+    def pread(self, fd, buffer, file_offset, *, checksum=None):
+        return IOFuture(self.pool.submit(self._read, fd, buffer, file_offset))
+
+    def pwrite(self, fd, buffer, file_offset, *, checksum=None):
+        return IOFuture(self.pool.submit(pwrite_full, fd, buffer, file_offset))
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+@pytest.fixture
+def gpu_checksums(registry, monkeypatch):
+    """Batches that checksum every buffer 'on the GPU', through RecordingChecksums."""
+    monkeypatch.setattr(batches, "checksum_on_gpu", lambda buffer, tool: True)
+    monkeypatch.setattr(batches, "synchronize_device", lambda buffer: None)
+    monkeypatch.setattr(batches._device_checksum, "DeviceChecksums", RecordingChecksums)
+    monkeypatch.setattr(RecordingChecksums, "made", [])
+    monkeypatch.setattr(RecordingChecksums, "on_launch", None)
+    monkeypatch.setattr(Gated, "gate", threading.Event())
+    monkeypatch.setattr(Gated, "gate_was_open", [])
+    tools.register("gated", Gated, clobber=True)
+    return RecordingChecksums
+
+
+def test_a_read_batch_checksums_each_array_on_the_gpu_as_it_lands(tmp_path, gpu_checksums):
+    # The first array's kernel must start while the last array is still being read: the
+    # last read waits for that launch (it would time out if checksums ran after the batch).
+    count = 6
+    path = tmp_path / "g.bin"
+    content = os.urandom(count * MiB)
+    path.write_bytes(content)
+    Gated.last = (count - 1) * MiB
+    gpu_checksums.on_launch = lambda index: Gated.gate.set()
+    dests = [np.empty(MiB, np.uint8) for _ in range(count)]
+    reported: list[int] = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        crcs = batches.read_batch(Gated(), fd, [(i * MiB, d) for i, d in enumerate(dests)],
+                                  "g", True, reported.append)
+    finally:
+        os.close(fd)
+    assert Gated.gate_was_open == [True]
+    [sums] = gpu_checksums.made
+    launches = [event for event in sums.events if event != "results"]
+    assert launches == [("launch", k) for k in range(count)] and sums.events[-1] == "results"
+    assert reported == list(range(count))
+    assert crcs == [crc32c.crc32c(content[i * MiB:(i + 1) * MiB]) for i in range(count)]
+
+
+def test_a_failed_read_batch_waits_for_its_launched_checksums(tmp_path, gpu_checksums):
+    # The fallback tool refills the buffers: no kernel of the failed batch may still read them.
+    path = tmp_path / "short.bin"
+    path.write_bytes(os.urandom(3 * MiB))
+    dests = [np.empty(2 * MiB, np.uint8) for _ in range(2)]  # the second ends past the file
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(TruncatedFileError):
+            batches.read_batch(Gated(), fd, [(0, dests[0]), (2 * MiB, dests[1])], "short",
+                               True, lambda index: None)
+    finally:
+        os.close(fd)
+    [sums] = gpu_checksums.made
+    assert sums.events == [("launch", 0), ("launch", 1), "abandon"]
+
+
+def test_a_write_batch_checksums_on_the_gpu_while_it_writes(tmp_path, gpu_checksums):
+    path = tmp_path / "w.bin"
+    sources = [np.full(MiB, i, np.uint8) for i in range(3)]
+    written: list[int] = []
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        crcs = batches.write_batch(Gated(), fd, [(i * MiB, s) for i, s in enumerate(sources)],
+                                   True, written.append)
+    finally:
+        os.close(fd)
+    [sums] = gpu_checksums.made
+    assert sums.events == [("launch", 0), ("launch", 1), ("launch", 2), "results"]
+    assert written == [0, 1, 2]
+    assert crcs == [crc32c.crc32c(s.tobytes()) for s in sources]
+    assert path.read_bytes() == b"".join(s.tobytes() for s in sources)
