@@ -187,8 +187,7 @@ def segment_for(nbytes: int) -> int:
 def device_checksum(buffer: DeviceBuffer, segment: int | None = None) -> int | None:
     """The CRC-32C of a device buffer's bytes, computed on its GPU.
 
-    The caller must have finished writing the buffer (the tools synchronize before they
-    return); the kernel runs on a stream of arrayio's own, and this function waits for it.
+    The kernel runs on CuPy's current stream, and this function waits for it.
     ``segment`` (bytes per GPU thread) is for tests; by default it follows the size.
 
     Returns
@@ -230,18 +229,25 @@ class DeviceChecksums:
 
     Each buffer's kernel starts when :meth:`launch` says the buffer is ready (a batch read
     calls it as each read lands, so that the kernels run while later reads are still
-    moving), and :meth:`results` launches the rest and waits once for all of them. The
-    kernels run on a non-blocking stream of arrayio's own per device, so that they never
-    wait for, nor hold up, the tools' copies on other streams: a buffer must be complete
-    (its tool's future done) when it is launched.
+    moving), and :meth:`results` launches the rest and waits once for all of them.
+
+    The kernels run on CuPy's current stream, after whatever was queued there to fill the
+    buffers. With ``own_stream`` they run on a non-blocking stream of arrayio's own per
+    device instead, so that they neither wait for nor hold up the tools' copies on other
+    streams; then every write into a buffer must be complete when it is launched (a
+    tool's finished transfer, or after :func:`~arrayio._buffers.synchronize_device`): a
+    copy still in flight on another stream, such as CuPy's from pageable memory, would
+    race the kernel.
 
     Where the GPU cannot compute them (no CuPy, or a kernel that fails: no NVRTC, say), the
     checksums are computed through the host instead, and the GPU is not tried again.
     """
 
-    def __init__(self, buffers: Sequence[DeviceBuffer], segment: int | None = None) -> None:
+    def __init__(self, buffers: Sequence[DeviceBuffer], segment: int | None = None, *,
+                 own_stream: bool = False) -> None:
         self.buffers = list(buffers)
         self._segment = segment
+        self._own_stream = own_stream
         self._launched = [False] * len(self.buffers)
         self._shapes: dict[int, tuple[int, int, int]] = {}  # index: nbytes, segment, segments
         self._rows: dict[int, tuple[int, int]] = {}  # index: device, row of its results
@@ -290,7 +296,7 @@ class DeviceChecksums:
         for device in self._counts:
             try:
                 with cupy.cuda.Device(device):
-                    _stream(cupy, device).synchronize()
+                    self._stream(cupy, device).synchronize()
             except Exception:  # noqa: BLE001 - the caller is already failing
                 pass
 
@@ -300,7 +306,7 @@ class DeviceChecksums:
         nbytes = buffer.nbytes
         per_thread = self._segment or segment_for(nbytes)
         segments = -(-nbytes // per_thread)
-        with cupy.cuda.Device(device), _stream(cupy, device):
+        with cupy.cuda.Device(device), self._stream(cupy, device):
             out = self._out.get(device)
             if out is None:
                 out = self._out[device] = cupy.zeros((self._counts[device], 2), cupy.uint32)
@@ -315,7 +321,7 @@ class DeviceChecksums:
     def _collect(self, cupy: Any) -> list[int]:
         values = {}
         for device, out in self._out.items():
-            with cupy.cuda.Device(device), _stream(cupy, device) as stream:
+            with cupy.cuda.Device(device), self._stream(cupy, device) as stream:
                 values[device] = out.get(stream=stream)
         results = [0] * len(self.buffers)
         for index, (nbytes, segment, segments) in self._shapes.items():
@@ -323,6 +329,10 @@ class DeviceChecksums:
             shifted, last = (int(v) for v in values[device][row])
             results[index] = combine(shifted, last, nbytes - (segments - 1) * segment)
         return results
+
+    def _stream(self, cupy: Any, device: int) -> Any:
+        """The stream the kernels run on (call with ``device`` current)."""
+        return _own_stream(cupy, device) if self._own_stream else cupy.cuda.get_current_stream()
 
     def _give_up(self, error: Exception) -> None:
         global _unavailable
@@ -336,7 +346,7 @@ class DeviceChecksums:
 _streams: dict[int, Any] = {}
 
 
-def _stream(cupy: Any, device: int) -> Any:
+def _own_stream(cupy: Any, device: int) -> Any:
     """arrayio's checksum stream on ``device`` (current), made once."""
     with _lock:
         stream = _streams.get(device)

@@ -145,7 +145,8 @@ def read_batch(t: Tool, fd: int, batch: list[Request], path: str, with_checksum:
     parts = [ChecksumParts(buffer.nbytes) if with_checksum and not gpu else None
              for (_, buffer), gpu in zip(batch, on_gpu, strict=True)]
     gpu = [i for i, flag in enumerate(on_gpu) if flag]
-    device_crcs = _device_checksum.DeviceChecksums([batch[i][1] for i in gpu])
+    device_crcs = _device_checksum.DeviceChecksums([batch[i][1] for i in gpu],
+                                                   own_stream=True)
     kernel_of = {i: k for k, i in enumerate(gpu)}
 
     def landed(index: int) -> None:
@@ -175,7 +176,8 @@ def write_batch(t: Tool, fd: int, batch: list[Request], with_checksum: bool,
                 report: Callable[[int], None]) -> list[int | None]:
     on_gpu = [with_checksum and checksum_on_gpu(buffer, t) for _, buffer in batch]
     gpu = [i for i, flag in enumerate(on_gpu) if flag]
-    device_crcs = _device_checksum.DeviceChecksums([batch[i][1] for i in gpu])
+    device_crcs = _device_checksum.DeviceChecksums([batch[i][1] for i in gpu],
+                                                   own_stream=True)
     if gpu:
         synchronize_device(batch[gpu[0]][1])  # type: ignore[arg-type]  # one device per batch
         for k in range(len(gpu)):  # the kernels read the arrays while the tool writes them

@@ -401,8 +401,9 @@ class RecordingChecksums:
     made: list[RecordingChecksums] = []
     on_launch = None  # called with the index of each launch
 
-    def __init__(self, buffers, segment=None) -> None:
+    def __init__(self, buffers, segment=None, *, own_stream=False) -> None:
         self.buffers = list(buffers)
+        self.own_stream = own_stream  # safe only for buffers whose writes are complete
         self.events: list[object] = []
         RecordingChecksums.made.append(self)
 
@@ -481,6 +482,7 @@ def test_a_read_batch_checksums_each_array_on_the_gpu_as_it_lands(tmp_path, gpu_
         os.close(fd)
     assert Gated.gate_was_open == [True]
     [sums] = gpu_checksums.made
+    assert sums.own_stream  # each array is complete when its tool's future is done
     launches = [event for event in sums.events if event != "results"]
     assert launches == [("launch", k) for k in range(count)] and sums.events[-1] == "results"
     assert reported == list(range(count))
