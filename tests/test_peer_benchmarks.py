@@ -65,8 +65,8 @@ def test_checkpoint_reports_every_peer_beside_the_ceilings(smoke_results: Path) 
     assert set(goals) == {"cold_load_vs_disk_ceiling", "warm_load_vs_torch",
                           "warm_load_vs_safetensors", "save_vs_torch", "save_vs_write_ceiling"}
     for goal in goals.values():
-        assert goal["met"] in (True, False, None) and goal["goal"] > 0
-        assert goal["met"] is None or goal["met"] == (goal["ratio"] >= goal["goal"])
+        # One smoke round: fewer than the three a goal is judged on.
+        assert goal["rounds"] == 1 and goal["met"] is None and goal["goal"] > 0
 
 
 def test_featuremap_reports_step_times(smoke_results: Path) -> None:

@@ -111,3 +111,33 @@ def test_peers_are_grouped_to_fit_on_the_disk(tmp_path, monkeypatch):
     groups = h.groups_on_disk(peers, str(tmp_path), lambda p: sizes[p.name])
     # 80% of the free space: 800 bytes a group; one too big for it goes alone.
     assert [[p.name for p in g] for g in groups] == [["a", "b"], ["c"], ["d"], ["e"]]
+
+
+def _result(arrayio_rounds: int, torch_rounds: int) -> dict:
+    def peer(gbps: float, rounds: int) -> dict:
+        return {"save_GBps": gbps, "cold_load_GBps": gbps, "warm_load_GBps": gbps * 10,
+                "samples": rounds,
+                "paired_fraction_of_ceiling": {"save": 1.0, "cold_load": 1.0, "warm_load": 1.0}}
+
+    ceiling = {"GBps": 3.0, "interleaved_GBps": 2.5}
+    return {"peers": {"arrayio": peer(3.0, arrayio_rounds), "torch": peer(1.0, torch_rounds),
+                      "safetensors": peer(1.0, 5)},
+            "ceilings": {"write_fsync": ceiling, "cold_read": ceiling, "warm_read": ceiling}}
+
+
+@pytest.mark.parametrize(("mine", "theirs", "judged"), [(3, 3, True), (5, 2, False),
+                                                        (2, 5, False), (1, 1, False)])
+def test_a_goal_is_judged_on_three_rounds_a_side(mine, theirs, judged):
+    # The figures are medians of at least 3 repetitions.
+    from benchmarks.peers.checkpoint import targets, verdict
+
+    goals = targets(_result(mine, theirs))["arrayio"]
+    vs_torch, vs_ceiling = goals["save_vs_torch"], goals["save_vs_write_ceiling"]
+    assert vs_torch["rounds"] == min(mine, theirs)
+    assert (vs_torch["met"] is not None) == judged
+    assert (vs_ceiling["met"] is not None) == (mine >= 3)  # a ceiling is 3 samples a setting
+    if judged:
+        assert vs_torch["met"] is True and verdict(vs_torch) == "met"
+    else:
+        assert verdict(vs_torch) == (f"not judged: {min(mine, theirs)} "
+                                     f"round{'s' * (min(mine, theirs) != 1)}, fewer than 3")

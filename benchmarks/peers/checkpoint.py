@@ -68,6 +68,8 @@ GOALS = (
     ("save_vs_write_ceiling", "save", "ceiling:write_fsync", 0.9),
 )
 QUANTITIES = h.QUANTITIES
+# The issue's figures are medians of at least 3 repetitions: a goal is judged on no fewer.
+MIN_ROUNDS = 3
 CEILING_OF = {"save": "write_fsync", "cold_load": "cold_read", "warm_load": "warm_read"}
 
 
@@ -355,7 +357,11 @@ def summarize(nbytes: int, ceilings: h.DiskCeilings, samples: dict[str, dict[str
 
 
 def targets(result: dict[str, Any]) -> dict[str, Any]:
-    """The issue's goals for each arrayio front door, with their numbers."""
+    """The issue's goals for each arrayio front door, with their numbers.
+
+    ``met`` is None (not judged) where a ratio is missing, or where either side has fewer
+    than :data:`MIN_ROUNDS` rounds (``rounds``: the fewer of the two; a ceiling's value is
+    its best setting's median of at least three samples)."""
     out: dict[str, Any] = {}
     peers, ceilings = result["peers"], result["ceilings"]
     for who in ARRAYIO:
@@ -364,13 +370,16 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
         mine: dict[str, Any] = {}
         for goal_name, quantity, against, goal in GOALS:
             value = peers[who][f"{quantity}_GBps"]
+            rounds = peers[who]["samples"]
             if against.startswith("ceiling:"):
                 reference = ceilings[against.split(":")[1]]["GBps"]
             else:
                 reference = peers.get(against, {}).get(f"{quantity}_GBps")
+                rounds = min(rounds, peers.get(against, {}).get("samples", 0))
             r = h.ratio(value, reference)
             mine[goal_name] = {"GBps": value, "reference": against, "reference_GBps": reference,
-                               "ratio": r, "goal": goal, "met": None if r is None else r >= goal}
+                               "ratio": r, "goal": goal, "rounds": rounds,
+                               "met": None if r is None or rounds < MIN_ROUNDS else r >= goal}
             if against.startswith("ceiling:"):
                 # Beside the ceiling sampled in the same phase of the same rounds (the same
                 # disk conditions), not only the best one measured.
@@ -545,7 +554,16 @@ def print_size(result: dict[str, Any]) -> None:
         for goal_name, t in goals.items():
             ratio = t["ratio"] if t["ratio"] is not None else float("nan")
             print(f"  target {who} {goal_name}: {ratio:.2f} (goal {t['goal']:g}) "
-                  f"{'met' if t['met'] else 'NOT met'}", flush=True)
+                  f"{verdict(t)}", flush=True)
+
+
+def verdict(target: dict[str, Any]) -> str:
+    """How a target of :func:`targets` reads: met, NOT met, or why it was not judged."""
+    if target["met"] is not None:
+        return "met" if target["met"] else "NOT met"
+    rounds = target.get("rounds", MIN_ROUNDS)
+    return (f"not judged: {rounds} round{'s' * (rounds != 1)}, fewer than {MIN_ROUNDS}"
+            if rounds < MIN_ROUNDS else "not judged: no ratio")
 
 
 # ------------------------------------------------------------------ plot
