@@ -214,3 +214,14 @@ def test_a_kernel_that_fails_midway_falls_back_to_the_host(monkeypatch) -> None:
     sums.launch(1)  # fails: the rest go through the host
     assert sums.results() == [checksum(h) for h in hosts]
     assert len(calls) == 2 and "pretend" in _device_checksum._unavailable
+
+
+def test_the_host_fallback_takes_empty_buffers_too(monkeypatch) -> None:
+    from arrayio import _device_checksum
+
+    # A batch's empty arrays beside full ones, where the kernel cannot run: the host's
+    # staging loop must not be asked for steps of zero bytes.
+    monkeypatch.setattr(_device_checksum, "_unavailable", "pretend: no NVRTC")
+    data = np.arange(5000, dtype=np.uint8)
+    buffers = [_HostBackedDevice(data[:0]), _HostBackedDevice(data), _HostBackedDevice(data[:0])]
+    assert _device_checksum.checksums_anywhere(buffers) == [0, checksum(data), 0]  # type: ignore[arg-type]
