@@ -152,8 +152,11 @@ def _kernel(cupy: Any, device_index: int, segment: int) -> tuple[Any, Any, Any]:
         made = _kernels.get((device_index, segment))
         if made is None:
             kernel = cupy.RawKernel(_SOURCE, "crc32c_segments")
-            made = _kernels[(device_index, segment)] = (
-                kernel, cupy.asarray(slicing_tables()), cupy.asarray(segment_powers(segment)))
+            made = (kernel, cupy.asarray(slicing_tables()), cupy.asarray(segment_powers(segment)))
+            # Kernels on other streams use the tables too (DeviceChecksums' own stream): the
+            # copies from pageable memory must have landed before anyone gets them.
+            cupy.cuda.get_current_stream().synchronize()
+            _kernels[(device_index, segment)] = made
         return made
 
 
@@ -241,6 +244,9 @@ class DeviceChecksums:
 
     Where the GPU cannot compute them (no CuPy, or a kernel that fails: no NVRTC, say), the
     checksums are computed through the host instead, and the GPU is not tried again.
+
+    As a context manager, it calls :meth:`abandon` when the block raises: a failed
+    batch must not leave kernels reading buffers that a fallback tool refills.
     """
 
     def __init__(self, buffers: Sequence[DeviceBuffer], segment: int | None = None, *,
@@ -259,6 +265,13 @@ class DeviceChecksums:
                 self._counts[device] = self._rows[index][1] + 1
         self._out: dict[int, Any] = {}  # device: its results, (rows, 2) uint32 on the GPU
         self._on_gpu = bool(self._rows) and available()
+
+    def __enter__(self) -> DeviceChecksums:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is not None:
+            self.abandon()
 
     def launch(self, index: int) -> None:
         """Start the kernel of buffer ``index``, whose bytes are final (no-op if started)."""

@@ -171,7 +171,7 @@ def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
                 f"{_ratio(vs_s.get('warm_load'))} | {row['samples']} |")
         lines.append("")
         # Judged again by today's rule (at least MIN_ROUNDS rounds a side), from the figures.
-        goals = targets(size).get("arrayio") if size.get("peers") else None
+        goals = targets(size).get("arrayio")
         if goals:
             lines += [f"Targets, {label} (arrayio with torch tensors; for the "
                       "ceilings also the ratio round by round to the ceiling sampled in the "
@@ -180,11 +180,8 @@ def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
                       "| target | arrayio GB/s | against GB/s | ratio | in-round ratio | goal "
                       "| met |",
                       "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
-            paired = size["peers"]["arrayio"].get("paired_fraction_of_ceiling", {})
             for goal_name, t in goals.items():
                 met = {True: "yes", False: "**no**"}.get(t["met"]) or verdict(t)
-                if t["reference"].startswith("ceiling:") and "paired_ratio" not in t:
-                    t = dict(t, paired_ratio=paired.get(goal_name.split("_vs_")[0]))
                 lines.append(f"| {goal_name.replace('_', ' ')} ({t['reference']}) | "
                              f"{_fmt(t['GBps'])} | {_fmt(t['reference_GBps'])} | "
                              f"{_fmt(t['ratio'])} | {_fmt(t.get('paired_ratio'))} | "

@@ -395,7 +395,7 @@ def test_requests_of_one_task_run_on_the_tools_threads_within_a_batch(tmp_path, 
     assert b"".join(d.tobytes() for d in dests) == path.read_bytes()
 
 
-class RecordingChecksums:
+class RecordingChecksums(batches._device_checksum.DeviceChecksums):
     """A stand-in for the GPU's DeviceChecksums: CRCs on the host, every call recorded."""
 
     made: list[RecordingChecksums] = []
