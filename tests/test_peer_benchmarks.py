@@ -30,8 +30,10 @@ def smoke_results(tmp_path_factory: pytest.TempPathFactory, run_module) -> Path:
     tmp = tmp_path_factory.mktemp("peers")
     out = tmp / "results" / "2000-01-01-smoke-peers"
     for module in ("checkpoint", "featuremap", "small_arrays"):
+        # The checkpoint's warm-up is smaller than its size: it searches the ceilings.
+        extra = ("--warmup-gib", "0.002") if module == "checkpoint" else ()
         run_module(f"benchmarks.peers.{module}", "--smoke", "--out", str(out),
-                   "--dir", str(tmp), tmp_path=tmp, timeout=120)
+                   "--dir", str(tmp), *extra, tmp_path=tmp, timeout=120)
     return out
 
 
@@ -47,6 +49,11 @@ def test_checkpoint_reports_every_peer_beside_the_ceilings(smoke_results: Path) 
         ceiling = size["ceilings"][name]
         # O_DIRECT may be refused by a CI file system: then the ceiling says why.
         assert is_rate(ceiling["GBps"]) or ceiling["error"], name
+        # The smaller warm-up searched every setting; the size tried only its two best.
+        searched = report["warmup_ceilings"][name]["upfront_GBps"]
+        assert set(ceiling["upfront_GBps"]) <= set(searched), name
+        assert len(ceiling["upfront_GBps"]) <= 2, name
+    assert report["warmup_ceiling_search_seconds"] > 0
     peers = size["peers"]
     for name in ("arrayio", "arrayio-jax", "torch", "safetensors", "numpy"):
         row = peers[name]
