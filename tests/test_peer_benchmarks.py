@@ -54,6 +54,9 @@ def test_checkpoint_reports_every_peer_beside_the_ceilings(smoke_results: Path) 
         assert set(ceiling["upfront_GBps"]) <= set(searched), name
         assert len(ceiling["upfront_GBps"]) <= 2, name
     assert report["warmup_ceiling_search_seconds"] > 0
+    # Each phase's order is recorded, under the run's own seed.
+    assert report["seed"] and size["orders"][0]["round"] == 0
+    assert "ceiling" in size["orders"][0]["save"]
     peers = size["peers"]
     for name in ("arrayio", "arrayio-jax", "torch", "safetensors", "numpy"):
         row = peers[name]

@@ -19,6 +19,9 @@ class FakeCeilings:
     def sample(self, name: str) -> None:
         self.log.append(("ceiling", name))
 
+    def lead_in(self, name: str) -> None:
+        self.log.append(("lead-in", name))
+
 
 def fake_peer(name: str, log: list[tuple[str, str]], fail: str | None = None,
               checked: list[str] | None = None) -> h.Peer:
@@ -49,10 +52,14 @@ def test_a_round_runs_every_save_then_every_cold_load_then_every_warm_load(tmp_p
     checked: list[str] = []
     peers = [fake_peer(n, log, checked=checked) for n in ("a", "b", "c")]
     paths = {p.name: str(tmp_path / p.name) for p in peers}
+    fake = FakeCeilings(log)
     got = h.measure_round(peers, paths, drop=False, verify={"b"}, seed="s",
-                          ceilings=FakeCeilings(log))
-    phases = [log[0:4], log[4:8], log[8:12]]
-    assert len(log) == 12
+                          ceilings=fake, lead_in=fake.lead_in)
+    # Each phase opens with its untimed lead-in.
+    assert [log[i] for i in (0, 5, 10)] == [("lead-in", "write_fsync"),
+                                            ("lead-in", "cold_read"), ("lead-in", "warm_read")]
+    phases = [log[1:5], log[6:10], log[11:15]]
+    assert len(log) == 15
     assert sorted(phases[0]) == [("a", "save"), ("b", "save"), ("c", "save"),
                                  ("ceiling", "write_fsync")]
     for phase, ceiling in zip(phases[1:], ("cold_read", "warm_read"), strict=True):
@@ -63,6 +70,9 @@ def test_a_round_runs_every_save_then_every_cold_load_then_every_warm_load(tmp_p
     assert all(set(s) == set(h.QUANTITIES) and all(v > 0 for v in s.values())
                for s in got.seconds.values())
     assert got.disk == {"a": 100, "b": 100, "c": 100} and not got.errors
+    # The orders are recorded as they ran.
+    assert [who for who, _ in phases[0]] == got.orders["save"]
+    assert set(got.orders) == set(h.QUANTITIES)
     assert not any(os.path.exists(p) for p in paths.values())  # the files are removed
 
 
@@ -103,6 +113,23 @@ def test_a_failed_check_is_a_failure_of_that_peer(tmp_path):
     assert set(got.errors) == {"q"} and not got.seconds
 
 
+def test_the_lead_in_writes_then_reads_back_a_file_of_its_own(tmp_path):
+    ceilings = h.DiskCeilings(str(tmp_path), 3 << 20, drop=False)
+    try:
+        ceilings.search()
+        ceiling_file = os.path.getmtime(ceilings.path)
+        ceilings.lead_in("write_fsync")
+        assert os.path.getsize(ceilings.lead_in_path) == ceilings.lead_in_bytes == 3 << 20
+        ceilings.lead_in("warm_read")  # nothing to do
+        assert os.path.exists(ceilings.lead_in_path)
+        ceilings.lead_in("cold_read")
+        assert not os.path.exists(ceilings.lead_in_path)
+        assert os.path.getmtime(ceilings.path) == ceiling_file  # the ceiling's file untouched
+        assert all(not limit.samples for limit in ceilings.limits.values())  # untimed
+    finally:
+        ceilings.close()
+
+
 def test_peers_are_grouped_to_fit_on_the_disk(tmp_path, monkeypatch):
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(h.shutil, "disk_usage", lambda _: usage(1000, 0, 1000))
@@ -111,6 +138,11 @@ def test_peers_are_grouped_to_fit_on_the_disk(tmp_path, monkeypatch):
     groups = h.groups_on_disk(peers, str(tmp_path), lambda p: sizes[p.name])
     # 80% of the free space: 800 bytes a group; one too big for it goes alone.
     assert [[p.name for p in g] for g in groups] == [["a", "b"], ["c"], ["d"], ["e"]]
+    # Room kept for the lead-in's file: 600 bytes a group.
+    groups = h.groups_on_disk(peers, str(tmp_path), lambda p: sizes[p.name], reserve=200)
+    assert [[p.name for p in g] for g in groups] == [["a", "b"], ["c"], ["d"], ["e"]]
+    groups = h.groups_on_disk(peers, str(tmp_path), lambda p: sizes[p.name], reserve=300)
+    assert [[p.name for p in g] for g in groups] == [["a"], ["b"], ["c"], ["d"], ["e"]]
 
 
 def _result(arrayio_rounds: int, torch_rounds: int) -> dict:

@@ -8,7 +8,8 @@
   few settings up front and measured again in every round, between the peers, since the
   VM disk's write rate drifts over a run;
 * :func:`measure_round`: a round of peers (one or many): every save, then every cold
-  load, then every warm load, each phase shuffled, failures reported per peer;
+  load, then every warm load, each phase shuffled and led in by an untimed operation of its
+  kind, failures reported per peer;
 * :class:`Deadline`: a run that must end by a wall-clock time skips what would not fit,
   and says so in its JSON;
 * :func:`settle`: a load is timed until its data is on the device and synchronized;
@@ -268,10 +269,12 @@ class Round:
     disk: dict[str, int] = dataclasses.field(default_factory=dict)
     took: dict[str, float] = dataclasses.field(default_factory=dict)
     errors: dict[str, str] = dataclasses.field(default_factory=dict)
+    orders: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # per quantity
 
 
 def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: set[str],
-                  seed: str, ceilings: DiskCeilings | None = None) -> Round:
+                  seed: str, ceilings: DiskCeilings | None = None,
+                  lead_in: Callable[[str], None] | None = None) -> Round:
     """One round of ``peers`` in three phases: every save (fsync included), then every cold
     load (each after eviction), then every warm load (each after reading its files into the
     page cache); the files are then removed. The loads named in ``verify`` are checked.
@@ -283,6 +286,13 @@ def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: 
     after its own save, as before, was compared with a ceiling read after reads. (Every cold
     read is still the first of a file just written, and on that VM a first read's rate
     depends on the writer: see ``benchmarks/results/2026-11-21-h200-disk-probes``.)
+
+    ``lead_in(ceiling_name)``, when given, runs untimed before each phase (see
+    :meth:`DiskCeilings.lead_in`), so that the phase's first sample also follows an operation
+    of its own kind rather than the previous phase's, or an idle disk. On the H200 VM, the
+    first saves of a phase, after the warm loads, ran at 1.31 to 1.39 GB/s against 1.94 to
+    2.06 for the same save later in its phase (checkpoint run 10). ``Round.orders`` records
+    each phase's order (``"ceiling"`` for the ceiling's sample).
     """
     rng = random.Random(seed)
     done = Round()
@@ -315,6 +325,9 @@ def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: 
             if ceilings is not None:
                 jobs.append(None)
             rng.shuffle(jobs)
+            done.orders[quantity] = [p.name if p is not None else "ceiling" for p in jobs]
+            if lead_in is not None:
+                lead_in(ceiling)
             for peer in jobs:
                 if peer is None:
                     assert ceilings is not None
@@ -337,11 +350,12 @@ def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: 
     return done
 
 
-def groups_on_disk(peers: list[Peer], directory: str, expected: Callable[[Peer], int]
-                   ) -> list[list[Peer]]:
+def groups_on_disk(peers: list[Peer], directory: str, expected: Callable[[Peer], int],
+                   reserve: int = 0) -> list[list[Peer]]:
     """``peers`` in order, cut into groups whose files fit on the disk together (at most
-    80% of its free space): a round's phases hold every peer's files of a group at once."""
-    room = shutil.disk_usage(directory).free * 0.8
+    80% of its free space, less ``reserve`` bytes): a round's phases hold every peer's files
+    of a group at once."""
+    room = shutil.disk_usage(directory).free * 0.8 - reserve
     groups: list[list[Peer]] = []
     used = math.inf
     for peer in peers:
@@ -394,6 +408,7 @@ class DiskCeilings:
 
         self.nbytes = -(-nbytes // MiB) * MiB
         self.path = os.path.join(directory, "ceiling.bin")
+        self.lead_in_path = os.path.join(directory, "lead-in.bin")
         self.drop = drop
         self.host = aligned_empty(self.nbytes)
         block = np.random.default_rng(0).integers(0, 256, 64 * MiB, dtype=np.uint8)
@@ -483,6 +498,43 @@ class DiskCeilings:
         if limit.tool is not None:
             limit.samples.append(self._once(name, limit.tool))
 
+    # A phase's lead-in moves this much: the slow start of run 10's save phases lasted
+    # about two 1.1 GB saves.
+    LEAD_IN_BYTES = 2 << 30
+
+    @property
+    def lead_in_bytes(self) -> int:
+        """The bytes of :meth:`lead_in`'s file (at most the ceiling's file)."""
+        return min(self.nbytes, self.LEAD_IN_BYTES)
+
+    def lead_in(self, name: str) -> None:
+        """Untimed, before a phase: for ``write_fsync`` write a file of its own with the
+        write ceiling's setting (fsync included), for ``cold_read`` read that file back
+        after eviction with the cold ceiling's setting, then remove it; nothing for
+        ``warm_read``. Its own file, so that the ceiling's file, like every peer's, is
+        still read cold for the first time since it was written."""
+        limit = self.limits.get(name)
+        if name == "warm_read" or limit is None or limit.tool is None:
+            return
+        view = self.host[: self.lead_in_bytes]
+        if name == "write_fsync":
+            fd = os.open(self.lead_in_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                limit.tool.write(fd, view, 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return
+        if not os.path.exists(self.lead_in_path):
+            return
+        evict(self.lead_in_path, self.drop)
+        fd = os.open(self.lead_in_path, os.O_RDONLY)
+        try:
+            limit.tool.read(fd, view, 0)
+        finally:
+            os.close(fd)
+            remove(self.lead_in_path)
+
     def measure_pinned_h2d(self, repeats: int = 3) -> None:
         """Pinned host-to-device copy of up to 1 GiB (torch), median of ``repeats``."""
         import torch
@@ -525,6 +577,7 @@ class DiskCeilings:
 
     def close(self) -> None:
         remove(self.path)
+        remove(self.lead_in_path)
         for limit in self.limits.values():
             if limit.tool is not None:
                 limit.tool.close()

@@ -25,8 +25,10 @@ measures the disk's ceilings on a file of the checkpoint's size (see
 :class:`~benchmarks.peers._harness.DiskCeilings`) up front and again in every round,
 between the peers, since the disk's write rate drifts over a run. A round runs in three
 phases (:func:`~benchmarks.peers._harness.measure_round`): every peer's save, then every
-cold load, then every warm load, each phase in its own shuffled order with the ceiling's
-sample among them, so that every cold read follows another cold read. An untimed,
+cold load, then every warm load, each phase in its own shuffled order (a new shuffle each
+run, ``--seed`` to repeat one) with the ceiling's sample among them. An untimed write
+leads the save phase and an untimed cold read the cold phase, so that every timed save
+follows a write and every timed cold read follows a cold read. An untimed,
 checked round of every peer comes first, on a checkpoint of ``--warmup-gib`` (default: the
 first size): imports and CUDA contexts. A warm-up smaller than the first size also searches
 the ceilings' settings on its own file, so that the first size, like every later one, tries
@@ -48,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
 import tempfile
 import time
@@ -504,12 +507,15 @@ def run_size(args: argparse.Namespace, gib: float, deadline: h.Deadline,
                 chosen.append(peer)
                 planned += need
             start = time.perf_counter()
-            for index, group in enumerate(h.groups_on_disk(chosen, directory, expected_disk)):
+            for index, group in enumerate(h.groups_on_disk(chosen, directory, expected_disk,
+                                                           reserve=ceilings.lead_in_bytes)):
                 got = h.measure_round(
                     group, paths, args.drop_caches,
                     verify={p.name for p in group if not samples[p.name]["rounds"]},
-                    seed=f"{gib}/{round_index}/{index}",
-                    ceilings=ceilings if index == 0 else None)
+                    seed=f"{report['seed']}/{gib}/{round_index}/{index}",
+                    ceilings=ceilings if index == 0 else None, lead_in=ceilings.lead_in)
+                result.setdefault("orders", []).append(
+                    {"round": round_index, "group": index, **got.orders})
                 for name, error in got.errors.items():
                     errors[name] = error
                     print(f"  {name}: {error}", flush=True)
@@ -663,6 +669,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--no-tune", dest="tune", action="store_false",
                         help="let arrayio learn during the measured rounds instead")
     parser.add_argument("--plot-out", help="with --replot A.json,B.json: the merged plot")
+    parser.add_argument("--seed", default=None,
+                        help="the phases' shuffle (default: a new one each run, in the JSON)")
     parser.add_argument("--warmup-gib", type=float, default=None,
                         help="size of the untimed warm-up round's checkpoint (default: the "
                              "first size)")
@@ -683,8 +691,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     import torch  # noqa: F401 - the state lives in torch tensors
 
     report = h.header("peers-checkpoint", "benchmarks.peers.checkpoint", argv)
+    # Each run shuffles its phases differently: with one fixed seed, the same peer opened
+    # the same phases in every run (arrayio's save, 3 rounds of 5 at 1 GiB).
     report.update(device=args.device, repeats=args.repeats, smoke=args.smoke,
-                  drop_caches=args.drop_caches, sizes=[], peers_unavailable={})
+                  drop_caches=args.drop_caches, sizes=[], peers_unavailable={},
+                  seed=args.seed or secrets.token_hex(4))
     report["machine"] = h.machine()
     deadline = h.Deadline(args.deadline)
     per_byte: dict[str, float] = {}
