@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -155,12 +156,14 @@ def tune(
     caches: Sequence[str] = ("warm", "cold"),
     verify: bool | None = None,
     max_calls: int = 400,
+    arrays: Any = None,
 ) -> DispatchReport:
     """Teach the dispatcher this machine ahead of time, on a scratch file in ``directory``.
 
     For every size, direction and (for reads) cache state, transfers run through the
     dispatcher until it stops exploring; the table is then saved, so later processes start
     from it. Cold reads evict the file's pages first (``posix_fadvise``; no root needed).
+    With ``arrays``, saves and loads of them run the same way.
 
     Parameters
     ----------
@@ -178,6 +181,12 @@ def tune(
         Tune for checksummed transfers (the default, as loads verify by default) or not.
     max_calls
         At most this many calls per context.
+    arrays
+        What you save and load (a checkpoint's state: anything :func:`arrayio.save`
+        takes). A save or a load moves its arrays as one batch, learned in a context of its
+        own (its total size and its typical array), not that of one transfer of a size in
+        ``sizes``: ``arrays`` tunes it by saving them and loading them to ``device``, cold
+        and warm. Give ``sizes=()`` to tune for them alone.
 
     Returns
     -------
@@ -186,37 +195,101 @@ def tune(
     """
     active = dispatch.get()
     sizes = sorted(set(int(s) for s in sizes))
-    if not sizes or sizes[0] <= 0:
+    if (not sizes and arrays is None) or (sizes and sizes[0] <= 0):
         raise ValueError(f"sizes must be positive byte counts, got {sizes}")
     check = config.get().verify_checksums if verify is None else verify
+    tuned: dict[str, Context] = {}
+    with config.set(tool=None):  # tuning learns what the dispatcher would choose
+        if sizes:
+            _tune_sizes(active, directory, device, sizes, directions, caches, check,
+                        max_calls, tuned)
+        if arrays is not None:
+            _tune_arrays(active, directory, device, arrays, directions, caches, check,
+                         max_calls, tuned)
+    active.save()
+    return DispatchReport(tuple(active.policy.explain(c) for c in tuned.values()),
+                          _tool_availability(), active.table_path)
+
+
+def _tune_sizes(active: dispatch.Dispatcher, directory: str | os.PathLike[str], device: Any,
+                sizes: list[int], directions: Sequence[str], caches: Sequence[str],
+                check: bool, max_calls: int, tuned: dict[str, Context]) -> None:
     request = parse_target("cupy" if _is_gpu(device) else None, device)
     uint8 = _dtypes.by_name("uint8")
     fd_data, data_path = tempfile.mkstemp(prefix=".arrayio-tune-", dir=directory)
     write_path = data_path + ".w"
-    tuned: dict[str, Context] = {}
     try:
         pattern = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8)
         for start in range(0, sizes[-1], pattern.nbytes):
             os.pwrite(fd_data, pattern[: min(pattern.nbytes, sizes[-1] - start)], start)
         os.fsync(fd_data)
-        # Tuning learns what the dispatcher would choose: a forced tool would teach nothing.
-        with config.set(tool=None):
-            for nbytes in sizes:
-                buffer = allocate(request, uint8, (nbytes,)).data
-                for direction in directions:
-                    for cache in (caches if direction == "read" else ("-",)):
-                        context = _tune_one(active, direction, cache, fd_data, write_path,
-                                            buffer, check, max_calls)
-                        if context is not None:
-                            tuned[context.key()] = context
+        for nbytes in sizes:
+            buffer = allocate(request, uint8, (nbytes,)).data
+            for direction in directions:
+                for cache in (caches if direction == "read" else ("-",)):
+                    context = _tune_one(active, direction, cache, fd_data, write_path,
+                                        buffer, check, max_calls)
+                    if context is not None:
+                        tuned[context.key()] = context
     finally:
         os.close(fd_data)
         for name in (data_path, write_path):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name)
-    active.save()
-    return DispatchReport(tuple(active.policy.explain(c) for c in tuned.values()),
-                          _tool_availability(), active.table_path)
+
+
+def _tune_arrays(active: dispatch.Dispatcher, directory: str | os.PathLike[str],
+                 device: Any, arrays: Any, directions: Sequence[str], caches: Sequence[str],
+                 check: bool, max_calls: int, tuned: dict[str, Context]) -> None:
+    """Save ``arrays`` and load them (cold, then warm) until their batches' contexts stop
+    exploring."""
+    from ._api import load, save
+
+    fd, path = tempfile.mkstemp(prefix=".arrayio-tune-", suffix=".safetensors",
+                                dir=directory)
+    os.close(fd)
+
+    def steps() -> Iterable[tuple[Callable[[], None], Callable[[], Any]]]:
+        """(what prepares a call, the call) per context to tune."""
+        if "write" in directions:
+            yield (lambda: None), (lambda: save(path, arrays))
+        if "read" in directions:
+            for cache in caches:
+                yield (functools.partial(_evict if cache == "cold" else _warm, path),
+                       lambda: load(path, device=device, verify=check))
+
+    try:
+        save(path, arrays)  # the file the loads read
+        for prepare, call in steps():
+            context = None
+            for _ in range(max_calls):
+                prepare()
+                active.last_batch = None
+                call()
+                context = active.last_batch[0] if active.last_batch is not None else None
+                if context is None or active.policy.explain(context).phase == "exploiting":
+                    break  # learned, or no batch to learn (arrays too small or too few)
+            if context is not None:
+                tuned[context.key()] = context
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _evict(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _warm(path: str) -> None:
+    """Read the file into the page cache."""
+    with open(path, "rb", buffering=0) as f:
+        chunk = bytearray(16 << 20)
+        while f.readinto(chunk):
+            pass
 
 
 def _is_gpu(device: Any) -> bool:

@@ -7,7 +7,8 @@ this machine's transfer tools.
     arrayio verify FILE [--strict]          check every array's CRC-32C
     arrayio convert SRC DST                 .npy/.npz/.safetensors/.pt/Zarr <-> arrayio
     arrayio bench [--sizes 1M,64M] [--png]  quick bandwidth sweep of every tool here
-    arrayio tune [DIR] [--device cuda:0]    teach the dispatcher this machine ahead of time
+    arrayio tune [DIR] [--device cuda:0] [--like FILE]
+                                            teach the dispatcher this machine ahead of time
     arrayio explain [FILE] [--json]         what the dispatcher learned (or would do)
 
 Exit codes (also in ``arrayio --help``):
@@ -566,6 +567,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                               "caches": ["warm", "cold"] if args.cold else ["warm"]}
     if args.sizes is not None:
         kwargs["sizes"] = args.sizes
+    if args.like is not None:  # its arrays, as a program saves and loads them
+        kwargs["arrays"] = arrayio.load(args.like, device=args.device)
+        kwargs.setdefault("sizes", ())
     report = arrayio.tune(args.directory, **kwargs)
     if args.json:
         _print_json(report.as_dict())
@@ -680,6 +684,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--device", default=None, help="cpu (default) or a GPU (cuda:0)")
     tune.add_argument("--sizes", type=_sizes, default=None, metavar="LIST",
                       help="comma-separated sizes (default: 64K,1M,16M,256M)")
+    tune.add_argument("--like", metavar="FILE", default=None,
+                      help="tune saving and loading the arrays of FILE (a checkpoint), "
+                           "instead of the sizes unless --sizes is given")
     tune.add_argument("--cold", action=argparse.BooleanOptionalAction, default=True,
                       help="also tune cold reads (default: on)")
     tune.add_argument("--checksum", action=argparse.BooleanOptionalAction, default=True,

@@ -534,6 +534,25 @@ def test_tune_then_explain(capsys, tmp_path, fresh, ckpt):
     assert code == 2 and "need a FILE" in err
 
 
+def test_tune_like_a_file_learns_its_save_and_load(capsys, tmp_path, fresh):
+    rng = np.random.default_rng(2)
+    path = tmp_path / "big.safetensors"
+    mib = 1 << 20
+    arrayio.save(path, {f"w{i}": rng.standard_normal(mib // 8) for i in range(4)})  # 4 x 1 MiB
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    code, out, _ = run(capsys, "tune", scratch, "--like", path, "--no-cold", "--json")
+    assert code == 0
+    keys = sorted(c["key"] for c in json.loads(out)["contexts"])
+    assert [k.split("/")[0] for k in keys] == ["read", "write"]  # no single sizes
+    assert all(k.endswith("/of2^20") for k in keys)
+    path.read_bytes()  # in the page cache, as tuned (--no-cold)
+    [load] = arrayio.explain(path).explanations  # what a load of that file uses: learned
+    assert load.key in keys and load.phase == "exploiting"
+    code, _, err = run(capsys, "tune", scratch, "--like", tmp_path / "nope.safetensors")
+    assert code == 2 and "nope.safetensors" in err
+
+
 def test_tune_errors(capsys, tmp_path, monkeypatch):
     code, _, err = run(capsys, "tune", tmp_path / "missing")
     assert code == 2 and "missing" in err

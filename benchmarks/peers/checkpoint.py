@@ -32,10 +32,11 @@ follows a write and every timed cold read follows a cold read. An untimed,
 checked round of every peer comes first, on a checkpoint of ``--warmup-gib`` (default: the
 first size): imports and CUDA contexts. A warm-up smaller than the first size also searches
 the ceilings' settings on its own file, so that the first size, like every later one, tries
-only the two best of each. arrayio moves a checkpoint's tensors as one batch,
-learned as one transfer of the checkpoint's size, so before each size's rounds (untimed,
-and unless ``--no-tune``) ``arrayio.tune`` teaches the dispatcher that size's contexts:
-saves and cold and warm loads into GPU memory, as a user would once per machine. Each size's
+only the two best of each. arrayio moves a checkpoint's tensors as one batch, learned in
+a context of its own (total size and typical tensor), so before each size's rounds
+(untimed, and unless ``--no-tune``) ``arrayio.tune(arrays=state)`` teaches the dispatcher
+that checkpoint's saves and its cold and warm loads into GPU memory, as a user would once
+per machine. Each size's
 first sample of every peer is checked too. A round holds every peer's checkpoint on the
 disk at once, or, where they would not fit, runs its phases over groups of peers that do
 (the ceilings' samples with the first group).
@@ -480,7 +481,7 @@ def run_size(args: argparse.Namespace, gib: float, deadline: h.Deadline,
             import arrayio
 
             result["tune_seconds"], tuned = h.timed(lambda: arrayio.tune(
-                directory, device=args.device, sizes=[nbytes]))
+                directory, device=args.device, sizes=(), arrays=state))
             result["tuned"] = {e.key: e.chosen for e in tuned.explanations}
             print(f"  {gib:g} GiB tuned in {result['tune_seconds']:.1f} s: {result['tuned']}",
                   flush=True)

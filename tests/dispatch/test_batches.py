@@ -136,7 +136,7 @@ def test_batches_move_every_request_exactly_with_its_checksum(tmp_path, fresh, s
         os.close(fd)
 
 
-def test_a_batch_is_learned_as_one_transfer_of_its_total_size(tmp_path, fresh):
+def test_a_batch_is_learned_by_its_total_size_and_its_typical_piece(tmp_path, fresh):
     path = tmp_path / "b.bin"
     path.write_bytes(os.urandom(6 * MiB))
     dests = [np.empty(2 * MiB, np.uint8) for _ in range(3)]
@@ -145,8 +145,13 @@ def test_a_batch_is_learned_as_one_transfer_of_its_total_size(tmp_path, fresh):
         fresh.read_many(fd, [(i * 2 * MiB, dest) for i, dest in enumerate(dests)])
         context, _ = fresh.last
         assert context.size_class == 23  # 6 MiB rounds up to 2^23
-        assert context.key() == fresh.batch_context(
-            "read", fd, [(0, 6 * MiB)], "host", False).key()
+        assert context.pieces == 21  # of 2 MiB pieces
+        assert context.key().endswith("/of2^21")
+        assert context.key() != fresh.context("read", fd, 0, 6 * MiB, "host", False).key()
+        # A batch that is mostly one piece is learned as one transfer of its size.
+        one = fresh.batch_context("read", fd, [(0, 5 * MiB), (5 * MiB, MiB)], "host", False)
+        assert one.pieces == 0
+        assert one.key() == fresh.context("read", fd, 0, 6 * MiB, "host", False).key()
         # Small requests go one by one through the naive tool, outside the batch.
         small = [np.empty(1000, np.uint8) for _ in range(3)]
         fresh.read_many(fd, [(i * 1000, s) for i, s in enumerate(small)])

@@ -683,6 +683,22 @@ def test_warm_reads_never_explore_the_disk(memory, size_class):
         assert any(_reads_disk(arm) for arm in arms("-"))
 
 
+def test_a_large_batch_of_pieces_also_tries_deeper_writes():
+    # A checkpoint's 16 and 32 MiB tensors need more writes in flight than one buffer of
+    # the same total size; the arms for one buffer stay, in the same order.
+    from arrayio.dispatch.context import Context
+
+    def arms(pieces: int, size_class: int = 31) -> list[str]:
+        return [arm.label for arm in dispatcher.candidate_arms(
+            Context("write", "cuda", size_class, "vda", "-", 1, True, pieces))]
+
+    deeper = {"staged(chunk_size=67108864,direct=True,threads=8)",
+              "staged(chunk_size=16777216,direct=True,threads=16)"}
+    assert deeper <= set(arms(25)) and not deeper & set(arms(0))
+    assert [a for a in arms(25) if a not in deeper] == arms(0)
+    assert arms(21, size_class=24) == arms(0, size_class=24)  # small batches: as before
+
+
 # ---- O_DIRECT refused ---------------------------------------------------------------------
 
 
