@@ -241,8 +241,8 @@ def _tune_sizes(active: dispatch.Dispatcher, directory: str | os.PathLike[str], 
 def _tune_arrays(active: dispatch.Dispatcher, directory: str | os.PathLike[str],
                  device: Any, arrays: Any, directions: Sequence[str], caches: Sequence[str],
                  check: bool, max_calls: int, tuned: dict[str, Context]) -> None:
-    """Save ``arrays`` and load them (cold, then warm) until their batches' contexts stop
-    exploring."""
+    """Save ``arrays``, then load them in each cache state of ``caches``, until each of
+    their batches' contexts stops exploring."""
     from ._api import load, save
 
     fd, path = tempfile.mkstemp(prefix=".arrayio-tune-", suffix=".safetensors",
