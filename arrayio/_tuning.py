@@ -19,7 +19,7 @@ import numpy as np
 from . import _dtypes, config, tools
 from ._frameworks import allocate, parse_target
 from .dispatch import dispatcher as dispatch
-from .dispatch.context import Context
+from .dispatch.context import Context, cache_state
 from .dispatch.policy import Explanation
 from .errors import KeyNotFoundError
 
@@ -101,7 +101,7 @@ def explain(
         A file arrayio can open. Without it, every learned context is shown.
     key
         With ``path``: only this array (default: every array of the file, which a load
-        moves as one batch: one context, that of a transfer of their total size; a load
+        moves as one batch: one context, of their total size and typical array; a load
         whose results are copies, as JAX's ``device_put`` of host bytes without CuPy, reads
         in batches of up to 1 GiB instead, each in the context of its own size).
     device
@@ -134,7 +134,7 @@ def explain(
                     raise KeyNotFoundError(f"{reader.path}: no array {name!r}")
             every = [reader[name] for name in keys]
             # What load() does: the arrays it learns for (1 MiB and more, or all of them
-            # under a forced tool) move as one batch, in the context of their total size.
+            # under a forced tool) move as one batch, in the batch's context.
             forced = active.forced_arm(None)
             infos = [info for info in every if info.nbytes and (
                 forced is not None or info.nbytes >= dispatch.SMALL_TRANSFER)]
@@ -285,8 +285,10 @@ def _evict(path: str) -> None:
 
 
 def _warm(path: str) -> None:
-    """Read the file into the page cache."""
+    """Read the file into the page cache, unless the loads before left it there."""
     with open(path, "rb", buffering=0) as f:
+        if cache_state(f.fileno(), 0, os.fstat(f.fileno()).st_size) == "warm":
+            return
         chunk = bytearray(16 << 20)
         while f.readinto(chunk):
             pass

@@ -194,7 +194,7 @@ def saved_file(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray]]:
 def test_explain_a_file_leaves_out_arrays_too_small_to_learn(tmp_path, fresh):
     # Below 1 MiB a transfer goes straight to the naive tool, with no context: explaining a
     # context for it would describe a choice that is never made. The others (13 MiB) load as
-    # one batch, in the context of a transfer of their total size.
+    # one batch, in the context of their total size (and typical array).
     path, _ = saved_file(tmp_path)
     report = arrayio.explain(path)
     assert [e.key.split("/")[2] for e in report.explanations] == ["2^24"]

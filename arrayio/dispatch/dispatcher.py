@@ -360,10 +360,11 @@ class Dispatcher:
         the GPU checksums. Moving the tensors of a checkpoint one after the other leaves most
         workers idle between them (on the H200 VM, a 1 GiB checkpoint of 16 to 256 MiB
         tensors loaded at a third of the page cache's rate that way). A batch is chosen for,
-        timed and learned as one transfer of its total size: its context is that of a single
-        transfer of that size, the one :func:`arrayio.tune` and :func:`arrayio.explain`
-        describe. Transfers below :data:`SMALL_TRANSFER` go through the naive tool, as they
-        would alone, neighbours in the file with one read (or, touching, one write).
+        timed and learned as one transfer, in the context of :meth:`batch_context` (its
+        total size and typical piece), the one :func:`arrayio.tune` with ``arrays`` teaches
+        and :func:`arrayio.explain` of a file describes. Transfers below
+        :data:`SMALL_TRANSFER` go through the naive tool, as they would alone, neighbours in
+        the file with one read (or, touching, one write).
         ``done(i)`` is called once request ``i`` has completed (for progress bars).
 
         Raises

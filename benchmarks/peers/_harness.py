@@ -423,25 +423,32 @@ class DiskCeilings:
         self.pinned_h2d_GBps: float | None = None
         self._labels: dict[tuple[str, int, int], str] = {}
 
-    def _write(self, tool: Any) -> float:
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    def _write(self, tool: Any, path: str | None = None, view: np.ndarray | None = None
+               ) -> float:
+        """Seconds to write ``view`` (the whole host buffer) to ``path`` (the ceiling's
+        file) with ``tool``, fsync included."""
+        fd = os.open(path or self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             start = time.perf_counter()
-            tool.write(fd, self.host, 0)
+            tool.write(fd, self.host if view is None else view, 0)
             os.fsync(fd)
             return time.perf_counter() - start
         finally:
             os.close(fd)
 
-    def _read(self, tool: Any, cold: bool) -> float:
+    def _read(self, tool: Any, cold: bool, path: str | None = None,
+              view: np.ndarray | None = None) -> float:
+        """Seconds to read ``path`` (the ceiling's file) into ``view`` (the whole host
+        buffer) with ``tool``, after evicting it (``cold``) or reading it into the cache."""
+        path = path or self.path
         if cold:
-            evict(self.path, self.drop)
+            evict(path, self.drop)
         else:
-            warm(self.path)
-        fd = os.open(self.path, os.O_RDONLY)
+            warm(path)
+        fd = os.open(path, os.O_RDONLY)
         try:
             start = time.perf_counter()
-            tool.read(fd, self.host, 0)
+            tool.read(fd, self.host if view is None else view, 0)
             return time.perf_counter() - start
         finally:
             os.close(fd)
@@ -518,22 +525,12 @@ class DiskCeilings:
             return
         view = self.host[: self.lead_in_bytes]
         if name == "write_fsync":
-            fd = os.open(self.lead_in_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self._write(limit.tool, self.lead_in_path, view)
+        elif os.path.exists(self.lead_in_path):
             try:
-                limit.tool.write(fd, view, 0)
-                os.fsync(fd)
+                self._read(limit.tool, True, self.lead_in_path, view)
             finally:
-                os.close(fd)
-            return
-        if not os.path.exists(self.lead_in_path):
-            return
-        evict(self.lead_in_path, self.drop)
-        fd = os.open(self.lead_in_path, os.O_RDONLY)
-        try:
-            limit.tool.read(fd, view, 0)
-        finally:
-            os.close(fd)
-            remove(self.lead_in_path)
+                remove(self.lead_in_path)
 
     def measure_pinned_h2d(self, repeats: int = 3) -> None:
         """Pinned host-to-device copy of up to 1 GiB (torch), median of ``repeats``."""

@@ -36,10 +36,9 @@ only the two best of each. arrayio moves a checkpoint's tensors as one batch, le
 a context of its own (total size and typical tensor), so before each size's rounds
 (untimed, and unless ``--no-tune``) ``arrayio.tune(arrays=state)`` teaches the dispatcher
 that checkpoint's saves and its cold and warm loads into GPU memory, as a user would once
-per machine. Each size's
-first sample of every peer is checked too. A round holds every peer's checkpoint on the
-disk at once, or, where they would not fit, runs its phases over groups of peers that do
-(the ceilings' samples with the first group).
+per machine. Each size's first sample of every peer is checked too. A round holds every
+peer's checkpoint on the disk at once, or, where they would not fit, runs its phases over
+groups of peers that do (the ceilings' samples with the first group).
 
 With ``--deadline``, a peer whose next measurement would not fit is skipped for that round
 (torch, safetensors and arrayio, the targets' terms, keep their time first); the JSON says
