@@ -453,9 +453,13 @@ TARGETS = (("read/cold/cuda", "cold_read_direct", 0.9),
 
 
 def targets(report: dict[str, Any]) -> dict[str, Any]:
-    """The dispatcher at the sweep's largest size against each ceiling, judged on the higher
-    of the ceiling measured up front and the one measured in the same rounds (the stricter
-    of the two)."""
+    """The dispatcher at the sweep's largest size against each ceiling, judged on the
+    ceiling measured in the same rounds: the setting the search up front picked, timed on
+    the same file beside the dispatcher (``judged_on``). The search's best median is
+    reported beside it (``ratio_vs_search``) but is not the judged value: it is the luckiest
+    of several settings' medians, measured before the rounds (on the H200 VM the write
+    rate decays as writes accumulate over a panel). Without samples in the rounds, the
+    search's value is used."""
     out: dict[str, Any] = {}
     largest = max(r["bytes"] for r in report["rows"]) if report["rows"] else None
     for panel, ceiling, goal in TARGETS:
@@ -465,13 +469,15 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
         if row is None or not isinstance(row["dispatcher_GBps"], float) or upfront is None:
             continue
         interleaved = row.get("ceiling_interleaved") or {}
-        candidates = [v for v in (upfront, interleaved.get("GBps")) if isinstance(v, float)]
-        limit = max(candidates)
+        in_rounds = interleaved.get("GBps")
+        limit = in_rounds if isinstance(in_rounds, float) else upfront
         ratio = row["dispatcher_GBps"] / limit
         out[panel] = {"bytes": largest, "dispatcher_GBps": row["dispatcher_GBps"],
                       "ceiling": ceiling, "ceiling_upfront_GBps": upfront,
-                      "ceiling_interleaved_GBps": interleaved.get("GBps"),
+                      "ceiling_interleaved_GBps": in_rounds,
+                      "judged_on": "rounds" if limit is in_rounds else "search",
                       "paired_ratio": interleaved.get("paired_ratio"),
+                      "ratio_vs_search": row["dispatcher_GBps"] / upfront,
                       "ratio": ratio, "goal": goal, "met": ratio >= goal}
     return out
 

@@ -126,3 +126,29 @@ def test_each_round_runs_the_runners_in_its_own_order():
         before = {order[order.index(label) - 1] if order.index(label) else None
                   for order in orders}
         assert len(before) > 1, label
+
+
+def test_the_sweep_judges_its_targets_on_the_ceiling_in_the_same_rounds():
+    from benchmarks.sweep import targets
+
+    def row(panel: str, nbytes: int, dispatcher: float, in_rounds: float | None) -> dict:
+        direction, cache, memory = panel.split("/")
+        return {"direction": direction, "cache": cache, "memory": memory, "bytes": nbytes,
+                "dispatcher_GBps": dispatcher,
+                "ceiling_interleaved": None if in_rounds is None else {
+                    "GBps": in_rounds, "paired_ratio": dispatcher / in_rounds}}
+
+    report = {"ceilings": {"cold_read_direct": 3.5, "warm_read_16_threads": 40.0,
+                           "write_fsync": 3.0},
+              "rows": [row("read/cold/cuda", 1 << 30, 3.0, 3.2),
+                       row("read/warm/cuda", 1 << 30, 30.0, None),
+                       row("write/-/cuda", 1 << 30, 2.0, 2.4),
+                       row("write/-/cuda", 1 << 20, 9.0, None)]}  # not the largest size
+    got = targets(report)
+    cold, warm, write = got["read/cold/cuda"], got["read/warm/cuda"], got["write/-/cuda"]
+    assert (cold["judged_on"], cold["ratio"], cold["met"]) == ("rounds", 3.0 / 3.2, True)
+    assert cold["ratio_vs_search"] == 3.0 / 3.5
+    # No sample in the rounds: the search's value.
+    assert (warm["judged_on"], warm["ratio"], warm["met"]) == ("search", 0.75, False)
+    assert (write["judged_on"], write["ratio"], write["met"]) == ("rounds", 2.0 / 2.4, False)
+    assert write["bytes"] == 1 << 30

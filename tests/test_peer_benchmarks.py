@@ -54,6 +54,12 @@ def test_checkpoint_reports_every_peer_beside_the_ceilings(smoke_results: Path) 
         assert set(ceiling["upfront_GBps"]) <= set(searched), name
         assert len(ceiling["upfront_GBps"]) <= 2, name
     assert report["warmup_ceiling_search_seconds"] > 0
+    # Judged on the samples in the rounds; the cold read's sample read arrayio's file.
+    cold = size["ceilings"]["cold_read"]
+    if not cold["error"]:
+        assert cold["judged_on"] == "rounds" and is_rate(cold["search_GBps"])
+        assert cold["interleaved_files"] == ["arrayio.safetensors"]
+        assert cold["GBps"] == pytest.approx(cold["interleaved_GBps"])
     # Each phase's order is recorded, under the run's own seed.
     assert report["seed"] and size["orders"][0]["round"] == 0
     assert "ceiling" in size["orders"][0]["save"]

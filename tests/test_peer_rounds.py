@@ -15,9 +15,11 @@ from benchmarks.peers import _harness as h
 class FakeCeilings:
     def __init__(self, log: list[tuple[str, str]]) -> None:
         self.log = log
+        self.paths: list[str | None] = []  # the file each sample was given
 
-    def sample(self, name: str) -> None:
+    def sample(self, name: str, path: str | None = None) -> None:
         self.log.append(("ceiling", name))
+        self.paths.append(path)
 
     def lead_in(self, name: str) -> None:
         self.log.append(("lead-in", name))
@@ -87,6 +89,65 @@ def test_each_phase_of_each_round_has_its_own_order(tmp_path):
     assert len(firsts) == 5  # every peer, and the ceiling, opened some phase
 
 
+@pytest.mark.parametrize("first", [True, False])
+def test_the_cold_ceiling_reads_the_named_peers_file_beside_its_load(tmp_path, first):
+    for seed in range(6):
+        log: list[tuple[str, str]] = []
+        peers = [fake_peer(n, log) for n in ("a", "b", "c", "d")]
+        paths = {p.name: str(tmp_path / p.name) for p in peers}
+        fake = FakeCeilings(log)
+        got = h.measure_round(peers, paths, False, set(), seed=str(seed), ceilings=fake,
+                              cold_ceiling_reads="b", ceiling_first=first)
+        cold = got.orders["cold_load"]
+        here = cold.index("ceiling")
+        assert cold[here + 1 if first else here - 1] == "b", (seed, cold)
+        # Only the cold read's sample is given the peer's file.
+        assert fake.paths == [None, paths["b"], None]
+        assert sorted(got.orders["save"]) == sorted(cold) == sorted(got.orders["warm_load"])
+
+
+def test_without_the_named_peer_the_cold_ceiling_reads_its_own_file(tmp_path):
+    log: list[tuple[str, str]] = []
+    peers = [fake_peer("a", log), fake_peer("b", log, fail="save")]
+    fake = FakeCeilings(log)
+    h.measure_round(peers, {p.name: str(tmp_path / p.name) for p in peers}, False, set(),
+                    seed="s", ceilings=fake, cold_ceiling_reads="b")
+    assert fake.paths == [None, None, None]  # b's save failed: no file of its to read
+
+
+def test_a_ceiling_is_judged_on_its_samples_in_the_rounds(tmp_path, monkeypatch):
+    nbytes = 3 << 20
+    ceilings = h.DiskCeilings(str(tmp_path), nbytes, drop=False)
+    try:
+        ceilings.search()
+        search = ceilings.report()["cold_read"]
+        # Before any round: the search's best, and said so.
+        assert search["judged_on"] == "search"
+        assert search["GBps"] == search["search_GBps"] == max(search["upfront_GBps"].values())
+        peer = tmp_path / "peer.bin"
+        peer.write_bytes(b"x" * (1 << 20))
+        read: list[tuple[str, int]] = []
+
+        def fake_read(tool, cold, path=None, view=None):
+            read.append((path, None if view is None else view.nbytes))
+            return 0.5
+
+        monkeypatch.setattr(ceilings, "_read", fake_read)
+        ceilings.sample("cold_read", str(peer))
+        ceilings.sample("cold_read", str(tmp_path / "gone"))  # no such file: its own
+        assert read == [(str(peer), 1 << 20), (None, None)]  # None: the ceiling's own
+        limit = ceilings.limits["cold_read"]
+        # Seconds scaled to the ceiling's size: 1 MiB in 0.5 s is 3 MiB in 1.5 s.
+        assert limit.samples == [1.5, 0.5]
+        assert limit.files == ["peer.bin", "ceiling.bin"]
+        report = ceilings.report()["cold_read"]
+        assert report["judged_on"] == "rounds"
+        assert report["GBps"] == pytest.approx(nbytes / 1.0 / h.GB)  # the median, 1.0 s
+        assert report["search_GBps"] == search["search_GBps"]
+    finally:
+        ceilings.close()
+
+
 @pytest.mark.parametrize("fail", ["save", "load"])
 def test_a_failing_peer_is_reported_and_the_others_measured(tmp_path, fail):
     log: list[tuple[str, str]] = []
@@ -151,7 +212,7 @@ def _result(arrayio_rounds: int, torch_rounds: int) -> dict:
                 "samples": rounds,
                 "paired_fraction_of_ceiling": {"save": 1.0, "cold_load": 1.0, "warm_load": 1.0}}
 
-    ceiling = {"GBps": 3.0, "interleaved_GBps": 2.5}
+    ceiling = {"GBps": 3.0, "interleaved_GBps": 3.0, "search_GBps": 3.5}
     return {"peers": {"arrayio": peer(3.0, arrayio_rounds), "torch": peer(1.0, torch_rounds),
                       "safetensors": peer(1.0, 5)},
             "ceilings": {"write_fsync": ceiling, "cold_read": ceiling, "warm_read": ceiling}}
@@ -168,6 +229,9 @@ def test_a_goal_is_judged_on_three_rounds_a_side(mine, theirs, judged):
     assert vs_torch["rounds"] == min(mine, theirs)
     assert (vs_torch["met"] is not None) == judged
     assert (vs_ceiling["met"] is not None) == (mine >= 3)  # a ceiling is 3 samples a setting
+    # Judged against the ceiling's GBps (the rounds'), the search's best beside it.
+    assert vs_ceiling["ratio"] == 1.0 and vs_ceiling["reference_GBps"] == 3.0
+    assert vs_ceiling["ratio_vs_search"] == pytest.approx(3.0 / 3.5)
     if judged:
         assert vs_torch["met"] is True and verdict(vs_torch) == "met"
     else:

@@ -274,7 +274,8 @@ class Round:
 
 def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: set[str],
                   seed: str, ceilings: DiskCeilings | None = None,
-                  lead_in: Callable[[str], None] | None = None) -> Round:
+                  lead_in: Callable[[str], None] | None = None,
+                  cold_ceiling_reads: str | None = None, ceiling_first: bool = True) -> Round:
     """One round of ``peers`` in three phases: every save (fsync included), then every cold
     load (each after eviction), then every warm load (each after reading its files into the
     page cache); the files are then removed. The loads named in ``verify`` are checked.
@@ -293,6 +294,15 @@ def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: 
     first saves of a phase, after the warm loads, ran at 1.31 to 1.39 GB/s against 1.94 to
     2.06 for the same save later in its phase (checkpoint run 10). ``Round.orders`` records
     each phase's order (``"ceiling"`` for the ceiling's sample).
+
+    ``cold_ceiling_reads`` names a peer whose file the cold-read ceiling reads, right
+    before that peer's cold load (``ceiling_first``) or right after it: the same bytes, as
+    laid out by the same writer, in the same state of the disk. On the H200 VM the first
+    cold read of a file ran at 2.3 to 3.6 GB/s depending on which writer wrote it (probe
+    17), so a ceiling read of its own file measured its writer as much as the disk.
+    Alternating ``ceiling_first`` from round to round gives each side the first read of
+    the file as often. Without that peer (its save failed, or it is in another group), the
+    ceiling reads its own file.
     """
     rng = random.Random(seed)
     done = Round()
@@ -325,13 +335,19 @@ def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: 
             if ceilings is not None:
                 jobs.append(None)
             rng.shuffle(jobs)
+            beside = next((p for p in jobs if p is not None and p.name == cold_ceiling_reads
+                           and p.name not in done.errors), None)
+            if quantity == "cold_load" and ceilings is not None and beside is not None:
+                jobs.remove(None)
+                jobs.insert(jobs.index(beside) + (0 if ceiling_first else 1), None)
             done.orders[quantity] = [p.name if p is not None else "ceiling" for p in jobs]
             if lead_in is not None:
                 lead_in(ceiling)
             for peer in jobs:
                 if peer is None:
                     assert ceilings is not None
-                    ceilings.sample(ceiling)
+                    ceilings.sample(ceiling, paths[beside.name] if beside is not None and
+                                    quantity == "cold_load" else None)
                     continue
                 if peer.name in done.errors:
                     continue
@@ -378,7 +394,8 @@ class _Ceiling:
     upfront: dict[str, float] = dataclasses.field(default_factory=dict)  # label -> GB/s
     upfront_samples: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     tool: Any = None
-    samples: list[float] = dataclasses.field(default_factory=list)  # seconds
+    samples: list[float] = dataclasses.field(default_factory=list)  # seconds for nbytes
+    files: list[str] = dataclasses.field(default_factory=list)  # what each sample read
     error: str | None = None
 
 
@@ -499,11 +516,21 @@ class DiskCeilings:
         for name in self.limits:
             self.sample(name)
 
-    def sample(self, name: str) -> None:
-        """One sample of the ceiling ``name``, if it has a setting."""
+    def sample(self, name: str, path: str | None = None) -> None:
+        """One sample of the ceiling ``name``, if it has a setting. A cold read may read
+        another file, ``path`` (a peer's checkpoint, see :func:`measure_round`): its
+        seconds are scaled to the ceiling's size."""
         limit = self.limits[name]
-        if limit.tool is not None:
+        if limit.tool is None:
+            return
+        if name != "cold_read" or path is None or not os.path.isfile(path):
             limit.samples.append(self._once(name, limit.tool))
+            limit.files.append(os.path.basename(self.path))
+            return
+        view = self.host[: min(os.path.getsize(path), self.nbytes)]
+        seconds = self._read(limit.tool, True, path, view)
+        limit.samples.append(seconds * self.nbytes / view.nbytes)
+        limit.files.append(os.path.basename(path))
 
     # A phase's lead-in moves this much: the slow start of run 10's save phases lasted
     # about two 1.1 GB saves.
@@ -550,22 +577,31 @@ class DiskCeilings:
         self.pinned_h2d_GBps = n / statistics.median(seconds) / GB
 
     def limit(self, name: str) -> float | None:
-        """The stricter of the up-front best and the in-round median, GB/s."""
+        """The ceiling the peers are judged against, GB/s: the chosen setting's median in
+        the rounds, beside the peers; the search's best where no round sampled it.
+
+        The search only picks the setting. Its best median overstates the limit the peers
+        met: it is the luckiest of several settings' medians, and on the H200 VM it was
+        measured in other conditions (re-reads of one file, which something below the
+        guest caches, and writes before the disk's rate decays). Both are reported."""
         limit = self.limits[name]
-        values = [v for v in (max(limit.upfront.values(), default=None),
-                              rate(self.nbytes, median(limit.samples))) if v is not None]
-        return max(values) if values else None
+        if limit.samples:
+            return rate(self.nbytes, median(limit.samples))
+        return max(limit.upfront.values(), default=None)
 
     def report(self) -> dict[str, Any]:
         out: dict[str, Any] = {"bytes": self.nbytes}
         for name, limit in self.limits.items():
             out[name] = {
                 "GBps": self.limit(name),
+                "judged_on": "rounds" if limit.samples else "search",
+                "search_GBps": max(limit.upfront.values(), default=None),
                 "upfront_GBps": limit.upfront,  # the median of each setting's samples
                 "upfront_samples_GBps": limit.upfront_samples,
                 "setting": limit.tool.label if limit.tool is not None else None,
                 "interleaved_GBps": rate(self.nbytes, median(limit.samples)),
                 "interleaved_seconds": limit.samples,
+                "interleaved_files": limit.files,
                 "error": limit.error,
             }
         if self.pinned_h2d_GBps is not None:
