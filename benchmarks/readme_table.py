@@ -40,8 +40,10 @@ def render_sweep(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
     sweeps = [p for p in sorted(results_dir.glob("*/sweep*.json"),
                                 key=lambda p: (p.parent.name, "-" in p.stem, p.stem))
               if json.loads(p.read_text())["machine"].get("gpu")]
-    # The latest results folder only: older sweeps stay committed, as history.
-    latest = max((p.parent.name for p in sweeps), default=None)
+    # The latest results folder only (the one of the newest run): older sweeps stay
+    # committed, as history.
+    latest = max(sweeps, key=lambda p: json.loads(p.read_text())["date"]).parent.name \
+        if sweeps else None
     for path in sweeps:
         if path.parent.name != latest:
             continue
@@ -126,8 +128,9 @@ def _ceiling_rule(ceilings: dict[str, Any]) -> str:
 
 def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") -> str:
     """The peer benchmarks (``benchmarks/peers``), each from the latest results folder that
-    has it: checkpoint (per size, every peer beside the ceilings, and the targets),
-    feature-map offload (step times) and small arrays (microseconds per array)."""
+    has it: checkpoint (each size from the latest folder that measured it: every peer beside
+    the ceilings, and the targets), feature-map offload (step times) and small arrays
+    (microseconds per array)."""
     folders = sorted({p.parent for p in results_dir.glob("*/checkpoint*.json")},
                      key=lambda p: p.name)
     if not folders:
@@ -143,10 +146,14 @@ def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
 
     from benchmarks.peers.checkpoint import most_complete_sizes, targets, verdict
 
-    # Each size from the run that measured the most peers at that size (a run cut short by
-    # its time budget measures fewer); the others stay committed beside it.
-    chosen = {size["gib"]: (pathlib.Path(path), report, size) for path, report, size in
-              most_complete_sizes([str(p) for p in sorted(folder.glob("checkpoint*.json"))])}
+    # Each size from the latest folder that has it, and there from the run that measured the
+    # most peers at that size (a run cut short by its time budget measures fewer); the
+    # others stay committed beside it.
+    chosen: dict[float, tuple[pathlib.Path, dict, dict]] = {}
+    for older in reversed(folders):
+        found = most_complete_sizes([str(p) for p in sorted(older.glob("checkpoint*.json"))])
+        for path, report, size in found:
+            chosen.setdefault(size["gib"], (pathlib.Path(path), report, size))
     for gib in sorted(chosen):
         path, report, size = chosen[gib]
         where = "the GPU" if report["device"].startswith("cuda") else report["device"]
