@@ -258,17 +258,18 @@ def _tune_arrays(active: dispatch.Dispatcher, directory: str | os.PathLike[str],
                 yield (functools.partial(_evict if cache == "cold" else _warm, path),
                        lambda: load(path, device=device, verify=check))
 
+    def batch_of(prepare: Callable[[], None], call: Callable[[], Any]) -> Context | None:
+        prepare()
+        active.last_batch = None
+        call()
+        # None: no batch to learn (arrays too small or too few)
+        return active.last_batch[0] if active.last_batch is not None else None
+
     try:
         save(path, arrays)  # the file the loads read
         for prepare, call in steps():
-            context = None
-            for _ in range(max_calls):
-                prepare()
-                active.last_batch = None
-                call()
-                context = active.last_batch[0] if active.last_batch is not None else None
-                if context is None or active.policy.explain(context).phase == "exploiting":
-                    break  # learned, or no batch to learn (arrays too small or too few)
+            context = _until_learned(active, functools.partial(batch_of, prepare, call),
+                                     max_calls)
             if context is not None:
                 tuned[context.key()] = context
     finally:
@@ -300,8 +301,7 @@ def _is_gpu(device: Any) -> bool:
 
 def _tune_one(active: dispatch.Dispatcher, direction: str, cache: str, fd_data: int,
               write_path: str, buffer: Any, check: bool, max_calls: int) -> Context | None:
-    context = None
-    for _ in range(max_calls):
+    def transfer() -> Context | None:
         if direction == "read":
             if cache == "cold":
                 os.posix_fadvise(fd_data, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -312,7 +312,19 @@ def _tune_one(active: dispatch.Dispatcher, direction: str, cache: str, fd_data: 
                 active.write(fd, buffer, 0, with_checksum=check)
             finally:
                 os.close(fd)
-        context = active.last[0] if active.last is not None else None
+        # None: a small transfer, never learned
+        return active.last[0] if active.last is not None else None
+
+    return _until_learned(active, transfer, max_calls)
+
+
+def _until_learned(active: dispatch.Dispatcher, call: Callable[[], Context | None],
+                   max_calls: int) -> Context | None:
+    """Repeat ``call`` (which returns the context it ran in, or None where nothing is
+    learned) until its context stops exploring, at most ``max_calls`` times."""
+    context = None
+    for _ in range(max_calls):
+        context = call()
         if context is None or active.policy.explain(context).phase == "exploiting":
-            break  # learned, or a small transfer that is never learned
+            break
     return context

@@ -470,12 +470,13 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
             continue
         interleaved = row.get("ceiling_interleaved") or {}
         in_rounds = interleaved.get("GBps")
-        limit = in_rounds if isinstance(in_rounds, float) else upfront
+        judged_in_rounds = isinstance(in_rounds, float)
+        limit = in_rounds if judged_in_rounds else upfront
         ratio = row["dispatcher_GBps"] / limit
         out[panel] = {"bytes": largest, "dispatcher_GBps": row["dispatcher_GBps"],
                       "ceiling": ceiling, "ceiling_upfront_GBps": upfront,
                       "ceiling_interleaved_GBps": in_rounds,
-                      "judged_on": "rounds" if limit is in_rounds else "search",
+                      "judged_on": "rounds" if judged_in_rounds else "search",
                       "paired_ratio": interleaved.get("paired_ratio"),
                       "ratio_vs_search": row["dispatcher_GBps"] / upfront,
                       "ratio": ratio, "goal": goal, "met": ratio >= goal}

@@ -335,9 +335,10 @@ def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: 
             if ceilings is not None:
                 jobs.append(None)
             rng.shuffle(jobs)
-            beside = next((p for p in jobs if p is not None and p.name == cold_ceiling_reads
-                           and p.name not in done.errors), None)
-            if quantity == "cold_load" and ceilings is not None and beside is not None:
+            # The peer whose file the cold ceiling reads, and the ceiling moved beside it.
+            beside = next((p for p in jobs if p is not None and p.name == cold_ceiling_reads),
+                          None) if quantity == "cold_load" and ceilings is not None else None
+            if beside is not None:
                 jobs.remove(None)
                 jobs.insert(jobs.index(beside) + (0 if ceiling_first else 1), None)
             done.orders[quantity] = [p.name if p is not None else "ceiling" for p in jobs]
@@ -346,8 +347,7 @@ def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: 
             for peer in jobs:
                 if peer is None:
                     assert ceilings is not None
-                    ceilings.sample(ceiling, paths[beside.name] if beside is not None and
-                                    quantity == "cold_load" else None)
+                    ceilings.sample(ceiling, paths[beside.name] if beside is not None else None)
                     continue
                 if peer.name in done.errors:
                     continue
@@ -397,6 +397,11 @@ class _Ceiling:
     samples: list[float] = dataclasses.field(default_factory=list)  # seconds for nbytes
     files: list[str] = dataclasses.field(default_factory=list)  # what each sample read
     error: str | None = None
+
+    @property
+    def search_best(self) -> float | None:
+        """The best median of the settings searched up front, GB/s."""
+        return max(self.upfront.values(), default=None)
 
 
 class DiskCeilings:
@@ -587,7 +592,7 @@ class DiskCeilings:
         limit = self.limits[name]
         if limit.samples:
             return rate(self.nbytes, median(limit.samples))
-        return max(limit.upfront.values(), default=None)
+        return limit.search_best
 
     def report(self) -> dict[str, Any]:
         out: dict[str, Any] = {"bytes": self.nbytes}
@@ -595,7 +600,7 @@ class DiskCeilings:
             out[name] = {
                 "GBps": self.limit(name),
                 "judged_on": "rounds" if limit.samples else "search",
-                "search_GBps": max(limit.upfront.values(), default=None),
+                "search_GBps": limit.search_best,
                 "upfront_GBps": limit.upfront,  # the median of each setting's samples
                 "upfront_samples_GBps": limit.upfront_samples,
                 "setting": limit.tool.label if limit.tool is not None else None,
