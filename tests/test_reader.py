@@ -854,3 +854,68 @@ def test_a_load_whose_results_are_copies_reads_in_bounded_batches(tmp_path, monk
     batches.clear()
     arrayio.load(path)  # NumPy results are the buffers read into: one batch
     assert batches == [5]
+
+
+def _wrapping_targets(monkeypatch, log: list[tuple[str, int]]) -> None:
+    """Make every NumPy result a target whose finish() only wraps (as JAX's zero-copy GPU
+    results are), logging ``("finish", nbytes)``, and log ``("landed", nbytes)`` as each
+    batched read completes."""
+    from arrayio import _reader
+
+    real_allocate, real_many = _reader.allocate, _transfer.read_many
+
+    def allocate(request, dtype, shape):
+        target = real_allocate(request, dtype, shape)
+        nbytes = target.data.nbytes
+
+        def finish():
+            log.append(("finish", nbytes))
+            return target.finish()
+
+        return dataclasses.replace(target, finish=finish, wraps=True)
+
+    def read_many(fd, requests, *, done=None, **kwargs):
+        def landed(i):
+            log.append(("landed", requests[i][1].nbytes))
+            if done is not None:
+                done(i)
+        return real_many(fd, requests, done=landed, **kwargs)
+
+    monkeypatch.setattr(_reader, "allocate", allocate)
+    monkeypatch.setattr(_transfer, "read_many", read_many)
+
+
+def test_results_that_only_wrap_are_finished_as_their_arrays_land(tmp_path, monkeypatch):
+    # JAX's from_dlpack costs tens of microseconds an array: a batched load wraps each array
+    # as soon as it lands, while the rest still move, instead of all of them at the end.
+    rng = np.random.default_rng(7)
+    tree = {f"w{i}": rng.standard_normal((1 << 18) + 1024 * i).astype(np.float32)
+            for i in range(6)}  # 1 MiB and more each: read as one batch, sizes tell them apart
+    path = tmp_path / "w.safetensors"
+    arrayio.save(path, tree)
+    log: list[tuple[str, int]] = []
+    _wrapping_targets(monkeypatch, log)
+    back = arrayio.load(path)
+    assert_tree_equal(back, tree)
+    assert len(log) == 2 * len(tree)
+    for k in range(0, len(log), 2):  # each finish right after its own array landed
+        assert log[k][0] == "landed" and log[k + 1] == ("finish", log[k][1])
+
+
+def test_a_damaged_array_fails_the_load_even_once_wrapped(tmp_path, monkeypatch):
+    rng = np.random.default_rng(8)
+    tree = {f"w{i}": rng.standard_normal(1 << 18).astype(np.float32) for i in range(4)}
+    path = tmp_path / "w.safetensors"
+    arrayio.save(path, tree)
+    with arrayio.open(path) as reader:
+        offset = reader["w2"].file_offset + 12345
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    log: list[tuple[str, int]] = []
+    _wrapping_targets(monkeypatch, log)
+    with pytest.raises(arrayio.ChecksumError, match="'w2'"):
+        arrayio.load(path)
+    assert ("finish", 1 << 20) in log  # wrapped before the checksums were compared
