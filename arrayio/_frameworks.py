@@ -331,10 +331,6 @@ class Target:
     # Whether finish() copies ``data`` elsewhere (host bytes put on a device by JAX): a load
     # then holds ``data`` and the copy at once, and bounds how much it reads before finishing.
     copies: bool = False
-    # Whether finish() only wraps ``data`` and reads none of it: a batched load then calls it
-    # as each array lands, while the others still move. JAX's from_dlpack costs about 33 us
-    # an array on the H200 VM: 23 ms of a 702-array, 8.7 GB warm load's 250 (probe 25).
-    wraps: bool = False
 
 
 def allocate(request: Request, dtype: DType, shape: tuple[int, ...]) -> Target:
@@ -418,8 +414,7 @@ def _allocate_jax(dtype: DType, shape: tuple[int, ...], nbytes: int, request: Re
                 return jax.lax.bitcast_convert_type(as_bytes, np_dtype).reshape(shape)
             return jax.dlpack.from_dlpack(flat.view(np_dtype).reshape(shape))  # zero-copy
 
-        return Target(CupyDeviceBuffer(flat), finish_cuda,
-                      wraps=not dtype.name.startswith("float8"))
+        return Target(CupyDeviceBuffer(flat), finish_cuda)
 
     host = aligned_empty(nbytes)
     copies = placement.is_cuda or request.jax_device is not None or not dtype.numpy_native

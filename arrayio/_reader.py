@@ -283,21 +283,15 @@ class Reader:
         if not batch:
             return
         checks = [self._verify and stored.crc32c is not None for stored, _ in batch]
-        wrapped: dict[int, Any] = {}
-
-        def landed(i: int) -> None:
-            advance(batch[i][0].nbytes)
-            if batch[i][1].wraps:  # no data read: the caller sees it only once all landed
-                wrapped[i] = batch[i][1].finish()
-
         crcs = _transfer.read_many(
             self.fd, [(stored.start, target.data) for stored, target in batch], path=self.path,
-            with_checksum=any(checks), tool=self._tool, done=landed)
+            with_checksum=any(checks), tool=self._tool,
+            done=lambda i: advance(batch[i][0].nbytes))
         for (stored, _), check, crc in zip(batch, checks, crcs, strict=True):
             if check:
                 self._check(stored, crc)
-        for i, (stored, target) in enumerate(batch):
-            result = wrapped[i] if i in wrapped else target.finish()
+        for stored, target in batch:
+            result = target.finish()
             results[stored.key] = _transpose(result) if stored.fortran_order else result
 
     def _read_rows(self, stored: _Stored, index: Any, request: Request) -> Any:
