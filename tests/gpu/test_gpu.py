@@ -135,6 +135,37 @@ def test_gpu_tools_through_the_public_api(tmp_path, tool):
     assert cupy.asnumpy(back).tobytes() == a.tobytes()
 
 
+
+@pytest.mark.parametrize("tool", [None, "kvikio", "staged(threads=4,chunk_size=1048576)",
+                                  "staged(threads=2,chunk_size=1048576,direct=True)"])
+def test_batched_jax_loads_hold_every_byte_through_each_tool(tmp_path, tool):
+    # A load to JAX on the GPU reads its arrays as one batch into CuPy memory, then wraps
+    # each (from_dlpack): every byte must be there, whatever the tool, and a damaged array
+    # must fail the load.
+    jax = pytest.importorskip("jax")
+    if tool == "kvikio":
+        from arrayio.tools.kvikio import KvikioTool
+
+        if not KvikioTool.availability():
+            pytest.skip(KvikioTool.availability().reason)
+    tree = {f"w{i}": random_array(by_name(dtype), ((1 << 19) + 4096 * i,), seed=i)
+            for i, dtype in enumerate(["bfloat16", "float32"] * 6)}  # 1 to 2 MiB each
+    path = tmp_path / "w.safetensors"
+    arrayio.save(path, tree)
+    back = arrayio.load(path, like="jax", device="cuda", tool=tool)
+    for key, expected in tree.items():
+        assert isinstance(back[key], jax.Array)
+        assert np.asarray(back[key]).tobytes() == expected.tobytes(), key
+    offset = arrayio.open(path)["w7"].file_offset + 999
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x10]))
+    with pytest.raises(arrayio.ChecksumError, match="'w7'"):
+        arrayio.load(path, like="jax", device="cuda", tool=tool)
+
+
 def test_kvikio_reads_and_writes_with_checksums_computed_on_the_gpu(tmp_path):
     cupy = pytest.importorskip("cupy")
     from arrayio.tools.kvikio import KvikioTool
