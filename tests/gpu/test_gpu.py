@@ -135,7 +135,6 @@ def test_gpu_tools_through_the_public_api(tmp_path, tool):
     assert cupy.asnumpy(back).tobytes() == a.tobytes()
 
 
-
 @pytest.mark.parametrize("tool", [None, "kvikio", "staged(threads=4,chunk_size=1048576)",
                                   "staged(threads=2,chunk_size=1048576,direct=True)"])
 def test_batched_jax_loads_hold_every_byte_through_each_tool(tmp_path, tool):
