@@ -186,7 +186,9 @@ def tune(
         takes). A save or a load moves its arrays as one batch, learned in a context of its
         own (its total size and its typical array), not that of one transfer of a size in
         ``sizes``: ``arrays`` tunes it by saving them and loading them to ``device``, cold
-        and warm. Give ``sizes=()`` to tune for them alone.
+        and warm. Give ``sizes=()`` to tune for them alone. Every call moves all of them:
+        an 8.7 GB checkpoint took 355 s on the H200 VM (60 saves and loads); a lower
+        ``max_calls`` bounds that, leaving the rest to be learned in real use.
 
     Returns
     -------
