@@ -7,7 +7,7 @@ this machine's transfer tools.
     arrayio verify FILE [--strict]          check every array's CRC-32C
     arrayio convert SRC DST                 .npy/.npz/.safetensors/.pt/Zarr <-> arrayio
     arrayio bench [--sizes 1M,64M] [--png]  quick bandwidth sweep of every tool here
-    arrayio tune [DIR] [--device cuda:0] [--like FILE]
+    arrayio tune [DIR] [--device cuda:0] [--like FILE] [--max-calls N]
                                             teach the dispatcher this machine ahead of time
     arrayio explain [FILE] [--json]         what the dispatcher learned (or would do)
 
@@ -528,6 +528,16 @@ def _sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
+
+
 def _names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
@@ -567,6 +577,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                               "caches": ["warm", "cold"] if args.cold else ["warm"]}
     if args.sizes is not None:
         kwargs["sizes"] = args.sizes
+    if args.max_calls is not None:
+        kwargs["max_calls"] = args.max_calls
     if args.like is not None:  # its arrays, as a program saves and loads them
         kwargs["arrays"] = arrayio.load(args.like, device=args.device)
         kwargs.setdefault("sizes", ())
@@ -691,6 +703,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also tune cold reads (default: on)")
     tune.add_argument("--checksum", action=argparse.BooleanOptionalAction, default=True,
                       help="tune checksummed transfers, as loads verify (default: on)")
+    tune.add_argument("--max-calls", type=_positive_int, default=None, metavar="N",
+                      help="at most N calls per context (default: 400); each --like call "
+                           "moves the whole file, and real use learns what is left")
     tune.add_argument("--json", action="store_true", help="machine-readable output")
     tune.set_defaults(run=_cmd_tune)
 

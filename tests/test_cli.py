@@ -553,6 +553,21 @@ def test_tune_like_a_file_learns_its_save_and_load(capsys, tmp_path, fresh):
     assert code == 2 and "nope.safetensors" in err
 
 
+def test_tune_max_calls_bounds_each_context(capsys, tmp_path, fresh):
+    path = tmp_path / "big.safetensors"
+    arrayio.save(path, {f"w{i}": np.ones(1 << 18, np.float32) for i in range(2)})  # 2 x 1 MiB
+    code, out, _ = run(capsys, "tune", tmp_path, "--like", path, "--no-cold", "--max-calls",
+                       "1", "--json")
+    assert code == 0
+    contexts = json.loads(out)["contexts"]
+    assert {c["phase"] for c in contexts} == {"exploring"}  # left for real use to finish
+    code, out, _ = run(capsys, "tune", tmp_path, "--like", path, "--no-cold", "--json")
+    assert {c["phase"] for c in json.loads(out)["contexts"]} == {"exploiting"}
+    for bad in ("0", "x"):
+        code, _, err = run(capsys, "tune", tmp_path, "--max-calls", bad)
+        assert code == 2 and "positive whole number" in err
+
+
 def test_tune_errors(capsys, tmp_path, monkeypatch):
     code, _, err = run(capsys, "tune", tmp_path / "missing")
     assert code == 2 and "missing" in err
