@@ -37,17 +37,15 @@ def _size(nbytes: int) -> str:
 def render_sweep(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") -> str:
     """The GPU panels of each committed sweep: best single tool and dispatcher per size."""
     lines: list[str] = []
-    sweeps = [p for p in sorted(results_dir.glob("*/sweep*.json"),
-                                key=lambda p: (p.parent.name, "-" in p.stem, p.stem))
-              if json.loads(p.read_text())["machine"].get("gpu")]
+    reports = {p: json.loads(p.read_text()) for p in sorted(
+        results_dir.glob("*/sweep*.json"), key=lambda p: (p.parent.name, "-" in p.stem, p.stem))}
+    sweeps = {p: r for p, r in reports.items() if r["machine"].get("gpu")}
     # The latest results folder only (the one of the newest run): older sweeps stay
     # committed, as history.
-    latest = max(sweeps, key=lambda p: json.loads(p.read_text())["date"]).parent.name \
-        if sweeps else None
-    for path in sweeps:
+    latest = max(sweeps, key=lambda p: sweeps[p]["date"]).parent.name if sweeps else None
+    for path, report in sweeps.items():
         if path.parent.name != latest:
             continue
-        report = json.loads(path.read_text())
         ceilings = report["ceilings"]
         mode = "checksums on (the default)" if report["checksum"] else "checksums off"
         sizes = sorted({r["bytes"] for r in report["rows"] if r["memory"] == "cuda"})
