@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import _progress, _pytree, _transfer, config
+from . import _gcpause, _progress, _pytree, _transfer, config
 from ._atomic import atomic_write
 from ._frameworks import Exported, export, is_array
 from ._reader import Reader
@@ -77,6 +77,7 @@ class PreparedSave:
     npy_header: bytes | None = None
 
 
+@_gcpause.paused()  # objects for every array and header entry (see arrayio._gcpause)
 def prepare_save(path: PathLike, obj: Any, metadata: Mapping[str, Any] | None) -> PreparedSave:
     """Check and export what :func:`save` would write, without any I/O."""
     path = os.fspath(path)

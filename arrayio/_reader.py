@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _progress, _pytree, _transfer, config, formats
+from . import _gcpause, _progress, _pytree, _transfer, config, formats
 from ._dtypes import DType
 from ._frameworks import Request, Target, allocate, parse_target, writable_view
 from .errors import ChecksumError, FormatError, KeyNotFoundError, MismatchError
@@ -87,7 +87,8 @@ class Reader:
             if self.format == "npy":
                 self._open_npy(self._fd)
             else:
-                self._open_safetensors(self._fd)
+                with _gcpause.paused():  # objects for every entry of the header
+                    self._open_safetensors(self._fd)
         except BaseException:
             self.close()
             raise
@@ -264,35 +265,45 @@ class Reader:
         copies (host bytes put on a device by JAX) a batch stops at :data:`COPY_BATCH_BYTES`,
         so that the load never holds much more than the result twice."""
         results: dict[str, Any] = {}
+        pending = iter(dict.fromkeys(keys))
+        while True:
+            with _gcpause.paused():  # the allocations, not the transfers
+                batch = self._allocate_batch(pending, request)
+            if not batch:
+                return results
+            self._read_batch(batch, results, advance)
+
+    def _allocate_batch(self, keys: Iterator[str], request: Request
+                        ) -> list[tuple[_Stored, Target]]:
+        """Allocate the next arrays of ``keys``: all of them, or up to
+        :data:`COPY_BATCH_BYTES` of those whose finishing copies."""
         batch: list[tuple[_Stored, Target]] = []
         copied = 0
-        for key in dict.fromkeys(keys):
+        for key in keys:
             stored = self._entry(key)
             shape = stored.shape[::-1] if stored.fortran_order else stored.shape
             target = allocate(request, stored.dtype, shape)
             batch.append((stored, target))
             copied += stored.nbytes if target.copies else 0
             if copied >= COPY_BATCH_BYTES:
-                self._read_batch(batch, results, advance)
-                batch, copied = [], 0
-        self._read_batch(batch, results, advance)
-        return results
+                break
+        return batch
 
     def _read_batch(self, batch: list[tuple[_Stored, Target]], results: dict[str, Any],
                     advance: Any) -> None:
-        if not batch:
-            return
-        checks = [self._verify and stored.crc32c is not None for stored, _ in batch]
+        with _gcpause.paused():
+            checks = [self._verify and stored.crc32c is not None for stored, _ in batch]
+            transfers = [(stored.start, target.data) for stored, target in batch]
         crcs = _transfer.read_many(
-            self.fd, [(stored.start, target.data) for stored, target in batch], path=self.path,
-            with_checksum=any(checks), tool=self._tool,
+            self.fd, transfers, path=self.path, with_checksum=any(checks), tool=self._tool,
             done=lambda i: advance(batch[i][0].nbytes))
         for (stored, _), check, crc in zip(batch, checks, crcs, strict=True):
             if check:
                 self._check(stored, crc)
-        for stored, target in batch:
-            result = target.finish()
-            results[stored.key] = _transpose(result) if stored.fortran_order else result
+        with _gcpause.paused():
+            for stored, target in batch:
+                result = target.finish()
+                results[stored.key] = _transpose(result) if stored.fortran_order else result
 
     def _read_rows(self, stored: _Stored, index: Any, request: Request) -> Any:
         if not stored.shape:

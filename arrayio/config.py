@@ -20,6 +20,9 @@ Environment variables, read once at import:
                               output is not interactive (logs, CI), ``0`` never.
 ``ARRAYIO_ASYNC_WORKERS``     how many :func:`arrayio.save_async` / :func:`arrayio.load_async`
                               operations run at once (default 4; more wait in a queue).
+``ARRAYIO_GC_PAUSE``          ``0`` to leave Python's cyclic garbage collector running while
+                              a save or load creates its arrays (default ``1``: paused over
+                              those loops, see ``arrayio._gcpause``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class Settings:
     cache_dir: str | None = dataclasses.field(default_factory=lambda: _default_cache_dir())
     progress: bool | None = None  # None: automatic (see ARRAYIO_PROGRESS)
     async_workers: int = 4
+    gc_pause: bool = True
 
     def __post_init__(self) -> None:
         if self.alignment < 1 or self.alignment & (self.alignment - 1):
@@ -76,6 +80,7 @@ def _from_environment() -> Settings:
         cache_dir=_cache_dir_from(os.environ.get("ARRAYIO_CACHE_DIR")),
         progress=_progress_from(os.environ.get("ARRAYIO_PROGRESS")),
         async_workers=integer("ARRAYIO_ASYNC_WORKERS", 4),
+        gc_pause=flag("ARRAYIO_GC_PAUSE", True),
     )
 
 
