@@ -72,6 +72,9 @@ def test_a_round_runs_every_save_then_every_cold_load_then_every_warm_load(tmp_p
     assert all(set(s) == set(h.QUANTITIES) and all(v > 0 for v in s.values())
                for s in got.seconds.values())
     assert got.disk == {"a": 100, "b": 100, "c": 100} and not got.errors
+    # The collector's time inside each timed sample is kept beside it.
+    assert {name: set(q) for name, q in got.gc.items()} == {n: set(h.QUANTITIES) for n in "abc"}
+    assert all(r["ms"] >= 0 and r["full"] >= 0 for q in got.gc.values() for r in q.values())
     # The orders are recorded as they ran.
     assert [who for who, _ in phases[0]] == got.orders["save"]
     assert set(got.orders) == set(h.QUANTITIES)
@@ -237,3 +240,13 @@ def test_a_goal_is_judged_on_three_rounds_a_side(mine, theirs, judged):
     else:
         assert verdict(vs_torch) == (f"not judged: {min(mine, theirs)} "
                                      f"round{'s' * (min(mine, theirs) != 1)}, fewer than 3")
+
+
+def test_the_collector_is_metered_inside_a_block_and_only_there():
+    import gc
+
+    with h.GcMeter() as inside:
+        gc.collect()
+    gc.collect()
+    assert inside.full == 1 and inside.seconds > 0
+    assert inside.report()["full"] == 1

@@ -42,6 +42,10 @@ per machine. Each size's first sample of every peer is checked too. A round hold
 peer's checkpoint on the disk at once, or, where they would not fit, runs its phases over
 groups of peers that do (the ceilings' samples with the first group).
 
+Each size's JSON also records, per peer, quantity and round, the time Python's garbage
+collector ran inside the timed sample and its full collections (``gc_in_samples``): in a
+process that holds every framework a full collection costs 120 to 230 ms on the H200 VM.
+
 With ``--deadline``, a peer whose next measurement would not fit is skipped for that round
 (torch, safetensors and arrayio, the targets' terms, keep their time first); the JSON says
 how many samples each peer has.
@@ -533,6 +537,8 @@ def run_size(args: argparse.Namespace, gib: float, deadline: h.Deadline,
                     samples[name]["rounds"].append(round_index)
                     for q in QUANTITIES:
                         samples[name][q].append(seconds[q])
+                        result.setdefault("gc_in_samples", {}).setdefault(
+                            name, {k: [] for k in QUANTITIES})[q].append(got.gc[name][q])
                     result.setdefault("disk_bytes", {})[name] = got.disk[name]
                     print(f"  {gib:g} GiB round {round_index + 1} {name:16s} " + "  ".join(
                         f"{q} {nbytes / seconds[q] / h.GB:6.2f}" for q in QUANTITIES)
