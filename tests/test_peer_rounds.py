@@ -250,3 +250,30 @@ def test_the_collector_is_metered_inside_a_block_and_only_there():
     gc.collect()
     assert inside.full == 1 and inside.seconds > 0
     assert inside.report()["full"] == 1
+
+
+def test_a_failed_warm_up_search_still_closes_its_ceilings(tmp_path, monkeypatch):
+    import argparse
+
+    from benchmarks.peers import checkpoint
+
+    closed: list[bool] = []
+
+    class FailingCeilings:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def search(self) -> None:
+            raise OSError("disk gone")
+
+        def close(self) -> None:
+            closed.append(True)
+
+    monkeypatch.setattr(h, "DiskCeilings", FailingCeilings)
+    monkeypatch.setattr(checkpoint, "make_peers", lambda state, device: ([], {}))
+    args = argparse.Namespace(d_model=128, vocab=1024, device="cpu", dir=str(tmp_path),
+                              drop_caches=False)
+    with pytest.raises(OSError, match="disk gone"):
+        checkpoint.warm_up(args, 0.001, {}, {}, search=True)
+    assert closed == [True]  # its tool threads and files do not outlive the failure
+    assert os.listdir(tmp_path) == []  # nor does its scratch directory

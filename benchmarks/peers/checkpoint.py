@@ -431,9 +431,11 @@ def warm_up(args: argparse.Namespace, gib: float, per_byte: dict[str, float],
     ceilings = h.DiskCeilings(directory, nbytes, drop=args.drop_caches) if search else None
     try:
         if ceilings is not None:
-            report["warmup_ceiling_search_seconds"], _ = h.timed(ceilings.search)
-            report["warmup_ceilings"] = ceilings.report()
-            ceilings.close()  # its file is not needed during the round
+            try:
+                report["warmup_ceiling_search_seconds"], _ = h.timed(ceilings.search)
+                report["warmup_ceilings"] = ceilings.report()
+            finally:
+                ceilings.close()  # its file is not needed during the round
         for index, group in enumerate(h.groups_on_disk(peers, directory,
                                                        lambda _: int(nbytes * 1.1))):
             got = h.measure_round(group, paths, args.drop_caches,
