@@ -118,7 +118,7 @@ def write_prepared(prepared: PreparedSave, *, tool: Any = None,
     file intact (how a running :func:`arrayio.save_async` is cancelled).
     """
     total = sum(exported.data.nbytes for exported in prepared.arrays.values())
-    with atomic_write(prepared.path) as fd, _progress.bar(
+    with _gcpause.paused(across_transfers=True), atomic_write(prepared.path) as fd, _progress.bar(
             total, desc=f"saving {prepared.path}", progress=progress) as advance:
         if prepared.layout is None:  # .npy: one array after its header
             exported = next(iter(prepared.arrays.values()))

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _api, config
+from . import _api, _gcpause, config
 from ._buffers import CupyDeviceBuffer, TorchDeviceBuffer, aligned_empty
 from ._frameworks import Exported
 
@@ -210,7 +210,8 @@ class _Scheduler:
                     operation = self._ready.popleft()
                     self._busy += 1
                 try:
-                    operation.execute()
+                    with _gcpause.in_background():  # the caller's program runs meanwhile
+                        operation.execute()
                 finally:
                     with self._lock:
                         self._busy -= 1

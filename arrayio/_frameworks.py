@@ -26,6 +26,7 @@ import numpy as np
 from . import _dtypes
 from ._buffers import CupyDeviceBuffer, DeviceBuffer, TorchDeviceBuffer, aligned_empty
 from ._dtypes import DType
+from ._jax_import import to_jax
 from .errors import (
     DeviceError,
     FrameworkNotAvailableError,
@@ -409,10 +410,11 @@ def _allocate_jax(dtype: DType, shape: tuple[int, ...], nbytes: int, request: Re
             flat = cupy.empty((nbytes,), dtype=cupy.uint8)
 
         def finish_cuda() -> Any:
+            device = request.jax_device or _jax_device(jax, placement)
             if dtype.name.startswith("float8"):  # CuPy has no float8: bitcast inside JAX.
-                as_bytes = jax.dlpack.from_dlpack(flat.reshape(*shape, 1))
+                as_bytes = to_jax(jax, flat.reshape(*shape, 1), device)
                 return jax.lax.bitcast_convert_type(as_bytes, np_dtype).reshape(shape)
-            return jax.dlpack.from_dlpack(flat.view(np_dtype).reshape(shape))  # zero-copy
+            return to_jax(jax, flat.view(np_dtype).reshape(shape), device)  # zero-copy
 
         return Target(CupyDeviceBuffer(flat), finish_cuda)
 

@@ -266,12 +266,13 @@ class Reader:
         so that the load never holds much more than the result twice."""
         results: dict[str, Any] = {}
         pending = iter(dict.fromkeys(keys))
-        while True:
-            with _gcpause.paused():  # the allocations, not the transfers
-                batch = self._allocate_batch(pending, request)
-            if not batch:
-                return results
-            self._read_batch(batch, results, advance)
+        with _gcpause.paused(across_transfers=True):
+            while True:
+                with _gcpause.paused():  # the allocations, also in the background
+                    batch = self._allocate_batch(pending, request)
+                if not batch:
+                    return results
+                self._read_batch(batch, results, advance)
 
     def _allocate_batch(self, keys: Iterator[str], request: Request
                         ) -> list[tuple[_Stored, Target]]:

@@ -20,9 +20,10 @@ Environment variables, read once at import:
                               output is not interactive (logs, CI), ``0`` never.
 ``ARRAYIO_ASYNC_WORKERS``     how many :func:`arrayio.save_async` / :func:`arrayio.load_async`
                               operations run at once (default 4; more wait in a queue).
-``ARRAYIO_GC_PAUSE``          ``0`` to leave Python's cyclic garbage collector running while
-                              a save or load creates its arrays (default ``1``: paused over
-                              those loops, see ``arrayio._gcpause``).
+``ARRAYIO_GC_PAUSE``          ``0`` to leave Python's cyclic garbage collector running during
+                              saves and loads (default ``1``: paused over a synchronous call,
+                              and over an asynchronous one's object-creating steps only; see
+                              ``arrayio._gcpause``).
 """
 
 from __future__ import annotations

@@ -127,3 +127,74 @@ def test_the_setting_turns_the_pause_off(default_thresholds, monkeypatch):
     assert config._from_environment().gc_pause is False
     monkeypatch.setenv("ARRAYIO_GC_PAUSE", "1")
     assert config._from_environment().gc_pause is True
+
+
+def _collector_state_in(monkeypatch, name: str) -> list[bool]:
+    """Record whether the collector is on each time ``arrayio._transfer.<name>`` runs."""
+    from arrayio import _transfer
+
+    seen: list[bool] = []
+    original = getattr(_transfer, name)
+
+    def recording(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_transfer, name, recording)
+    return seen
+
+
+def test_a_synchronous_load_and_save_keep_it_paused_across_their_transfers(
+        default_thresholds, monkeypatch, tmp_path):
+    reads = _collector_state_in(monkeypatch, "read_many")
+    writes = _collector_state_in(monkeypatch, "write_many")
+    tree = {f"a{i}": np.full(4, i, dtype=np.int32) for i in range(8)}
+    arrayio.save(tmp_path / "a.safetensors", tree)
+    out = arrayio.load(tmp_path / "a.safetensors")
+    assert writes == [False] and reads == [False]
+    assert gc.isenabled() and int(out["a7"][0]) == 7
+    with config.set(gc_pause=False):
+        arrayio.save(tmp_path / "b.safetensors", tree)
+        arrayio.load(tmp_path / "b.safetensors")
+    assert writes == [False, True] and reads == [False, True]
+
+
+def test_asynchronous_calls_leave_it_running_across_their_transfers(
+        default_thresholds, monkeypatch, tmp_path):
+    """The caller's program runs beside them: only their object-creating steps pause."""
+    reads = _collector_state_in(monkeypatch, "read_many")
+    writes = _collector_state_in(monkeypatch, "write_many")
+    tree = {f"a{i}": np.full(4, i, dtype=np.int32) for i in range(MANY)}
+    arrayio.save_async(tmp_path / "a.safetensors", tree).result(timeout=60)
+
+    def load() -> object:
+        return arrayio.load_async(tmp_path / "a.safetensors").result(timeout=60)
+
+    with config.set(gc_pause=False):
+        running, _ = young_collections(load)
+    paused, out = young_collections(load)
+    assert writes == [True] and reads == [True, True]
+    assert paused * 4 <= running, (paused, running)  # allocating and finishing still paused
+    assert int(out["a2999"][0]) == 2999
+    assert gc.isenabled()
+
+
+def test_the_background_mark_is_per_thread_and_restored(default_thresholds):
+    with _gcpause.in_background():
+        with _gcpause.paused(across_transfers=True):
+            assert gc.isenabled()
+        with _gcpause.paused():
+            assert not gc.isenabled()
+        seen: list[bool] = []
+
+        def elsewhere() -> None:
+            with _gcpause.paused(across_transfers=True):
+                seen.append(gc.isenabled())
+
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        assert seen == [False]  # another thread is not in the background
+    with _gcpause.paused(across_transfers=True):
+        assert not gc.isenabled()
+    assert gc.isenabled()

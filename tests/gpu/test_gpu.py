@@ -63,6 +63,37 @@ def test_cupy_and_jax_exchange_buffers_zero_copy():
     assert jax.dlpack.from_dlpack(c).unsafe_buffer_pointer() == c.data.ptr
 
 
+def test_jax_results_take_the_direct_import_and_match_the_public_one(tmp_path):
+    # arrayio._jax_import skips from_dlpack's per-array stream and re-wrapping: its arrays
+    # must be what from_dlpack gives (memory, shape, dtype, device, commitment, bytes), and
+    # on this jaxlib the direct call must be the one taken (not the fallback).
+    cupy = pytest.importorskip("cupy")
+    jax = pytest.importorskip("jax")
+    from arrayio import _jax_import
+
+    _jax_import.reset()
+    tree = {f"{dtype}{i}": random_array(by_name(dtype), shape, seed=i)
+            for i, shape in enumerate([(3, 5), (0,), (), (1 << 16,)])
+            for dtype in ("bfloat16", "float32", "bool", "float8_e4m3fn", "int8")}
+    path = tmp_path / "j.safetensors"
+    arrayio.save(path, tree)
+    back = arrayio.load(path, like="jax", device="cuda")
+    assert _jax_import._state == "direct"
+    device = jax.devices("gpu")[0]
+    for key, expected in tree.items():
+        got = back[key]
+        assert isinstance(got, jax.Array) and got.devices() == {device}, key
+        assert np.asarray(got).tobytes() == expected.tobytes(), key
+        assert float(jax.numpy.sum(got.astype("float32"))) == pytest.approx(
+            float(expected.astype(np.float32).sum()), rel=1e-3), key  # JAX computes on it
+    c = cupy.arange(12, dtype=cupy.float32).reshape(3, 4)
+    direct = _jax_import.to_jax(jax, c, device)
+    public = jax.dlpack.from_dlpack(c)
+    assert direct.unsafe_buffer_pointer() == public.unsafe_buffer_pointer() == c.data.ptr
+    assert (direct.shape, direct.dtype, direct.committed, direct.sharding) == (
+        public.shape, public.dtype, public.committed, public.sharding)
+
+
 def test_load_to_jax_device_object_and_torch_device(tmp_path):
     jax = pytest.importorskip("jax")
     torch = pytest.importorskip("torch")
