@@ -191,6 +191,37 @@ def test_checksums_launched_one_by_one_in_any_order_match_the_host() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("group_buffers", [1, 3, 128])
+@pytest.mark.parametrize("segment", [None, 16, 48])
+def test_groups_of_many_buffers_match_the_host(monkeypatch, group_buffers, segment) -> None:
+    # Buffers of a few segments each put several buffers in one warp (each lane adds its
+    # segment to its own buffer's row), large ones span many blocks; launched in groups of
+    # 1, 3 or up to 128, ready out of order, some left to results().
+    import cupy
+
+    from arrayio import _device_checksum
+    from arrayio._buffers import CupyDeviceBuffer
+
+    monkeypatch.setattr(_device_checksum, "GROUP_BUFFERS", group_buffers)
+    rng = np.random.default_rng(group_buffers)
+    sizes = [int(n) for n in rng.integers(1, 300, 150)] + [0, 4096, (3 << 20) + 5, 1, 64 << 10]
+    rng.shuffle(sizes)
+    misaligned = cupy.asarray(rng.integers(0, 256, sum(sizes) + len(sizes), dtype=np.uint8))
+    buffers, start = [], 0
+    for n in sizes:  # views at odd addresses of one allocation
+        start += 1
+        buffers.append(CupyDeviceBuffer(misaligned[start:start + n]))
+        start += n
+    sums = _device_checksum.DeviceChecksums(buffers, segment, own_stream=True)
+    for index in rng.permutation(len(sizes))[: len(sizes) * 2 // 3]:
+        sums.launch(int(index))
+    host = cupy.asnumpy(misaligned)
+    expected = [checksum(host[b.array.data.ptr - misaligned.data.ptr:][: b.nbytes])
+                for b in buffers]
+    assert sums.results() == expected
+
+
+@pytest.mark.gpu
 def test_a_kernel_that_fails_midway_falls_back_to_the_host(monkeypatch) -> None:
     import cupy
 
@@ -208,6 +239,7 @@ def test_a_kernel_that_fails_midway_falls_back_to_the_host(monkeypatch) -> None:
         return real(*args)
 
     monkeypatch.setattr(_device_checksum, "_kernel", failing_second)
+    monkeypatch.setattr(_device_checksum, "GROUP_BUFFERS", 1)  # a launch per buffer
     hosts = [np.full(n, i, np.uint8) for i, n in enumerate((3 << 20, 5000, 1 << 20))]
     sums = _device_checksum.DeviceChecksums([CupyDeviceBuffer(cupy.asarray(h)) for h in hosts])
     sums.launch(0)
