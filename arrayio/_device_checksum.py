@@ -2,12 +2,12 @@
 
 Verifying a read into GPU memory on the host costs a pass over the bytes there, on the
 threads that should be moving them; with GPUDirect Storage the bytes never touch the host at
-all. So device buffers are checksummed where they are: one CUDA kernel (through CuPy) splits
-the range into segments, each thread computes the standard CRC-32C of its segment
-(slicing-by-4 tables in shared memory), shifts it to its place in the range by multiplying by
-``x^(8 * bytes after it)`` modulo the polynomial (the arithmetic of zlib's
-``crc32_combine``), and the shifted values are XORed together. The host finishes with one
-:func:`~arrayio._checksum.combine` for the last, possibly shorter, segment.
+all. So device buffers are checksummed where they are: one CUDA kernel (through CuPy, one
+launch for a group of buffers) splits each range into segments, each thread computes the
+standard CRC-32C of its segment (slicing-by-4 tables in shared memory), shifts it to its
+place in the range by multiplying by ``x^(8 * bytes after it)`` modulo the polynomial (the
+arithmetic of zlib's ``crc32_combine``), and the shifted values are XORed together. The host
+finishes with one :func:`~arrayio._checksum.combine` for the last, possibly shorter, segment.
 
 No library offers this (nvCOMP has no CRC-32C; CuPy has no CRC at all), hence the kernel.
 Without CuPy (a torch-only install) :func:`device_checksum` returns None and the tools
