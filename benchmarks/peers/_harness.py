@@ -97,17 +97,27 @@ def _warm_chunk(fd: int, offset: int) -> None:
     os.preadv(fd, [buffer], offset)
 
 
-def warm(path: str, threads: int = 8) -> None:
-    """Read every file under ``path`` through the page cache, so that a warm load finds all
-    of it there. Needed for every peer alike: a cold read by O_DIRECT (arrayio's) leaves the
-    cache empty, where a buffered one fills it."""
+def warm(path: str, threads: int = 8, passes: int = 2) -> None:
+    """Read every file under ``path`` through the page cache ``passes`` times, so that a warm
+    load finds all of it there, as a file read before and read again. Needed for every peer
+    alike: a cold read by O_DIRECT (arrayio's) leaves the cache empty, where a buffered one
+    fills it.
+
+    Two passes, because the kernel moves a cached page to its active list at the page's
+    second read. With one pass after the cold phase dropped every cache, that move fell
+    inside the timed load: 2.1 million activations per 8 GiB load on the H200 VM, which ran
+    raw KvikIO at 36.2 GB/s against 46.0 after two passes, arrayio at 30.2 against 39.2 and
+    the warm ceiling's host read at 36.7 against 47.3 (probe 30,
+    ``benchmarks/results/2026-11-21-h200-peers-runs19/probe30``). A load repeated in a
+    quiet process, as a user reloading a checkpoint does, meets the second case."""
     fds = [os.open(name, os.O_RDONLY) for name in files_under(path)]
     try:
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            jobs = [pool.submit(_warm_chunk, fd, offset) for fd in fds
-                    for offset in range(0, os.fstat(fd).st_size, _WARM_CHUNK)]
-            for job in jobs:
-                job.result()
+            for _ in range(passes):
+                jobs = [pool.submit(_warm_chunk, fd, offset) for fd in fds
+                        for offset in range(0, os.fstat(fd).st_size, _WARM_CHUNK)]
+                for job in jobs:
+                    job.result()
     finally:
         for fd in fds:
             os.close(fd)
@@ -310,7 +320,8 @@ def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: 
                   cold_ceiling_reads: str | None = None, ceiling_first: bool = True) -> Round:
     """One round of ``peers`` in three phases: every save (fsync included), then every cold
     load (each after eviction), then every warm load (each after reading its files into the
-    page cache); the files are then removed. The loads named in ``verify`` are checked.
+    page cache twice: see :func:`warm`); the files are then removed. The loads named in
+    ``verify`` are checked.
 
     Each phase runs in its own shuffled order (seeded), with the ceiling's sample of that
     phase among the peers when ``ceilings`` is given. So every cold read, of a peer or of the
@@ -450,11 +461,11 @@ class DiskCeilings:
     ``write_fsync``: O_DIRECT ``pwrite`` from an aligned host buffer, then ``fsync`` (best of
     1 and 4 threads by 16 and 64 MiB requests, and 4 buffered threads); ``cold_read``:
     O_DIRECT parallel read into host memory after eviction (best of 4, 8 and 16 threads by
-    16 MiB); ``warm_read``: 16 buffered threads from the page cache. Each setting is judged
-    on the median of three samples, as in the size sweep (one sample of the H200 VM's disk
-    can land at 2.4 or at 4.0 GB/s for the same setting). A later size tries only the two
-    best settings of the previous one (``prefer``). The file is the one the write ceiling
-    writes: one checkpoint's worth of disk.
+    16 MiB); ``warm_read``: 16 buffered threads from the page cache (after :func:`warm`).
+    Each setting is judged on the median of three samples, as in the size sweep (one sample
+    of the H200 VM's disk can land at 2.4 or at 4.0 GB/s for the same setting). A later size
+    tries only the two best settings of the previous one (``prefer``). The file is the one
+    the write ceiling writes: one checkpoint's worth of disk.
     """
 
     SAMPLES = 3
