@@ -103,6 +103,13 @@ def render_sweep(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
     return "\n".join(lines).rstrip() + "\n" if lines else ""
 
 
+def _passes(passes: int | None) -> str:
+    """How many times the harness read a file into the page cache before a warm load. The
+    JSON records it after run 19; without it the sentence does not say (run 19 read twice,
+    the runs before it once)."""
+    return {None: "", 1: " once", 2: " twice"}.get(passes, f" {passes} times")
+
+
 def _ratio(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
@@ -166,7 +173,8 @@ def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
             f"{size['tensors']} tensors from {_size(size['smallest_bytes'])} to "
             f"{_size(size['largest_bytes'])}, bfloat16 and float32, saved from and loaded to "
             f"{where}; saves fsynced, cold loads after dropping the page cache, warm loads "
-            f"after reading the file into it. GB/s, medians of up to {report['repeats']} "
+            f"after reading the file into it{_passes(report.get('warm_passes'))}. GB/s, "
+            f"medians of up to {report['repeats']} "
             "rounds (samples column), each in three phases (every save, then every cold "
             "load, then every warm load, each phase shuffled with the ceiling's sample among "
             "the peers), with the fraction of the ceiling: "

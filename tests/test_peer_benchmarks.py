@@ -54,6 +54,7 @@ def test_checkpoint_reports_every_peer_beside_the_ceilings(smoke_results: Path) 
         assert set(ceiling["upfront_GBps"]) <= set(searched), name
         assert len(ceiling["upfront_GBps"]) <= 2, name
     assert report["warmup_ceiling_search_seconds"] > 0
+    assert report["warm_passes"] == 2  # see benchmarks.peers._harness.warm
     # Judged on the samples in the rounds; the cold read's sample read arrayio's file.
     cold = size["ceilings"]["cold_read"]
     if not cold["error"]:
@@ -122,6 +123,7 @@ def test_readme_renders_the_peer_tables(smoke_results: Path) -> None:
     assert "| arrayio |" in text and "| torch |" in text
     assert "ceiling" in text.lower() and "us per array" in text.lower()
     assert "2000-01-01-smoke-peers/checkpoint.json" in text
+    assert "warm loads after reading the file into it twice" in text
 
 
 def test_the_plot_can_be_redrawn_from_the_json(smoke_results: Path, tmp_path: Path,

@@ -87,6 +87,7 @@ def evict(path: str, drop: bool) -> bool:
 
 
 _WARM_CHUNK = 16 * MiB
+WARM_PASSES = 2  # why two: see warm()
 _warm_buffers = threading.local()
 
 
@@ -97,7 +98,7 @@ def _warm_chunk(fd: int, offset: int) -> None:
     os.preadv(fd, [buffer], offset)
 
 
-def warm(path: str, threads: int = 8, passes: int = 2) -> None:
+def warm(path: str, threads: int = 8, passes: int = WARM_PASSES) -> None:
     """Read every file under ``path`` through the page cache ``passes`` times, so that a warm
     load finds all of it there, as a file read before and read again. Needed for every peer
     alike: a cold read by O_DIRECT (arrayio's) leaves the cache empty, where a buffered one

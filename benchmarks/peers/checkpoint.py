@@ -19,7 +19,8 @@ with torch tensors (``arrayio``), a JAX pytree (``arrayio-jax``) and CuPy arrays
 
 Every save is followed by an fsync of what it wrote, inside the timed region. A cold load
 starts after the files' pages were evicted (``posix_fadvise``; ``--drop-caches`` also drops
-the whole page cache); a warm one right after the files were read into the page cache. A
+the whole page cache); a warm one right after the files were read into the page cache
+twice (from run 19 on; once before, see :func:`~benchmarks.peers._harness.warm`). A
 load is timed until its arrays are on the GPU and the device is synchronized. Each size
 searches the disk's ceilings' settings on a file of the checkpoint's size up front (see
 :class:`~benchmarks.peers._harness.DiskCeilings`), then samples the chosen settings in every
@@ -717,8 +718,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     # Each run shuffles its phases differently: with one fixed seed, the same peer opened
     # the same phases in every run (arrayio's save, 3 rounds of 5 at 1 GiB).
     report.update(device=args.device, repeats=args.repeats, smoke=args.smoke,
-                  drop_caches=args.drop_caches, sizes=[], peers_unavailable={},
-                  seed=args.seed or secrets.token_hex(4))
+                  drop_caches=args.drop_caches, warm_passes=h.WARM_PASSES, sizes=[],
+                  peers_unavailable={}, seed=args.seed or secrets.token_hex(4))
     report["machine"] = h.machine()
     deadline = h.Deadline(args.deadline)
     per_byte: dict[str, float] = {}
