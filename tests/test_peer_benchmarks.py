@@ -133,3 +133,28 @@ def test_the_plot_can_be_redrawn_from_the_json(smoke_results: Path, tmp_path: Pa
     run_module("benchmarks.peers.checkpoint", "--replot", str(copy), tmp_path=tmp_path,
                timeout=120)
     assert (tmp_path / "checkpoint.png").stat().st_size > 0
+
+
+def test_warm_reads_every_chunk_of_every_file_twice(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two passes: at a page's second read the kernel moves it to its active list, which
+    # must not fall inside the timed warm load (probe 30).
+    import os
+
+    from benchmarks.peers import _harness as h
+
+    chunk = 1 << 20
+    monkeypatch.setattr(h, "_WARM_CHUNK", chunk)
+    (tmp_path / "sub").mkdir()
+    sizes = {"a.bin": 2 * chunk + 1, "sub/b.bin": 5, "empty.bin": 0}
+    for name, size in sizes.items():
+        (tmp_path / name).write_bytes(b"x" * size)
+    reads: list[tuple[int, int]] = []
+    monkeypatch.setattr(h, "_warm_chunk",
+                        lambda fd, offset: reads.append((os.fstat(fd).st_size, offset)))
+    h.warm(str(tmp_path))
+    once = [(size, offset) for size in sizes.values() for offset in range(0, size, chunk)]
+    assert sorted(reads) == sorted(once * 2)
+    reads.clear()
+    h.warm(str(tmp_path), passes=1)
+    assert sorted(reads) == sorted(once)
