@@ -109,8 +109,9 @@ def warm(path: str, threads: int = 8, passes: int = WARM_PASSES) -> None:
     inside the timed load: 2.1 million activations per 8 GiB load on the H200 VM, which ran
     raw KvikIO at 36.2 GB/s against 46.0 after two passes, arrayio at 30.2 against 39.2 and
     the warm ceiling's host read at 36.7 against 47.3 (probe 30,
-    ``benchmarks/results/2026-11-21-h200-peers-runs19/probe30``). A load repeated in a
-    quiet process, as a user reloading a checkpoint does, meets the second case."""
+    ``benchmarks/results/2026-11-21-h200-peers-runs19/probe30``). The timed load is then at
+    least the file's third read, as when a checkpoint is loaded again and again (probe 28);
+    the first reload after a single buffered read meets the first case."""
     fds = [os.open(name, os.O_RDONLY) for name in files_under(path)]
     try:
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
