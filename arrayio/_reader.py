@@ -292,16 +292,15 @@ class Reader:
 
     def _read_batch(self, batch: list[tuple[_Stored, Target]], results: dict[str, Any],
                     advance: Any) -> None:
-        with _gcpause.paused():
-            checks = [self._verify and stored.crc32c is not None for stored, _ in batch]
-            transfers = [(stored.start, target.data) for stored, target in batch]
+        checks = [self._verify and stored.crc32c is not None for stored, _ in batch]
+        transfers = [(stored.start, target.data) for stored, target in batch]
         crcs = _transfer.read_many(
             self.fd, transfers, path=self.path, with_checksum=any(checks), tool=self._tool,
             done=lambda i: advance(batch[i][0].nbytes))
         for (stored, _), check, crc in zip(batch, checks, crcs, strict=True):
             if check:
                 self._check(stored, crc)
-        with _gcpause.paused():
+        with _gcpause.paused():  # the results' objects, also in the background
             for stored, target in batch:
                 result = target.finish()
                 results[stored.key] = _transpose(result) if stored.fortran_order else result
