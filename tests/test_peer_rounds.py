@@ -277,3 +277,55 @@ def test_a_failed_warm_up_search_still_closes_its_ceilings(tmp_path, monkeypatch
         checkpoint.warm_up(args, 0.001, {}, {}, search=True)
     assert closed == [True]  # its tool threads and files do not outlive the failure
     assert os.listdir(tmp_path) == []  # nor does its scratch directory
+
+
+def test_the_write_ceiling_also_tries_writers_into_a_reserved_file(tmp_path, monkeypatch):
+    """arrayio reserves a large write's blocks first; the raw write ceiling must try that too,
+    or it would understate the disk against arrayio (benchmarks._ceiling_tools)."""
+    from arrayio.tools import _io
+    from benchmarks import _ceiling_tools
+
+    calls: list[tuple[int, int]] = []
+    real = _io._fallocate()
+
+    def counting(fd, mode, offset, length):
+        calls.append((offset, length))
+        return real(fd, mode, offset, length) if real is not None else 0
+
+    monkeypatch.setattr(_io, "_fallocate", lambda: counting)
+    nbytes = 2 << 20
+    ceilings = h.DiskCeilings(str(tmp_path), nbytes, drop=False)
+    try:
+        ceilings.search()
+        searched = ceilings.report()["write_fsync"]["upfront_GBps"]
+    finally:
+        ceilings.close()
+    reserved = [label for label in searched if label.endswith(_ceiling_tools.PREALLOCATED)]
+    assert len(reserved) == 3 and len(searched) == len(h.DiskCeilings.WRITE)
+    # Each of their samples reserved the whole file once; no other setting reserved anything.
+    assert calls == [(0, nbytes)] * (3 * h.DiskCeilings.SAMPLES)
+
+
+def test_a_reserving_ceiling_tool_writes_the_bytes(tmp_path):
+    import numpy as np
+
+    from benchmarks import _ceiling_tools
+
+    tool = _ceiling_tools.make("posix+fallocate", threads=2, task_size=1 << 20)
+    try:
+        assert tool.label.endswith("+fallocate")
+        data = np.random.default_rng(1).integers(0, 256, 3 << 20, dtype=np.uint8)
+        path = tmp_path / "f"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            tool.write(fd, data, 4096)
+            back = np.empty_like(data)
+            tool.read(fd, back, 4096)
+        finally:
+            os.close(fd)
+        assert path.stat().st_size == 4096 + data.nbytes
+        np.testing.assert_array_equal(back, data)
+    finally:
+        tool.close()
+    with pytest.raises(ValueError):
+        _ceiling_tools.make("direct+fallocate+x", threads=1, task_size=1 << 20)

@@ -33,7 +33,7 @@ from .._buffers import synchronize_device
 from .._checksum import ChecksumParts, checksum
 from ..errors import TruncatedFileError, UnknownToolError
 from ..tools import Buffer, Tool, buffer_kind
-from ..tools._io import flush_range
+from ..tools._io import flush_range, preallocate
 from . import batches
 from .batches import Request
 from .context import Context, InFlight, cache_state, piece_class, size_class, storage_of
@@ -151,6 +151,17 @@ def candidate_arms(context: Context) -> list[Arm]:
     if context.checksum and not (context.memory == "cuda" and _device_checksum.available()):
         return arms
     return arms + kvikio
+
+
+def _preallocate_span(fd: int, requests: Sequence[Request]) -> None:
+    """Reserve the blocks of a batch of writes, from its first byte to its last, once before
+    any of them starts (see :func:`~arrayio.tools._io.preallocate`): reserving each
+    request's range as it comes would wait for the writes in flight every time."""
+    ranges = [(offset, offset + buffer.nbytes) for offset, buffer in requests if buffer.nbytes]
+    if ranges:
+        first, end = min(r[0] for r in ranges), max(r[1] for r in ranges)
+        if end - first >= SMALL_TRANSFER:
+            preallocate(fd, first, end - first)
 
 
 def _available(arm: Arm) -> bool:
@@ -307,6 +318,8 @@ class Dispatcher:
             return 0 if with_checksum else None
         forced = self.forced_arm(tool)
         flush = nbytes >= SMALL_TRANSFER
+        if flush:  # before any tool runs: every arm, timed or learned, meets the same file
+            preallocate(fd, file_offset, nbytes)
 
         def operation(t: Tool) -> int | None:
             if with_checksum and batches.checksum_on_gpu(buffer, t):
@@ -386,6 +399,8 @@ class Dispatcher:
               with_checksum: bool, tool: str | Arm | Tool | None,
               done: Callable[[int], None] | None) -> list[int | None]:
         forced = self.forced_arm(tool)
+        if direction == "write":
+            _preallocate_span(fd, requests)
         results: list[int | None] = [None] * len(requests)
         groups: dict[tuple[str, int], list[int]] = {}
         small: list[int] = []

@@ -1,5 +1,6 @@
 """Loops around ``os.preadv``/``os.pwritev`` that finish what a single call may leave undone,
-the task size tools use for a request, and flushing a written range to the device."""
+the task size tools use for a request, reserving a range's blocks before it is written, and
+flushing a written range to the device."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import contextvars
 import ctypes
 import ctypes.util
+import errno
 import functools
 import os
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ import numpy as np
 from .._checksum import checksum
 
 __all__ = ["batched", "flush_range", "in_batch", "pread_checksummed", "pread_full",
-           "pwrite_full", "task_bytes"]
+           "preallocate", "pwrite_full", "task_bytes"]
 
 # Below this, per-task costs (a thread hand-off, a CUDA stream wait) eat the gain; measured
 # on the H200 machine: 16 threads of 1 MiB tasks read 16 MiB slower than 4 threads of 4 MiB.
@@ -103,15 +105,61 @@ def task_bytes(nbytes: int, threads: int, task_size: int, block: int = 4096) -> 
 
 
 @functools.cache
-def _sync_file_range() -> Any:
+def _libc_function(name: str, *argtypes: Any) -> Any:
+    """The C library's function ``name`` (returning int), or None where it has none."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        function = libc.sync_file_range
+        function = getattr(libc, name)
     except (OSError, AttributeError):
         return None
-    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    function.argtypes = list(argtypes)
     function.restype = ctypes.c_int
     return function
+
+
+def _sync_file_range() -> Any:
+    return _libc_function("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                          ctypes.c_uint)
+
+
+def _fallocate() -> Any:
+    return _libc_function("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int64,
+                          ctypes.c_int64)
+
+
+_NO_ROOM = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def preallocate(fd: int, file_offset: int, nbytes: int) -> bool:
+    """Reserve the file's blocks for ``nbytes`` at ``file_offset`` before they are written;
+    return whether it did.
+
+    Why: ext4 runs an ``O_DIRECT`` write that has to allocate blocks under the file's
+    exclusive lock and waits for it there, so the threads of a parallel writer filling a new
+    file take turns. On the development VM's ext4 disk, 4 x 64 MiB and 16 x 16 MiB writers
+    kept no more requests at the disk than one writer of 64 MiB requests (13 and 3.7 in
+    flight on average, against 13, by ``/sys/block/vda/stat``). Into reserved (unwritten)
+    blocks the writes are overwrites, run under the shared lock and overlap: 25 and 35 to 42
+    in flight.
+
+    ``fallocate`` (mode 0) also extends the file's size to the range's end, as the write
+    would. Nothing happens where the file already reaches that far (an overwrite, or a
+    range reserved before), nor where the platform or file system has no ``fallocate``
+    (``posix_fallocate`` is not used: without file-system support it writes zeros over the
+    whole range). A disk without room for the range raises ``OSError`` (``ENOSPC``) before
+    anything is written.
+    """
+    if nbytes <= 0:
+        return False
+    function = _fallocate()
+    if function is None or os.fstat(fd).st_size >= file_offset + nbytes:
+        return False
+    if function(fd, 0, file_offset, nbytes) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in _NO_ROOM:
+        raise OSError(code, os.strerror(code))
+    return False  # not supported here (a pipe, a file system without it): write anyway
 
 
 _WAIT_WRITE_WAIT = 1 | 2 | 4  # SYNC_FILE_RANGE_WAIT_BEFORE | WRITE | WAIT_AFTER
