@@ -149,7 +149,7 @@ def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
         return (f"{report['date'][:10]}, {report['machine']['summary']}; "
                 f"`{report['command']}`; {link}")
 
-    from benchmarks.peers.checkpoint import most_complete_sizes, targets, verdict
+    from benchmarks.peers.checkpoint import goal_ratio_text, most_complete_sizes, targets, verdict
 
     # Each size from the latest folder that has it, and there from the run that measured the
     # most peers at that size (a run cut short by its time budget measures fewer); the
@@ -214,7 +214,8 @@ def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
                 met = {True: "yes", False: "**no**"}.get(t["met"]) or verdict(t)
                 lines.append(f"| {goal_name.replace('_', ' ')} ({t['reference']}) | "
                              f"{_fmt(t['GBps'])} | {_fmt(t['reference_GBps'])} | "
-                             f"{_fmt(t['ratio'])} | {_fmt(t.get('paired_ratio'))} | "
+                             f"{goal_ratio_text(t['ratio'], t['goal'])} | "
+                             f"{_fmt(t.get('paired_ratio'))} | "
                              f"{_fmt(t.get('ratio_vs_search'))} | {t['goal']:g} | {met} |")
             lines.append("")
     unavailable = {name: why for _, report, _ in chosen.values()

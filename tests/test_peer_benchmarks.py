@@ -158,3 +158,18 @@ def test_warm_reads_every_chunk_of_every_file_twice(tmp_path: Path,
     reads.clear()
     h.warm(str(tmp_path), passes=1)
     assert sorted(reads) == sorted(once)
+
+
+@pytest.mark.parametrize("ratio,goal,text", [
+    (0.8963, 0.9, "0.896"),  # two decimals would read 0.90 beside "not met"
+    (0.9012, 0.9, "0.90"),
+    (0.8949, 0.9, "0.89"),
+    (1.996, 2, "1.996"),
+    (2.004, 2, "2.00"),
+    (14.35, 10, "14.35"),
+    (None, 0.9, "n/a"),
+])
+def test_a_ratio_beside_its_goal_never_rounds_onto_it(ratio, goal, text) -> None:
+    from benchmarks.peers.checkpoint import goal_ratio_text
+
+    assert goal_ratio_text(ratio, goal) == text
