@@ -23,8 +23,8 @@ from ..errors import ToolUnavailableError, TruncatedFileError
 from ..tools import Buffer, IOFuture, Tool
 from ..tools._io import flush_range, in_batch
 
-__all__ = ["BATCH_WINDOW", "GPU_CHECKSUM_MIN_BYTES", "RUN_BYTES", "RUN_GAP", "Request",
-           "cannot_checksum", "checksum_on_gpu", "read_batch", "runs", "span",
+__all__ = ["BATCH_WINDOW", "GATHER_BYTES", "GPU_CHECKSUM_MIN_BYTES", "RUN_BYTES", "RUN_GAP",
+           "Request", "cannot_checksum", "checksum_on_gpu", "read_batch", "runs", "span",
            "submit_windowed", "truncated", "write_batch"]
 
 # A batch keeps at most this many of its transfers submitted at once: enough to keep every
@@ -55,16 +55,24 @@ def checksum_on_gpu(buffer: Buffer, tool: Tool) -> bool:
 RUN_GAP = 64 << 10
 RUN_BYTES = 4 << 20
 
+# A tool that writes several device buffers as one range (``pwritev``) gets a batch's
+# neighbours in runs of about this many bytes: long enough for whole chunks on every
+# worker, short enough that progress (and a cancelled save) is seen every fraction of a
+# second.
+GATHER_BYTES = 1 << 30
 
-def runs(requests: Sequence[Request], indices: list[int], gap: int) -> list[list[int]]:
+
+def runs(requests: Sequence[Request], indices: Sequence[int], gap: int,
+         limit: int = RUN_BYTES) -> list[list[int]]:
     """Group ``indices`` into runs of requests that are neighbours in the file (at most
-    ``gap`` bytes apart), in file order; requests that overlap start runs of their own."""
+    ``gap`` bytes apart), of at most ``limit`` bytes (a larger request alone), in file
+    order; requests that overlap start runs of their own."""
     runs: list[list[int]] = []
     start = end = 0
     for i in sorted(indices, key=lambda i: requests[i][0]):
         offset, buffer = requests[i]
         stop = offset + buffer.nbytes
-        if runs and end <= offset <= end + gap and stop - start <= RUN_BYTES:
+        if runs and end <= offset <= end + gap and stop - start <= limit:
             runs[-1].append(i)
             end = stop
         else:
@@ -179,9 +187,24 @@ def write_batch(t: Tool, fd: int, batch: list[Request], with_checksum: bool,
             synchronize_device(batch[gpu[0]][1])  # type: ignore[arg-type]  # one device
             for k in range(len(gpu)):  # the kernels read the arrays while the tool writes
                 device_crcs.launch(k)
-        submit_windowed(
-            [functools.partial(t.pwrite, fd, buffer, offset, checksum=part)
-             for (offset, buffer), part in zip(batch, parts, strict=True)], report)
+        gather = getattr(t, "pwritev", None)
+        if gather is None or len(batch) < 2:
+            submit_windowed(
+                [functools.partial(t.pwrite, fd, buffer, offset, checksum=part)
+                 for (offset, buffer), part in zip(batch, parts, strict=True)], report)
+        else:
+            # Neighbours in the file as one range each: a checkpoint's 16 MiB tensors reach
+            # the disk in whole chunks, as one large array does (probe 35, H200 VM).
+            groups = runs(batch, range(len(batch)), 0, GATHER_BYTES)
+
+            def report_group(j: int) -> None:
+                for i in groups[j]:
+                    report(i)
+
+            submit_windowed(
+                [functools.partial(gather, fd, [batch[i][1] for i in group], batch[group[0]][0],
+                                   checksums=[parts[i] for i in group])
+                 for group in groups], report_group)
         first = min(offset for offset, _ in batch)
         end = max(offset + buffer.nbytes for offset, buffer in batch)
         flush_range(fd, first, end - first)  # as for one transfer: durable, honestly timed

@@ -456,3 +456,32 @@ class ToolConformance:
         expected[offset : offset + size] = source
         _assert_same_bytes(_contents(fd), expected)
         self.check_checksum(parts, source)
+
+    # Piece sizes for tools that write several device buffers as one range (``pwritev``):
+    # empty pieces, pieces within one block, across blocks and across the tool's chunks.
+    GATHERED_CASES = [
+        (0, [7, 0, 4096, 1]),
+        (4095, [(1 << 20) + 3, 5, 70_000]),
+        (12345, [3, (3 << 20) + 1, 4097, 1 << 20]),
+    ]
+
+    @pytest.mark.gpu
+    @pytest.mark.parametrize(("offset", "sizes"), GATHERED_CASES)
+    def test_device_gathered_write(self, tool: Tool, open_file, offset: int,
+                                   sizes: list[int]) -> None:
+        if not callable(getattr(tool, "pwritev", None)):
+            pytest.skip(f"{tool.label} has no pwritev")
+        cupy = self.require_gpu(tool, "write")
+        before = random_bytes(FILE_SIZE, seed=1)
+        fd = open_file(before)
+        sources = [random_bytes(size, seed=3 + i) for i, size in enumerate(sizes)]
+        devices = [CupyDeviceBuffer(cupy.asarray(source)) for source in sources]
+        parts = [self.checksum_parts(tool, size) for size in sizes]
+        assert tool.pwritev(fd, devices, offset, checksums=parts).get() == sum(sizes)
+        joined = np.concatenate(sources)
+        expected = np.zeros(max(before.nbytes, offset + joined.nbytes), dtype=np.uint8)
+        expected[: before.nbytes] = before
+        expected[offset : offset + joined.nbytes] = joined
+        _assert_same_bytes(_contents(fd), expected)
+        for part, source in zip(parts, sources, strict=True):
+            self.check_checksum(part, source)

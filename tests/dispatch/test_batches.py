@@ -525,3 +525,81 @@ def test_a_write_batch_checksums_on_the_gpu_while_it_writes(tmp_path, gpu_checks
     assert written == [0, 1, 2]
     assert crcs == [crc32c.crc32c(s.tobytes()) for s in sources]
     assert path.read_bytes() == b"".join(s.tobytes() for s in sources)
+
+
+class Gathering(Tool):
+    """Host memory, with ``pwritev`` (buffers back to back as one range), as the staged tool
+    has for device memory; records each call's (file offset, buffer sizes)."""
+
+    name = "gathering"
+    capabilities = Capabilities(frozenset({"host"}), checksums=True)
+    calls: list[tuple[str, int, list[int]]] = []
+
+    def __init__(self, **params) -> None:
+        super().__init__(**params)
+        self.pool = ThreadPoolExecutor(3)
+
+    def pread(self, fd, buffer, file_offset, *, checksum=None):
+        return IOFuture(self.pool.submit(pread_full, fd, buffer, file_offset))
+
+    def pwrite(self, fd, buffer, file_offset, *, checksum=None):
+        type(self).calls.append(("pwrite", file_offset, [buffer.nbytes]))
+        if checksum is not None:
+            checksum.add_data(0, buffer)
+        return IOFuture(self.pool.submit(pwrite_full, fd, buffer, file_offset))
+
+    def pwritev(self, fd, buffers, file_offset, *, checksums=None):
+        type(self).calls.append(("pwritev", file_offset, [b.nbytes for b in buffers]))
+        for buffer, part in zip(buffers, checksums or [None] * len(buffers), strict=True):
+            if part is not None:
+                part.add_data(0, buffer)
+        joined = np.concatenate([b.reshape(-1) for b in buffers])
+        return IOFuture(self.pool.submit(pwrite_full, fd, joined, file_offset))
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+@given(sizes=st.lists(st.sampled_from([1, 4095, 4096, MiB, MiB + 13, 2 * MiB]), min_size=1,
+                      max_size=8),
+       gaps=st.lists(st.sampled_from([0, 0, 0, 1, 4096]), min_size=8, max_size=8),
+       shuffle=st.randoms(use_true_random=False))
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_write_batch_gathers_neighbours_into_one_range_each(tmp_path, monkeypatch, sizes,
+                                                               gaps, shuffle):
+    monkeypatch.setattr(batches, "GATHER_BYTES", 3 * MiB)
+    monkeypatch.setattr(Gathering, "calls", [])
+    ranges = layout(sizes, gaps[: len(sizes)])
+    rng = np.random.default_rng(len(sizes))
+    sources = [rng.integers(0, 256, size, dtype=np.uint8) for _, size in ranges]
+    batch = [(offset, source) for (offset, _), source in zip(ranges, sources, strict=True)]
+    shuffle.shuffle(batch)  # the batch's order is not the file's
+    reported: list[int] = []
+    path = tmp_path / "g.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    tool = Gathering()
+    try:
+        crcs = batches.write_batch(tool, fd, batch, True, reported.append)
+    finally:
+        os.close(fd)
+        tool.close()
+    assert sorted(reported) == list(range(len(batch)))  # each request once
+    assert crcs == [crc32c.crc32c(source.tobytes()) for _, source in batch]
+    content = path.read_bytes()
+    for offset, source in batch:
+        assert content[offset : offset + source.nbytes] == source.tobytes()
+    if len(batch) < 2:
+        assert [kind for kind, _, _ in Gathering.calls] == ["pwrite"]
+        return
+    # One call per run of neighbours, in file order, each at most 3 MiB unless one array is
+    # larger, together covering every request once.
+    assert {kind for kind, _, _ in Gathering.calls} == {"pwritev"}
+    expected = batches.runs(batch, range(len(batch)), 0, 3 * MiB)
+    assert sorted((offset, sizes) for _, offset, sizes in Gathering.calls) == sorted(
+        (batch[run[0]][0], [batch[i][1].nbytes for i in run]) for run in expected)
+    for run in expected:
+        # neighbours: each ends where the next starts
+        assert all(batch[a][0] + batch[a][1].nbytes == batch[b][0]
+                   for a, b in zip(run, run[1:], strict=False))
+        assert len(run) == 1 or sum(batch[i][1].nbytes for i in run) <= 3 * MiB

@@ -167,6 +167,34 @@ def test_gpu_tools_through_the_public_api(tmp_path, tool):
     assert cupy.asnumpy(back).tobytes() == a.tobytes()
 
 
+@pytest.mark.parametrize("tool", ["staged(threads=4,chunk_size=1048576)",
+                                  "staged(threads=1,chunk_size=4194304,direct=True)",
+                                  "staged(threads=3,chunk_size=65536,direct=True)"])
+def test_a_gpu_save_of_many_arrays_through_gathered_writes(tmp_path, tool):
+    # The staged tool writes a batch's neighbours as one range, its chunks cut across the
+    # arrays: every byte and every array's checksum must be its own, at any alignment.
+    cupy = pytest.importorskip("cupy")
+    sizes = [(3 << 20) + 2, 1 << 20, (1 << 20) + 5, (2 << 20) - 3, 5 << 20, 4096, 7, 1 << 20]
+    tree = {f"a{i}": random_array(by_name("uint8"), (n,), seed=i) for i, n in enumerate(sizes)}
+    path = tmp_path / "g.safetensors"
+    arrayio.save(path, {k: cupy.asarray(v) for k, v in tree.items()}, tool=tool)
+    back = arrayio.load(path)  # host reads, checksums verified
+    for key, expected in tree.items():
+        assert back[key].tobytes() == expected.tobytes(), key
+    for key in ("a4", "a2"):  # checksummed on the GPU (5 MiB), on the host (1 MiB)
+        offset = arrayio.open(path)[key].file_offset + 12345
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            byte = f.read(1)
+            f.seek(offset)
+            f.write(bytes([byte[0] ^ 0x01]))
+        with pytest.raises(arrayio.ChecksumError, match=f"'{key}'"):
+            arrayio.load(path)
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            f.write(byte)
+
+
 @pytest.mark.parametrize("tool", [None, "kvikio", "staged(threads=4,chunk_size=1048576)",
                                   "staged(threads=2,chunk_size=1048576,direct=True)"])
 def test_batched_jax_loads_hold_every_byte_through_each_tool(tmp_path, tool):
