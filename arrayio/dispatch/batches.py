@@ -4,8 +4,9 @@ A batch moves many ``(file_offset, buffer)`` requests with one tool, every trans
 at once (up to :data:`BATCH_WINDOW`), and checksums the device buffers on the GPU while the
 transfers move (a read's kernel starts as it lands), with one wait at the end. Small requests
 that are neighbours in the file are laid out in one host buffer and move with one read or
-write (:func:`runs`, :func:`span`). The dispatcher (:mod:`arrayio.dispatch.dispatcher`)
-decides which tool a batch uses and learns from it.
+write (:func:`runs`, :func:`span`); a tool that writes several device buffers as one range
+(``pwritev``) gets a write batch's neighbours that way. The dispatcher
+(:mod:`arrayio.dispatch.dispatcher`) decides which tool a batch uses and learns from it.
 """
 
 from __future__ import annotations

@@ -313,8 +313,6 @@ class _Pieces:
 
     def __init__(self, buffers: Sequence[Buffer],
                  checksums: Sequence[ChecksumParts | None] | None) -> None:
-        import cupy
-
         self.starts: list[int] = []
         self.views: list[Any] = []
         self.checksums: list[ChecksumParts | None] = []
@@ -323,8 +321,7 @@ class _Pieces:
             if buffer.nbytes == 0:
                 continue
             self.starts.append(position)
-            self.views.append(
-                cupy.asarray(buffer.cuda_array).reshape(-1).view(cupy.uint8))  # type: ignore[union-attr]
+            self.views.append(StagedTool._device_bytes(buffer))  # type: ignore[arg-type]
             self.checksums.append(checksums[i] if checksums is not None else None)
             position += buffer.nbytes
         self.nbytes = position
