@@ -25,7 +25,7 @@ from ..tools import Buffer, IOFuture, Tool
 from ..tools._io import flush_range, in_batch
 
 __all__ = ["BATCH_WINDOW", "GATHER_BYTES", "GPU_CHECKSUM_MIN_BYTES", "RUN_BYTES", "RUN_GAP",
-           "Request", "cannot_checksum", "checksum_on_gpu", "read_batch", "runs", "span",
+           "Request", "cannot_checksum", "checksum_on_gpu", "extent", "read_batch", "runs", "span",
            "submit_windowed", "truncated", "write_batch"]
 
 # A batch keeps at most this many of its transfers submitted at once: enough to keep every
@@ -80,6 +80,12 @@ def runs(requests: Sequence[Request], indices: Sequence[int], gap: int,
             runs.append([i])
             start, end = offset, stop
     return runs
+
+
+def extent(requests: Sequence[Request]) -> tuple[int, int]:
+    """The file range ``requests`` cover together: their first byte, and the end of the last."""
+    return (min(offset for offset, _ in requests),
+            max(offset + buffer.nbytes for offset, buffer in requests))
 
 
 def span(requests: Sequence[Request], run: list[int]
@@ -206,8 +212,7 @@ def write_batch(t: Tool, fd: int, batch: list[Request], with_checksum: bool,
                 [functools.partial(gather, fd, [batch[i][1] for i in group], batch[group[0]][0],
                                    checksums=[parts[i] for i in group])
                  for group in groups], report_group)
-        first = min(offset for offset, _ in batch)
-        end = max(offset + buffer.nbytes for offset, buffer in batch)
+        first, end = extent(batch)
         flush_range(fd, first, end - first)  # as for one transfer: durable, honestly timed
         return _merged(parts, gpu, device_crcs)
 

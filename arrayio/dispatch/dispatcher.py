@@ -157,9 +157,9 @@ def _preallocate_span(fd: int, requests: Sequence[Request]) -> None:
     """Reserve the blocks of a batch of writes, from its first byte to its last, once before
     any of them starts (see :func:`~arrayio.tools._io.preallocate`): reserving each
     request's range as it comes would wait for the writes in flight every time."""
-    ranges = [(offset, offset + buffer.nbytes) for offset, buffer in requests if buffer.nbytes]
-    if ranges:
-        first, end = min(r[0] for r in ranges), max(r[1] for r in ranges)
+    written = [request for request in requests if request[1].nbytes]
+    if written:
+        first, end = batches.extent(written)
         if end - first >= SMALL_TRANSFER:
             preallocate(fd, first, end - first)
 
