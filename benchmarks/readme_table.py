@@ -103,6 +103,15 @@ def render_sweep(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
     return "\n".join(lines).rstrip() + "\n" if lines else ""
 
 
+def _goal_rounds(report: dict) -> str:
+    """Where the targets' terms ran more rounds than the other peers (--goal-repeats)."""
+    others = report.get("peer_repeats", report["repeats"])
+    if others >= report["repeats"]:
+        return ""
+    return (f"; arrayio's front doors, torch, safetensors and the ceilings in every round, "
+            f"the other peers in the first {others}")
+
+
 def _passes(passes: int | None) -> str:
     """How many times the harness read a file into the page cache before a warm load. The
     JSON records it after run 19; without it the sentence does not say (run 19 read twice,
@@ -175,9 +184,9 @@ def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
             f"{where}; saves fsynced, cold loads after dropping the page cache, warm loads "
             f"after reading the file into it{_passes(report.get('warm_passes'))}. GB/s, "
             f"medians of up to {report['repeats']} "
-            "rounds (samples column), each in three phases (every save, then every cold "
-            "load, then every warm load, each phase shuffled with the ceiling's sample among "
-            "the peers), with the fraction of the ceiling: "
+            f"rounds (samples column{_goal_rounds(report)}), each in three phases (every "
+            "save, then every cold load, then every warm load, each phase shuffled with the "
+            "ceiling's sample among the peers), with the fraction of the ceiling: "
             f"write+fsync {_fmt(write)}, cold read {_fmt(cold)}, warm (page-cache) read "
             f"{_fmt(warm)} GB/s, " + _ceiling_rule(c),
             "",

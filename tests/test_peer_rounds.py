@@ -329,3 +329,38 @@ def test_a_reserving_ceiling_tool_writes_the_bytes(tmp_path):
         tool.close()
     with pytest.raises(ValueError):
         _ceiling_tools.make("direct+fallocate+x", threads=1, task_size=1 << 20)
+
+
+def test_goal_repeats_add_rounds_of_the_targets_terms_alone(tmp_path, monkeypatch):
+    import argparse
+
+    from benchmarks.peers import checkpoint
+
+    log: list[tuple[str, str]] = []
+    names = ("arrayio", "torch", "numpy", "arrayio-cupy")
+    monkeypatch.setattr(checkpoint, "make_peers",
+                        lambda state, device: ([fake_peer(n, log) for n in names], {}))
+    args = argparse.Namespace(d_model=128, vocab=1024, device="cpu", dir=str(tmp_path),
+                              drop_caches=False, tune=False, repeats=1, goal_repeats=3)
+    report: dict = {"seed": "s", "sizes": []}
+    checkpoint.run_size(args, 0.001, h.Deadline(None), {}, None, report,
+                        str(tmp_path / "checkpoint.json"))
+    (size,) = report["sizes"]
+    samples = {name: row["samples"] for name, row in size["peers"].items()}
+    # Every front door (not only the torch one), torch: every round; numpy: the first.
+    assert samples == {"arrayio": 3, "torch": 3, "arrayio-cupy": 3, "numpy": 1}
+    assert collections.Counter(log)[("numpy", "save")] == 1
+    assert collections.Counter(log)[("arrayio-cupy", "save")] == 3
+    assert len(size["ceilings"]["write_fsync"]["interleaved_seconds"]) == 3
+    assert "rounds_skipped_for_time" not in size["peers"]["numpy"]
+    # Judged on three rounds a side: the goal against torch is judged, as is the ceiling's.
+    goals = size["targets"]["arrayio"]
+    assert goals["save_vs_torch"]["rounds"] == 3 and goals["save_vs_torch"]["met"] is not None
+    assert goals["save_vs_write_ceiling"]["met"] is not None
+
+
+def test_goal_repeats_below_repeats_are_refused(tmp_path):
+    from benchmarks.peers import checkpoint
+
+    with pytest.raises(SystemExit):
+        checkpoint.main(["--out", str(tmp_path), "--repeats", "3", "--goal-repeats", "2"])
