@@ -39,11 +39,14 @@ def _fsync_directory(directory: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike[str]) -> Iterator[int]:
+def atomic_write(path: str | os.PathLike[str], *, durable: bool = True) -> Iterator[int]:
     """Yield a writable file descriptor whose content replaces ``path`` on success.
 
     On an exception inside the block the target is left as it was and the partial file is
-    removed. The descriptor is closed by this function.
+    removed. The descriptor is closed by this function. With ``durable=False`` neither the
+    file nor the directory is fsynced: readers still see the old content or the new, never
+    a mix, but a crash may lose the new content (for caches, which must not wait on the
+    disk).
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
@@ -53,10 +56,12 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[int]:
                  0o666)
     try:
         yield fd
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
         os.replace(temp_name, path)
         temp_name = None
-        _fsync_directory(directory)
+        if durable:
+            _fsync_directory(directory)
     finally:
         os.close(fd)
         if temp_name is not None:

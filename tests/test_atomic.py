@@ -341,3 +341,27 @@ def test_new_file_mode_honours_umask(tmp_path: Path, umask: Callable[[int], None
     # As open(path, "w") would create it: 0o666 less the umask (0o644 under 0o022).
     assert path.stat().st_mode & 0o777 == 0o666 & ~mask
     assert temp_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_only_a_durable_replacement_waits_for_the_disk(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       durable: bool) -> None:
+    from arrayio import _atomic
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(_atomic.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    path = tmp_path / "cache.json"
+    path.write_bytes(b"old")
+    with _atomic.atomic_write(path, durable=durable) as fd:
+        os.write(fd, b"new content")
+    assert path.read_bytes() == b"new content"
+    assert temp_files(tmp_path) == []
+    assert len(synced) == (2 if durable else 0)  # the file, then its directory
+    # Not durable is still atomic: a failure inside leaves the old content.
+    with pytest.raises(InjectedFailure), _atomic.atomic_write(path, durable=durable) as fd:
+        os.write(fd, b"half")
+        raise InjectedFailure("interrupted")
+    assert path.read_bytes() == b"new content"
+    assert temp_files(tmp_path) == []

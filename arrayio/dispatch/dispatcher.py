@@ -4,7 +4,9 @@ For each transfer it works out the :class:`~arrayio.dispatch.context.Context`, a
 :class:`~arrayio.dispatch.policy.Policy` for the arm (tool and parameters) to use, which is
 exploration for the first calls in a context and the fastest measured arm after that, runs
 it, and falls back to the next arm if the tool fails. What it learns is kept in one JSON file
-per machine under ``ARRAYIO_CACHE_DIR``, saved at most every few seconds and at exit.
+per machine under ``ARRAYIO_CACHE_DIR``, saved at most every few seconds (replaced atomically,
+without an fsync: no transfer waits on the disk for it) and durably at exit and by
+:meth:`Dispatcher.save`.
 
 The candidate arms per context are a short list, best guess first: enough parameter
 settings to cover the regimes that matter (one thread for small transfers; 4 threads to
@@ -528,7 +530,9 @@ class Dispatcher:
         with self._save_lock:
             self._last_save = now
             try:
-                self.table.save(self.table_path)
+                # The saves between transfers skip the fsyncs: they run inside a user's
+                # save or load, and a table lost in a crash only costs a new exploration.
+                self.table.save(self.table_path, durable=force)
             except OSError as error:
                 logger.warning("arrayio could not save its dispatch table to %s: %s",
                                self.table_path, error)

@@ -356,8 +356,10 @@ class Table:
             table._entries[_expect(key, str, "context key")] = ContextEntry.from_json(entry)
         return table
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the table to ``path`` atomically, creating its directory if needed.
+    def save(self, path: str | os.PathLike[str], *, durable: bool = True) -> None:
+        """Write the table to ``path`` atomically, creating its directory if needed; with
+        ``durable=False``, without waiting for the disk (no fsync, see
+        :func:`arrayio._atomic.atomic_write`).
 
         Raises
         ------
@@ -367,7 +369,7 @@ class Table:
         data = self.dumps().encode()
         path = os.fspath(path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with atomic_write(path) as fd:
+        with atomic_write(path, durable=durable) as fd:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]

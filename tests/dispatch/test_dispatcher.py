@@ -771,3 +771,32 @@ def test_explain_leaves_a_cold_file_cold(tmp_path, fresh):
     arrayio.load(path)
     assert fresh.last[0].cache == "cold"
     assert fresh.last[0].key() == explanation.key
+
+
+def test_the_table_is_saved_between_transfers_without_waiting_for_the_disk(
+        tmp_path, monkeypatch):
+    # A save of the learned table inside a user's load or save must not fsync (two disk
+    # flushes on the I/O path); an explicit save, as at exit or after tune(), is durable.
+    from arrayio import _atomic
+
+    synced: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(_atomic.os, "fsync",
+                        lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")),
+                                    real_fsync(fd)))
+    monkeypatch.setattr(dispatcher, "_SAVE_INTERVAL", 0.0)
+    table = tmp_path / "cache" / "dispatch.json"
+    active = dispatcher.Dispatcher(str(table))
+    monkeypatch.setattr(dispatcher, "_dispatcher", active)
+    try:
+        arrayio.save(tmp_path / "a.safetensors", {"a": np.arange(1 << 19, dtype=np.float32)})
+        assert table.exists()  # saved on the way, as the interval allows
+        cache = str(table.parent)
+        assert not any(name.startswith(cache) for name in synced)
+        assert any("a.safetensors" in name for name in synced)  # the user's file is durable
+        synced.clear()
+        active.save()
+        assert cache in synced  # the table's directory, after the table itself
+        assert json.loads(table.read_text())["contexts"]
+    finally:
+        active.close()
