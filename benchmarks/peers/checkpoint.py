@@ -461,6 +461,11 @@ def warm_up(args: argparse.Namespace, gib: float, per_byte: dict[str, float],
     return ceilings.best_settings() if ceilings is not None else None
 
 
+def rounds_of(args: argparse.Namespace) -> int:
+    """Rounds of the targets' terms: ``--repeats``, or ``--goal-repeats`` if more."""
+    return max(args.repeats, args.goal_repeats or 0)
+
+
 def run_size(args: argparse.Namespace, gib: float, deadline: h.Deadline,
              per_byte: dict[str, float], prefer: dict[str, Any] | None,
              report: dict[str, Any], out_json: str) -> dict[str, Any]:
@@ -510,7 +515,7 @@ def run_size(args: argparse.Namespace, gib: float, deadline: h.Deadline,
             report["pinned_host_to_device_GBps"] = ceilings.pinned_h2d_GBps
         order = sorted(peers, key=lambda p: p.name not in CORE)  # stable: core peers first
         ceiling_round = 0.0
-        rounds = max(args.repeats, args.goal_repeats or 0)
+        rounds = rounds_of(args)
         for round_index in range(rounds):
             # Who fits in the time left: the core peers first, then the others while the
             # core peers' later rounds still fit after them. Past --repeats, only they run.
@@ -740,7 +745,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     report = h.header("peers-checkpoint", "benchmarks.peers.checkpoint", argv)
     # Each run shuffles its phases differently: with one fixed seed, the same peer opened
     # the same phases in every run (arrayio's save, 3 rounds of 5 at 1 GiB).
-    report.update(device=args.device, repeats=max(args.repeats, args.goal_repeats or 0),
+    report.update(device=args.device, repeats=rounds_of(args),
                   peer_repeats=args.repeats, smoke=args.smoke,
                   drop_caches=args.drop_caches, warm_passes=h.WARM_PASSES, sizes=[],
                   peers_unavailable={}, seed=args.seed or secrets.token_hex(4))
