@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -165,33 +165,33 @@ def segment_powers(segment: int) -> np.ndarray:
 
 
 _lock = threading.Lock()
-_kernels: dict[int, tuple[Any, Any]] = {}
-_powers: dict[tuple[int, int], Any] = {}
+_on_device: dict[tuple[Any, ...], Any] = {}  # what _made_once made, per GPU
 
 
-def _kernel(cupy: Any, device_index: int) -> tuple[Any, Any]:
-    """The compiled kernel and its tables on ``device_index`` (current), made once (a
+def _made_once(cupy: Any, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+    """``make()`` on the current GPU, the first time ``key`` is asked for there (a
     host-to-device copy per call would cost more than the kernel on a megabyte)."""
     with _lock:
-        made = _kernels.get(device_index)
+        made = _on_device.get(key)
         if made is None:
-            made = (cupy.RawKernel(_SOURCE, "crc32c_group"), cupy.asarray(slicing_tables()))
-            # Kernels on other streams use the tables too (DeviceChecksums' own stream): the
-            # copies from pageable memory must have landed before anyone gets them.
+            made = make()
+            # Kernels on other streams use what was copied (DeviceChecksums' own stream):
+            # the copies from pageable memory must have landed before anyone gets them.
             cupy.cuda.get_current_stream().synchronize()
-            _kernels[device_index] = made
+            _on_device[key] = made
         return made
 
 
+def _kernel(cupy: Any, device_index: int) -> tuple[Any, Any]:
+    """The compiled kernel and its tables on ``device_index`` (current)."""
+    return _made_once(cupy, ("kernel", device_index), lambda: (
+        cupy.RawKernel(_SOURCE, "crc32c_group"), cupy.asarray(slicing_tables())))
+
+
 def _segment_powers_on(cupy: Any, device_index: int, segment: int) -> int:
-    """The address of ``segment_powers(segment)`` on ``device_index`` (current), made once."""
-    with _lock:
-        powers = _powers.get((device_index, segment))
-        if powers is None:
-            powers = cupy.asarray(segment_powers(segment))
-            cupy.cuda.get_current_stream().synchronize()  # as for the tables
-            _powers[(device_index, segment)] = powers
-        return powers.data.ptr
+    """The address of ``segment_powers(segment)`` on ``device_index`` (current)."""
+    return _made_once(cupy, ("powers", device_index, segment),
+                      lambda: cupy.asarray(segment_powers(segment))).data.ptr
 
 
 # Why the kernel cannot run here (no CuPy, or it failed once: no NVRTC, say); None: it can.

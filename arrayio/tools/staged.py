@@ -202,9 +202,7 @@ class StagedTool(ThreadedTool):
 
     def pwrite(self, fd: int, buffer: Buffer, file_offset: int, *,
                checksum: ChecksumParts | None = None) -> IOFuture[int]:
-        if isinstance(buffer, np.ndarray):
-            raise TypeError("staged moves device memory; use another tool for host memory")
-        return self.pwritev(fd, [buffer], file_offset, checksums=[checksum])
+        return self.pwritev(fd, [buffer], file_offset, checksums=[checksum])  # checks it
 
     def pwritev(self, fd: int, buffers: Sequence[Buffer], file_offset: int, *,
                 checksums: Sequence[ChecksumParts | None] | None = None) -> IOFuture[int]:
