@@ -364,3 +364,47 @@ def test_goal_repeats_below_repeats_are_refused(tmp_path):
 
     with pytest.raises(SystemExit):
         checkpoint.main(["--out", str(tmp_path), "--repeats", "3", "--goal-repeats", "2"])
+
+
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def _plan(round_index: int, budget: float, repeats: int = 3):
+    from benchmarks.peers import checkpoint
+
+    peers = [_Named(n) for n in ("numpy", "arrayio", "orbax", "torch", "arrayio-cupy")]
+    expected = {p.name: 10.0 for p in peers}
+    chosen, skipped = checkpoint.plan_round(peers, round_index, repeats, expected, 5.0,
+                                            lambda seconds: seconds < budget)
+    return [p.name for p in chosen], skipped
+
+
+def test_a_round_plans_the_goals_terms_first_then_the_others():
+    # Every peer needs 14 s (10 s measured, 1.2x, plus 2 s); the ceilings' samples 5 s.
+    # Plenty of time: all, the goals' terms first.
+    assert _plan(0, 1e9) == (["arrayio", "torch", "arrayio-cupy", "numpy", "orbax"], [])
+    # Time for the goals' terms alone: the others are skipped, and reported.
+    assert _plan(2, 5 + 3 * 14 + 1) == (["arrayio", "torch", "arrayio-cupy"],
+                                        ["numpy", "orbax"])
+
+
+def test_a_round_keeps_time_for_the_goals_terms_later_rounds_up_to_repeats():
+    # Round 1 of 3: one later round of the goals' terms (5 + 3 x 10 s) must still fit
+    # after numpy's 14 s, so a budget that holds this round alone leaves numpy out.
+    this_round = 5 + 3 * 14
+    assert _plan(1, this_round + 14 + 1) == (["arrayio", "torch", "arrayio-cupy"],
+                                             ["numpy", "orbax"])
+    assert _plan(1, this_round + 14 + 35 + 1)[0] == ["arrayio", "torch", "arrayio-cupy",
+                                                     "numpy"]
+
+
+def test_rounds_past_repeats_hold_the_goals_terms_alone_and_never_cost_the_others_rounds():
+    # --goal-repeats 9 with --repeats 3: the goals' terms' rounds 4 to 9 are not kept time
+    # for in round 0, so the other peers still get theirs.
+    this_round = 5 + 5 * 14
+    assert _plan(0, this_round + 2 * 35 + 1)[1] == []
+    # Past --repeats, the others do not run and are not counted as skipped.
+    assert _plan(3, 1e9) == (["arrayio", "torch", "arrayio-cupy"], [])
+    assert _plan(3, 5 + 14 + 1) == (["arrayio"], ["torch", "arrayio-cupy"])

@@ -53,7 +53,9 @@ With ``--deadline``, a peer whose next measurement would not fit is skipped for 
 the JSON says how many samples each peer has. ``--goal-repeats N`` (more than
 ``--repeats``) adds rounds of the targets' terms alone, with the ceilings' samples: a
 single 8 GiB save on the H200 VM spreads by 10 to 20% from sample to sample, so their
-medians need more samples than the other peers' figures.
+medians need more samples than the other peers' figures. Those rounds only get the time
+the other peers' ``--repeats`` rounds leave (see :func:`plan_round`; in run 23, before that
+rule, they took the time of numpy's and orbax's rounds).
 """
 
 from __future__ import annotations
@@ -466,6 +468,36 @@ def rounds_of(args: argparse.Namespace) -> int:
     return max(args.repeats, args.goal_repeats or 0)
 
 
+def plan_round(peers: list[h.Peer], round_index: int, repeats: int,
+               expected: dict[str, float], ceiling_round: float,
+               allows: Callable[[float], bool]) -> tuple[list[h.Peer], list[str]]:
+    """The peers of round ``round_index`` that fit in the time left, and those skipped for
+    time. ``expected`` holds each peer's last measured seconds, ``ceiling_round`` the
+    ceilings' samples' and ``allows(seconds)`` says whether that much time is left.
+
+    First the goals' terms (:data:`CORE`), then the other peers as long as the goals' terms'
+    later rounds up to ``repeats`` still fit after them. Rounds past ``repeats`` (those of
+    ``--goal-repeats``) hold the goals' terms alone, each if it fits: they add samples, but
+    never at the cost of another peer's ``repeats`` rounds.
+    """
+    core_round = ceiling_round + sum(expected.get(n, 0.0) for n in CORE)
+    later = max(0, repeats - round_index - 1)
+    chosen: list[h.Peer] = []
+    skipped: list[str] = []
+    planned = ceiling_round
+    for peer in sorted(peers, key=lambda p: p.name not in CORE):  # stable: core peers first
+        core = peer.name in CORE
+        if round_index >= repeats and not core:
+            continue
+        need = expected.get(peer.name, 0.0) * 1.2 + 2.0
+        if not allows(planned + need + (0.0 if core else core_round * later)):
+            skipped.append(peer.name)
+            continue
+        chosen.append(peer)
+        planned += need
+    return chosen, skipped
+
+
 def run_size(args: argparse.Namespace, gib: float, deadline: h.Deadline,
              per_byte: dict[str, float], prefer: dict[str, Any] | None,
              report: dict[str, Any], out_json: str) -> dict[str, Any]:
@@ -513,26 +545,14 @@ def run_size(args: argparse.Namespace, gib: float, deadline: h.Deadline,
         if args.device.startswith("cuda") and "pinned_host_to_device_GBps" not in report:
             ceilings.measure_pinned_h2d()
             report["pinned_host_to_device_GBps"] = ceilings.pinned_h2d_GBps
-        order = sorted(peers, key=lambda p: p.name not in CORE)  # stable: core peers first
         ceiling_round = 0.0
-        rounds = rounds_of(args)
-        for round_index in range(rounds):
-            # Who fits in the time left: the core peers first, then the others while the
-            # core peers' later rounds still fit after them. Past --repeats, only they run.
-            later = rounds - round_index - 1
-            core_round = ceiling_round + sum(per_byte.get(n, 0.0) * nbytes for n in CORE)
-            chosen, planned = [], ceiling_round
-            for peer in order:
-                if peer.name in errors or (round_index >= args.repeats
-                                           and peer.name not in CORE):
-                    continue
-                need = per_byte.get(peer.name, 0.0) * nbytes * 1.2 + 2.0
-                if not deadline.allows(planned + need
-                                       + (0 if peer.name in CORE else core_round * later)):
-                    skipped[peer.name] = skipped.get(peer.name, 0) + 1
-                    continue
-                chosen.append(peer)
-                planned += need
+        for round_index in range(rounds_of(args)):
+            chosen, left_out = plan_round(
+                [p for p in peers if p.name not in errors], round_index, args.repeats,
+                {p.name: per_byte.get(p.name, 0.0) * nbytes for p in peers}, ceiling_round,
+                deadline.allows)
+            for name in left_out:
+                skipped[name] = skipped.get(name, 0) + 1
             start = time.perf_counter()
             for index, group in enumerate(h.groups_on_disk(chosen, directory, expected_disk,
                                                            reserve=ceilings.lead_in_bytes)):
