@@ -109,7 +109,7 @@ def _goal_rounds(report: dict) -> str:
     if others >= report["repeats"]:
         return ""
     return (f"; arrayio's front doors, torch, safetensors and the ceilings in every round, "
-            f"the other peers in the first {others}")
+            f"the other peers in at most the first {others}")
 
 
 def _passes(passes: int | None) -> str:
