@@ -473,7 +473,8 @@ def plan_round(peers: list[h.Peer], round_index: int, repeats: int,
                allows: Callable[[float], bool]) -> tuple[list[h.Peer], list[str]]:
     """The peers of round ``round_index`` that fit in the time left, and those skipped for
     time. ``expected`` holds each peer's last measured seconds, ``ceiling_round`` the
-    ceilings' samples' and ``allows(seconds)`` says whether that much time is left.
+    seconds the ceilings' samples took in the last round, and ``allows(seconds)`` says
+    whether that much time is left.
 
     First the goals' terms (:data:`CORE`), then the other peers as long as the goals' terms'
     later rounds up to ``repeats`` still fit after them. Rounds past ``repeats`` (those of
