@@ -8,12 +8,13 @@ through torch for torch tensors, so that torch users need no CuPy.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 __all__ = ["HOST_ALIGNMENT", "CupyDeviceBuffer", "DeviceBuffer", "TorchDeviceBuffer",
-           "aligned_empty", "synchronize_device"]
+           "aligned_empty", "scatter_from_host", "synchronize_device"]
 
 # Host buffers are aligned for O_DIRECT (4096) and, as a by-product, for JAX's zero-copy
 # import of host memory (which needs 64).
@@ -56,18 +57,17 @@ class CupyDeviceBuffer:
     """Device bytes held as a flat CuPy ``uint8`` array."""
 
     array: Any
+    # Read once: a load asks each buffer's size and device a dozen times.
+    nbytes: int = dataclasses.field(init=False)
+    device_index: int = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.nbytes = int(self.array.nbytes)
+        self.device_index = int(self.array.device.id)
 
     @property
     def cuda_array(self) -> Any:
         return self.array
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.array.nbytes)
-
-    @property
-    def device_index(self) -> int:
-        return int(self.array.device.id)
 
     @property
     def data_ptr(self) -> int:
@@ -102,18 +102,16 @@ class TorchDeviceBuffer:
     """Device bytes held as a flat torch ``uint8`` CUDA tensor (no CuPy needed)."""
 
     tensor: Any
+    nbytes: int = dataclasses.field(init=False)  # read once, as CupyDeviceBuffer's
+    device_index: int = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.nbytes = int(self.tensor.numel())
+        self.device_index = int(self.tensor.device.index or 0)
 
     @property
     def cuda_array(self) -> Any:
         return self.tensor
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.tensor.numel())
-
-    @property
-    def device_index(self) -> int:
-        return int(self.tensor.device.index or 0)
 
     @property
     def data_ptr(self) -> int:
@@ -147,3 +145,54 @@ def synchronize_device(buffer: DeviceBuffer) -> None:
 
     with cupy.cuda.Device(buffer.device_index):
         cupy.cuda.runtime.deviceSynchronize()
+
+
+def scatter_from_host(span: np.ndarray, pieces: Sequence[tuple[int, DeviceBuffer]]) -> None:
+    """Fill each device buffer of ``pieces`` with ``span[start : start + buffer.nbytes]``;
+    return once every byte is in place.
+
+    Torch and CuPy buffers take one host-to-device copy of the span per device, then a
+    device-to-device copy each and one wait: a copy from pageable host memory waits for the
+    GPU every time (about 20 µs), and a checkpoint's 351 biases and norms cost 7 ms that way
+    on the H200 VM (probe 41). Other buffers are filled one by one.
+    """
+    groups: dict[tuple[type, int], list[tuple[int, Any]]] = {}
+    for start, buffer in pieces:
+        kind = type(buffer)
+        if kind not in (TorchDeviceBuffer, CupyDeviceBuffer) or len(pieces) == 1:
+            buffer.copy_from_host(0, span[start : start + buffer.nbytes])
+        else:
+            groups.setdefault((kind, buffer.device_index), []).append((start, buffer))
+    for (kind, device), group in groups.items():
+        first = min(start for start, _ in group)
+        end = max(start + buffer.nbytes for start, buffer in group)
+        if kind is TorchDeviceBuffer:
+            _scatter_torch(span[first:end], device, [(s - first, b) for s, b in group])
+        else:
+            _scatter_cupy(span[first:end], device, [(s - first, b) for s, b in group])
+
+
+def _scatter_torch(span: np.ndarray, device: int,
+                   group: list[tuple[int, TorchDeviceBuffer]]) -> None:
+    import torch
+
+    with torch.cuda.device(device):
+        staged = torch.from_numpy(span).to(torch.device("cuda", device))
+        for start, buffer in group:
+            buffer.tensor.copy_(staged[start : start + buffer.nbytes])
+        torch.cuda.current_stream().synchronize()
+
+
+def _scatter_cupy(span: np.ndarray, device: int,
+                  group: list[tuple[int, CupyDeviceBuffer]]) -> None:
+    import cupy
+
+    with cupy.cuda.Device(device):
+        stream = cupy.cuda.get_current_stream()
+        staged = cupy.empty(span.nbytes, dtype=cupy.uint8)
+        staged.set(span, stream=stream)
+        for start, buffer in group:
+            cupy.cuda.runtime.memcpyAsync(
+                buffer.data_ptr, staged.data.ptr + start, buffer.nbytes,
+                cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+        stream.synchronize()

@@ -603,3 +603,37 @@ def test_a_write_batch_gathers_neighbours_into_one_range_each(tmp_path, monkeypa
         assert all(batch[a][0] + batch[a][1].nbytes == batch[b][0]
                    for a, b in zip(run, run[1:], strict=False))
         assert len(run) == 1 or sum(batch[i][1].nbytes for i in run) <= 3 * MiB
+
+
+class _Device:
+    """Host bytes posing as device memory (a kind scatter_from_host fills one by one)."""
+
+    device_index = 0
+
+    def __init__(self, nbytes: int) -> None:
+        self.data = np.zeros(nbytes, np.uint8)
+        self.nbytes = nbytes
+
+    def copy_from_host(self, offset: int, src: np.ndarray) -> None:
+        self.data[offset:offset + src.nbytes] = src
+
+
+def test_small_neighbours_read_as_one_run_fill_host_and_device_buffers_alike(tmp_path, fresh):
+    # A run of small neighbours is read once; each piece, host or device, gets its own
+    # bytes (not its neighbour's, nor the gap's between them) and its own CRC.
+    rng = np.random.default_rng(7)
+    path = tmp_path / "d.bin"
+    path.write_bytes(rng.integers(0, 256, 200_000, dtype=np.uint8).tobytes())
+    data = path.read_bytes()
+    places = [(0, 4096), (4096, 10), (5000, 3000), (40_000, 60_000), (150_000, 1)]
+    buffers = [np.empty(n, np.uint8) if i % 2 else _Device(n) for i, (_, n) in enumerate(places)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        crcs = fresh.read_many(fd, [(o, b) for (o, _), b in zip(places, buffers, strict=True)],
+                               with_checksum=True)
+    finally:
+        os.close(fd)
+    for (offset, n), buffer, crc in zip(places, buffers, crcs, strict=True):
+        got = buffer if isinstance(buffer, np.ndarray) else buffer.data
+        assert got.tobytes() == data[offset:offset + n], (offset, n)
+        assert crc == crc32c.crc32c(data[offset:offset + n])

@@ -269,3 +269,51 @@ def test_kvikio_refuses_checksums_when_the_gpu_cannot_compute_them(tmp_path, mon
     # The staged tool checksums on the host instead, and still catches nothing wrong here.
     back = arrayio.load(path, like="cupy", device="cuda", tool="staged")["x"]
     assert cupy.asnumpy(back).tobytes() == a.tobytes()
+
+
+@pytest.mark.parametrize("like", ["torch", "cupy", "jax"])
+def test_small_neighbours_reach_the_gpu_whole_beside_a_large_batch(tmp_path, like):
+    # Small arrays that are neighbours in the file are read as one run and scattered to
+    # their device buffers with one copy (scatter_from_host); a large array beside them
+    # takes the batch. Every byte of every array must arrive, and a damaged small array
+    # must fail the load by name.
+    pytest.importorskip(like)
+    rng = np.random.default_rng(41)
+    tree = {f"b{i:03d}": random_array(by_name(["bfloat16", "float32", "int8"][i % 3]),
+                                      (int(rng.integers(1, 16384)),), seed=i)
+            for i in range(300)}
+    tree["big"] = random_array(by_name("float32"), (3 << 20,), seed=999)  # 12 MiB
+    path = tmp_path / "m.safetensors"
+    arrayio.save(path, tree)
+    back = arrayio.load(path, like=like, device="cuda")
+    framework = next(f for f in GPU_FRAMEWORKS if f.id.startswith(like))
+    for key, expected in tree.items():
+        _assert_same(framework, back[key], expected)
+    offset = arrayio.open(path)["b123"].file_offset + 1
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x01]))
+    with pytest.raises(arrayio.ChecksumError, match="'b123'"):
+        arrayio.load(path, like=like, device="cuda")
+
+
+@pytest.mark.parametrize("kind", ["torch", "cupy"])
+def test_scatter_from_host_fills_each_device_buffer_from_its_place_in_the_span(kind):
+    from arrayio._buffers import CupyDeviceBuffer, TorchDeviceBuffer, scatter_from_host
+
+    xp = pytest.importorskip(kind)
+    span = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8)
+    places = [(0, 4096), (4096, 1), (9000, 70000), (200000, 12345), (1048000, 576)]
+
+    def empty(n):
+        if kind == "torch":
+            return TorchDeviceBuffer(xp.zeros(n, dtype=xp.uint8, device="cuda"))
+        return CupyDeviceBuffer(xp.zeros(n, dtype=xp.uint8))
+
+    buffers = [empty(n) for _, n in places]
+    scatter_from_host(span, [(start, b) for (start, _), b in zip(places, buffers, strict=True)])
+    for (start, n), b in zip(places, buffers, strict=True):
+        got = b.tensor.cpu().numpy() if kind == "torch" else b.array.get()
+        assert got.tobytes() == span[start:start + n].tobytes(), (start, n)
