@@ -101,13 +101,25 @@ def span(requests: Sequence[Request], run: list[int]
 
 
 def submit_windowed(starts: Sequence[Callable[[], IOFuture[int]]],
-                     report: Callable[[int], None]) -> list[int]:
+                     report: Callable[[int], None],
+                     meanwhile: Callable[[], None] | None = None) -> list[int]:
     """Start each transfer, keeping at most :data:`BATCH_WINDOW` in flight; return their byte
-    counts. After a failure nothing more starts, and every started transfer is waited for
-    before the error is raised: a fallback tool must not race a failed one's stragglers."""
+    counts. ``meanwhile`` runs once the window is full (or every transfer started), while
+    they move. After a failure nothing more starts, and every started transfer is waited
+    for before the error is raised: a fallback tool must not race a failed one's
+    stragglers."""
     counts = [0] * len(starts)
     pending: deque[tuple[int, IOFuture[int]]] = deque()
     error: BaseException | None = None
+
+    def side_work() -> None:
+        nonlocal meanwhile, error
+        work, meanwhile = meanwhile, None
+        if work is not None and error is None:
+            try:
+                work()
+            except BaseException as exc:  # noqa: BLE001 - re-raised once all are done
+                error = exc
 
     def settle() -> None:
         nonlocal error
@@ -120,6 +132,7 @@ def submit_windowed(starts: Sequence[Callable[[], IOFuture[int]]],
 
     for index, start in enumerate(starts):
         if len(pending) >= BATCH_WINDOW:
+            side_work()
             settle()
         if error is not None:
             break
@@ -129,6 +142,7 @@ def submit_windowed(starts: Sequence[Callable[[], IOFuture[int]]],
         except BaseException as exc:  # noqa: BLE001 - re-raised once all are done
             error = exc
             break
+    side_work()
     while pending:
         settle()
     if error is not None:
@@ -151,7 +165,8 @@ def truncated(path: str, file_offset: int, nbytes: int, got: int) -> TruncatedFi
 
 
 def read_batch(t: Tool, fd: int, batch: list[Request], path: str, with_checksum: bool,
-               report: Callable[[int], None]) -> list[int | None]:
+               report: Callable[[int], None], meanwhile: Callable[[], None] | None = None
+               ) -> list[int | None]:
     # The single-transfer twin is Dispatcher.read's operation, kept apart: a batch's lists,
     # partials and window cost microseconds that small transfers cannot spare.
     on_gpu = [with_checksum and checksum_on_gpu(buffer, t) for _, buffer in batch]
@@ -174,7 +189,7 @@ def read_batch(t: Tool, fd: int, batch: list[Request], path: str, with_checksum:
 
         counts = submit_windowed(
             [functools.partial(t.pread, fd, buffer, offset, checksum=part)
-             for (offset, buffer), part in zip(batch, parts, strict=True)], landed)
+             for (offset, buffer), part in zip(batch, parts, strict=True)], landed, meanwhile)
         for (offset, buffer), got in zip(batch, counts, strict=True):
             if got != buffer.nbytes:
                 raise truncated(path, offset, buffer.nbytes, got)

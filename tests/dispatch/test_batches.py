@@ -24,6 +24,7 @@ from arrayio.dispatch.dispatcher import SMALL_TRANSFER, Dispatcher
 from arrayio.errors import ToolUnavailableError, TruncatedFileError
 from arrayio.tools import Capabilities, IOFuture, Tool
 from arrayio.tools._io import pread_full, pwrite_full
+from arrayio.tools.naive import NaiveTool
 
 MiB = 1 << 20
 
@@ -267,16 +268,16 @@ def test_loads_and_saves_of_many_arrays_use_one_batch(tmp_path, fresh, monkeypat
     assert SMALL_TRANSFER <= tree["a"].nbytes
 
 
-def _record_calls(monkeypatch, method: str) -> list[tuple[int, int]]:
-    """Record (file offset, bytes) of every ``Dispatcher.<method>`` call from now on."""
+def _record_calls(monkeypatch, method: str, owner: type = Dispatcher) -> list[tuple[int, int]]:
+    """Record (file offset, bytes) of every ``owner.<method>`` call from now on."""
     calls: list[tuple[int, int]] = []
-    real = getattr(Dispatcher, method)
+    real = getattr(owner, method)
 
     def spy(self, fd, buffer, file_offset, **kwargs):
         calls.append((file_offset, buffer.nbytes))
         return real(self, fd, buffer, file_offset, **kwargs)
 
-    monkeypatch.setattr(Dispatcher, method, spy)
+    monkeypatch.setattr(owner, method, spy)
     return calls
 
 
@@ -287,7 +288,7 @@ def test_small_neighbours_are_read_with_one_read(tmp_path, fresh, monkeypatch):
     # Neighbours (gaps of 0 and 100 bytes), one far away, one overlapping the first.
     ranges = [(0, 4096), (4096, 8192), (12388, 50_000), (2 * MiB, 4096), (100, 300)]
     dests = [np.empty(size, np.uint8) for _, size in ranges]
-    reads = _record_calls(monkeypatch, "read")
+    reads = _record_calls(monkeypatch, "read", NaiveTool)  # what small transfers go through
     fd = os.open(path, os.O_RDONLY)
     try:
         crcs = fresh.read_many(fd, [(o, d) for (o, _), d in zip(ranges, dests, strict=True)],
@@ -637,3 +638,88 @@ def test_small_neighbours_read_as_one_run_fill_host_and_device_buffers_alike(tmp
         got = buffer if isinstance(buffer, np.ndarray) else buffer.data
         assert got.tobytes() == data[offset:offset + n], (offset, n)
         assert crc == crc32c.crc32c(data[offset:offset + n])
+
+
+def _mixed(tmp_path, big: int = 6) -> tuple[int, bytes, list[tuple[int, int]]]:
+    """A file with ``big`` 1 MiB arrays, then 20 small neighbours: (fd, content, ranges)."""
+    ranges = [(i * MiB, MiB) for i in range(big)] + [(big * MiB + 5000 * k, 4000)
+                                                    for k in range(20)]
+    content = os.urandom(big * MiB + 5000 * 20)
+    path = tmp_path / "mixed.bin"
+    path.write_bytes(content)
+    return os.open(path, os.O_RDONLY), content, ranges
+
+
+def test_the_small_neighbours_of_a_read_move_while_its_batch_transfers_do(tmp_path, fresh, slow,
+                                                                     monkeypatch):
+    # The small arrays of a load are read while the batch's transfers are in flight, not
+    # before they start; every byte is where it would be alone.
+    monkeypatch.setattr(dispatcher, "candidate_arms", lambda context: [Arm("slow")])
+    in_flight_then: list[int] = []
+    real = NaiveTool.read
+
+    def naive_read(self, fd, buffer, file_offset, **kwargs):
+        in_flight_then.append(slow.running)
+        return real(self, fd, buffer, file_offset, **kwargs)
+
+    monkeypatch.setattr(NaiveTool, "read", naive_read)
+    fd, content, ranges = _mixed(tmp_path)
+    dests = [np.empty(n, np.uint8) for _, n in ranges]
+    done: list[int] = []
+    try:
+        fresh.read_many(fd, [(o, d) for (o, _), d in zip(ranges, dests, strict=True)],
+                        done=done.append)
+    finally:
+        os.close(fd)
+    assert in_flight_then and in_flight_then[0] > 0  # the one run's read, inside the batch
+    assert sorted(done) == list(range(len(ranges)))
+    for (offset, n), dest in zip(ranges, dests, strict=True):
+        assert dest.tobytes() == content[offset:offset + n]
+
+
+def test_small_neighbours_move_once_when_a_failing_tool_batch_is_redone(tmp_path, fresh, slow,
+                                                                        monkeypatch):
+    monkeypatch.setattr(dispatcher, "candidate_arms",
+                        lambda context: [Arm("slow"), Arm.of("posix", threads=2)])
+    slow.fail_at = 3 * MiB
+    reads = _record_calls(monkeypatch, "read", NaiveTool)
+    fd, content, ranges = _mixed(tmp_path)
+    dests = [np.empty(n, np.uint8) for _, n in ranges]
+    done: list[int] = []
+    try:
+        fresh.read_many(fd, [(o, d) for (o, _), d in zip(ranges, dests, strict=True)],
+                        done=done.append)
+    finally:
+        os.close(fd)
+    assert reads == [(6 * MiB, 5000 * 19 + 4000)]  # one read of the run, not one per tool
+    assert sorted(done) == list(range(len(ranges)))
+    for (offset, n), dest in zip(ranges, dests, strict=True):
+        assert dest.tobytes() == content[offset:offset + n]
+    [context] = [e for e in arrayio.explain().explanations]
+    assert "slow" in context.unavailable  # the batch fell back; the small reads did not
+
+
+def test_an_error_of_the_small_neighbours_inside_a_batch_is_no_tool_failure(
+        tmp_path, fresh, slow, monkeypatch):
+    # What the small arrays' part raises (here a cancelled load's callback) leaves as itself,
+    # after the batch's started transfers, and blames no tool.
+    monkeypatch.setattr(dispatcher, "candidate_arms",
+                        lambda context: [Arm("slow"), Arm.of("posix", threads=2)])
+    fd, _, ranges = _mixed(tmp_path)
+    dests = [np.empty(n, np.uint8) for _, n in ranges]
+
+    class Cancelled(Exception):
+        pass
+
+    def done(i: int) -> None:
+        if i == len(ranges) - 1:  # a small one
+            raise Cancelled
+
+    try:
+        with pytest.raises(Cancelled):
+            fresh.read_many(fd, [(o, d) for (o, _), d in zip(ranges, dests, strict=True)],
+                            done=done)
+    finally:
+        os.close(fd)
+    assert slow.running == 0
+    assert all(not e.unavailable for e in arrayio.explain().explanations)
