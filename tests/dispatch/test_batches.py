@@ -650,6 +650,16 @@ def _mixed(tmp_path, big: int = 6) -> tuple[int, bytes, list[tuple[int, int]]]:
     return os.open(path, os.O_RDONLY), content, ranges
 
 
+def _read_ranges(fresh, fd: int, ranges: list[tuple[int, int]], **kwargs) -> list[np.ndarray]:
+    """Read every range of ``fd`` as one ``read_many`` into new host buffers; close ``fd``."""
+    dests = [np.empty(n, np.uint8) for _, n in ranges]
+    try:
+        fresh.read_many(fd, [(o, d) for (o, _), d in zip(ranges, dests, strict=True)], **kwargs)
+    finally:
+        os.close(fd)
+    return dests
+
+
 def test_the_small_neighbours_of_a_read_move_while_its_batch_transfers_do(tmp_path, fresh, slow,
                                                                      monkeypatch):
     # The small arrays of a load are read while the batch's transfers are in flight, not
@@ -664,13 +674,8 @@ def test_the_small_neighbours_of_a_read_move_while_its_batch_transfers_do(tmp_pa
 
     monkeypatch.setattr(NaiveTool, "read", naive_read)
     fd, content, ranges = _mixed(tmp_path)
-    dests = [np.empty(n, np.uint8) for _, n in ranges]
     done: list[int] = []
-    try:
-        fresh.read_many(fd, [(o, d) for (o, _), d in zip(ranges, dests, strict=True)],
-                        done=done.append)
-    finally:
-        os.close(fd)
+    dests = _read_ranges(fresh, fd, ranges, done=done.append)
     assert in_flight_then and in_flight_then[0] > 0  # the one run's read, inside the batch
     assert sorted(done) == list(range(len(ranges)))
     for (offset, n), dest in zip(ranges, dests, strict=True):
@@ -684,13 +689,8 @@ def test_small_neighbours_move_once_when_a_failing_tool_batch_is_redone(tmp_path
     slow.fail_at = 3 * MiB
     reads = _record_calls(monkeypatch, "read", NaiveTool)
     fd, content, ranges = _mixed(tmp_path)
-    dests = [np.empty(n, np.uint8) for _, n in ranges]
     done: list[int] = []
-    try:
-        fresh.read_many(fd, [(o, d) for (o, _), d in zip(ranges, dests, strict=True)],
-                        done=done.append)
-    finally:
-        os.close(fd)
+    dests = _read_ranges(fresh, fd, ranges, done=done.append)
     assert reads == [(6 * MiB, 5000 * 19 + 4000)]  # one read of the run, not one per tool
     assert sorted(done) == list(range(len(ranges)))
     for (offset, n), dest in zip(ranges, dests, strict=True):
@@ -706,7 +706,6 @@ def test_an_error_of_the_small_neighbours_inside_a_batch_is_no_tool_failure(
     monkeypatch.setattr(dispatcher, "candidate_arms",
                         lambda context: [Arm("slow"), Arm.of("posix", threads=2)])
     fd, _, ranges = _mixed(tmp_path)
-    dests = [np.empty(n, np.uint8) for _, n in ranges]
 
     class Cancelled(Exception):
         pass
@@ -715,11 +714,7 @@ def test_an_error_of_the_small_neighbours_inside_a_batch_is_no_tool_failure(
         if i == len(ranges) - 1:  # a small one
             raise Cancelled
 
-    try:
-        with pytest.raises(Cancelled):
-            fresh.read_many(fd, [(o, d) for (o, _), d in zip(ranges, dests, strict=True)],
-                            done=done)
-    finally:
-        os.close(fd)
+    with pytest.raises(Cancelled):
+        _read_ranges(fresh, fd, ranges, done=done)
     assert slow.running == 0
     assert all(not e.unavailable for e in arrayio.explain().explanations)

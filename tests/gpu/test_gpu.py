@@ -18,6 +18,19 @@ ALL_FRAMEWORKS = list(FRAMEWORK_PARAMS)
 SHAPES = [(), (0,), (7,), (3, 5, 2)]
 
 
+def _damage(path, key: str, into: int, mask: int = 0x01) -> tuple[int, bytes]:
+    """Flip the bits ``mask`` of the byte ``into`` bytes into array ``key`` of the file;
+    return that byte's offset and what it held."""
+    with arrayio.open(path) as reader:
+        offset = reader[key].file_offset + into
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ mask]))
+    return offset, byte
+
+
 def _assert_same(framework: Framework, loaded, expected: np.ndarray) -> None:
     assert tuple(loaded.shape) == expected.shape
     assert framework.dtype_name(loaded) == expected.dtype.name
@@ -142,12 +155,7 @@ def test_corruption_is_caught_on_gpu_loads(tmp_path):
     a = random_array(by_name("float32"), (1024,))
     path = tmp_path / "x.safetensors"
     arrayio.save(path, {"x": a})
-    offset = arrayio.open(path)["x"].file_offset
-    with open(path, "r+b") as f:
-        f.seek(offset + 100)
-        byte = f.read(1)
-        f.seek(offset + 100)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    _damage(path, "x", 100, 0xFF)
     with pytest.raises(arrayio.ChecksumError):
         arrayio.load(path, like="cupy", device="cuda")
 
@@ -182,12 +190,7 @@ def test_a_gpu_save_of_many_arrays_through_gathered_writes(tmp_path, tool):
     for key, expected in tree.items():
         assert back[key].tobytes() == expected.tobytes(), key
     for key in ("a4", "a2"):  # checksummed on the GPU (5 MiB), on the host (1 MiB)
-        offset = arrayio.open(path)[key].file_offset + 12345
-        with open(path, "r+b") as f:
-            f.seek(offset)
-            byte = f.read(1)
-            f.seek(offset)
-            f.write(bytes([byte[0] ^ 0x01]))
+        offset, byte = _damage(path, key, 12345)
         with pytest.raises(arrayio.ChecksumError, match=f"'{key}'"):
             arrayio.load(path)
         with open(path, "r+b") as f:
@@ -215,12 +218,7 @@ def test_batched_jax_loads_hold_every_byte_through_each_tool(tmp_path, tool):
     for key, expected in tree.items():
         assert isinstance(back[key], jax.Array)
         assert np.asarray(back[key]).tobytes() == expected.tobytes(), key
-    offset = arrayio.open(path)["w7"].file_offset + 999
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x10]))
+    _damage(path, "w7", 999, 0x10)
     with pytest.raises(arrayio.ChecksumError, match="'w7'"):
         arrayio.load(path, like="jax", device="cuda", tool=tool)
 
@@ -239,12 +237,7 @@ def test_kvikio_reads_and_writes_with_checksums_computed_on_the_gpu(tmp_path):
     assert arrayio.load(path)["x"].tobytes() == a.tobytes()  # host CRC agrees with the GPU's
     back = arrayio.load(path, like="cupy", device="cuda", tool="kvikio")["x"]
     assert cupy.asnumpy(back).tobytes() == a.tobytes()
-    offset = arrayio.open(path)["x"].file_offset
-    with open(path, "r+b") as f:
-        f.seek(offset + (5 << 20))
-        byte = f.read(1)
-        f.seek(offset + (5 << 20))
-        f.write(bytes([byte[0] ^ 0x01]))
+    _damage(path, "x", 5 << 20)
     with pytest.raises(arrayio.ChecksumError):
         arrayio.load(path, like="cupy", device="cuda", tool="kvikio")
     with pytest.raises(arrayio.ChecksumError):
@@ -289,12 +282,7 @@ def test_small_neighbours_reach_the_gpu_whole_beside_a_large_batch(tmp_path, lik
     framework = next(f for f in GPU_FRAMEWORKS if f.id.startswith(like))
     for key, expected in tree.items():
         _assert_same(framework, back[key], expected)
-    offset = arrayio.open(path)["b123"].file_offset + 1
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x01]))
+    _damage(path, "b123", 1)
     with pytest.raises(arrayio.ChecksumError, match="'b123'"):
         arrayio.load(path, like=like, device="cuda")
 
