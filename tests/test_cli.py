@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import arrayio
 from arrayio import cli
-from arrayio.testing import strategies
+from arrayio.testing import damage_array, strategies
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
@@ -195,19 +195,9 @@ def test_verify_a_good_file(capsys, ckpt):
     assert "ok  emb" in out and "ok  layers.0.b" in out
 
 
-def corrupt(path: Path, key: str, at: int = 10) -> None:
-    with arrayio.open(path) as reader:
-        offset = reader[key].file_offset + at
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
-
-
 def test_verify_names_each_damaged_array(capsys, ckpt):
-    corrupt(ckpt, "emb")
-    corrupt(ckpt, "layers.0.w")
+    damage_array(ckpt, "emb")
+    damage_array(ckpt, "layers.0.w")
     code, out, err = run(capsys, "verify", ckpt)
     assert code == cli.EXIT_DATA
     assert "OK" not in out
@@ -227,7 +217,7 @@ def test_verify_reads_large_arrays_in_pieces(capsys, tmp_path, monkeypatch):
     path = tmp_path / "big.safetensors"
     arrayio.save(path, {"a": np.arange(10_000, dtype=np.float64), "b": np.ones(3)})
     assert run(capsys, "verify", path)[0] == 0
-    corrupt(path, "a", at=70_000)  # in the 18th piece
+    damage_array(path, "a", at=70_000)  # in the 18th piece
     code, _, err = run(capsys, "verify", path)
     assert code == 1 and "'a'" in err
 

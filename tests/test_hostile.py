@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 
 import arrayio
+from arrayio.testing import flip_byte
 
 # The builtins each error class must also be, as errors.py documents them. Written out here
 # (not derived from the classes) so that a change to the hierarchy fails a test.
@@ -104,14 +105,6 @@ def save_sample(tmp_path: Path, name: str = "sample.safetensors") -> Path:
     path = tmp_path / name
     arrayio.save(path, {"w": np.arange(1024, dtype=np.float32), "b": np.arange(10)})
     return path
-
-
-def flip_byte(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        (byte,) = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte ^ 0xFF]))
 
 
 # --------------------------------------------------------------------------- entry points

@@ -396,8 +396,8 @@ class Dispatcher:
         total size and typical piece), the one :func:`arrayio.tune` with ``arrays`` teaches
         and :func:`arrayio.explain` of a file describes. Transfers below
         :data:`SMALL_TRANSFER` go through the naive tool, as they would alone, neighbours in
-        the file with one read (or, touching, one write); a read's move while its first
-        batch's transfers do.
+        the file with one read (or, touching, one write); a read's small transfers move while
+        its first batch's transfers do.
         ``done(i)`` is called once request ``i`` has completed (for progress bars).
 
         Raises

@@ -281,20 +281,29 @@ def _record_calls(monkeypatch, method: str, owner: type = Dispatcher) -> list[tu
     return calls
 
 
+def _read_into(fresh, path, ranges: list[tuple[int, int]], buffers: list | None = None,
+               **kwargs) -> tuple[list, list[int | None]]:
+    """Read every ``(offset, size)`` range of the file as one ``read_many``, into
+    ``buffers`` (by default new host buffers): the buffers and what it returned."""
+    if buffers is None:
+        buffers = [np.empty(n, np.uint8) for _, n in ranges]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        crcs = fresh.read_many(fd, [(o, b) for (o, _), b in zip(ranges, buffers, strict=True)],
+                               **kwargs)
+    finally:
+        os.close(fd)
+    return buffers, crcs
+
+
 def test_small_neighbours_are_read_with_one_read(tmp_path, fresh, monkeypatch):
     content = os.urandom(3 * MiB)
     path = tmp_path / "s.bin"
     path.write_bytes(content)
     # Neighbours (gaps of 0 and 100 bytes), one far away, one overlapping the first.
     ranges = [(0, 4096), (4096, 8192), (12388, 50_000), (2 * MiB, 4096), (100, 300)]
-    dests = [np.empty(size, np.uint8) for _, size in ranges]
     reads = _record_calls(monkeypatch, "read", NaiveTool)  # what small transfers go through
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        crcs = fresh.read_many(fd, [(o, d) for (o, _), d in zip(ranges, dests, strict=True)],
-                               with_checksum=True)
-    finally:
-        os.close(fd)
+    dests, crcs = _read_into(fresh, path, ranges, with_checksum=True)
     # The overlapping request starts a run of its own in file order, which its neighbours
     # after it join; the first stays alone.
     assert sorted(reads) == [(0, 4096), (100, 62288), (2 * MiB, 4096)]
@@ -628,36 +637,21 @@ def test_small_neighbours_read_as_one_run_fill_host_and_device_buffers_alike(tmp
     data = path.read_bytes()
     places = [(0, 4096), (4096, 10), (5000, 3000), (40_000, 60_000), (150_000, 1)]
     buffers = [np.empty(n, np.uint8) if i % 2 else _Device(n) for i, (_, n) in enumerate(places)]
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        crcs = fresh.read_many(fd, [(o, b) for (o, _), b in zip(places, buffers, strict=True)],
-                               with_checksum=True)
-    finally:
-        os.close(fd)
+    _, crcs = _read_into(fresh, path, places, buffers, with_checksum=True)
     for (offset, n), buffer, crc in zip(places, buffers, crcs, strict=True):
         got = buffer if isinstance(buffer, np.ndarray) else buffer.data
         assert got.tobytes() == data[offset:offset + n], (offset, n)
         assert crc == crc32c.crc32c(data[offset:offset + n])
 
 
-def _mixed(tmp_path, big: int = 6) -> tuple[int, bytes, list[tuple[int, int]]]:
-    """A file with ``big`` 1 MiB arrays, then 20 small neighbours: (fd, content, ranges)."""
+def _mixed(tmp_path, big: int = 6) -> tuple[os.PathLike, bytes, list[tuple[int, int]]]:
+    """A file with ``big`` 1 MiB arrays, then 20 small neighbours: (path, content, ranges)."""
     ranges = [(i * MiB, MiB) for i in range(big)] + [(big * MiB + 5000 * k, 4000)
                                                     for k in range(20)]
     content = os.urandom(big * MiB + 5000 * 20)
     path = tmp_path / "mixed.bin"
     path.write_bytes(content)
-    return os.open(path, os.O_RDONLY), content, ranges
-
-
-def _read_ranges(fresh, fd: int, ranges: list[tuple[int, int]], **kwargs) -> list[np.ndarray]:
-    """Read every range of ``fd`` as one ``read_many`` into new host buffers; close ``fd``."""
-    dests = [np.empty(n, np.uint8) for _, n in ranges]
-    try:
-        fresh.read_many(fd, [(o, d) for (o, _), d in zip(ranges, dests, strict=True)], **kwargs)
-    finally:
-        os.close(fd)
-    return dests
+    return path, content, ranges
 
 
 def test_the_small_neighbours_of_a_read_move_while_its_batch_transfers_do(tmp_path, fresh, slow,
@@ -673,9 +667,9 @@ def test_the_small_neighbours_of_a_read_move_while_its_batch_transfers_do(tmp_pa
         return real(self, fd, buffer, file_offset, **kwargs)
 
     monkeypatch.setattr(NaiveTool, "read", naive_read)
-    fd, content, ranges = _mixed(tmp_path)
+    path, content, ranges = _mixed(tmp_path)
     done: list[int] = []
-    dests = _read_ranges(fresh, fd, ranges, done=done.append)
+    dests, _ = _read_into(fresh, path, ranges, done=done.append)
     assert in_flight_then and in_flight_then[0] > 0  # the one run's read, inside the batch
     assert sorted(done) == list(range(len(ranges)))
     for (offset, n), dest in zip(ranges, dests, strict=True):
@@ -688,9 +682,9 @@ def test_small_neighbours_move_once_when_a_failing_tool_batch_is_redone(tmp_path
                         lambda context: [Arm("slow"), Arm.of("posix", threads=2)])
     slow.fail_at = 3 * MiB
     reads = _record_calls(monkeypatch, "read", NaiveTool)
-    fd, content, ranges = _mixed(tmp_path)
+    path, content, ranges = _mixed(tmp_path)
     done: list[int] = []
-    dests = _read_ranges(fresh, fd, ranges, done=done.append)
+    dests, _ = _read_into(fresh, path, ranges, done=done.append)
     assert reads == [(6 * MiB, 5000 * 19 + 4000)]  # one read of the run, not one per tool
     assert sorted(done) == list(range(len(ranges)))
     for (offset, n), dest in zip(ranges, dests, strict=True):
@@ -705,7 +699,7 @@ def test_an_error_of_the_small_neighbours_inside_a_batch_is_no_tool_failure(
     # after the batch's started transfers, and blames no tool.
     monkeypatch.setattr(dispatcher, "candidate_arms",
                         lambda context: [Arm("slow"), Arm.of("posix", threads=2)])
-    fd, _, ranges = _mixed(tmp_path)
+    path, _, ranges = _mixed(tmp_path)
 
     class Cancelled(Exception):
         pass
@@ -715,6 +709,6 @@ def test_an_error_of_the_small_neighbours_inside_a_batch_is_no_tool_failure(
             raise Cancelled
 
     with pytest.raises(Cancelled):
-        _read_ranges(fresh, fd, ranges, done=done)
+        _read_into(fresh, path, ranges, done=done)
     assert slow.running == 0
     assert all(not e.unavailable for e in arrayio.explain().explanations)

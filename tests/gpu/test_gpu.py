@@ -9,26 +9,20 @@ import pytest
 
 import arrayio
 from arrayio._dtypes import DTYPES, by_name
-from arrayio.testing import FRAMEWORK_PARAMS, Framework, random_array, supports
+from arrayio.testing import (
+    FRAMEWORK_PARAMS,
+    Framework,
+    damage_array,
+    flip_byte,
+    random_array,
+    supports,
+)
 
 pytestmark = pytest.mark.gpu
 
 GPU_FRAMEWORKS = [f for f in FRAMEWORK_PARAMS if f.device == "cuda"]
 ALL_FRAMEWORKS = list(FRAMEWORK_PARAMS)
 SHAPES = [(), (0,), (7,), (3, 5, 2)]
-
-
-def _damage(path, key: str, into: int, mask: int = 0x01) -> tuple[int, bytes]:
-    """Flip the bits ``mask`` of the byte ``into`` bytes into array ``key`` of the file;
-    return that byte's offset and what it held."""
-    with arrayio.open(path) as reader:
-        offset = reader[key].file_offset + into
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ mask]))
-    return offset, byte
 
 
 def _assert_same(framework: Framework, loaded, expected: np.ndarray) -> None:
@@ -155,7 +149,7 @@ def test_corruption_is_caught_on_gpu_loads(tmp_path):
     a = random_array(by_name("float32"), (1024,))
     path = tmp_path / "x.safetensors"
     arrayio.save(path, {"x": a})
-    _damage(path, "x", 100, 0xFF)
+    damage_array(path, "x", 100)
     with pytest.raises(arrayio.ChecksumError):
         arrayio.load(path, like="cupy", device="cuda")
 
@@ -190,12 +184,10 @@ def test_a_gpu_save_of_many_arrays_through_gathered_writes(tmp_path, tool):
     for key, expected in tree.items():
         assert back[key].tobytes() == expected.tobytes(), key
     for key in ("a4", "a2"):  # checksummed on the GPU (5 MiB), on the host (1 MiB)
-        offset, byte = _damage(path, key, 12345)
+        offset, _ = damage_array(path, key, 12345, 0x01)
         with pytest.raises(arrayio.ChecksumError, match=f"'{key}'"):
             arrayio.load(path)
-        with open(path, "r+b") as f:
-            f.seek(offset)
-            f.write(byte)
+        flip_byte(path, offset, 0x01)  # mended for the next key
 
 
 @pytest.mark.parametrize("tool", [None, "kvikio", "staged(threads=4,chunk_size=1048576)",
@@ -218,7 +210,7 @@ def test_batched_jax_loads_hold_every_byte_through_each_tool(tmp_path, tool):
     for key, expected in tree.items():
         assert isinstance(back[key], jax.Array)
         assert np.asarray(back[key]).tobytes() == expected.tobytes(), key
-    _damage(path, "w7", 999, 0x10)
+    damage_array(path, "w7", 999, 0x10)
     with pytest.raises(arrayio.ChecksumError, match="'w7'"):
         arrayio.load(path, like="jax", device="cuda", tool=tool)
 
@@ -237,7 +229,7 @@ def test_kvikio_reads_and_writes_with_checksums_computed_on_the_gpu(tmp_path):
     assert arrayio.load(path)["x"].tobytes() == a.tobytes()  # host CRC agrees with the GPU's
     back = arrayio.load(path, like="cupy", device="cuda", tool="kvikio")["x"]
     assert cupy.asnumpy(back).tobytes() == a.tobytes()
-    _damage(path, "x", 5 << 20)
+    damage_array(path, "x", 5 << 20, 0x01)
     with pytest.raises(arrayio.ChecksumError):
         arrayio.load(path, like="cupy", device="cuda", tool="kvikio")
     with pytest.raises(arrayio.ChecksumError):
@@ -282,7 +274,7 @@ def test_small_neighbours_reach_the_gpu_whole_beside_a_large_batch(tmp_path, lik
     framework = next(f for f in GPU_FRAMEWORKS if f.id.startswith(like))
     for key, expected in tree.items():
         _assert_same(framework, back[key], expected)
-    _damage(path, "b123", 1)
+    damage_array(path, "b123", 1, 0x01)
     with pytest.raises(arrayio.ChecksumError, match="'b123'"):
         arrayio.load(path, like=like, device="cuda")
 
