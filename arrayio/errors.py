@@ -10,16 +10,20 @@ from __future__ import annotations
 __all__ = [
     "ArrayioError",
     "ChecksumError",
+    "ConfigError",
     "DeviceError",
+    "DiskFullError",
     "FormatError",
     "FrameworkNotAvailableError",
     "HeaderTooLargeError",
     "KeyNotFoundError",
     "MismatchError",
+    "OutOfMemoryError",
     "ToolUnavailableError",
     "TruncatedFileError",
     "UnknownToolError",
     "UnsupportedDtypeError",
+    "UnsupportedFormatError",
     "UnsupportedObjectError",
 ]
 
@@ -52,6 +56,10 @@ class UnsupportedObjectError(ArrayioError, TypeError):
     """An object that is neither an array nor a pytree node arrayio can save."""
 
 
+class UnsupportedFormatError(ArrayioError, ValueError):
+    """A path whose extension names a format arrayio does not write (``.pt``, ``.h5``...)."""
+
+
 class KeyNotFoundError(ArrayioError, KeyError):
     """A key that the file does not hold."""
 
@@ -65,6 +73,19 @@ class MismatchError(ArrayioError, ValueError):
 
 class FrameworkNotAvailableError(ArrayioError, ImportError):
     """The requested framework (or the library a code path needs) is not installed."""
+
+
+class ConfigError(ArrayioError, ValueError):
+    """A setting, environment variable or tool specification that cannot be understood."""
+
+
+class OutOfMemoryError(ArrayioError, MemoryError):
+    """A load would need more memory than the machine has available."""
+
+
+class DiskFullError(ArrayioError, OSError):
+    """The file system ran out of space (or quota) during a write; the previous file, if
+    any, is intact."""
 
 
 class DeviceError(ArrayioError, ValueError):
