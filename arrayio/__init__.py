@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from . import config, errors, offload
 from ._api import load, open, read_into, save
-from ._async import AsyncFuture, load_async, save_async
+from ._async import AsyncFuture, load_async, save_async, wait
 from ._reader import ArrayInfo, Reader
 from ._tuning import DispatchReport, explain, tune
 from .errors import (
@@ -74,4 +74,5 @@ __all__ = [
     "save",
     "save_async",
     "tune",
+    "wait",
 ]

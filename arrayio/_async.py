@@ -19,8 +19,11 @@ Operations are queued per file (``os.path.realpath``): on the same path they run
 another in submission order (a load after a save sees what that save wrote; of two saves,
 the last wins), on different paths they run in parallel, at most
 ``config.get().async_workers`` at once (``ARRAYIO_ASYNC_WORKERS``, default 4). Worker threads
-are started on demand and exit when the queue is empty; they are not daemons, so queued
-saves finish before the interpreter exits.
+are started on demand and exit when the queue is empty. :func:`wait` blocks until every
+queued operation is done and raises the error of any save whose failure nobody has seen.
+At interpreter exit the queue is drained before the transfer tools' thread pools shut down,
+so queued saves finish; a save that failed with nobody looking at its future is reported on
+standard error.
 
 Cancellation (:meth:`AsyncFuture.cancel`):
 
@@ -39,9 +42,11 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import concurrent.futures.thread  # registers its exit hook before ours (see _drain_at_exit)
 import contextlib
 import dataclasses
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -54,7 +59,7 @@ from . import _api, _gcpause, config
 from ._buffers import CupyDeviceBuffer, TorchDeviceBuffer, aligned_empty
 from ._frameworks import Exported
 
-__all__ = ["AsyncFuture", "load_async", "save_async"]
+__all__ = ["AsyncFuture", "load_async", "save_async", "wait"]
 
 
 class _Stopped(Exception):
@@ -84,6 +89,15 @@ class AsyncFuture(concurrent.futures.Future):
         self._op_lock = threading.Lock()
         self._stop = False
         self._committed = False
+        self._seen = False  # result() or exception() was asked: its error reached someone
+
+    def result(self, timeout: float | None = None) -> Any:
+        self._seen = True
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._seen = True
+        return super().exception(timeout)
 
     def cancel(self) -> bool:
         """Cancel the operation; return whether it will have no effect.
@@ -157,6 +171,8 @@ class _Operation:
         except BaseException as error:  # noqa: BLE001 - every failure belongs on the future
             if not future._finish():
                 future.set_exception(error)
+                if future.kind == "save":
+                    _scheduler.failed(future)
             return
         if not future._finish():  # else a load cancelled while it read: drop the result
             future.set_result(result)
@@ -173,6 +189,7 @@ class _Scheduler:
         self._busy = 0  # threads running an operation (the others are about to take one)
         self._idle = threading.Condition(self._lock)
         self._leaving: list[threading.Thread] = []  # done, but perhaps not exited yet
+        self._failed: list[AsyncFuture] = []  # failed saves, until wait() or exit reports them
 
     def submit(self, operation: _Operation) -> None:
         with self._lock:
@@ -231,6 +248,22 @@ class _Scheduler:
                     self._spawn_locked()  # what this thread leaves (if it died) goes on
                 self._idle.notify_all()
 
+    def failed(self, future: AsyncFuture) -> None:
+        with self._lock:
+            self._failed.append(future)
+
+    def unseen_failures(self) -> list[AsyncFuture]:
+        """The failed saves whose error nobody has asked for; each is returned once."""
+        with self._lock:
+            failed, self._failed = self._failed, []
+        return [future for future in failed if not future._seen]
+
+    def cancel_queued(self) -> int:
+        """Cancel every operation that has not started; return how many."""
+        with self._lock:
+            queued = [op for lane in self._lanes.values() for op in lane]
+        return sum(op.future.cancel() for op in queued if not op.future.running())
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every queued operation is done and every worker thread has exited."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -260,6 +293,62 @@ def wait_idle(timeout: float | None = None) -> bool:
         False if the timeout passed first.
     """
     return _scheduler.wait_idle(timeout)
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Wait until every :func:`save_async` and :func:`load_async` submitted so far is done.
+
+    Parameters
+    ----------
+    timeout
+        Seconds to wait at most (None: as long as it takes).
+
+    Returns
+    -------
+    bool
+        True once nothing is queued or running; False if the timeout passed first.
+
+    Raises
+    ------
+    Exception
+        The error of a save that failed while nobody looked at its future (``result()`` or
+        ``exception()``), so that a program that fires saves and forgets them still learns
+        of a failure; other such failures are listed in its notes. Each failure is raised
+        once.
+    """
+    if not _scheduler.wait_idle(timeout):
+        return False
+    failures = _scheduler.unseen_failures()
+    if failures:
+        error = failures[0].exception()
+        for other in failures[1:]:
+            error.add_note(f"arrayio: save_async of {other.path} also failed: "
+                           f"{_describe(other.exception())}")
+        raise error
+    return True
+
+
+def _describe(error: BaseException | None) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _drain_at_exit() -> None:
+    """Finish queued operations before the interpreter shuts thread pools down, then report
+    the saves that failed unseen. Ctrl-C while waiting cancels what has not started."""
+    try:
+        _scheduler.wait_idle()
+    except KeyboardInterrupt:
+        cancelled = _scheduler.cancel_queued()
+        print(f"arrayio: interrupted at exit; {cancelled} queued save(s) or load(s) "
+              "cancelled (files they would have replaced are intact)", file=sys.stderr)
+    for future in _scheduler.unseen_failures():
+        print(f"arrayio: save_async of {future.path} failed: {_describe(future.exception())}",
+              file=sys.stderr)
+
+
+# Before concurrent.futures' own exit hook (the hooks run in reverse order of registration),
+# which stops every thread pool, the transfer tools' included.
+threading._register_atexit(_drain_at_exit)
 
 
 def _path_key(path: str) -> str:

@@ -9,6 +9,8 @@ import errno
 import functools
 import os
 import random
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -61,6 +63,7 @@ class Gate:
 def no_leftover_threads():
     yield
     assert _async.wait_idle(TIMEOUT), "async operations still queued"
+    _async._scheduler.unseen_failures()  # a test's failed saves are not the next one's
     assert not [t for t in threading.enumerate() if t.name == "arrayio-async"]
 
 
@@ -144,6 +147,68 @@ def test_io_errors_surface_on_the_future(tmp_path, monkeypatch) -> None:
         failed.result(TIMEOUT)
     assert np.array_equal(arrayio.load(path)["x"], np.ones(3))  # the old file is intact
     assert _tmp_files(tmp_path) == []
+
+
+def test_wait_returns_once_every_queued_save_is_done(tmp_path, monkeypatch) -> None:
+    gate = Gate(monkeypatch)
+    futures = [arrayio.save_async(tmp_path / f"{i}.safetensors", {"x": np.full(3, i)})
+               for i in range(6)]
+    gate.wait_entered()
+    assert arrayio.wait(0.05) is False  # held at the gate
+    gate.open()
+    assert arrayio.wait(TIMEOUT) is True
+    assert all(future.done() for future in futures)
+    assert [int(arrayio.load(tmp_path / f"{i}.safetensors")["x"][0]) for i in range(6)] == list(
+        range(6))
+
+
+def test_wait_raises_each_failed_save_nobody_looked_at_once(tmp_path) -> None:
+    first = tmp_path / "no" / "x.safetensors"
+    second = tmp_path / "gone" / "y.safetensors"
+    arrayio.save_async(first, {"x": np.ones(3)})
+    arrayio.save_async(second, {"x": np.ones(3)})
+    arrayio.save_async(tmp_path / "fine.safetensors", {"x": np.ones(3)})
+    with pytest.raises(FileNotFoundError) as raised:
+        arrayio.wait(TIMEOUT)
+    failed = {raised.value.filename, *(
+        path for path in (str(first), str(second)) if any(path in note for note in getattr(
+            raised.value, "__notes__", [])))}
+    assert failed == {str(first), str(second)}
+    assert arrayio.wait(TIMEOUT) is True  # reported once
+    assert (tmp_path / "fine.safetensors").exists()
+
+
+def test_wait_leaves_alone_a_failure_the_caller_has_seen(tmp_path) -> None:
+    failed = arrayio.save_async(tmp_path / "no" / "x.safetensors", {"x": np.ones(3)})
+    with pytest.raises(FileNotFoundError):
+        failed.result(TIMEOUT)
+    assert arrayio.wait(TIMEOUT) is True
+
+
+# Queues saves and returns without waiting: the interpreter's exit must finish them.
+EXIT_WITH_QUEUED_SAVES = """
+import sys
+import numpy as np
+import arrayio
+directory = sys.argv[1]
+for i in range(16):
+    arrayio.save_async(f"{directory}/{i}.safetensors", {"x": np.full(1 << 20, i, np.float64)})
+arrayio.save_async(f"{directory}/missing/lost.safetensors", {"x": np.ones(3)})
+"""
+
+
+@pytest.mark.parametrize("tool", ["posix", "direct", "naive"])
+def test_queued_saves_finish_at_exit_and_a_failure_is_reported(tmp_path, tool) -> None:
+    env = {**os.environ, "ARRAYIO_TOOL": tool, "ARRAYIO_CACHE_DIR": "none"}
+    done = subprocess.run([sys.executable, "-c", EXIT_WITH_QUEUED_SAVES, str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    lost = [i for i in range(16) if not (tmp_path / f"{i}.safetensors").exists()]
+    assert lost == [], f"saves queued at exit were lost: {lost}"
+    for i in range(16):
+        assert arrayio.load(tmp_path / f"{i}.safetensors")["x"][0] == i
+    assert f"save_async of {tmp_path}/missing/lost.safetensors failed" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_same_path_keeps_submission_order(tmp_path) -> None:

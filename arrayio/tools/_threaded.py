@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import concurrent.futures
+import concurrent.futures.thread
 import os
+import sys
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from .base import Tool
@@ -36,8 +39,7 @@ class ThreadedTool(Tool):
     def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    self.threads, thread_name_prefix=f"arrayio-{self.name}")
+                self._pool = _Pool(self.threads, thread_name_prefix=f"arrayio-{self.name}")
             return self._pool
 
     def close(self) -> None:
@@ -45,6 +47,32 @@ class ThreadedTool(Tool):
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+
+
+def _interpreter_exiting() -> bool:
+    # concurrent.futures refuses new work once its exit hook has run (before the interpreter
+    # joins non-daemon threads, such as the ones finishing queued asynchronous saves).
+    return bool(getattr(concurrent.futures.thread, "_shutdown", False)) or sys.is_finalizing()
+
+
+class _Pool(concurrent.futures.ThreadPoolExecutor):
+    """A thread pool that, once the interpreter is exiting and refuses to start threads, runs
+    each task in the submitting thread instead of failing it: a save still running then
+    finishes (serially), and no tool is blamed for the interpreter's state."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any,
+               **kwargs: Any) -> concurrent.futures.Future[Any]:
+        try:
+            return super().submit(fn, *args, **kwargs)
+        except RuntimeError:
+            if not _interpreter_exiting():
+                raise
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as error:  # noqa: BLE001 - the task's error belongs on its future
+            future.set_exception(error)
+        return future
 
 
 _live: weakref.WeakSet[ThreadedTool] = weakref.WeakSet()

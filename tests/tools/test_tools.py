@@ -546,3 +546,34 @@ def test_naive_staging_is_not_reallocated_for_each_new_small_size(tmp_path, monk
     finally:
         os.close(fd)
     assert _FakeDevice.pinned == [1 << 20]
+
+
+# --------------------------------------------------------------------------- interpreter exit
+
+
+@pytest.mark.parametrize("make", [lambda: PosixTool(threads=4, task_size=1 << 16),
+                                  lambda: DirectTool(threads=4, task_size=1 << 16),
+                                  lambda: MmapTool(threads=4)],
+                         ids=["posix", "direct", "mmap"])
+def test_a_threaded_tool_finishes_its_work_once_the_interpreter_stops_thread_pools(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make) -> None:
+    """What a save still running at interpreter exit meets: concurrent.futures refuses new
+    work once its exit hook has run. The tool runs its tasks in the caller's thread instead
+    of failing (which would also have marked it unavailable in the dispatch table)."""
+    import concurrent.futures.thread
+
+    data = random_bytes(20 << 20, seed=7)  # several of every tool's tasks
+    path = tmp_path / "data.bin"
+    path.write_bytes(data.tobytes())
+    tool = make()
+    if o_direct_refusal(tmp_path) is not None and isinstance(tool, DirectTool):
+        pytest.skip("O_DIRECT refused here")
+    monkeypatch.setattr(concurrent.futures.thread, "_shutdown", True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        out = host_buffer(len(data))
+        assert tool.pread(fd, out, 0).get() == len(data)
+        np.testing.assert_array_equal(out, data)
+    finally:
+        os.close(fd)
+        tool.close()
