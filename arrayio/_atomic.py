@@ -1,28 +1,123 @@
 """Atomic file replacement: the old file stays intact until the new one is complete on disk.
 
 The new content goes to a hidden temporary file in the same directory
-(``.NAME.arrayio-tmp-XXXXXXXXXXXX``), is fsynced, and is renamed over the target; the directory
-is fsynced so that the rename itself survives a crash. Any Python-level failure removes the
-temporary file; a process killed outright (SIGKILL, power loss) can leave it behind, never a
-damaged target. (``O_TMPFILE`` would avoid even that, but linking it into place through
-``/proc/self/fd`` is refused in some sandboxes, so it is not relied on.)
+(``.NAME.arrayio-tmp-PID-XXXXXXXXXXXX``), is fsynced, and is renamed over the target; the
+directory is fsynced so that the rename itself survives a crash. Any Python-level failure
+removes the temporary file.
+
+A process killed outright (SIGKILL, power loss) can leave its temporary behind, never a
+damaged target. The writer holds an exclusive ``flock`` on its temporary while it writes,
+and the kernel drops that lock when the process dies, however it dies: a temporary that
+nobody holds belongs to a dead writer, and :func:`remove_stale_temporaries` removes it (the
+next save into the directory does so). A PID in the name can be reused and names no host, so
+it is only there for people reading a directory listing; the lock decides.
+
+The replaced file keeps what ``open(path, "w")`` would keep: its permission bits (and its
+owner and group where this process may set them), and a symbolic link at ``path`` stays a
+link, its target receiving the new content. (``O_TMPFILE`` would avoid leftover temporaries
+altogether, but linking it into place through ``/proc/self/fd`` is refused in some
+sandboxes, so it is not relied on.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 
-__all__ = ["atomic_write", "TEMP_MARKER"]
+from .errors import DiskFullError
+
+__all__ = ["TEMP_MARKER", "atomic_write", "is_temporary", "remove_stale_temporaries"]
 
 TEMP_MARKER = ".arrayio-tmp-"
+# Longest file name most file systems take (NAME_MAX); a temporary's name must fit too.
+_NAME_MAX = 255
+_SPACE_ERRNOS = frozenset(code for code in (errno.ENOSPC, getattr(errno, "EDQUOT", None))
+                          if code is not None)
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file name (not a path) is one of arrayio's temporary files."""
+    return name.startswith(".") and TEMP_MARKER in name
 
 
 def _temporary_name(path: str) -> str:
     directory, name = os.path.split(path)
-    return os.path.join(directory, f".{name}{TEMP_MARKER}{secrets.token_hex(6)}")
+    suffix = f"{TEMP_MARKER}{os.getpid()}-{secrets.token_hex(6)}"
+    # Cut the target's name (on a character boundary) so that a target whose own name is near
+    # the limit can still be written.
+    room = _NAME_MAX - 1 - len(suffix.encode())
+    encoded = os.fsencode(name)
+    if len(encoded) > room:
+        name = os.fsdecode(encoded[:room].decode("utf-8", "ignore").encode())
+    return os.path.join(directory, f".{name}{suffix}")
+
+
+def _create_temporary(path: str) -> tuple[str, int]:
+    """Create and lock a new temporary for ``path``; return its name and descriptor."""
+    while True:
+        name = _temporary_name(path)
+        # 0o666 filtered by the umask, as for any new file (mkstemp would give 0o600).
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a cleaner took it between our open and our lock
+            os.close(fd)
+            continue
+        except OSError:  # no locks on this file system: nobody will take it for a dead one's
+            return name, fd
+        try:
+            ours = os.stat(name).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:  # a cleaner removed it before we held the lock
+            ours = False
+        if ours:
+            return name, fd
+        os.close(fd)
+
+
+def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[str]:
+    """Remove the temporaries in ``directory`` that no live process is writing.
+
+    A temporary is stale when nobody holds its lock (see the module docstring); those of live
+    writers, in this process or another, are left alone, as is anything that cannot be opened
+    or locked. Errors (a directory that vanished or cannot be listed) are not raised.
+
+    Returns
+    -------
+    list of str
+        The paths removed.
+    """
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        if is_temporary(entry.name) and _remove_if_stale(entry.path):
+            removed.append(entry.path)
+    return removed
+
+
+def _remove_if_stale(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # Held by us now, so its writer is dead: the name is random and used once.
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _fsync_directory(directory: str) -> None:
@@ -38,32 +133,98 @@ def _fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
+def resolve_target(path: str | os.PathLike[str]) -> str:
+    """The file a write to ``path`` replaces: ``path`` itself, or what its chain of symbolic
+    links ends at (which need not exist yet), as ``open(path, "w")`` would write."""
+    path = os.fspath(path)
+    return os.path.realpath(path) if os.path.islink(path) else path
+
+
+def _keep_mode_and_owner(fd: int, target: str) -> None:
+    """Give the new file the permission bits, owner and group of the file it replaces."""
+    try:
+        old = os.stat(target)
+    except OSError:
+        return  # a new file: the umask decides, as for any new file
+    if stat.S_ISDIR(old.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory; cannot save over it", target)
+    os.fchmod(fd, stat.S_IMODE(old.st_mode))
+    mine = os.fstat(fd)
+    if (old.st_uid, old.st_gid) != (mine.st_uid, mine.st_gid):
+        with contextlib.suppress(OSError):  # only root may give a file away
+            os.fchown(fd, old.st_uid, old.st_gid)
+        os.fchmod(fd, stat.S_IMODE(old.st_mode))  # chown clears set-user/group-ID bits
+
+
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike[str], *, durable: bool = True) -> Iterator[int]:
+def atomic_write(path: str | os.PathLike[str], *, durable: bool = True,
+                 exclusive: bool = False, clean: bool = True) -> Iterator[int]:
     """Yield a writable file descriptor whose content replaces ``path`` on success.
 
     On an exception inside the block the target is left as it was and the partial file is
-    removed. The descriptor is closed by this function. With ``durable=False`` neither the
-    file nor the directory is fsynced: readers still see the old content or the new, never
-    a mix, but a crash may lose the new content (for caches, which must not wait on the
-    disk).
+    removed. The descriptor is closed by this function.
+
+    Parameters
+    ----------
+    path
+        The file to replace or create; a symbolic link is written through (its target is
+        replaced), and an existing file's permission bits and owner are kept.
+    durable
+        With False, neither the file nor the directory is fsynced: readers still see the old
+        content or the new, never a mix, but a crash may lose the new content (for caches,
+        which must not wait on the disk).
+    exclusive
+        Link the new file into place only if ``path`` does not exist yet
+        (``FileExistsError`` otherwise), so that of two concurrent creators exactly one wins.
+    clean
+        First remove the temporaries that dead writers left in the directory.
+
+    Raises
+    ------
+    DiskFullError
+        When the file system runs out of space or quota; the previous file is intact.
+    OSError
+        Other failures, naming ``path`` rather than the temporary file.
     """
-    path = os.fspath(path)
+    path = resolve_target(path)
     directory = os.path.dirname(os.path.abspath(path))
-    temp_name: str | None = _temporary_name(path)
-    # 0o666 filtered by the umask, as for any new file (mkstemp would give 0o600).
-    fd = os.open(temp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
-                 0o666)
+    if clean:
+        remove_stale_temporaries(directory)
+    temporary: str | None = None
+    fd = -1
     try:
+        temporary, fd = _create_temporary(path)
+        if not exclusive:
+            _keep_mode_and_owner(fd, path)
         yield fd
         if durable:
             os.fsync(fd)
-        os.replace(temp_name, path)
-        temp_name = None
+        if exclusive:
+            os.link(temporary, path)  # fails if the target exists, unlike a rename
+        else:
+            os.replace(temporary, path)
+            temporary = None
         if durable:
             _fsync_directory(directory)
+    except OSError as error:
+        if error.errno in _SPACE_ERRNOS and not isinstance(error, DiskFullError):
+            raise DiskFullError(error.errno, f"{error.strerror} while saving (the "
+                                "previous file, if any, is intact)", path) from error
+        _name_the_target(error, path, temporary)
+        raise
     finally:
-        os.close(fd)
-        if temp_name is not None:
+        if fd >= 0:
+            os.close(fd)
+        if temporary is not None:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp_name)
+                os.unlink(temporary)
+
+
+def _name_the_target(error: OSError, path: str, temporary: str | None) -> None:
+    """Make ``error`` name ``path``, the user's file, rather than the temporary one or none."""
+    if error.errno is None:
+        return
+    named = error.filename
+    if named is None or named == temporary or is_temporary(os.path.basename(os.fsdecode(named))):
+        error.filename = path
+        error.filename2 = None

@@ -14,8 +14,10 @@ for both the safetensors container and ``.npy``.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -27,6 +29,7 @@ import numpy as np
 import pytest
 
 import arrayio
+from arrayio import _atomic, _transfer
 
 TEMP_MARKER = ".arrayio-tmp-"
 
@@ -141,9 +144,10 @@ def test_writer_killed_mid_save_leaves_old_file(tmp_path: Path) -> None:
     assert_tree_equal(arrayio.load(path, verify=True), OLD)
     # SIGKILL gives no chance to clean up: the partial temporary file is left behind...
     assert temp_files(directory), "expected the killed writer's temporary file to remain"
-    # ...and does not get in the way of the next save.
+    # ...and the next save into the directory removes it, since its writer is dead.
     arrayio.save(path, NEW)
     assert_tree_equal(arrayio.load(path), NEW)
+    assert temp_files(directory) == []
 
 
 # --------------------------------------------------------------------------- failing saves
@@ -365,3 +369,131 @@ def test_only_a_durable_replacement_waits_for_the_disk(tmp_path: Path,
         raise InjectedFailure("interrupted")
     assert path.read_bytes() == b"new content"
     assert temp_files(tmp_path) == []
+
+
+# --------------------------------------------------------------------------- temporaries
+
+
+# Holds a temporary open inside atomic_write until its stdin closes: a live writer.
+LIVE_WRITER = """
+import sys
+from arrayio import _atomic
+with _atomic.atomic_write(sys.argv[1]) as fd:
+    print("writing", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_live_writers_temporary_survives_anothers_cleanup(tmp_path: Path) -> None:
+    target = tmp_path / "live.safetensors"
+    writer = subprocess.Popen([sys.executable, "-c", LIVE_WRITER, str(target)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert writer.stdout.readline() == b"writing\n"
+        (live,) = temp_files(tmp_path)
+        assert f"{TEMP_MARKER}{writer.pid}-" in live.name  # says which process owns it
+        arrayio.save(tmp_path / "other.safetensors", NEW)  # cleans the directory
+        assert _atomic.remove_stale_temporaries(tmp_path) == []
+        assert temp_files(tmp_path) == [live]
+    finally:
+        writer.communicate(b"")
+    assert writer.returncode == 0
+    assert target.exists() and temp_files(tmp_path) == []
+
+
+def test_a_temporary_left_by_a_dead_process_is_removed(tmp_path: Path) -> None:
+    # What a killed writer leaves: a temporary file nobody holds a lock on.
+    stale = tmp_path / f".model.safetensors{TEMP_MARKER}12345-0123456789ab"
+    stale.write_bytes(b"partial")
+    unrelated = tmp_path / ".model.safetensors.notes"  # not arrayio's: never touched
+    unrelated.write_bytes(b"mine")
+    assert _atomic.remove_stale_temporaries(tmp_path) == [str(stale)]
+    assert not stale.exists() and unrelated.exists()
+
+
+@pytest.mark.parametrize("name", ["x" * 255, "é" * 121 + ".safetensors"])
+def test_a_file_name_at_the_length_limit_can_be_saved(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    arrayio.save(path, {"w": np.arange(3)})
+    np.testing.assert_array_equal(arrayio.load(path)["w"], np.arange(3))
+    assert temp_files(tmp_path) == []
+
+
+def test_a_failed_save_names_the_users_path(tmp_path: Path) -> None:
+    path = tmp_path / "missing-directory" / "model.safetensors"
+    with pytest.raises(FileNotFoundError) as raised:
+        arrayio.save(path, NEW)
+    assert raised.value.filename == str(path)
+    assert TEMP_MARKER not in str(raised.value)
+
+
+def test_a_full_disk_is_a_disk_full_error_naming_the_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "model.safetensors"
+    arrayio.save(path, OLD)
+    old_bytes = path.read_bytes()
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_transfer, "write_many", full)
+    with pytest.raises(arrayio.DiskFullError) as raised:
+        arrayio.save(path, NEW)
+    assert isinstance(raised.value, OSError) and raised.value.errno == errno.ENOSPC
+    assert raised.value.filename == str(path)
+    assert path.read_bytes() == old_bytes and temp_files(tmp_path) == []
+
+
+def test_saving_over_a_directory_fails_before_writing(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "ckpt"
+    path.mkdir()
+    monkeypatch.setattr(_transfer, "write_many", lambda *a, **k: pytest.fail("wrote data"))
+    with pytest.raises(IsADirectoryError) as raised:
+        arrayio.save(path, NEW)
+    assert raised.value.filename == str(path)
+    assert temp_files(tmp_path) == []
+
+
+# --------------------------------------------------------------------------- what is kept
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "w.npy"])
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o755])
+def test_saving_over_a_file_keeps_its_permissions(tmp_path: Path, name: str, mode: int) -> None:
+    path = tmp_path / name
+    arrayio.save(path, OLD_NPY if name.endswith(".npy") else OLD)
+    path.chmod(mode)
+    arrayio.save(path, NEW_NPY if name.endswith(".npy") else NEW)
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may give a file to another owner")
+def test_saving_over_a_file_keeps_its_owner(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    arrayio.save(path, OLD)
+    os.chown(path, 12345, 12346)
+    path.chmod(0o640)
+    arrayio.save(path, NEW)
+    status = path.stat()
+    assert (status.st_uid, status.st_gid, stat.S_IMODE(status.st_mode)) == (12345, 12346, 0o640)
+
+
+def test_saving_through_a_symlink_writes_its_target(tmp_path: Path) -> None:
+    (tmp_path / "runs").mkdir()
+    target = tmp_path / "runs" / "step-100.safetensors"
+    arrayio.save(target, OLD)
+    link = tmp_path / "latest.safetensors"
+    link.symlink_to(Path("runs") / "step-100.safetensors")
+    arrayio.save(link, NEW)
+    assert link.is_symlink() and os.readlink(link) == os.path.join("runs", "step-100.safetensors")
+    assert_tree_equal(arrayio.load(target), NEW)
+    assert temp_files(tmp_path) == [] and temp_files(tmp_path / "runs") == []
+
+
+def test_saving_through_a_dangling_symlink_creates_its_target(tmp_path: Path) -> None:
+    link = tmp_path / "latest.npy"
+    link.symlink_to(tmp_path / "new.npy")
+    arrayio.save(link, NEW_NPY)
+    assert link.is_symlink()
+    np.testing.assert_array_equal(np.load(tmp_path / "new.npy"), NEW_NPY)
