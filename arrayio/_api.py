@@ -169,7 +169,7 @@ def _encode_metadata(metadata: Mapping[str, Any] | None) -> tuple[dict[str, str]
     for key, value in metadata.items():
         if not isinstance(key, str):
             raise UnsupportedObjectError(f"metadata keys must be strings, got {key!r}")
-        if key == safetensors.ARRAYIO_KEY:
+        if key in safetensors.RESERVED_METADATA_KEYS:
             raise UnsupportedObjectError(f"metadata key {key!r} is reserved for arrayio")
         if isinstance(value, str):
             stored[key] = value

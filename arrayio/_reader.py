@@ -105,13 +105,14 @@ class Reader:
         self.framework: str | None = None
 
     def _open_safetensors(self, fd: int) -> None:
-        header = formats.safetensors.read_header(fd, self.path)
+        header = formats.safetensors.read_header(fd, self.path, verify=self._verify)
         self._stored = {
             key: _Stored(key, e.dtype, e.shape, e.start, e.crc32c)
             for key, e in header.entries.items()
         }
         arrayio = header.arrayio
         metadata = dict(header.metadata)
+        metadata.pop(formats.safetensors.HEADER_CRC_KEY, None)
         if arrayio is None:
             self._tree = {"dict": [[key, {"leaf": key}] for key in self._stored]}
             self._order = list(self._stored)

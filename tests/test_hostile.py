@@ -28,7 +28,8 @@ import numpy as np
 import pytest
 
 import arrayio
-from arrayio.testing import flip_byte
+from arrayio.formats.safetensors import HEADER_CRC_KEY
+from arrayio.testing import flip_byte, seal_header
 
 # The builtins each error class must also be, as errors.py documents them. Written out here
 # (not derived from the classes) so that a change to the hierarchy fails a test.
@@ -52,11 +53,16 @@ ALLOCATION_LIMIT = 1 << 20
 def container(header: Any, data: bytes = b"", *, header_length: int | None = None) -> bytes:
     """A safetensors container: length prefix, header (JSON-encoded unless bytes), data.
 
-    ``header_length`` overrides the length written in the prefix.
+    ``header_length`` overrides the length written in the prefix. A header that arrayio
+    wrote (its CRC entry first) gets the CRC of its edited content: these cases test what
+    lies behind that check, as a hostile writer able to compute a CRC would.
     """
-    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    raw = header if isinstance(header, bytes) else json.dumps(
+        header, separators=(",", ":")).encode()
     length = len(raw) if header_length is None else header_length
-    return struct.pack("<Q", length) + raw + data
+    blob = struct.pack("<Q", length) + raw + data
+    sealed = isinstance(header, dict) and HEADER_CRC_KEY in header.get("__metadata__", {})
+    return seal_header(blob) if sealed and header_length is None else blob
 
 
 def tensor(dtype: Any = "F32", shape: Any = (1,), offsets: Any = (0, 4)) -> dict[str, Any]:
@@ -567,3 +573,93 @@ def test_refused_before_large_allocation(tmp_path: Path, blob: bytes, name: str,
     assert peak < ALLOCATION_LIMIT, f"peak traced memory {peak} bytes while refusing {name}"
     assert error is not None, f"no error for {name}; expected {expected.__name__}"
     check_error(error, expected, path)
+
+
+# --------------------------------------------------------------------------- the header's CRC
+
+# A pytree whose header holds every kind of fact a flip could change: keys, nesting, constants,
+# dtypes, shapes, user metadata and the tensors' own checksums.
+DESCRIBED = {"params": {"w": np.arange(24, dtype=np.float32).reshape(4, 6),
+                        "b": np.arange(3, dtype=np.int16)},
+             "opt": [np.ones(2, np.complex128), None, 7, "adam"], "step": 1200}
+
+
+def _same_load(loaded: Any, expected: Any) -> bool:
+    if isinstance(expected, dict):
+        return (isinstance(loaded, dict) and loaded.keys() == expected.keys()
+                and all(_same_load(loaded[k], v) for k, v in expected.items()))
+    if isinstance(expected, list | tuple):
+        return (type(loaded) is type(expected) and len(loaded) == len(expected)
+                and all(_same_load(a, b) for a, b in zip(loaded, expected, strict=True)))
+    if isinstance(expected, np.ndarray):
+        return (isinstance(loaded, np.ndarray) and loaded.dtype == expected.dtype
+                and loaded.shape == expected.shape
+                and loaded.tobytes() == expected.tobytes())
+    return type(loaded) is type(expected) and loaded == expected
+
+
+@pytest.mark.slow
+def test_no_single_bit_flip_in_a_header_loads_silently(tmp_path: Path) -> None:
+    """Every bit of the length prefix and of the header's JSON (the padding after it is
+    covered too, and is checked by the fuzz suite): a flip either raises an ArrayioError or
+    leaves what loads exactly as saved."""
+    path = tmp_path / "described.safetensors"
+    arrayio.save(path, DESCRIBED, metadata={"run": "baseline", "lr": 0.1})
+    blob = path.read_bytes()
+    (length,) = struct.unpack("<Q", blob[:8])
+    used = 8 + len(blob[8 : 8 + length].rstrip(b" "))
+    silent = []
+    for offset in range(used):
+        for bit in range(8):
+            damaged = bytearray(blob)
+            damaged[offset] ^= 1 << bit
+            path.write_bytes(damaged)
+            try:
+                with arrayio.open(path) as reader:
+                    loaded, metadata = reader.load(), reader.metadata
+            except arrayio.ArrayioError:
+                continue
+            if not (_same_load(loaded, DESCRIBED) and metadata == {"run": "baseline", "lr": 0.1}):
+                silent.append((offset, bit, blob[offset : offset + 1]))
+    assert silent == [], f"{len(silent)} flips changed what loads without an error: {silent[:5]}"
+
+
+def _rename_key(blob: bytes, old: bytes, new: bytes) -> bytes:
+    assert blob.count(old) == 1
+    return blob.replace(old, new)
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    (b'\\"tree\\"', b'\\"tsee\\"'),          # the structure: load() would return {}
+    (b'\\"crc32c\\"', b'\\"crc32b\\"'),      # every tensor's checksum
+    (b'"arrayio":', b'"arrayjo":'),          # arrayio's facts: a plain safetensors file
+    (b'"arrayio_header_crc32c"', b'"arrayio_header_crc32b"'),  # the header's own CRC
+], ids=["tree", "tensor-crcs", "arrayio-key", "header-crc-key"])
+def test_a_renamed_key_in_the_header_is_caught(tmp_path: Path, old: bytes, new: bytes) -> None:
+    path = save_sample(tmp_path)
+    path.write_bytes(_rename_key(path.read_bytes(), old, new))
+    expect(lambda p: arrayio.load(p), path, arrayio.ChecksumError)
+    loaded = arrayio.load(path, verify=False)  # what the damage would have given
+    assert isinstance(loaded, dict)
+
+
+def test_a_header_arrayio_wrote_before_it_had_a_crc_still_loads(tmp_path: Path) -> None:
+    """Format 1 files (no header CRC) load as before."""
+    header, data = read_container(save_sample(tmp_path))
+    del header["__metadata__"][HEADER_CRC_KEY]
+    facts = json.loads(header["__metadata__"]["arrayio"])
+    header["__metadata__"]["arrayio"] = json.dumps({**facts, "version": 1})
+    path = write(tmp_path, container(header, data), "format1.safetensors")
+    loaded = arrayio.load(path)
+    np.testing.assert_array_equal(loaded["w"], np.arange(1024, dtype=np.float32))
+    with arrayio.open(path) as reader:
+        assert reader.metadata == {}
+
+
+def test_the_header_crc_is_not_user_metadata(tmp_path: Path) -> None:
+    path = tmp_path / "m.safetensors"
+    arrayio.save(path, {"w": np.ones(2)}, metadata={"run": "a"})
+    with arrayio.open(path) as reader:
+        assert reader.metadata == {"run": "a"}
+    with pytest.raises(arrayio.UnsupportedObjectError, match="reserved"):
+        arrayio.save(path, {"w": np.ones(2)}, metadata={HEADER_CRC_KEY: "0"})

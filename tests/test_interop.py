@@ -114,10 +114,11 @@ def test_safe_open_numpy_reads_arrayio_file(tmp_path):
         for key, expected in arrays.items():
             assert_same(f.get_tensor(key), expected)
         metadata = f.metadata()
-    # Every value is a string to safetensors; arrayio's own facts sit under "arrayio".
+    # Every value is a string to safetensors; arrayio's own facts sit under "arrayio", and the
+    # header's CRC under its own key.
     assert metadata["a"] == "b"
     assert metadata["n"] == "3"
-    assert set(metadata) == {"a", "n", "arrayio"}
+    assert set(metadata) == {"a", "n", "arrayio", "arrayio_header_crc32c"}
 
 
 def test_safe_open_slices_arrayio_file(tmp_path):

@@ -11,6 +11,14 @@ tensor after an odd-sized one cannot be realigned).
 arrayio's own facts live in ``__metadata__["arrayio"]``, a JSON string: the format version,
 the pytree structure, the source framework, a CRC-32C per tensor, and the real dtype of
 tensors stored under another safetensors dtype (complex128 as float64 pairs).
+
+The header itself carries a CRC-32C (format 2 on), so that a damaged description of the
+arrays (a key, a shape, the structure, the tensor checksums themselves) is caught as surely
+as damaged data. It is the first entry of ``__metadata__``, at a fixed place at the start
+of the header, and covers the length prefix and the whole header with its own 8 hex digits
+read as ``00000000``. A reader that finds either that entry or arrayio's metadata (format 2)
+verifies it, so that no single flipped bit can turn the check off. safetensors readers see
+one more string in ``__metadata__``.
 """
 
 from __future__ import annotations
@@ -23,12 +31,21 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import crc32c
+
 from .. import _dtypes
 from .._dtypes import DType
-from ..errors import FormatError, HeaderTooLargeError, TruncatedFileError, UnsupportedDtypeError
+from ..errors import (
+    ChecksumError,
+    FormatError,
+    HeaderTooLargeError,
+    TruncatedFileError,
+    UnsupportedDtypeError,
+)
 
 __all__ = [
     "ARRAYIO_KEY",
+    "HEADER_CRC_KEY",
     "MAX_HEADER_BYTES",
     "Entry",
     "Header",
@@ -38,10 +55,17 @@ __all__ = [
 ]
 
 ARRAYIO_KEY = "arrayio"
-FORMAT_VERSION = 1
+HEADER_CRC_KEY = "arrayio_header_crc32c"
+RESERVED_METADATA_KEYS = frozenset({ARRAYIO_KEY, HEADER_CRC_KEY})
+FORMAT_VERSION = 2  # 2: the header carries its own CRC-32C
+_FIRST_CHECKED_VERSION = 2
 # As the safetensors package: a header larger than this is refused before it is read.
 MAX_HEADER_BYTES = 100_000_000
 _PREFIX = struct.Struct("<Q")
+# How every header arrayio writes begins; the header's CRC (8 hex digits) follows at once.
+_HEADER_CRC_LEAD = ('{"__metadata__":{"' + HEADER_CRC_KEY + '":"').encode()
+_HEADER_CRC_AT = _PREFIX.size + len(_HEADER_CRC_LEAD)  # in the file
+_UNSEALED = b"00000000"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,7 +113,29 @@ class Layout:
         encoded = _encode(self._header, self._arrayio, checksums)
         if len(encoded) > self._header_bytes:
             raise AssertionError("header grew after planning")
-        return _PREFIX.pack(self._header_bytes) + encoded.ljust(self._header_bytes, b" ")
+        return seal(_PREFIX.pack(self._header_bytes) + encoded.ljust(self._header_bytes, b" "))
+
+
+def seal(head: bytes) -> bytes:
+    """Write the CRC-32C of ``head`` (length prefix and header, as arrayio encodes them) into
+    its place in ``head``."""
+    unsealed = head[:_HEADER_CRC_AT] + _UNSEALED + head[_HEADER_CRC_AT + len(_UNSEALED):]
+    return (unsealed[:_HEADER_CRC_AT] + f"{crc32c.crc32c(unsealed):08x}".encode()
+            + unsealed[_HEADER_CRC_AT + len(_UNSEALED):])
+
+
+def _header_crc(prefix: bytes, raw: bytes) -> tuple[int, int] | None:
+    """The (recorded, computed) CRC-32C of a header that begins as arrayio's do, else None."""
+    if not raw.startswith(_HEADER_CRC_LEAD):
+        return None
+    at = len(_HEADER_CRC_LEAD)
+    digits = raw[at : at + len(_UNSEALED)]
+    try:
+        recorded = int(digits.decode("ascii"), 16) if len(digits) == len(_UNSEALED) else -1
+    except ValueError:
+        recorded = -1  # not hex: damaged, and then no CRC matches it
+    unsealed = prefix + raw[:at] + _UNSEALED + raw[at + len(_UNSEALED):]
+    return recorded, crc32c.crc32c(unsealed)
 
 
 def _dumps(obj: Any) -> str:
@@ -103,8 +149,10 @@ def _encode(
         # Fixed width: a placeholder of 0 encodes to as many bytes as the real checksum, and
         # a tensor without one (written by a tool that cannot checksum) only shortens it.
         arrayio = {**arrayio, "crc32c": {key: f"{crc:08x}" for key, crc in checksums.items()}}
-    metadata = {**header["__metadata__"], ARRAYIO_KEY: _dumps(arrayio)}
-    return _dumps({**header, "__metadata__": metadata}).encode()
+    # The header's CRC first, where readers look for it (see the module docstring).
+    metadata = {HEADER_CRC_KEY: _UNSEALED.decode(), **header["__metadata__"],
+                ARRAYIO_KEY: _dumps(arrayio)}
+    return _dumps({**header, "__metadata__": metadata}).encode()  # still the first entry
 
 
 def plan(
@@ -168,11 +216,17 @@ def _round_up(n: int, alignment: int) -> int:
 # --------------------------------------------------------------------------- reading
 
 
-def read_header(fd: int, path: str) -> Header:
+def read_header(fd: int, path: str, *, verify: bool = True) -> Header:
     """Read and validate a container header; nothing larger than the file is allocated.
+
+    With ``verify`` (the default), the header's own CRC-32C is checked first where arrayio
+    wrote one (see the module docstring).
 
     Raises
     ------
+    ChecksumError
+        If the header does not match its recorded CRC-32C, or lacks the CRC that its format
+        requires: the description of the arrays is damaged.
     TruncatedFileError
         If the file is shorter than its header or data claim.
     HeaderTooLargeError
@@ -199,6 +253,12 @@ def read_header(fd: int, path: str) -> Header:
     raw = os.pread(fd, header_bytes, _PREFIX.size)
     if len(raw) != header_bytes:
         raise TruncatedFileError(f"{path}: header cut short while reading")
+    sealed = _header_crc(_PREFIX.pack(header_bytes), raw) if verify else None
+    if sealed is not None and sealed[0] != sealed[1]:
+        raise ChecksumError(
+            f"{path}: the header has CRC-32C {sealed[1]:08x}, the file recorded "
+            f"{max(sealed[0], 0):08x}: the description of the arrays is damaged "
+            "(verify=False skips this check)")
     try:
         header = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as error:  # bad UTF-8 or JSON, huge ints, deep nesting
@@ -214,6 +274,11 @@ def read_header(fd: int, path: str) -> Header:
     ):
         raise FormatError(f"{path}: __metadata__ must map strings to strings")
     arrayio = _parse_arrayio(metadata.get(ARRAYIO_KEY), path)
+    if (verify and sealed is None and arrayio is not None
+            and arrayio["version"] >= _FIRST_CHECKED_VERSION):
+        raise ChecksumError(f"{path}: the header lacks the CRC-32C that arrayio format "
+                            f"{arrayio['version']} records: it is damaged (verify=False skips "
+                            "this check)")
     real_dtypes = arrayio.get("dtypes", {}) if arrayio else {}
     checksums = arrayio.get("crc32c", {}) if arrayio else {}
 
