@@ -683,6 +683,16 @@ def test_warm_reads_never_explore_the_disk(memory, size_class):
         assert any(_reads_disk(arm) for arm in arms("-"))
 
 
+@pytest.mark.parametrize("cache", ["warm", "cold", "mixed", "-"])
+@pytest.mark.parametrize("size_class", [12, 16, 21, 24, 30, 34])
+def test_the_dispatcher_never_chooses_mmap_on_its_own(cache, size_class):
+    # Another process that shrinks a mapped file kills the reader with SIGBUS.
+    from arrayio.dispatch.context import Context
+
+    arms = dispatcher.candidate_arms(Context("read", "host", size_class, "vda", cache, 1, True))
+    assert arms and not any(arm.name == "mmap" for arm in arms)
+
+
 def test_a_large_batch_of_pieces_also_tries_deeper_writes():
     # A checkpoint's 16 and 32 MiB tensors need more writes in flight than one buffer of
     # the same total size; the arms for one buffer stay, in the same order.

@@ -577,3 +577,40 @@ def test_a_threaded_tool_finishes_its_work_once_the_interpreter_stops_thread_poo
     finally:
         os.close(fd)
         tool.close()
+
+
+# Reads with the mmap tool a file that another process shrinks once the reader has mapped it
+# (the first mapping truncates the file right after it is made): without a guard, the copy
+# touches pages past the end of the file and the kernel kills the process with SIGBUS.
+SHRUNK_UNDER_MMAP = """
+import mmap, os, sys, types
+import numpy as np
+from arrayio.tools import mmap as mmap_module
+from arrayio.tools.mmap import MmapTool
+path = sys.argv[1]
+size = os.stat(path).st_size
+
+def map_then_shrink(*args, **kwargs):
+    mapped = mmap.mmap(*args, **kwargs)
+    os.truncate(path, min(os.stat(path).st_size, 4096))
+    return mapped
+
+mmap_module.mmap = types.SimpleNamespace(**{name: getattr(mmap, name) for name in dir(mmap)
+                                            if name.isupper()}, mmap=map_then_shrink)
+fd = os.open(path, os.O_RDONLY)
+out = np.empty(size, np.uint8)
+print(MmapTool(threads=int(sys.argv[2])).pread(fd, out, 0).get())
+"""
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_mmap_reports_a_file_shrunk_under_it_as_a_short_read(tmp_path: Path, threads) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "shrinking.bin"
+    path.write_bytes(random_bytes(20 << 20, seed=3).tobytes())
+    done = subprocess.run([sys.executable, "-c", SHRUNK_UNDER_MMAP, str(path), str(threads)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"the reader died ({done.returncode}): {done.stderr}"
+    assert int(done.stdout) < 20 << 20  # short: the dispatcher raises TruncatedFileError
