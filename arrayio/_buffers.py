@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 __all__ = ["HOST_ALIGNMENT", "CupyDeviceBuffer", "DeviceBuffer", "TorchDeviceBuffer",
-           "aligned_empty", "scatter_from_host", "synchronize_device"]
+           "aligned_empty", "result_empty", "scatter_from_host", "synchronize_device"]
 
 # Host buffers are aligned for O_DIRECT (4096) and, as a by-product, for JAX's zero-copy
 # import of host memory (which needs 64).
@@ -26,6 +26,19 @@ def aligned_empty(nbytes: int, alignment: int = HOST_ALIGNMENT) -> np.ndarray:
     raw = np.empty(nbytes + alignment, dtype=np.uint8)
     start = (-raw.ctypes.data) % alignment
     return raw[start : start + nbytes]
+
+
+# Below this, a result's bytes move with one plain read (never O_DIRECT), and 4 KiB of
+# alignment would only multiply the memory of a file of many small arrays.
+_ALIGNED_FROM = 64 << 10
+
+
+def result_empty(nbytes: int) -> np.ndarray:
+    """An uninitialised host ``uint8`` array for a result of ``nbytes``: aligned for O_DIRECT
+    where it is large enough to be read that way."""
+    if nbytes >= _ALIGNED_FROM:
+        return aligned_empty(nbytes)
+    return np.empty(nbytes, dtype=np.uint8)
 
 
 class DeviceBuffer(Protocol):

@@ -13,7 +13,7 @@ import numpy as np
 
 from .errors import FrameworkNotAvailableError, UnsupportedDtypeError
 
-__all__ = ["DType", "DTYPES", "by_code", "by_name", "dtype_of", "numpy_dtype"]
+__all__ = ["DType", "DTYPES", "by_code", "by_name", "dtype_of", "lookup_code", "numpy_dtype"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,6 +79,11 @@ def by_name(name: str, *, where: str = "") -> DType:
     raise UnsupportedDtypeError(
         f"{where}dtype {name!r} is not supported by arrayio; supported: {sorted(_BY_NAME)}"
     )
+
+
+def lookup_code(code: object) -> DType | None:
+    """The dtype whose safetensors code is ``code``, or None."""
+    return _BY_CODE.get(code) if type(code) is str else None
 
 
 def by_code(code: object, *, where: str = "") -> DType:

@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _dtypes
-from ._buffers import CupyDeviceBuffer, DeviceBuffer, TorchDeviceBuffer, aligned_empty
+from ._buffers import (
+    CupyDeviceBuffer,
+    DeviceBuffer,
+    TorchDeviceBuffer,
+    aligned_empty,
+    result_empty,
+)
 from ._dtypes import DType
 from ._jax_import import to_jax
 from .errors import (
@@ -347,7 +353,7 @@ def allocate(request: Request, dtype: DType, shape: tuple[int, ...]) -> Target:
     nbytes = dtype.itemsize * math.prod(shape)
     framework, placement = request.framework, request.placement
     if framework == "numpy":
-        host = aligned_empty(nbytes)
+        host = result_empty(nbytes)
         return Target(host, lambda: host.view(_dtypes.numpy_dtype(dtype)).reshape(shape))
     if framework == "torch":
         return _allocate_torch(dtype, shape, nbytes, placement)
@@ -379,8 +385,8 @@ def _allocate_torch(dtype: DType, shape: tuple[int, ...], nbytes: int, placement
         tensor = torch.empty(shape, dtype=t_dtype, device=_torch_cuda(placement.index))
         return Target(TorchDeviceBuffer(_torch_flat_bytes(tensor)), lambda: tensor)
     if nbytes == 0:  # torch cannot reinterpret an empty byte tensor
-        return Target(aligned_empty(0), lambda: torch.empty(shape, dtype=t_dtype))
-    host = aligned_empty(nbytes)
+        return Target(result_empty(0), lambda: torch.empty(shape, dtype=t_dtype))
+    host = result_empty(nbytes)
     return Target(host, lambda: torch.from_numpy(host).view(t_dtype).reshape(shape))
 
 

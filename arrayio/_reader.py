@@ -13,19 +13,30 @@ import json
 import math
 import operator
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from . import _gcpause, _progress, _pytree, _transfer, config, formats
+from . import _gcpause, _memory, _progress, _pytree, _transfer, config, formats
 from ._dtypes import DType
 from ._frameworks import Request, Target, allocate, parse_target, writable_view
-from .errors import ChecksumError, FormatError, KeyNotFoundError, MismatchError
+from ._units import format_bytes
+from .errors import (
+    ArrayioError,
+    ChecksumError,
+    FormatError,
+    KeyNotFoundError,
+    MismatchError,
+    OutOfMemoryError,
+)
 
 __all__ = ["ArrayInfo", "Reader"]
 
 _ARRAY = object()  # stands for an array leaf where only constants are wanted
+# Host memory a loaded array takes beyond its data (its objects), for the check before a load.
+_OBJECT_BYTES = 512
 # A load whose results are copies (JAX's device_put of host bytes) reads this much at a time.
 COPY_BATCH_BYTES = 1 << 30
 
@@ -81,8 +92,14 @@ class Reader:
         self.path = os.fspath(path)
         self._verify = config.get().verify_checksums if verify is None else verify
         self._tool = tool
-        self._fd: int | None = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # Non-blocking: a FIFO must be refused, not waited on (regular files ignore the flag).
+        self._fd: int | None = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
+            kind = stat.S_IFMT(os.fstat(self._fd).st_mode)
+            if kind != stat.S_IFREG:
+                what = "a directory" if kind == stat.S_IFDIR else "not a regular file"
+                raise FormatError(f"{self.path}: is {what}; arrayio reads .safetensors and .npy "
+                                  "files (a Zarr store opens with arrayio.zarr)")
             self.format = formats.sniff(self._fd, self.path)
             if self.format == "npy":
                 self._open_npy(self._fd)
@@ -126,6 +143,8 @@ class Reader:
             json_keys = arrayio.get("json_metadata", [])
             if not isinstance(json_keys, list) or not all(isinstance(k, str) for k in json_keys):
                 raise FormatError(f"{self.path}: arrayio 'json_metadata' must list strings")
+            if len(set(json_keys)) != len(json_keys):
+                raise FormatError(f"{self.path}: arrayio 'json_metadata' lists a key twice")
             for key in json_keys:
                 if key in metadata:
                     try:
@@ -240,8 +259,8 @@ class Reader:
         return self._read_rows(stored, index, request)
 
     def _read_whole(self, stored: _Stored, request: Request) -> Any:
-        shape = stored.shape[::-1] if stored.fortran_order else stored.shape
-        target = allocate(request, stored.dtype, shape)
+        self._check_memory(stored.nbytes, 1, request)
+        target = self._allocate(stored, request)
         self._fill(stored, target.data)
         result = target.finish()
         return _transpose(result) if stored.fortran_order else result
@@ -283,13 +302,41 @@ class Reader:
         copied = 0
         for key in keys:
             stored = self._entry(key)
-            shape = stored.shape[::-1] if stored.fortran_order else stored.shape
-            target = allocate(request, stored.dtype, shape)
+            target = self._allocate(stored, request)
             batch.append((stored, target))
             copied += stored.nbytes if target.copies else 0
             if copied >= COPY_BATCH_BYTES:
                 break
         return batch
+
+    def _allocate(self, stored: _Stored, request: Request) -> Target:
+        shape = stored.shape[::-1] if stored.fortran_order else stored.shape
+        try:
+            return allocate(request, stored.dtype, shape)
+        except MemoryError as error:  # the frameworks' own, for host or device memory
+            if isinstance(error, ArrayioError):
+                raise
+            raise OutOfMemoryError(
+                f"{self.path}: no memory for array {stored.key!r} "
+                f"({format_bytes(stored.nbytes)} on {request.placement}): {error}") from None
+
+    def _check_memory(self, nbytes: int, count: int, request: Request) -> None:
+        """Refuse, before allocating anything, a load whose results cannot fit in the host
+        memory available (results on a GPU pass through bounded staging buffers)."""
+        if request.placement.is_cuda:
+            return
+        needed = nbytes + count * _OBJECT_BYTES
+        available = _memory.available_host_bytes()
+        if available is None or needed <= available:
+            return
+        message = (f"{self.path}: loading needs {format_bytes(needed)} of memory and "
+                   f"{format_bytes(available)} is available")
+        status = os.fstat(self.fd)
+        stored_bytes = status.st_blocks * 512
+        if stored_bytes < nbytes // 2:
+            message += (f"; the file stores only {format_bytes(stored_bytes)} on disk (a "
+                        "sparse file, or a header that claims more than was written)")
+        raise OutOfMemoryError(message + "; read fewer arrays (keys=) or rows (Reader.read)")
 
     def _read_batch(self, batch: list[tuple[_Stored, Target]], results: dict[str, Any],
                     advance: Any) -> None:
@@ -348,10 +395,13 @@ class Reader:
         structure: Any = None, progress: bool | None = None,
     ) -> Any:
         """Read arrays into the saved structure; see :func:`arrayio.load`."""
-        total = self.nbytes if keys is None else sum(
-            self._stored[k].nbytes for k in self._select([keys] if isinstance(keys, str) else keys))
+        chosen = list(self._stored) if keys is None else self._select(
+            [keys] if isinstance(keys, str) else keys)
+        total = sum(self._stored[key].nbytes for key in chosen)
+        request = parse_target(like, device)
+        self._check_memory(total, len(chosen), request)
         with _progress.bar(total, desc=f"loading {self.path}", progress=progress) as advance:
-            return self._load(keys, parse_target(like, device), structure, advance)
+            return self._load(keys, request, structure, advance)
 
     def _load(self, keys: str | Sequence[str] | None, request: Request, structure: Any,
               advance: Any) -> Any:

@@ -37,11 +37,11 @@ class FormatError(ArrayioError, ValueError):
 
 
 class HeaderTooLargeError(FormatError):
-    """A header claims more bytes than the file holds or than arrayio accepts."""
+    """A header claims more bytes than arrayio accepts."""
 
 
 class TruncatedFileError(FormatError, EOFError):
-    """A file ends before the data its header describes."""
+    """A file ends before the header or the data that it describes."""
 
 
 class ChecksumError(FormatError):

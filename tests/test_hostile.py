@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,7 @@ BUILTINS: dict[type[arrayio.ArrayioError], tuple[type[Exception], ...]] = {
     arrayio.TruncatedFileError: (ValueError, EOFError),
     arrayio.ChecksumError: (ValueError,),
     arrayio.UnsupportedDtypeError: (TypeError,),
+    arrayio.OutOfMemoryError: (MemoryError,),
 }
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -197,10 +199,11 @@ CONTAINER_CASES = [
                  id="header-length-2**64-1"),
     pytest.param(container(b"{}", header_length=4 << 30), arrayio.HeaderTooLargeError,
                  id="header-length-4GiB"),
-    pytest.param(container(b"{}", header_length=99_999_999), arrayio.HeaderTooLargeError,
+    # Under the cap but beyond the end of the file: a file cut short.
+    pytest.param(container(b"{}", header_length=99_999_999), arrayio.TruncatedFileError,
                  id="header-length-under-cap-beyond-file"),
     pytest.param(container(_VALID, FOUR_BYTES, header_length=len(_VALID) + 4 + 1),
-                 arrayio.HeaderTooLargeError, id="header-length-1-past-end"),
+                 arrayio.TruncatedFileError, id="header-length-1-past-end"),
     # --- header is not a JSON object
     pytest.param(container(b"{not json"), arrayio.FormatError, id="not-json"),
     pytest.param(container(b'{"a": "\xff\xfe"}'), arrayio.FormatError, id="not-utf8"),
@@ -407,7 +410,7 @@ def test_container_cut_to_its_header(tmp_path: Path, entry: str) -> None:
 def test_container_cut_inside_its_header(tmp_path: Path, entry: str) -> None:
     path = save_sample(tmp_path)
     os.truncate(path, 100)
-    expect(ENTRY_POINTS[entry], path, arrayio.HeaderTooLargeError)
+    expect(ENTRY_POINTS[entry], path, arrayio.TruncatedFileError)
 
 
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
@@ -488,7 +491,7 @@ NPY_CASES = [
     pytest.param(NPY_MAGIC + b"\x01", arrayio.TruncatedFileError, id="cut-inside-version"),
     pytest.param(NPY_MAGIC + b"\x01\x00\x76", arrayio.TruncatedFileError,
                  id="cut-inside-length"),
-    pytest.param(npy(npy_dict())[:50], arrayio.HeaderTooLargeError, id="cut-inside-header"),
+    pytest.param(npy(npy_dict())[:50], arrayio.TruncatedFileError, id="cut-inside-header"),
     pytest.param(npy(npy_dict(), b"\0" * 4, header_length=0xFFFF), arrayio.HeaderTooLargeError,
                  id="v1-header-length-65535"),
     pytest.param(npy(npy_dict(), b"\0" * 4, version=2, header_length=0xFFFF_FFFF),
@@ -538,7 +541,7 @@ MEMORY_CASES = [
                  arrayio.HeaderTooLargeError, id="header-length-8GiB"),
     # Under the header size cap, so only the file size stops it being read.
     pytest.param(container(b"{}", header_length=99_999_999), "x.safetensors",
-                 arrayio.HeaderTooLargeError, id="header-length-under-cap"),
+                 arrayio.TruncatedFileError, id="header-length-under-cap"),
     pytest.param(container({"a": tensor(shape=[100_000, 100_000],
                                         offsets=[0, 100_000 * 100_000 * 4])}, FOUR_BYTES),
                  "x.safetensors", arrayio.TruncatedFileError, id="40GB-tensor"),
@@ -546,6 +549,17 @@ MEMORY_CASES = [
                  arrayio.TruncatedFileError, id="npy-40GB-shape"),
     pytest.param(npy(npy_dict(), FOUR_BYTES, version=2, header_length=0xFFFF_FFFF), "x.npy",
                  arrayio.HeaderTooLargeError, id="npy-header-length-4GiB"),
+    # Shapes no framework can allocate even empty: too many dimensions, strides past 64 bits.
+    pytest.param(container({"a": tensor(shape=[1] * 66, offsets=[0, 4])}, FOUR_BYTES),
+                 "x.safetensors", arrayio.FormatError, id="66-dimensions"),
+    pytest.param(container({"a": tensor(shape=[0, 2**40, 2**40], offsets=[0, 0])}),
+                 "x.safetensors", arrayio.FormatError, id="empty-shape-beyond-64-bits"),
+    pytest.param(container({"a": tensor(shape=[0, 2**63], offsets=[0, 0])}),
+                 "x.safetensors", arrayio.FormatError, id="dimension-beyond-64-bits"),
+    pytest.param(npy(npy_dict("<f4", (0,) * 66)), "x.npy", arrayio.FormatError,
+                 id="npy-66-dimensions"),
+    pytest.param(npy(npy_dict("<f4", (0, 2**62, 2**62))), "x.npy", arrayio.FormatError,
+                 id="npy-empty-shape-beyond-64-bits"),
 ]
 
 
@@ -663,3 +677,124 @@ def test_the_header_crc_is_not_user_metadata(tmp_path: Path) -> None:
         assert reader.metadata == {"run": "a"}
     with pytest.raises(arrayio.UnsupportedObjectError, match="reserved"):
         arrayio.save(path, {"w": np.ones(2)}, metadata={HEADER_CRC_KEY: "0"})
+
+
+# --------------------------------------------------------------------------- memory
+
+def _available() -> int:
+    from arrayio import _memory
+
+    available = _memory.available_host_bytes()
+    if available is None:
+        pytest.skip("this platform does not say how much memory is available")
+    return available
+
+
+def test_a_sparse_file_larger_than_memory_is_refused_before_allocating(tmp_path: Path) -> None:
+    """A valid header over a sparse file (4 KiB on disk) whose tensor is larger than the
+    memory available: an OutOfMemoryError that says so, before anything large is allocated;
+    a few rows of it still read."""
+    nbytes = _available() * 4 // 4096 * 4096
+    header = {"big": tensor("U8", (nbytes // 4096, 4096), (0, nbytes))}
+    path = write(tmp_path, container(header))
+    with open(path, "r+b") as file:
+        file.truncate(path.stat().st_size + nbytes)
+    tracemalloc.start()
+    try:
+        error = expect(lambda p: arrayio.load(p), path, arrayio.OutOfMemoryError)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < ALLOCATION_LIMIT and isinstance(error, MemoryError)
+    assert "sparse" in str(error)
+    with arrayio.open(path) as reader:
+        assert not reader.read("big", index=slice(0, 3)).any()
+
+
+def test_a_frameworks_memory_error_becomes_an_arrayio_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = save_sample(tmp_path)
+
+    def no_memory(*args: Any) -> Any:
+        raise MemoryError("Unable to allocate")
+
+    monkeypatch.setattr("arrayio._reader.allocate", no_memory)
+    error = expect(lambda p: arrayio.load(p), path, arrayio.OutOfMemoryError)
+    assert "'w'" in str(error) or "'b'" in str(error)
+
+
+@pytest.mark.slow
+def test_many_empty_tensors_take_memory_in_proportion_to_the_header(tmp_path: Path) -> None:
+    """A valid file of 30,000 empty tensors: a load's peak memory stays within a small
+    multiple of the header's size (each result used to take 4 KiB of alignment padding)."""
+    count = 30_000
+    header = {f"t{i}": tensor("F32", (0,), (0, 0)) for i in range(count)}
+    blob = container(header)
+    path = write(tmp_path, blob, "empty.safetensors")
+    tracemalloc.start()
+    try:
+        loaded = arrayio.load(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(loaded) == count
+    assert peak < 40 * len(blob), f"{peak / len(blob):.0f}x the file's size"
+    print(f"peak {peak / len(blob):.1f}x the file's size")
+
+
+# --------------------------------------------------------------------------- not our files
+
+
+def test_a_text_file_is_not_a_safetensors_file(tmp_path: Path) -> None:
+    path = write(tmp_path, b"hello world, this is a text file\n" * 10, "notes.safetensors")
+    error = expect(ENTRY_POINTS["load"], path, arrayio.FormatError)
+    assert "not a safetensors or .npy file" in str(error)
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_a_directory_is_refused_with_its_path(tmp_path: Path, entry: str) -> None:
+    path = tmp_path / "ckpt.safetensors"
+    path.mkdir()
+    error = expect(ENTRY_POINTS[entry], path, arrayio.FormatError)
+    assert "directory" in str(error)
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    path = tmp_path / "pipe.safetensors"
+    os.mkfifo(path)
+    expect(ENTRY_POINTS["load"], path, arrayio.FormatError)
+
+
+def test_a_tensor_named_twice_is_refused(tmp_path: Path) -> None:
+    raw = b'{"a":' + json.dumps(tensor()).encode() + b',"a":' + json.dumps(tensor()).encode() + b"}"
+    path = write(tmp_path, container(raw, FOUR_BYTES))
+    error = expect(ENTRY_POINTS["load"], path, arrayio.FormatError)
+    assert "'a' twice" in str(error)
+
+
+def test_json_metadata_naming_a_key_twice_is_a_format_error(tmp_path: Path) -> None:
+    path = tmp_path / "m.safetensors"
+    arrayio.save(path, {"w": np.ones(2)}, metadata={"cfg": {"lr": 0.1}})
+    header, data = read_container(path)
+    facts = json.loads(header["__metadata__"]["arrayio"])
+    facts["json_metadata"] = ["cfg", "cfg"]
+    header["__metadata__"]["arrayio"] = json.dumps(facts, separators=(",", ":"))
+    path = write(tmp_path, container(header, data))
+    expect(ENTRY_POINTS["open"], path, arrayio.FormatError)
+
+
+@pytest.mark.parametrize("stray", [b"'", b'"', b"\\", b"(", b"x"])
+@pytest.mark.parametrize("where", [0.1, 0.5, 0.99])
+def test_a_stray_byte_in_npy_padding_is_refused_at_once(tmp_path: Path, stray: bytes,
+                                                        where: float) -> None:
+    """NumPy's fallback parser for Python 2 era headers takes seconds on such a header."""
+    path = tmp_path / "x.npy"
+    arrayio.save(path, np.arange(10.0))  # its header is padded to 4 KiB
+    blob = bytearray(path.read_bytes())
+    end = blob.index(b"}") + 1
+    padding_end = blob.index(b"\n", end)
+    blob[end + int((padding_end - end) * where)] = stray[0]
+    path.write_bytes(blob)
+    started = time.perf_counter()
+    expect(ENTRY_POINTS["load"], path, arrayio.FormatError)
+    assert time.perf_counter() - started < 0.5

@@ -1,15 +1,16 @@
 """The ``.npy`` format for a single array: a header written so that data starts on the
 alignment (NumPy reads any header length), and a reader that validates before allocating.
 
-Parsing uses NumPy's own ``numpy.lib.format`` readers, which bound the header size and parse
-it with ``ast.literal_eval`` (never ``eval``). ``.npy`` has no way to record bfloat16 or
-float8 (NumPy writes them as opaque ``|V2``/``|V1``), so arrayio refuses to write them there.
+The header is parsed as NumPy parses it (``ast.literal_eval``, never ``eval``, with a bounded
+size), without NumPy's slow fallback for Python 2 era headers. ``.npy`` has no way to record
+bfloat16 or float8 (NumPy writes them as opaque ``|V2``/``|V1``), so arrayio refuses to write
+them there.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
-import io
 import math
 import os
 import struct
@@ -19,6 +20,7 @@ import numpy as np
 from .. import _dtypes
 from .._dtypes import DType
 from ..errors import FormatError, HeaderTooLargeError, TruncatedFileError, UnsupportedDtypeError
+from ._shapes import shape_problem
 
 __all__ = ["MAGIC", "NpyHeader", "encode_header", "read_header"]
 
@@ -72,6 +74,11 @@ def encode_header(dtype: DType, shape: tuple[int, ...], alignment: int) -> bytes
 def read_header(fd: int, path: str) -> NpyHeader:
     """Parse and validate a ``.npy`` header.
 
+    The header is a Python dict literal padded with spaces; it is read as NumPy reads it
+    (``ast.literal_eval``, never ``eval``), with the same checks, but without NumPy's
+    fallback parser for Python 2 era headers, which takes seconds on a header with one
+    stray byte: anything but whitespace after the dict is refused at once.
+
     Raises
     ------
     TruncatedFileError, HeaderTooLargeError, FormatError, UnsupportedDtypeError
@@ -80,43 +87,76 @@ def read_header(fd: int, path: str) -> NpyHeader:
     """
     file_size = os.fstat(fd).st_size
     head = os.pread(fd, 12, 0)
-    if len(head) < 10 or not head.startswith(MAGIC):
-        raise TruncatedFileError(f"{path}: too short for a .npy header") if head.startswith(
-            MAGIC[: len(head)]) else FormatError(f"{path}: not a .npy file")
-    major = head[6]
-    length_size = 2 if major == 1 else 4
-    if major not in (1, 2, 3) or len(head) < 8 + length_size:
-        raise FormatError(f"{path}: unsupported .npy version {major}.{head[7]}")
-    (header_len,) = struct.unpack("<H" if length_size == 2 else "<I", head[8 : 8 + length_size])
-    data_start = 8 + length_size + header_len
-    if header_len > MAX_HEADER_BYTES or data_start > file_size:
+    if not head.startswith(MAGIC):
+        if head and MAGIC.startswith(head):
+            raise TruncatedFileError(f"{path}: the file ends inside the .npy magic")
+        raise FormatError(f"{path}: not a .npy file")
+    if len(head) < len(MAGIC) + 2:
+        raise TruncatedFileError(f"{path}: the file ends before the .npy version")
+    major, minor = head[6], head[7]
+    if major not in (1, 2, 3):
+        raise FormatError(f"{path}: unsupported .npy version {major}.{minor}")
+    length_format = "<H" if major == 1 else "<I"
+    prefix = len(MAGIC) + 2 + struct.calcsize(length_format)
+    if len(head) < prefix:
+        raise TruncatedFileError(f"{path}: the file ends inside the .npy header length")
+    (header_len,) = struct.unpack(length_format, head[len(MAGIC) + 2 : prefix])
+    data_start = prefix + header_len
+    if header_len > MAX_HEADER_BYTES:
         raise HeaderTooLargeError(
-            f"{path}: .npy header claims {header_len} bytes (file: {file_size} bytes, "
-            f"limit {MAX_HEADER_BYTES})"
-        )
-    text = os.pread(fd, data_start, 0)
-    stream = io.BytesIO(text)
-    np.lib.format.read_magic(stream)
-    try:
-        if major == 1:
-            shape, fortran, np_dtype = np.lib.format.read_array_header_1_0(
-                stream, max_header_size=MAX_HEADER_BYTES)
-        else:
-            # 3.0 differs from 2.0 only in allowing UTF-8 field names, which arrayio refuses.
-            shape, fortran, np_dtype = np.lib.format.read_array_header_2_0(
-                stream, max_header_size=MAX_HEADER_BYTES)
-    except Exception as error:  # noqa: BLE001 - NumPy's parser raises several kinds
-        raise FormatError(f"{path}: malformed .npy header ({error!r})") from None
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
-        raise FormatError(f"{path}: .npy shape {shape!r} is not a tuple of non-negative integers")
+            f"{path}: .npy header claims {header_len} bytes, more than the "
+            f"{MAX_HEADER_BYTES} arrayio (and NumPy) accept")
+    if data_start > file_size:
+        raise TruncatedFileError(
+            f"{path}: the .npy header claims {header_len} bytes but the file ends after "
+            f"{file_size - prefix}")
+    raw = os.pread(fd, header_len, prefix)
+    shape, fortran, np_dtype = _parse_header_text(raw, major, path)
     if np_dtype.hasobject or np_dtype.fields is not None:
         raise UnsupportedDtypeError(f"{path}: .npy of dtype {np_dtype} (object or structured) "
                                     "cannot be loaded by arrayio")
     dtype = _dtypes.dtype_of(np_dtype, where=f"{path}: ")
-    header = NpyHeader(dtype, tuple(shape), bool(fortran), data_start)
+    problem = shape_problem(shape, dtype.itemsize)
+    if problem is not None:
+        raise FormatError(f"{path}: .npy {problem}")
+    header = NpyHeader(dtype, shape, fortran, data_start)
     if data_start + header.nbytes > file_size:
         raise TruncatedFileError(
             f"{path}: {header.nbytes} bytes of data expected after the header, file holds "
             f"{file_size - data_start}"
         )
     return header
+
+
+def _parse_header_text(raw: bytes, major: int, path: str
+                       ) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """The shape, Fortran order and dtype a ``.npy`` header's text describes."""
+    try:
+        text = raw.decode("utf-8" if major >= 3 else "latin1")
+    except UnicodeDecodeError:
+        raise FormatError(f"{path}: .npy header is not valid UTF-8") from None
+    body = text.rstrip(" \t\r\n")
+    if not (body.startswith("{") and body.endswith("}")):
+        raise FormatError(f"{path}: malformed .npy header: a dict literal followed by "
+                          "padding was expected")
+    try:
+        fields = ast.literal_eval(body)
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as error:
+        raise FormatError(f"{path}: malformed .npy header ({type(error).__name__})") from None
+    if not isinstance(fields, dict) or fields.keys() != {"descr", "fortran_order", "shape"}:
+        raise FormatError(f"{path}: .npy header must hold exactly 'descr', 'fortran_order' "
+                          "and 'shape'")
+    shape, fortran = fields["shape"], fields["fortran_order"]
+    if not isinstance(shape, tuple) or not all(
+            type(n) is int and n >= 0 for n in shape):
+        raise FormatError(f"{path}: .npy shape {shape!r} is not a tuple of non-negative "
+                          "integers")
+    if not isinstance(fortran, bool):
+        raise FormatError(f"{path}: .npy fortran_order {fortran!r} is not a bool")
+    try:
+        np_dtype = np.lib.format.descr_to_dtype(fields["descr"])
+    except (TypeError, ValueError, KeyError, IndexError, RecursionError) as error:
+        raise UnsupportedDtypeError(
+            f"{path}: .npy descr {fields['descr']!r} is not a dtype arrayio reads "
+            f"({type(error).__name__})") from None
+    return shape, fortran, np_dtype

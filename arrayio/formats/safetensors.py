@@ -42,6 +42,7 @@ from ..errors import (
     TruncatedFileError,
     UnsupportedDtypeError,
 )
+from ._shapes import shape_problem
 
 __all__ = [
     "ARRAYIO_KEY",
@@ -237,18 +238,22 @@ def read_header(fd: int, path: str, *, verify: bool = True) -> Header:
         For a dtype code arrayio does not know.
     """
     file_size = os.fstat(fd).st_size
+    head = os.pread(fd, _PREFIX.size + 1, 0)
+    if len(head) > _PREFIX.size and head[_PREFIX.size:] not in b"{ \t\r\n":
+        raise FormatError(f"{path}: not a safetensors or .npy file (a safetensors header is "
+                          f"a JSON object; this file begins {head[:16]!r})")
     if file_size < _PREFIX.size:
         raise TruncatedFileError(f"{path}: {file_size} bytes is too short for a safetensors file")
-    (header_bytes,) = _PREFIX.unpack(os.pread(fd, _PREFIX.size, 0))
+    (header_bytes,) = _PREFIX.unpack(head[: _PREFIX.size])
     if header_bytes > MAX_HEADER_BYTES:
         raise HeaderTooLargeError(
             f"{path}: header claims {header_bytes} bytes, more than the {MAX_HEADER_BYTES} "
             "arrayio accepts"
         )
     if header_bytes > file_size - _PREFIX.size:
-        raise HeaderTooLargeError(
-            f"{path}: header claims {header_bytes} bytes but the file has only "
-            f"{file_size - _PREFIX.size} after the length prefix"
+        raise TruncatedFileError(
+            f"{path}: header claims {header_bytes} bytes but the file ends "
+            f"{file_size - _PREFIX.size} bytes after the length prefix: it is cut short"
         )
     raw = os.pread(fd, header_bytes, _PREFIX.size)
     if len(raw) != header_bytes:
@@ -260,7 +265,11 @@ def read_header(fd: int, path: str, *, verify: bool = True) -> Header:
             f"{max(sealed[0], 0):08x}: the description of the arrays is damaged "
             "(verify=False skips this check)")
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except _DuplicateKey as duplicate:
+        raise FormatError(f"{path}: the header names {duplicate.args[0]!r} twice (the "
+                          "safetensors format forbids it; which one is meant is unknown)"
+                          ) from None
     except (ValueError, RecursionError) as error:  # bad UTF-8 or JSON, huge ints, deep nesting
         raise FormatError(f"{path}: header is not valid UTF-8 JSON ({error})") from None
     if not isinstance(header, dict):
@@ -292,11 +301,28 @@ def read_header(fd: int, path: str, *, verify: bool = True) -> Header:
     return Header(entries, metadata, arrayio, data_start)
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict, refusing a key given twice (which ``json`` would let the
+    last one win)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return obj
+
+
 def _parse_arrayio(text: str | None, path: str) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
-        arrayio = json.loads(text)
+        arrayio = json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as duplicate:
+        raise FormatError(f"{path}: __metadata__[{ARRAYIO_KEY!r}] names "
+                          f"{duplicate.args[0]!r} twice") from None
     except (ValueError, RecursionError) as error:
         raise FormatError(f"{path}: __metadata__[{ARRAYIO_KEY!r}] is not JSON ({error})") from None
     version = arrayio.get("version") if isinstance(arrayio, dict) else None
@@ -321,40 +347,50 @@ def _parse_entry(
     key: str, info: Any, path: str, data_start: int, data_bytes: int,
     real_dtype: str | None, crc: str | None,
 ) -> Entry:
-    where = f"{path}: tensor {key!r}: "
-    if not isinstance(info, dict):
-        raise FormatError(f"{where}entry must be an object")
-    missing = {"dtype", "shape", "data_offsets"} - info.keys()
-    if missing:
-        raise FormatError(f"{where}missing {sorted(missing)}")
-    stored = _dtypes.by_code(info["dtype"], where=f"{where}dtype ")
-    shape = info["shape"]
-    if not isinstance(shape, list) or not all(
-        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
-    ):
-        raise FormatError(f"{where}shape {shape!r} is not a list of non-negative integers")
-    offsets = info["data_offsets"]
-    if not (
-        isinstance(offsets, list) and len(offsets) == 2
-        and all(isinstance(n, int) and not isinstance(n, bool) for n in offsets)
-    ):
-        raise FormatError(f"{where}data_offsets {offsets!r} is not a pair of integers")
+    # Called once per tensor (a million in a hostile file): the checks are plain comparisons,
+    # and the message's prefix is made only for an error.
+    if type(info) is not dict:
+        raise FormatError(f"{_where(path, key)}entry must be an object")
+    try:
+        code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    except KeyError:
+        missing = {"dtype", "shape", "data_offsets"} - info.keys()
+        raise FormatError(f"{_where(path, key)}missing {sorted(missing)}") from None
+    stored = _dtypes.lookup_code(code)
+    if stored is None:
+        stored = _dtypes.by_code(code, where=f"{_where(path, key)}dtype ")  # raises
+    if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
+        raise FormatError(f"{_where(path, key)}shape {shape!r} is not a list of non-negative "
+                          "integers")
+    if not (type(offsets) is list and len(offsets) == 2
+            and type(offsets[0]) is int and type(offsets[1]) is int):
+        raise FormatError(f"{_where(path, key)}data_offsets {offsets!r} is not a pair of "
+                          "integers")
     begin, end = offsets
     if not 0 <= begin <= end:
-        raise FormatError(f"{where}data_offsets {offsets!r} out of order or negative")
+        raise FormatError(f"{_where(path, key)}data_offsets {offsets!r} out of order or negative")
+    problem = shape_problem(shape, stored.itemsize)
+    if problem is not None:
+        raise FormatError(f"{_where(path, key)}{problem}")
     expected = stored.itemsize * math.prod(shape)
     if end - begin != expected:
         raise FormatError(
-            f"{where}shape {shape} of {stored.name} needs {expected} bytes but data_offsets "
-            f"{offsets} span {end - begin}"
+            f"{_where(path, key)}shape {shape} of {stored.name} needs {expected} bytes but "
+            f"data_offsets {offsets} span {end - begin}"
         )
     if end > data_bytes:
         raise TruncatedFileError(
-            f"{where}data_offsets {offsets} reach past the end of the data ({data_bytes} bytes)"
+            f"{_where(path, key)}data_offsets {offsets} reach past the end of the data "
+            f"({data_bytes} bytes)"
         )
-    dtype, shape = _real_dtype(stored, tuple(shape), real_dtype, where)
-    return Entry(key, dtype, shape, data_start + begin, data_start + end,
+    dtype, dims = (stored, tuple(shape)) if real_dtype is None else _real_dtype(
+        stored, tuple(shape), real_dtype, _where(path, key))
+    return Entry(key, dtype, dims, data_start + begin, data_start + end,
                  int(crc, 16) if crc is not None else None)
+
+
+def _where(path: str, key: str) -> str:
+    return f"{path}: tensor {key!r}: "
 
 
 def _real_dtype(
