@@ -21,10 +21,11 @@ one file per key. What differs is how the bytes move:
 * the synchronous surface (``get_sync``, ``set_sync``, ``delete_sync``, ``get_ranges_sync``)
   that zarr-python's fused codec pipeline calls instead of the async methods is the same
   code, so no path falls back to plain host I/O;
-* writes are atomic and durable (:mod:`arrayio._atomic`: temporary file, fsync, rename): a
-  write that fails leaves the previous value in place;
+* writes are atomic and durable (temporary file, fsync, rename, as :mod:`arrayio._atomic`
+  does): a write that fails leaves the previous value in place;
 * keys are checked: one that would leave the root (``..``, an absolute path, a backslash or
-  NUL) raises :class:`InvalidKeyError`.
+  NUL), or that leads out of it through a symbolic link, raises :class:`InvalidKeyError`
+  unless the store follows links (see :class:`NVMeStore`).
 """
 
 from __future__ import annotations
@@ -32,15 +33,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import ctypes
+import errno
+import functools
 import logging
 import os
+import platform
 import shutil
 import stat
 import sys
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 from zarr.abc.store import (
@@ -76,6 +81,11 @@ logger = logging.getLogger("arrayio")
 # of pinned memory at most.
 _PIECE = 8 << 20
 _MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC
+# Only to look at a file (fstat, where it is): opening it this way has no side effect, even
+# on a FIFO or a device.
+_LOOKUP = getattr(os, "O_PATH", os.O_RDONLY | os.O_NONBLOCK) | _CLOEXEC
 
 
 class InvalidKeyError(ArrayioError, ValueError):
@@ -185,6 +195,175 @@ def _check_key(key: object, *, what: str = "key") -> str:
         raise InvalidKeyError(
             f"store {what} {key!r} has a '.' or '..' component; keys cannot leave the root")
     return key
+
+
+def _split(key: str) -> tuple[str, str]:
+    """``(directory, name)`` of a checked key, empty components dropped (``"c//0"`` is
+    ``c/0``, as the file system reads it)."""
+    parts = [part for part in key.split("/") if part]
+    return "/".join(parts[:-1]), parts[-1] if parts else ""
+
+
+# openat2(2) with RESOLVE_NO_SYMLINKS (Linux >= 5.6) opens a path only if none of its
+# components is a symbolic link: one system call, with no moment between a check and the open
+# in which a link could appear. Python has no binding for it; it goes through libc's syscall().
+_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(platform.machine())
+_RESOLVE_NO_SYMLINKS = 0x04
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                ("resolve", ctypes.c_uint64)]
+
+
+@functools.cache
+def _how(flags: int) -> Any:
+    """openat2's ``struct open_how`` for ``flags``, made once: building ctypes objects costs
+    more than the call."""
+    return ctypes.byref(_OpenHow(flags, 0, _RESOLVE_NO_SYMLINKS))
+
+
+@functools.cache
+def _openat2() -> Callable[[bytes, Any], int] | None:
+    """openat2 relative to the working directory, taking a path and a :func:`_how`; None
+    where the kernel does not run it (Linux before 5.6, a seccomp filter that refuses it,
+    another system)."""
+    if _SYS_OPENAT2 is None:
+        return None
+    try:
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    # syscall() takes variadic longs: the arguments go typed, as argtypes cannot say so.
+    number, here, size = (ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(-100),  # -100: AT_FDCWD
+                          ctypes.c_size_t(ctypes.sizeof(_OpenHow)))
+
+    def openat2(path: bytes, how: Any) -> int:
+        return syscall(number, here, path, how, size)
+
+    probe = openat2(b"/", _how(_LOOKUP))
+    if probe < 0:
+        return None
+    os.close(probe)
+    return openat2
+
+
+def _open_without_links(path: str, flags: int) -> int | None:
+    """``os.open(path, flags)`` if no component of ``path`` is a symbolic link; None if one
+    is, where openat2 is not available, or where it fails otherwise than for a missing file
+    (the caller's :func:`os.open` then gives the error as it would).
+
+    Raises
+    ------
+    FileNotFoundError, NotADirectoryError
+        If ``path`` is missing, or a file stands where a directory should.
+    """
+    openat2 = _openat2()
+    if openat2 is None:
+        return None
+    fd = openat2(os.fsencode(path), _how(flags))
+    if fd >= 0:
+        return fd
+    error = ctypes.get_errno()
+    if error in (errno.ENOENT, errno.ENOTDIR):  # asked for often: zarr's missing chunks
+        raise OSError(error, os.strerror(error), path)
+    return None
+
+
+def _real_path_of(fd: int, opened_as: str) -> str:
+    """Where the file open at ``fd`` really is.
+
+    Linux's ``/proc/self/fd`` gives the path the kernel resolved when it opened ``fd``:
+    checking that path, not ``opened_as`` again, leaves no moment in which a link could be
+    changed between the check and the use. Without procfs, ``opened_as`` is resolved again,
+    which does leave one.
+    """
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(opened_as)
+
+
+class _RealRoot(NamedTuple):
+    path: str  # with no link in it
+    below: str  # the path and a separator: what every path below it starts with
+
+
+class _Boundary:
+    """The part of the file system a store's keys may reach: below the real path of its root,
+    or anywhere when the store follows symbolic links."""
+
+    def __init__(self, root: str, follow_symlinks: bool) -> None:
+        self.root = root
+        self.follow_symlinks = follow_symlinks
+        # Resolved once, as resolving the root for every key would walk each of its
+        # components; one tuple, replaced whole, so that threads never see half of it.
+        self._real_root: _RealRoot | None = None
+
+    def _resolved(self, *, again: bool = False) -> _RealRoot:
+        real_root = None if again else self._real_root
+        if real_root is None:
+            path = os.path.realpath(self.root)
+            real_root = self._real_root = _RealRoot(path, os.path.join(path, ""))
+        return real_root
+
+    def _holds(self, real_path: str, *, again: bool = False) -> bool:
+        real_root = self._resolved(again=again)
+        return real_path.startswith(real_root.below) or real_path == real_root.path
+
+    def holds(self, real_path: str) -> bool:
+        """Whether ``real_path`` (a path with no links in it) lies in the root."""
+        # Before refusing, the root is resolved again: it (or a link to it) may have moved.
+        return self._holds(real_path) or self._holds(real_path, again=True)
+
+    def open(self, relative: str, flags: int, name: str) -> tuple[int, str]:
+        """Open ``relative`` (a checked key or prefix; ``""``: the root) below the root with
+        ``flags``; return the descriptor and the real path of what it opened (the path
+        unresolved, when following links).
+
+        The common case, no link below the root, costs one system call: the path from the
+        root's real path, opened only if it holds no link. Where it does (or openat2 is not
+        available), the path is opened as the kernel resolves it, and where it landed is
+        checked (:meth:`admit`).
+
+        Raises
+        ------
+        InvalidKeyError
+            If it lands outside the root, naming ``name``.
+        OSError
+            As :func:`os.open` does.
+        """
+        if self.follow_symlinks:
+            path = os.path.join(self.root, relative)
+            return os.open(path, flags), path
+        real_path = (self._real_root or self._resolved()).below + relative
+        fd = _open_without_links(real_path, flags)
+        if fd is not None:
+            return fd, real_path
+        path = os.path.join(self.root, relative)
+        fd = os.open(path, flags)
+        return fd, self.admit(fd, path, name)
+
+    def admit(self, fd: int, opened_as: str, name: str) -> str:
+        """The real path of the file open at ``fd`` (opened as the path ``opened_as``, for
+        the key or prefix ``name``); if it lies outside the root, close ``fd`` and raise
+        :class:`InvalidKeyError`. When following links, ``opened_as`` itself, unchecked."""
+        if self.follow_symlinks:
+            return opened_as
+        where = _real_path_of(fd, opened_as)
+        if self.holds(where):
+            return where
+        os.close(fd)
+        raise InvalidKeyError(
+            f"store key {name!r} leads out of the store through a symbolic link: it resolves "
+            f"to {where!r}, outside the root {os.path.realpath(self.root)!r}; "
+            f"NVMeStore(..., follow_symlinks=True) follows links out of the root")
+
+    def leads_inside(self, real_directory: str, link: str) -> bool:
+        """Whether the link named ``link`` in the directory whose real path is
+        ``real_directory`` resolves inside the root (always, when following links)."""
+        return self.follow_symlinks or self.holds(
+            os.path.realpath(os.path.join(real_directory, link)))
 
 
 def _is_temporary(name: str) -> bool:
@@ -393,12 +572,18 @@ def _fill(fd: int, file_offset: int, nbytes: int, prototype: BufferPrototype, pa
     return prototype.buffer.from_bytes(host)  # a buffer class we do not know: its own copy
 
 
-def _read(path: str, prototype: BufferPrototype, byte_range: ByteRequest | None
-          ) -> Buffer | None:
-    """The value at ``path`` (or part of it), or None if there is no such file."""
+def _read(path: str, prototype: BufferPrototype, byte_range: ByteRequest | None,
+          boundary: _Boundary, key: str) -> Buffer | None:
+    """The value at ``path`` (or part of it), or None if there is no such file.
+
+    Raises
+    ------
+    InvalidKeyError
+        If the file is outside ``boundary``.
+    """
     _span(byte_range, 0)  # a malformed byte range fails on every path, present key or not
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd, _ = boundary.open(key, os.O_RDONLY | _CLOEXEC, key)
     except _MISSING:
         return None
     try:
@@ -433,57 +618,91 @@ def _write_value(fd: int, value: Buffer) -> None:
     _write_device(fd, cupy.asarray(value.as_array_like()).reshape(-1).view(cupy.uint8))
 
 
-@contextlib.contextmanager
-def _exclusive_write(path: str) -> Iterator[int]:
-    """Like :func:`arrayio._atomic.atomic_write`, but the complete file is linked into place
-    only if ``path`` does not exist yet (``FileExistsError`` otherwise), so that of two
-    concurrent creators exactly one wins and nobody sees a partial file."""
-    temporary: str | None = _atomic._temporary_name(path)
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
-                 0o666)
+def _write_at(directory_fd: int, name: str, value: Buffer, exclusive: bool) -> None:
+    """Store ``value`` as ``name`` in the open directory, atomically and durably.
+
+    As :func:`arrayio._atomic.atomic_write` does by path, but relative to the directory's
+    descriptor, so that the write lands in the directory that was checked. The complete
+    file is renamed over ``name`` (a link there is replaced, never written through) or,
+    ``exclusive``, linked to it, which raises ``FileExistsError`` if ``name`` exists: of two
+    concurrent creators exactly one wins, and nobody sees a partial file.
+    """
+    temporary: str | None = _atomic._temporary_name(name)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC, 0o666,
+                 dir_fd=directory_fd)
     try:
-        yield fd
+        _write_value(fd, value)
         os.fsync(fd)
-        os.link(temporary, path)  # fails if the target exists, unlike a rename
-        _atomic._fsync_directory(os.path.dirname(os.path.abspath(path)))
+        if exclusive:
+            os.link(temporary, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+        else:
+            os.replace(temporary, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+            temporary = None
+        with contextlib.suppress(OSError):  # some file systems cannot fsync a directory; the
+            os.fsync(directory_fd)           # rename is atomic all the same
     finally:
         os.close(fd)
         if temporary is not None:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
+                os.unlink(temporary, dir_fd=directory_fd)
 
 
-def _write(path: str, value: Buffer, exclusive: bool) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    writer = _exclusive_write if exclusive else _atomic.atomic_write
-    with writer(path) as fd:
-        _write_value(fd, value)
-
-
-def _delete(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)  # as LocalStore: a key that is a directory goes with its content
+def _delete_at(directory_fd: int, name: str) -> None:
+    """Remove ``name`` from the open directory if it is there: a directory with everything
+    below it (as LocalStore does), anything else by itself; a link, never what it points to."""
+    try:
+        status = os.stat(name, dir_fd=directory_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(status.st_mode):
+        shutil.rmtree(name, dir_fd=directory_fd)  # removes links below, never follows them
     else:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+            os.unlink(name, dir_fd=directory_fd)
 
 
-def _files_below(directory: str, relative: str) -> list[str]:
-    """Keys of every file below ``directory`` (``relative`` is its key prefix)."""
-    keys: list[str] = []
-    pending = [(directory, relative)]
-    while pending:
-        folder, prefix = pending.pop()
-        try:
-            entries = list(os.scandir(folder))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                pending.append((entry.path, f"{prefix}{entry.name}/"))
-            elif entry.is_file() and not _is_temporary(entry.name):
-                keys.append(prefix + entry.name)
-    return keys
+def _is_file_at(directory_fd: int, name: str) -> bool:
+    """Whether ``name`` in the open directory is a file (not a link to one)."""
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=directory_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _files_below(directory_fd: int, real_directory: str, prefix: str, boundary: _Boundary
+                 ) -> Iterator[tuple[str, os.DirEntry[str]]]:
+    """The keys below an open directory (``prefix`` is its key prefix) with their entries,
+    which can be stat'ed until the next key is asked for.
+
+    Linked directories are not walked into (a link may form a cycle; ``os.walk`` and
+    LocalStore do not either); a linked file is a key if the link stays inside
+    ``boundary``. A link that leads out is skipped rather than refused: zarr lists to find
+    a hierarchy's members and count its chunks, and one stray link should not make the rest
+    of the store unlistable (reading it by name is refused). Directories are opened relative
+    to their parent without following links, so that no link put in place of one while the
+    walk runs leads it out of the root.
+    """
+    with os.scandir(directory_fd) as scan:
+        entries = list(scan)
+    for entry in entries:
+        if entry.is_symlink():
+            if (not _is_temporary(entry.name)
+                    and boundary.leads_inside(real_directory, entry.name) and entry.is_file()):
+                yield prefix + entry.name, entry
+        elif entry.is_dir(follow_symlinks=False):
+            try:
+                child = os.open(entry.name, _DIRECTORY | os.O_NOFOLLOW, dir_fd=directory_fd)
+            except OSError as error:
+                if error.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                    continue  # gone, or replaced by a file or a link since the scan
+                raise
+            try:
+                yield from _files_below(child, os.path.join(real_directory, entry.name),
+                                        f"{prefix}{entry.name}/", boundary)
+            finally:
+                os.close(child)
+        elif entry.is_file(follow_symlinks=False) and not _is_temporary(entry.name):
+            yield prefix + entry.name, entry
 
 
 # --------------------------------------------------------------------------- the store
@@ -498,9 +717,19 @@ class NVMeStore(Store):
     Parameters
     ----------
     root
-        The directory holding the keys; created on open unless ``read_only``.
+        The directory holding the keys; created on open unless ``read_only``. It may be a
+        link, or lie below one: the store resolves it once, when first used.
     read_only
         Refuse writes and deletes.
+    follow_symlinks
+        Let keys lead out of the root through symbolic links, as LocalStore does. By default
+        a key whose file or directory resolves outside the root raises
+        :class:`InvalidKeyError` (for reads, writes, deletes, sizes and listings below it),
+        and listing skips links that lead out: a store unpacked from an archive, or written
+        by someone else, then cannot make the program read, overwrite or delete other files
+        through a link it holds. Links that stay inside the root are followed either way,
+        and the root itself may be a link. A write replaces a link at its key and a delete
+        removes it, never what it points to, whatever this says.
 
     Examples
     --------
@@ -518,19 +747,23 @@ class NVMeStore(Store):
 
     root: Path
 
-    def __init__(self, root: str | os.PathLike[str], *, read_only: bool = False) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, read_only: bool = False,
+                 follow_symlinks: bool = False) -> None:
         super().__init__(read_only=read_only)
         if isinstance(root, str | os.PathLike):
             root = Path(root)
         else:
             raise TypeError(f"root must be a str or os.PathLike, got {type(root).__name__}")
         self.root = root
+        self.follow_symlinks = follow_symlinks
         self._root = os.fspath(root)
+        self._boundary = _Boundary(self._root, follow_symlinks)
 
     # -- identity ---------------------------------------------------------------------------
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, type(self)) and self.root == other.root
+        return (isinstance(other, type(self)) and self.root == other.root
+                and self.follow_symlinks == other.follow_symlinks)
 
     __hash__ = None  # type: ignore[assignment]  # mutable open state, like LocalStore
 
@@ -538,13 +771,16 @@ class NVMeStore(Store):
         return f"file://{self.root.as_posix()}"
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}('{self}')"
+        following = ", follow_symlinks=True" if self.follow_symlinks else ""
+        return f"{type(self).__name__}('{self}'{following})"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"root": self.root, "read_only": self.read_only}
+        return {"root": self.root, "read_only": self.read_only,
+                "follow_symlinks": self.follow_symlinks}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["root"], read_only=state["read_only"])  # type: ignore[misc]
+        self.__init__(state["root"], read_only=state["read_only"],  # type: ignore[misc]
+                      follow_symlinks=state.get("follow_symlinks", False))
 
     def with_read_only(self, read_only: bool = False) -> Self:
         """A new, unopened store on the same root with this ``read_only``.
@@ -553,13 +789,13 @@ class NVMeStore(Store):
         -------
         NVMeStore
         """
-        return type(self)(self.root, read_only=read_only)
+        return type(self)(self.root, read_only=read_only, follow_symlinks=self.follow_symlinks)
 
     # -- opening ----------------------------------------------------------------------------
 
     @classmethod
     async def open(cls, root: str | os.PathLike[str], *, read_only: bool = False,
-                   mode: str | None = None) -> Self:
+                   mode: str | None = None, follow_symlinks: bool = False) -> Self:
         """Create and open a store (as :meth:`zarr.storage.LocalStore.open`).
 
         Parameters
@@ -570,6 +806,8 @@ class NVMeStore(Store):
             The store's final read-only state.
         mode
             ``"r"`` or ``"r+"`` require the root to exist already.
+        follow_symlinks
+            As for the class.
 
         Returns
         -------
@@ -581,7 +819,7 @@ class NVMeStore(Store):
             If the root does not exist and may not be created.
         """
         creating_read_only = mode in ("r", "r+") if mode is not None else read_only
-        store = cls(root, read_only=creating_read_only)
+        store = cls(root, read_only=creating_read_only, follow_symlinks=follow_symlinks)
         await store._open()
         if creating_read_only != read_only:
             store = store.with_read_only(read_only)
@@ -611,11 +849,40 @@ class NVMeStore(Store):
     def _path(self, key: str, *, what: str = "key") -> str:
         return os.path.join(self._root, _check_key(key, what=what))
 
-    def _writable_path(self, key: str) -> str:
+    def _check_writable_key(self, key: str) -> None:
         self._check_writable()
         if not _check_key(key) or key.endswith("/"):
             raise InvalidKeyError(f"cannot write or delete key {key!r}: it names a directory")
-        return self._path(key)
+
+    def _open_directory(self, relative: str, *, name: str, create: bool = False
+                        ) -> tuple[int, str]:
+        """A descriptor of the directory ``relative`` (``"a/b"``; ``""``: the root), checked
+        to be inside the root, and its real path.
+
+        With ``create``, missing directories are made one at a time, each inside its checked
+        parent's descriptor, so that none is made outside the root through a link.
+
+        Raises
+        ------
+        InvalidKeyError
+            For a directory outside the root, named ``name`` in the message.
+        FileNotFoundError, NotADirectoryError
+            If it is missing (and not ``create``) or a file.
+        """
+        try:
+            return self._boundary.open(relative, _DIRECTORY, name)
+        except FileNotFoundError:
+            if not create or not relative:
+                raise
+        parent, _, base = relative.rpartition("/")
+        parent_fd, _ = self._open_directory(parent, name=name, create=True)
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(base, dir_fd=parent_fd)
+            fd = os.open(base, _DIRECTORY, dir_fd=parent_fd)
+        finally:
+            os.close(parent_fd)
+        return fd, self._boundary.admit(fd, os.path.join(self._root, relative), name)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -644,7 +911,8 @@ class NVMeStore(Store):
         path = self._path(key)
         _span(byte_range, 0)  # a malformed byte range fails here, present key or not
         await self._ensure_open()
-        return await _in_pool(_read, path, prototype or default_buffer_prototype(), byte_range)
+        return await _in_pool(_read, path, prototype or default_buffer_prototype(), byte_range,
+                              self._boundary, key)
 
     def get_sync(self, key: str, *, prototype: BufferPrototype | None = None,
                  byte_range: ByteRequest | None = None) -> Buffer | None:
@@ -652,7 +920,8 @@ class NVMeStore(Store):
         from its own thread pool)."""
         path = self._path(key)
         self._ensure_open_sync()
-        return _read(path, prototype or default_buffer_prototype(), byte_range)
+        return _read(path, prototype or default_buffer_prototype(), byte_range, self._boundary,
+                     key)
 
     async def get_partial_values(self, prototype: BufferPrototype,
                                  key_ranges: Iterable[tuple[str, ByteRequest | None]]
@@ -664,12 +933,12 @@ class NVMeStore(Store):
         list of Buffer or None
             In the order of ``key_ranges``.
         """
-        requests = [(self._path(key), byte_range) for key, byte_range in key_ranges]
+        requests = [(self._path(key), byte_range, key) for key, byte_range in key_ranges]
         await self._ensure_open()
         loop, pool = asyncio.get_running_loop(), _executor()
         return list(await asyncio.gather(*(
-            loop.run_in_executor(pool, _read, path, prototype, byte_range)
-            for path, byte_range in requests)))
+            loop.run_in_executor(pool, _read, path, prototype, byte_range, self._boundary, key)
+            for path, byte_range, key in requests)))
 
     async def _get_many(self, requests: Iterable[tuple[str, BufferPrototype,
                                                        ByteRequest | None]]
@@ -683,7 +952,8 @@ class NVMeStore(Store):
 
         async def one(key: str, path: str, prototype: BufferPrototype,
                       byte_range: ByteRequest | None) -> tuple[str, Buffer | None]:
-            return key, await loop.run_in_executor(pool, _read, path, prototype, byte_range)
+            return key, await loop.run_in_executor(pool, _read, path, prototype, byte_range,
+                                                   self._boundary, key)
 
         for done in asyncio.as_completed([one(*job) for job in jobs]):
             yield await done
@@ -704,6 +974,8 @@ class NVMeStore(Store):
         ------
         BaseExceptionGroup
             Holding a ``FileNotFoundError`` if ``key`` is missing, as zarr's own version.
+        InvalidKeyError
+            If ``key`` would leave the root.
         """
         path = self._path(key)
         self._ensure_open_sync()
@@ -729,7 +1001,7 @@ class NVMeStore(Store):
         def fetch(job: tuple[list[tuple[int, Any]], ByteRequest | None]
                   ) -> list[tuple[int, Buffer]]:
             members, request = job
-            buffer = _read(path, prototype, request)
+            buffer = _read(path, prototype, request, self._boundary, key)
             if buffer is None:
                 raise FileNotFoundError(key)
             if len(members) == 1:
@@ -745,6 +1017,9 @@ class NVMeStore(Store):
                 results.extend(future.result())
             except Exception as error:  # noqa: BLE001 - gathered, raised as one group
                 errors.append(error)
+        for error in errors:
+            if isinstance(error, InvalidKeyError):
+                raise error  # the key itself is refused: one error, not one per range
         if errors:
             # zarr 3 needs Python 3.11, which has exception groups.
             raise BaseExceptionGroup(  # noqa: F821
@@ -752,9 +1027,30 @@ class NVMeStore(Store):
         return results
 
     async def exists(self, key: str) -> bool:
-        """Whether ``key`` holds a value (a file, not a directory)."""
-        path = self._path(key)
-        return await _in_pool(os.path.isfile, path)
+        """Whether ``key`` holds a value (a file, not a directory).
+
+        Raises
+        ------
+        InvalidKeyError
+            If ``key`` would leave the root.
+        """
+        _check_key(key)
+
+        def is_file() -> bool:
+            try:
+                return stat.S_ISREG(self._status(key).st_mode)
+            except OSError:  # as os.path.isfile: missing, below a file, a loop of links
+                return False
+
+        return await _in_pool(is_file)
+
+    def _status(self, key: str) -> os.stat_result:
+        """What ``fstat`` says of the file at the checked ``key``, opened only to look."""
+        fd, _ = self._boundary.open(key, _LOOKUP, key)
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
 
     async def getsize(self, key: str) -> int:
         """The size in bytes of the value at ``key``.
@@ -763,12 +1059,14 @@ class NVMeStore(Store):
         ------
         FileNotFoundError
             If there is no such key.
+        InvalidKeyError
+            If ``key`` would leave the root.
         """
-        path = self._path(key)
+        _check_key(key)
 
         def size() -> int:
             try:
-                status = os.stat(path)
+                status = self._status(key)
             except NotADirectoryError:  # "a/" or "a/b" below the key "a"
                 raise FileNotFoundError(f"no key {key!r} in {self}") from None
             if not stat.S_ISREG(status.st_mode):
@@ -784,14 +1082,17 @@ class NVMeStore(Store):
         Returns
         -------
         int
+
+        Raises
+        ------
+        InvalidKeyError
+            If ``prefix`` would leave the root.
         """
-        prefix = _check_key(prefix, what="prefix").rstrip("/")
-        directory = self._path(prefix, what="prefix")
+        folder = _check_key(prefix, what="prefix").rstrip("/")
 
         def total() -> int:
-            base = f"{prefix}/" if prefix else ""
-            return sum(os.path.getsize(os.path.join(self._root, key))
-                       for key in _files_below(directory, base))
+            return sum(entry.stat().st_size
+                       for _, entry in self._keys_below(folder, name=prefix))
 
         return await _in_pool(total)
 
@@ -809,61 +1110,94 @@ class NVMeStore(Store):
         TypeError
             If ``value`` is not a zarr Buffer.
         """
-        path = self._prepare_write(key, value)
+        self._prepare_write(key, value)
         await self._ensure_open()
-        await _in_pool(_write, path, value, False)
+        await _in_pool(self._write, key, value, False)
 
     def set_sync(self, key: str, value: Buffer) -> None:
         """Synchronous :meth:`set`, in the calling thread."""
-        path = self._prepare_write(key, value)
+        self._prepare_write(key, value)
         self._ensure_open_sync()
-        _write(path, value, False)
+        self._write(key, value, False)
 
     async def set_if_not_exists(self, key: str, value: Buffer) -> None:
         """Store ``value`` at ``key`` unless it exists; of concurrent callers, one wins."""
-        path = self._prepare_write(key, value)
+        self._prepare_write(key, value)
         await self._ensure_open()
         with contextlib.suppress(FileExistsError):
-            await _in_pool(_write, path, value, True)
+            await _in_pool(self._write, key, value, True)
 
-    def _prepare_write(self, key: str, value: Buffer) -> str:
-        path = self._writable_path(key)
+    def _prepare_write(self, key: str, value: Buffer) -> None:
+        self._check_writable_key(key)
         if not isinstance(value, Buffer):
             raise TypeError(f"{type(self).__name__}.set(): value must be a zarr Buffer, got "
                             f"{type(value).__name__}")
-        return path
+
+    def _write(self, key: str, value: Buffer, exclusive: bool) -> None:
+        folder, name = _split(key)
+        directory, _ = self._open_directory(folder, name=key, create=True)
+        try:
+            _write_at(directory, name, value, exclusive)
+        finally:
+            os.close(directory)
 
     async def delete(self, key: str) -> None:
-        """Remove ``key`` (a directory key: everything below it); a missing key is fine."""
-        path = self._writable_path(key)
-        await _in_pool(_delete, path)
+        """Remove ``key`` (a directory key: everything below it); a missing key is fine.
+
+        A link at ``key`` is removed, never what it points to.
+        """
+        self._check_writable_key(key)
+        await _in_pool(self._delete, key)
 
     def delete_sync(self, key: str) -> None:
         """Synchronous :meth:`delete`, in the calling thread."""
-        path = self._writable_path(key)
+        self._check_writable_key(key)
         self._ensure_open_sync()
-        _delete(path)
+        self._delete(key)
+
+    def _delete(self, key: str, *, refuse_keys: bool = False) -> None:
+        """Remove ``key`` from its directory, if both are there; with ``refuse_keys``, raise
+        ``ValueError`` for a file instead (for :meth:`delete_dir`)."""
+        folder, name = _split(key)
+        try:
+            directory, _ = self._open_directory(folder, name=key)
+        except _MISSING:
+            return
+        try:
+            if refuse_keys and _is_file_at(directory, name):
+                raise ValueError(f"delete_dir was given {key!r}, which is a key")
+            _delete_at(directory, name)
+        finally:
+            os.close(directory)
 
     async def delete_dir(self, prefix: str) -> None:
         """Remove every key below ``prefix`` (all of them for ``""``; the root stays).
+
+        A link at ``prefix`` is removed, never what it points to.
 
         Raises
         ------
         ValueError
             If ``prefix`` is a key rather than a directory, or the store is read-only.
+        InvalidKeyError
+            If ``prefix`` would leave the root.
         """
         self._check_writable()
         prefix = _check_key(prefix, what="prefix").rstrip("/")
-        path = self._path(prefix, what="prefix")
 
         def remove() -> None:
-            if not prefix:
-                for entry in os.scandir(path) if os.path.isdir(path) else ():
-                    _delete(entry.path)
-            elif os.path.isdir(path):
-                shutil.rmtree(path)
-            elif os.path.isfile(path):
-                raise ValueError(f"delete_dir was given {prefix!r}, which is a key")
+            if prefix:
+                self._delete(prefix, refuse_keys=True)
+                return
+            try:
+                root, _ = self._open_directory("", name="")
+            except _MISSING:
+                return
+            try:
+                for entry in list(os.scandir(root)):
+                    _delete_at(root, entry.name)
+            finally:
+                os.close(root)
 
         await _in_pool(remove)
 
@@ -873,33 +1207,73 @@ class NVMeStore(Store):
 
     # -- listing ----------------------------------------------------------------------------
 
+    def _keys_below(self, folder: str, *, name: str | None = None
+                    ) -> Iterator[tuple[str, os.DirEntry[str]]]:
+        """The keys below the directory ``folder`` (``""``: the root) with their entries; no
+        keys if it is missing or a file.
+
+        Raises
+        ------
+        InvalidKeyError
+            If ``folder`` is outside the root, naming ``name`` (``folder`` by default).
+        """
+        try:
+            directory, real = self._open_directory(folder, name=folder if name is None else name)
+        except _MISSING:
+            return
+        try:
+            yield from _files_below(directory, real, f"{folder}/" if folder else "",
+                                    self._boundary)
+        finally:
+            os.close(directory)
+
+    def _key_list(self, folder: str, name: str | None = None) -> list[str]:
+        return [key for key, _ in self._keys_below(folder, name=name)]
+
     async def list(self) -> AsyncIterator[str]:
         """Every key in the store."""
-        for key in await _in_pool(_files_below, self._root, ""):
+        for key in await _in_pool(self._key_list, ""):
             yield key
 
     async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
-        """Every key that starts with ``prefix`` (a string prefix: ``"fo"`` finds ``foo/a``)."""
+        """Every key that starts with ``prefix`` (a string prefix: ``"fo"`` finds ``foo/a``).
+
+        Raises
+        ------
+        InvalidKeyError
+            If the directory ``prefix`` lies in would leave the root.
+        """
         _check_key(prefix, what="prefix")
         # The directory to walk, spelled as list() spells keys ("c//0" walks "c", and no key
         # starts with "c//").
         folder = "/".join(part for part in prefix.rpartition("/")[0].split("/") if part)
-        base = f"{folder}/" if folder else ""
-        keys = await _in_pool(_files_below, self._path(folder, what="prefix"), base)
-        for key in keys:
+        for key in await _in_pool(self._key_list, folder, prefix):
             if key.startswith(prefix):
                 yield key
 
     async def list_dir(self, prefix: str) -> AsyncIterator[str]:
-        """The names of the keys and directories directly below ``prefix``."""
-        path = self._path(_check_key(prefix, what="prefix").rstrip("/"), what="prefix")
+        """The names of the keys and directories directly below ``prefix``; links that lead
+        out of the root are none of them unless the store follows links.
+
+        Raises
+        ------
+        InvalidKeyError
+            If ``prefix`` would leave the root.
+        """
+        folder = _check_key(prefix, what="prefix").rstrip("/")
 
         def names() -> list[str]:
             try:
-                return [e.name for e in os.scandir(path) if not _is_temporary(e.name)]
-            except (FileNotFoundError, NotADirectoryError):
+                directory, real = self._open_directory(folder, name=prefix)
+            except _MISSING:
                 return []
+            try:
+                with os.scandir(directory) as entries:
+                    return [entry.name for entry in entries if not _is_temporary(entry.name)
+                            and (not entry.is_symlink()
+                                 or self._boundary.leads_inside(real, entry.name))]
+            finally:
+                os.close(directory)
 
         for name in await _in_pool(names):
             yield name
-
