@@ -31,7 +31,8 @@ from collections.abc import Iterator
 
 from .errors import DiskFullError
 
-__all__ = ["TEMP_MARKER", "atomic_write", "is_temporary", "remove_stale_temporaries"]
+__all__ = ["TEMP_MARKER", "atomic_write", "create_temporary", "is_temporary",
+           "remove_stale_temporaries"]
 
 TEMP_MARKER = ".arrayio-tmp-"
 # Longest file name most file systems take (NAME_MAX); a temporary's name must fit too.
@@ -57,12 +58,14 @@ def _temporary_name(path: str) -> str:
     return os.path.join(directory, f".{name}{suffix}")
 
 
-def _create_temporary(path: str) -> tuple[str, int]:
-    """Create and lock a new temporary for ``path``; return its name and descriptor."""
+def create_temporary(path: str, *, dir_fd: int | None = None) -> tuple[str, int]:
+    """Create and lock a new temporary for ``path`` (relative to ``dir_fd`` if given); return
+    its name and a writable descriptor, which holds the lock until it is closed."""
     while True:
         name = _temporary_name(path)
         # 0o666 filtered by the umask, as for any new file (mkstemp would give 0o600).
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666,
+                     dir_fd=dir_fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # a cleaner took it between our open and our lock
@@ -71,7 +74,7 @@ def _create_temporary(path: str) -> tuple[str, int]:
         except OSError:  # no locks on this file system: nobody will take it for a dead one's
             return name, fd
         try:
-            ours = os.stat(name).st_ino == os.fstat(fd).st_ino
+            ours = os.stat(name, dir_fd=dir_fd).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:  # a cleaner removed it before we held the lock
             ours = False
         if ours:
@@ -79,8 +82,9 @@ def _create_temporary(path: str) -> tuple[str, int]:
         os.close(fd)
 
 
-def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[str]:
-    """Remove the temporaries in ``directory`` that no live process is writing.
+def remove_stale_temporaries(directory: str | os.PathLike[str] | int) -> list[str]:
+    """Remove the temporaries in ``directory`` (a path or an open directory's descriptor)
+    that no live process is writing.
 
     A temporary is stale when nobody holds its lock (see the module docstring); those of live
     writers, in this process or another, are left alone, as is anything that cannot be opened
@@ -89,22 +93,25 @@ def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[str]:
     Returns
     -------
     list of str
-        The paths removed.
+        What was removed: paths, or names within the descriptor's directory.
     """
+    dir_fd = directory if isinstance(directory, int) else None
     removed: list[str] = []
     try:
         entries = list(os.scandir(directory))
     except OSError:
         return removed
     for entry in entries:
-        if is_temporary(entry.name) and _remove_if_stale(entry.path):
-            removed.append(entry.path)
+        where = entry.name if dir_fd is not None else entry.path
+        if is_temporary(entry.name) and _remove_if_stale(where, dir_fd):
+            removed.append(where)
     return removed
 
 
-def _remove_if_stale(path: str) -> bool:
+def _remove_if_stale(path: str, dir_fd: int | None) -> bool:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                     dir_fd=dir_fd)
     except OSError:
         return False
     try:
@@ -112,7 +119,7 @@ def _remove_if_stale(path: str) -> bool:
             return False
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         # Held by us now, so its writer is dead: the name is random and used once.
-        os.unlink(path)
+        os.unlink(path, dir_fd=dir_fd)
         return True
     except OSError:
         return False
@@ -193,7 +200,7 @@ def atomic_write(path: str | os.PathLike[str], *, durable: bool = True,
     temporary: str | None = None
     fd = -1
     try:
-        temporary, fd = _create_temporary(path)
+        temporary, fd = create_temporary(path)
         if not exclusive:
             _keep_mode_and_owner(fd, path)
         yield fd

@@ -366,11 +366,6 @@ class _Boundary:
             os.path.realpath(os.path.join(real_directory, link)))
 
 
-def _is_temporary(name: str) -> bool:
-    """Whether a file name is one of the atomic writes' temporary files."""
-    return name.startswith(".") and _atomic.TEMP_MARKER in name
-
-
 # --------------------------------------------------------------------------- byte ranges
 
 
@@ -627,9 +622,9 @@ def _write_at(directory_fd: int, name: str, value: Buffer, exclusive: bool) -> N
     ``exclusive``, linked to it, which raises ``FileExistsError`` if ``name`` exists: of two
     concurrent creators exactly one wins, and nobody sees a partial file.
     """
-    temporary: str | None = _atomic._temporary_name(name)
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC, 0o666,
-                 dir_fd=directory_fd)
+    _clean_once(directory_fd)
+    temporary: str | None
+    temporary, fd = _atomic.create_temporary(name, dir_fd=directory_fd)
     try:
         _write_value(fd, value)
         os.fsync(fd)
@@ -645,6 +640,20 @@ def _write_at(directory_fd: int, name: str, value: Buffer, exclusive: bool) -> N
         if temporary is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary, dir_fd=directory_fd)
+
+
+_cleaned: set[tuple[int, int]] = set()  # (device, inode) of directories already cleaned
+
+
+def _clean_once(directory_fd: int) -> None:
+    """Remove the temporaries that dead writers left in a directory, the first time this
+    process writes there (a chunk directory can hold many thousands of files: listing it on
+    every write would cost more than the write)."""
+    status = os.fstat(directory_fd)
+    directory = (status.st_dev, status.st_ino)
+    if directory not in _cleaned:
+        _atomic.remove_stale_temporaries(directory_fd)
+        _cleaned.add(directory)
 
 
 def _delete_at(directory_fd: int, name: str) -> None:
@@ -686,7 +695,7 @@ def _files_below(directory_fd: int, real_directory: str, prefix: str, boundary: 
         entries = list(scan)
     for entry in entries:
         if entry.is_symlink():
-            if (not _is_temporary(entry.name)
+            if (not _atomic.is_temporary(entry.name)
                     and boundary.leads_inside(real_directory, entry.name) and entry.is_file()):
                 yield prefix + entry.name, entry
         elif entry.is_dir(follow_symlinks=False):
@@ -701,7 +710,7 @@ def _files_below(directory_fd: int, real_directory: str, prefix: str, boundary: 
                                         f"{prefix}{entry.name}/", boundary)
             finally:
                 os.close(child)
-        elif entry.is_file(follow_symlinks=False) and not _is_temporary(entry.name):
+        elif entry.is_file(follow_symlinks=False) and not _atomic.is_temporary(entry.name):
             yield prefix + entry.name, entry
 
 
@@ -1269,7 +1278,7 @@ class NVMeStore(Store):
                 return []
             try:
                 with os.scandir(directory) as entries:
-                    return [entry.name for entry in entries if not _is_temporary(entry.name)
+                    return [entry.name for entry in entries if not _atomic.is_temporary(entry.name)
                             and (not entry.is_symlink()
                                  or self._boundary.leads_inside(real, entry.name))]
             finally:

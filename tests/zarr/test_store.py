@@ -158,6 +158,21 @@ def test_temporary_files_of_interrupted_writes_are_no_keys(store):
     assert asyncio.run(store.getsize_prefix("c")) == 4
 
 
+def test_the_first_write_into_a_directory_removes_dead_writers_temporaries(store):
+    # What writes killed outright left in two chunk directories: temporaries nobody holds.
+    for directory in ("c/0", "c/1"):
+        (store.root / directory).mkdir(parents=True)
+        (store.root / directory / f".0{_atomic.TEMP_MARKER}4242-0123456789ab").write_bytes(b"x")
+    with _atomic.atomic_write(store.root / "c" / "1" / "9") as live_fd:  # a live writer's
+        os.write(live_fd, b"writing")
+        store.set_sync("c/0/0", buffer(b"new"))
+        store.set_sync("c/1/0", buffer(b"new"))
+        assert os.listdir(store.root / "c" / "0") == ["0"]
+        (live,) = [n for n in os.listdir(store.root / "c" / "1") if _atomic.TEMP_MARKER in n]
+        assert f"{_atomic.TEMP_MARKER}{os.getpid()}-" in live
+    assert sorted(os.listdir(store.root / "c" / "1")) == ["0", "9"]
+
+
 def test_set_if_not_exists_has_exactly_one_winner(store):
     values = [payload(200_000, seed) for seed in range(12)]
 
