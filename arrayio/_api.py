@@ -8,12 +8,14 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import _gcpause, _progress, _pytree, _transfer, config
+import numpy as np
+
+from . import _dtypes, _gcpause, _progress, _pytree, _transfer, config
 from ._atomic import atomic_write
 from ._frameworks import Exported, export, is_array
 from ._reader import Reader
-from .errors import UnsupportedObjectError
-from .formats import npy, safetensors
+from .errors import UnsupportedDtypeError, UnsupportedFormatError, UnsupportedObjectError
+from .formats import npy, npz, safetensors
 
 __all__ = ["load", "open", "read_into", "save"]
 
@@ -29,8 +31,11 @@ def save(
     Parameters
     ----------
     path
-        Destination. A name ending in ``.npy`` writes one array as NumPy's ``.npy``; any other
-        name writes a safetensors-compatible container.
+        Destination. A name ending in ``.npy`` writes one array as NumPy's ``.npy``, one
+        ending in ``.npz`` a flat ``dict`` of arrays as NumPy's ``.npz``; the extension of
+        another format (``.pt``, ``.h5``, ``.pkl``...) is refused, and any other name writes
+        a safetensors-compatible container. A symbolic link is written through, and a file
+        replaced keeps its permissions.
     obj
         An array of any DLPack framework (NumPy, JAX, CuPy, torch...) on the CPU or a GPU, or a
         pytree of them: nested ``dict``, ``list``, ``tuple``, named tuples, ``None``, Python
@@ -53,6 +58,10 @@ def save(
         cannot hold.
     UnsupportedDtypeError
         For dtypes arrayio does not store (or ``.npy`` cannot describe).
+    UnsupportedFormatError
+        For the extension of a format arrayio does not write.
+    DiskFullError
+        When the disk fills up; the previous file is intact.
 
     Notes
     -----
@@ -73,14 +82,17 @@ class PreparedSave:
 
     path: str
     arrays: dict[str, Exported]
-    layout: safetensors.Layout | None  # None for .npy
-    npy_header: bytes | None = None
+    layout: safetensors.Layout | None  # None for .npy and .npz
+    npy_header: bytes | None = None  # for .npy
 
 
 @_gcpause.paused()  # objects for every array and header entry (see arrayio._gcpause)
 def prepare_save(path: PathLike, obj: Any, metadata: Mapping[str, Any] | None) -> PreparedSave:
     """Check and export what :func:`save` would write, without any I/O."""
     path = os.fspath(path)
+    _refuse_foreign_extension(path)
+    if path.endswith(".npz"):
+        return _prepare_npz(path, obj, metadata)
     if path.endswith(".npy"):
         if not is_array(obj):
             raise UnsupportedObjectError(
@@ -107,6 +119,48 @@ def prepare_save(path: PathLike, obj: Any, metadata: Mapping[str, Any] | None) -
     return PreparedSave(path, arrays, layout)
 
 
+# Extensions of formats arrayio does not write, and what their users would load them with:
+# a safetensors container under such a name would only make that loader fail.
+_FOREIGN_EXTENSIONS = {
+    ".pt": "torch.load", ".pth": "torch.load", ".bin": "torch.load", ".ckpt": "torch.load",
+    ".pkl": "pickle", ".pickle": "pickle", ".joblib": "joblib",
+    ".h5": "h5py", ".hdf5": "h5py", ".nc": "netCDF", ".mat": "scipy.io.loadmat",
+    ".msgpack": "flax.serialization", ".gguf": "gguf", ".onnx": "onnx",
+    ".zarr": "zarr", ".zip": "zipfile", ".tar": "tarfile", ".json": "json",
+}
+
+
+def _refuse_foreign_extension(path: str) -> None:
+    extension = os.path.splitext(path)[1].lower()
+    reader = _FOREIGN_EXTENSIONS.get(extension)
+    if reader is None:
+        return
+    stem = os.path.splitext(os.path.basename(path))[0]
+    hint = ("; for Zarr use arrayio.zarr.NVMeStore" if extension == ".zarr" else
+            f"; convert a saved file with: arrayio convert {stem}.safetensors "
+            f"{os.path.basename(path)}" if extension in (".pt", ".pth") else "")
+    raise UnsupportedFormatError(
+        f"{path}: arrayio does not write the {extension} format, which {reader} would expect "
+        f"to read; save to {stem}.safetensors (or .npy, .npz){hint}")
+
+
+def _prepare_npz(path: str, obj: Any, metadata: Mapping[str, Any] | None) -> PreparedSave:
+    if metadata:
+        raise UnsupportedObjectError(".npz cannot hold metadata; use a .safetensors container")
+    if not isinstance(obj, Mapping) or not all(
+            isinstance(key, str) and is_array(value) for key, value in obj.items()):
+        raise UnsupportedObjectError(
+            f"{path}: .npz holds a flat dict of names to arrays, as numpy.savez takes; save "
+            "other structures (nesting, constants, None) to a .safetensors container")
+    arrays = {key: export(value) for key, value in obj.items()}
+    for key, exported in arrays.items():
+        if not exported.dtype.numpy_native:
+            raise UnsupportedDtypeError(
+                f"{path}: .npz cannot record {exported.dtype.name} (array {key!r}; NumPy would "
+                "read opaque bytes); save it to a .safetensors container instead")
+    return PreparedSave(path, arrays, None)
+
+
 def write_prepared(prepared: PreparedSave, *, tool: Any = None,
                    checkpoint: Callable[[bool], None] | None = None,
                    progress: bool | None = None) -> None:
@@ -120,7 +174,13 @@ def write_prepared(prepared: PreparedSave, *, tool: Any = None,
     total = sum(exported.data.nbytes for exported in prepared.arrays.values())
     with _gcpause.paused(across_transfers=True), atomic_write(prepared.path) as fd, _progress.bar(
             total, desc=f"saving {prepared.path}", progress=progress) as advance:
-        if prepared.layout is None:  # .npy: one array after its header
+        if prepared.npy_header is None and prepared.layout is None:  # .npz
+            if checkpoint is not None:
+                checkpoint(False)
+            with os.fdopen(os.dup(fd), "wb") as file:
+                npz.write(file, {key: _on_host(e) for key, e in prepared.arrays.items()},
+                          advance)
+        elif prepared.layout is None:  # .npy: one array after its header
             exported = next(iter(prepared.arrays.values()))
             if checkpoint is not None:
                 checkpoint(False)
@@ -150,6 +210,16 @@ def write_prepared(prepared: PreparedSave, *, tool: Any = None,
                 os.ftruncate(fd, layout.file_size)
         if checkpoint is not None:
             checkpoint(True)
+
+
+def _on_host(exported: Exported) -> np.ndarray:
+    """The array's values in host memory, as NumPy sees them."""
+    data = exported.data
+    if not isinstance(data, np.ndarray):  # device memory: one copy to the host
+        host = np.empty(data.nbytes, np.uint8)
+        data.copy_to_host(0, host)
+        data = host
+    return data.view(_dtypes.numpy_dtype(exported.dtype)).reshape(exported.shape)
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> None:

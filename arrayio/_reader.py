@@ -64,6 +64,7 @@ class _Stored:
     start: int
     crc32c: int | None
     fortran_order: bool = False
+    compressed: formats.npz.Member | None = None  # an .npz member inflated as it is read
 
     @property
     def nbytes(self) -> int:
@@ -103,6 +104,8 @@ class Reader:
             self.format = formats.sniff(self._fd, self.path)
             if self.format == "npy":
                 self._open_npy(self._fd)
+            elif self.format == "npz":
+                self._open_npz(self._fd)
             else:
                 with _gcpause.paused():  # objects for every entry of the header
                     self._open_safetensors(self._fd)
@@ -120,6 +123,18 @@ class Reader:
         self._leaf_keys = [key]
         self.metadata: dict[str, Any] = {}
         self.framework: str | None = None
+
+    def _open_npz(self, fd: int) -> None:
+        self._stored = {}
+        for member in formats.npz.read_members(fd, self.path):
+            header = member.header
+            self._stored[member.key] = _Stored(member.key, header.dtype, header.shape,
+                                               header.data_start, None, header.fortran_order,
+                                               member if member.compressed else None)
+        self._order = self._leaf_keys = list(self._stored)
+        self._tree = {"dict": [[key, {"leaf": key}] for key in self._order]}
+        self.metadata = {}
+        self.framework = None
 
     def _open_safetensors(self, fd: int) -> None:
         header = formats.safetensors.read_header(fd, self.path, verify=self._verify)
@@ -253,7 +268,7 @@ class Reader:
         """
         stored = self._entry(self._single_key(key))
         request = parse_target(like, device)
-        if index is None or stored.fortran_order:
+        if index is None or stored.fortran_order or stored.compressed:
             result = self._read_whole(stored, request)
             return result if index is None else result[index]
         return self._read_rows(stored, index, request)
@@ -266,6 +281,12 @@ class Reader:
         return _transpose(result) if stored.fortran_order else result
 
     def _fill(self, stored: _Stored, data: Any) -> None:
+        if stored.compressed is not None:
+            host = data if isinstance(data, np.ndarray) else np.empty(data.nbytes, np.uint8)
+            formats.npz.read_compressed(self.fd, self.path, stored.compressed, host)
+            if host is not data:
+                data.copy_from_host(0, host)
+            return
         check = self._verify and stored.crc32c is not None
         crc = _transfer.read_into(self.fd, stored.start, data, path=self.path,
                                   with_checksum=check, tool=self._tool)
@@ -340,12 +361,17 @@ class Reader:
 
     def _read_batch(self, batch: list[tuple[_Stored, Target]], results: dict[str, Any],
                     advance: Any) -> None:
-        checks = [self._verify and stored.crc32c is not None for stored, _ in batch]
-        transfers = [(stored.start, target.data) for stored, target in batch]
+        for stored, target in batch:  # inflated one by one, not moved by a tool
+            if stored.compressed is not None:
+                self._fill(stored, target.data)
+                advance(stored.nbytes)
+        moved = [(stored, target) for stored, target in batch if stored.compressed is None]
+        checks = [self._verify and stored.crc32c is not None for stored, _ in moved]
+        transfers = [(stored.start, target.data) for stored, target in moved]
         crcs = _transfer.read_many(
             self.fd, transfers, path=self.path, with_checksum=any(checks), tool=self._tool,
-            done=lambda i: advance(batch[i][0].nbytes))
-        for (stored, _), check, crc in zip(batch, checks, crcs, strict=True):
+            done=lambda i: advance(moved[i][0].nbytes))
+        for (stored, _), check, crc in zip(moved, checks, crcs, strict=True):
             if check:
                 self._check(stored, crc)
         with _gcpause.paused():  # the results' objects, also in the background

@@ -22,7 +22,7 @@ from .._dtypes import DType
 from ..errors import FormatError, HeaderTooLargeError, TruncatedFileError, UnsupportedDtypeError
 from ._shapes import shape_problem
 
-__all__ = ["MAGIC", "NpyHeader", "encode_header", "read_header"]
+__all__ = ["MAGIC", "NpyHeader", "encode_header", "parse_header_text", "read_header"]
 
 MAGIC = b"\x93NUMPY"
 # NumPy's own default limit (numpy.lib.format._MAX_HEADER_SIZE): a hostile header length is
@@ -71,8 +71,9 @@ def encode_header(dtype: DType, shape: tuple[int, ...], alignment: int) -> bytes
     raise AssertionError("unreachable: a version 2.0 header holds 4 GiB")
 
 
-def read_header(fd: int, path: str) -> NpyHeader:
-    """Parse and validate a ``.npy`` header.
+def read_header(fd: int, path: str, *, offset: int = 0, size: int | None = None) -> NpyHeader:
+    """Parse and validate a ``.npy`` header: of the file, or of the ``.npy`` file that fills
+    the ``size`` bytes at ``offset`` (an ``.npz`` archive's member).
 
     The header is a Python dict literal padded with spaces; it is read as NumPy reads it
     (``ast.literal_eval``, never ``eval``), with the same checks, but without NumPy's
@@ -85,8 +86,8 @@ def read_header(fd: int, path: str) -> NpyHeader:
         For a short file, an oversized header, a malformed header, or an unsupported dtype
         (object arrays, structured dtypes, big-endian data).
     """
-    file_size = os.fstat(fd).st_size
-    head = os.pread(fd, 12, 0)
+    file_size = os.fstat(fd).st_size - offset if size is None else size
+    head = os.pread(fd, min(12, max(file_size, 0)), offset)
     if not head.startswith(MAGIC):
         if head and MAGIC.startswith(head):
             raise TruncatedFileError(f"{path}: the file ends inside the .npy magic")
@@ -110,16 +111,9 @@ def read_header(fd: int, path: str) -> NpyHeader:
         raise TruncatedFileError(
             f"{path}: the .npy header claims {header_len} bytes but the file ends after "
             f"{file_size - prefix}")
-    raw = os.pread(fd, header_len, prefix)
-    shape, fortran, np_dtype = _parse_header_text(raw, major, path)
-    if np_dtype.hasobject or np_dtype.fields is not None:
-        raise UnsupportedDtypeError(f"{path}: .npy of dtype {np_dtype} (object or structured) "
-                                    "cannot be loaded by arrayio")
-    dtype = _dtypes.dtype_of(np_dtype, where=f"{path}: ")
-    problem = shape_problem(shape, dtype.itemsize)
-    if problem is not None:
-        raise FormatError(f"{path}: .npy {problem}")
-    header = NpyHeader(dtype, shape, fortran, data_start)
+    raw = os.pread(fd, header_len, offset + prefix)
+    dtype, shape, fortran = parse_header_text(raw, major, path)
+    header = NpyHeader(dtype, shape, fortran, offset + data_start)
     if data_start + header.nbytes > file_size:
         raise TruncatedFileError(
             f"{path}: {header.nbytes} bytes of data expected after the header, file holds "
@@ -128,9 +122,10 @@ def read_header(fd: int, path: str) -> NpyHeader:
     return header
 
 
-def _parse_header_text(raw: bytes, major: int, path: str
-                       ) -> tuple[tuple[int, ...], bool, np.dtype]:
-    """The shape, Fortran order and dtype a ``.npy`` header's text describes."""
+def parse_header_text(raw: bytes, major: int, path: str
+                      ) -> tuple[DType, tuple[int, ...], bool]:
+    """The dtype, shape and Fortran order that the text of a ``.npy`` header of version
+    ``major`` describes, checked as :func:`read_header` says."""
     try:
         text = raw.decode("utf-8" if major >= 3 else "latin1")
     except UnicodeDecodeError:
@@ -159,4 +154,11 @@ def _parse_header_text(raw: bytes, major: int, path: str
         raise UnsupportedDtypeError(
             f"{path}: .npy descr {fields['descr']!r} is not a dtype arrayio reads "
             f"({type(error).__name__})") from None
-    return shape, fortran, np_dtype
+    if np_dtype.hasobject or np_dtype.fields is not None:
+        raise UnsupportedDtypeError(f"{path}: .npy of dtype {np_dtype} (object or structured) "
+                                    "cannot be loaded by arrayio")
+    dtype = _dtypes.dtype_of(np_dtype, where=f"{path}: ")
+    problem = shape_problem(shape, dtype.itemsize)
+    if problem is not None:
+        raise FormatError(f"{path}: .npy {problem}")
+    return dtype, shape, fortran
