@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from . import _dtypes, _progress, _transfer, config, errors
-from ._units import format_bytes, parse_size
+from ._units import format_bytes, format_count, parse_size
 
 __all__ = ["EXIT_DATA", "EXIT_DEPENDENCY", "EXIT_OK", "EXIT_USAGE", "CommandError", "main"]
 
@@ -147,12 +147,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
         _print_json(info)
         return EXIT_OK
     origin = f", saved from {info['framework']}" if info["framework"] else ""
-    count = len(info["arrays"])
-    print(f"{info['path']}: {info['format']}, {count} array{'s' if count != 1 else ''}, "
+    count = format_count(len(info["arrays"]), "array")
+    print(f"{info['path']}: {info['format']}, {count}, "
           f"{format_bytes(info['nbytes'])} (file {format_bytes(info['file_bytes'])})"
           f"{origin}")
     sums = info["checksums"]
-    print(f"checksums: CRC-32C on {sums['present']} of {sums['arrays']} arrays")
+    print(f"checksums: CRC-32C on {sums['present']} of {format_count(sums['arrays'], 'array')}")
     if info["metadata"]:
         print("metadata:")
         for name, value in info["metadata"].items():
@@ -214,12 +214,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
               f"(not written by arrayio?), not verified: {names}",
               file=sys.stderr if args.strict else sys.stdout)
     if failed:
-        raise CommandError(f"{args.file}: {len(failed)} of {len(checked)} checksummed arrays "
-                           f"failed verification: {', '.join(map(repr, failed))}", EXIT_DATA)
+        raise CommandError(f"{args.file}: {len(failed)} of "
+                           f"{format_count(len(checked), 'checksummed array')} failed "
+                           f"verification: {', '.join(map(repr, failed))}", EXIT_DATA)
     if unchecked and args.strict:
         raise CommandError(f"{args.file}: --strict and {len(unchecked)} arrays carry no "
                            "checksum", EXIT_DATA)
-    print(f"{args.file}: OK, {len(checked)} of {len(arrays)} arrays verified "
+    print(f"{args.file}: OK, {len(checked)} of {format_count(len(arrays), 'array')} verified "
           f"({format_bytes(sum(info.nbytes for info in checked))}, CRC-32C)")
     return EXIT_OK
 
@@ -512,9 +513,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         if dst in str(error):
             raise
         raise type(error)(f"{dst}: {error}") from None  # name the file at fault
-    count = len(source.arrays)
-    print(f"{src} ({source_kind}) -> {dst} ({target_kind}): {count} "
-          f"array{'s' if count != 1 else ''}")
+    print(f"{src} ({source_kind}) -> {dst} ({target_kind}): "
+          f"{format_count(len(source.arrays), 'array')}")
     return EXIT_OK
 
 
