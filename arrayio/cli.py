@@ -20,7 +20,7 @@ Exit codes (also in ``arrayio --help``):
     the target format cannot hold (``convert``)
 2
     usage: bad arguments, a missing input, an output that exists (without ``--overwrite``),
-    an unknown key
+    an unknown key, a setting that cannot be understood (``ARRAYIO_*``)
 3
     an optional dependency is missing (torch, zarr, matplotlib, ml_dtypes, tqdm); the
     message says what to install
@@ -62,7 +62,8 @@ _EPILOG = """exit codes:
   0    success
   1    the data failed: checksum mismatch, damaged or truncated file, data the target
        format cannot hold
-  2    usage: bad arguments, missing input, existing output (see --overwrite), unknown key
+  2    usage: bad arguments, missing input, existing output (see --overwrite), unknown key,
+       a setting that cannot be understood (ARRAYIO_*)
   3    an optional dependency is missing (the message says what to install)
   130  interrupted
 """
@@ -726,7 +727,7 @@ def _exit_code(error: BaseException) -> int:
     if isinstance(error, errors.FrameworkNotAvailableError | ImportError):
         return EXIT_DEPENDENCY
     if isinstance(error, errors.KeyNotFoundError | errors.UnknownToolError |
-                  errors.DeviceError | FileNotFoundError | IsADirectoryError |
+                  errors.DeviceError | errors.ConfigError | FileNotFoundError | IsADirectoryError |
                   NotADirectoryError | PermissionError | FileExistsError):
         return EXIT_USAGE
     return EXIT_DATA  # FormatError (checksum, truncation), UnsupportedDtypeError, OSError...
