@@ -741,7 +741,8 @@ def _message(error: BaseException, subject: str | None) -> str:
     text = str(error) or type(error).__name__
     if isinstance(error, ImportError):
         text = text.splitlines()[0]
-    if subject and subject not in text and not isinstance(error, CommandError | ImportError):
+    if subject and subject not in text and not isinstance(
+            error, CommandError | ImportError | errors.ConfigError):  # not about the file
         text = f"{subject}: {text}"
     return text
 

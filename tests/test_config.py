@@ -91,3 +91,96 @@ def test_the_cli_reports_a_bad_arrayio_tool_as_a_usage_error(small):
                             capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 2, result.stderr
     assert "ARRAYIO_TOOL" in result.stderr and "Traceback" not in result.stderr
+
+
+# --------------------------------------------------------------------------- environment
+
+from arrayio import config  # noqa: E402
+
+
+@pytest.mark.parametrize("variable, value, accepted", [
+    ("ARRAYIO_VERIFY_CHECKSUMS", "maybe", "1, true, yes, on, 0, false, no or off"),
+    ("ARRAYIO_VERIFY_CHECKSUMS", "2", "1, true, yes, on, 0, false, no or off"),
+    ("ARRAYIO_GC_PAUSE", "enabled", "1, true, yes, on, 0, false, no or off"),
+    ("ARRAYIO_PROGRESS", "sometimes", "auto, 1, true, yes, on, 0, false, no or off"),
+    ("ARRAYIO_ALIGNMENT", "abc", "a whole number"),
+    ("ARRAYIO_ALIGNMENT", "4k", "a whole number"),
+    ("ARRAYIO_ALIGNMENT", "1000", "power of two"),
+    ("ARRAYIO_STAGING_BYTES", "lots", "a whole number"),
+    ("ARRAYIO_STAGING_BYTES", "100", "at least 4096"),
+    ("ARRAYIO_ASYNC_WORKERS", "0", "at least 1"),
+    ("ARRAYIO_ASYNC_WORKERS", "1.5", "a whole number"),
+])
+def test_a_variable_that_cannot_be_read_is_a_config_error(monkeypatch, variable, value,
+                                                          accepted):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as caught:
+        config._from_environment()
+    message = str(caught.value)
+    assert message.startswith(f"{variable}={value!r}: ") and accepted in message
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("1", True), ("true", True), (" Yes ", True), ("ON", True),
+    ("0", False), ("false", False), ("no", False), ("Off", False),
+    ("", True), (None, True),  # unset or empty: the default
+])
+def test_boolean_spellings(monkeypatch, value, expected):
+    for variable in ("ARRAYIO_VERIFY_CHECKSUMS", "ARRAYIO_GC_PAUSE"):
+        if value is None:
+            monkeypatch.delenv(variable, raising=False)
+        else:
+            monkeypatch.setenv(variable, value)
+    settings = config._from_environment()
+    assert settings.verify_checksums is expected and settings.gc_pause is expected
+
+
+def test_integer_spellings(monkeypatch):
+    monkeypatch.setenv("ARRAYIO_ALIGNMENT", " 8192 ")
+    monkeypatch.setenv("ARRAYIO_STAGING_BYTES", "")
+    monkeypatch.setenv("ARRAYIO_ASYNC_WORKERS", "2")
+    settings = config._from_environment()
+    assert (settings.alignment, settings.staging_bytes, settings.async_workers) == (
+        8192, 64 << 20, 2)
+
+
+def test_import_never_raises_the_first_use_does(small):
+    code = f"""
+import arrayio
+print("imported")
+try:
+    arrayio.load({str(small)!r})
+except arrayio.ConfigError as error:
+    print("first use:", error)
+with arrayio.config.set(verify_checksums=True, async_workers=2):  # replaces the bad values
+    print("overridden:", float(arrayio.load({str(small)!r})["a"].sum()))
+try:
+    arrayio.config.get()
+except ValueError as error:
+    print("after the block:", type(error).__name__)
+"""
+    result = run_python(code, ARRAYIO_VERIFY_CHECKSUMS="maybe", ARRAYIO_ASYNC_WORKERS="0")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "imported"
+    assert lines[1].startswith("first use: ARRAYIO_VERIFY_CHECKSUMS='maybe': ")
+    assert "ARRAYIO_ASYNC_WORKERS='0': " in lines[1]
+    assert lines[2] == "overridden: 45.0"
+    assert lines[3] == "after the block: ConfigError"
+
+
+def test_settings_refuse_bad_values_with_config_error():
+    with pytest.raises(ConfigError, match="power of two"):
+        config.set(alignment=3)
+    with pytest.raises(ConfigError, match="at least 1"):
+        config.set(async_workers=0)
+
+
+def test_the_cli_reports_a_bad_variable_as_a_usage_error(small):
+    result = subprocess.run([sys.executable, "-m", "arrayio", "verify", str(small)],
+                            env={**os.environ, "ARRAYIO_ALIGNMENT": "abc",
+                                 "ARRAYIO_CACHE_DIR": "none"},
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("arrayio verify: ARRAYIO_ALIGNMENT='abc': ")
