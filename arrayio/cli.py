@@ -334,10 +334,16 @@ def _arrays_only(source: _Source, kind: str) -> dict[str, Any]:
         names = ", ".join(source.constants[:5]) + (", ..." if len(source.constants) > 5 else "")
         print(f"arrayio convert: note: {kind} holds arrays only; not converted: {names}",
               file=sys.stderr)
-    if source.metadata and kind in ("npz", "npy"):
+    if kind in ("npz", "npy"):
+        _note_metadata(source, kind)
+    return source.arrays
+
+
+def _note_metadata(source: _Source, kind: str) -> None:
+    """A note on stderr naming the metadata that ``kind`` has no place for."""
+    if source.metadata:
         print(f"arrayio convert: note: {kind} holds no metadata; not converted: "
               f"{', '.join(source.metadata)}", file=sys.stderr)
-    return source.arrays
 
 
 @contextlib.contextmanager
@@ -398,6 +404,9 @@ def _write_npz(flat: dict[str, Any], dst: str, progress: bool | None) -> None:
 
 def _write_pt(source: _Source, dst: str) -> None:
     torch = _needs("torch", "torch", "writing .pt files")
+    # A .pt file is one pickled object: keeping the metadata would mean a key of the user's
+    # tree (or a wrapper around it) that torch.load's callers do not expect.
+    _note_metadata(source, "pt")
 
     def to_torch(x: Any) -> Any:
         from ._frameworks import is_array

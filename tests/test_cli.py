@@ -379,6 +379,17 @@ def test_convert_notes_what_the_target_drops(capsys, tmp_path, ckpt):
     assert list(np.load(tmp_path / "c.npz").files) == ["w"]
 
 
+def test_convert_to_pt_notes_the_metadata_it_drops(capsys, tmp_path, ckpt):
+    torch = pytest.importorskip("torch")
+    code, _, err = run(capsys, "convert", ckpt, tmp_path / "x.pt")
+    assert code == 0
+    assert err == "arrayio convert: note: pt holds no metadata; not converted: run, cfg\n"
+    assert torch.load(tmp_path / "x.pt", weights_only=True)["step"] == 7  # constants stay
+    arrayio.save(tmp_path / "plain.safetensors", {"w": np.ones(2)})
+    code, _, err = run(capsys, "convert", tmp_path / "plain.safetensors", tmp_path / "y.pt")
+    assert code == 0 and err == ""
+
+
 def test_convert_refuses_to_overwrite_unless_asked(capsys, tmp_path, ckpt):
     target = tmp_path / "x.npz"
     target.write_bytes(b"precious")
