@@ -678,8 +678,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = command("bench", "quick bandwidth sweep of every transfer tool here",
                     "Measure every transfer tool that can run here (default parameters) and "
                     "the dispatcher, reading (warm) and writing a scratch file in --dir at "
-                    "a few sizes; prints GB/s per tool and size. The dispatcher learns from "
-                    "these transfers too.")
+                    "a few sizes; prints GB/s per tool and size, every write timed until its "
+                    "bytes are on the device. The dispatcher learns from these transfers too.")
     bench.add_argument("--dir", default=".", help="where the scratch file goes (default: .)")
     bench.add_argument("--sizes", type=_sizes, default=None, metavar="LIST",
                        help="comma-separated sizes (default: 256K,4M,64M)")
