@@ -187,6 +187,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     failed: list[str] = []
     unchecked: list[str] = []
     with arrayio.open(_readable(args.file, "verify")) as reader:
+        if reader.format == "npy":  # opening checked its header and size
+            return _verify_npy(args)
+        # arrayio records its metadata in every file it writes: its absence is a fact.
+        why = ("no arrayio metadata: written by another safetensors writer"
+               if reader.framework is None else "saved without checksums")
         arrays = list(reader.arrays.values())
         checked = [info for info in arrays if info.crc32c is not None]
         unchecked = [info.key for info in arrays if info.crc32c is None]
@@ -208,21 +213,33 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                 elif args.verbose:
                     print(f"ok  {info.key}")
                 advance(info.nbytes)
-    if unchecked:
+    if unchecked and checked:
         names = ", ".join(repr(k) for k in unchecked[:5]) + (", ..." if len(unchecked) > 5
                                                              else "")
-        print(f"{args.file}: {len(unchecked)} of {len(arrays)} arrays carry no checksum "
-              f"(not written by arrayio?), not verified: {names}",
+        print(f"{args.file}: not verified, no checksum recorded ({why}): {names}",
               file=sys.stderr if args.strict else sys.stdout)
     if failed:
         raise CommandError(f"{args.file}: {len(failed)} of "
                            f"{format_count(len(checked), 'checksummed array')} failed "
                            f"verification: {', '.join(map(repr, failed))}", EXIT_DATA)
     if unchecked and args.strict:
-        raise CommandError(f"{args.file}: --strict and {len(unchecked)} arrays carry no "
-                           "checksum", EXIT_DATA)
+        verb = "carries" if len(unchecked) == 1 else "carry"
+        raise CommandError(f"{args.file}: --strict and {format_count(len(unchecked), 'array')} "
+                           f"{verb} no checksum", EXIT_DATA)
+    if not checked:
+        print(f"{args.file}: header and sizes valid; no checksums to verify ({why})")
+        return EXIT_OK
     print(f"{args.file}: OK, {len(checked)} of {format_count(len(arrays), 'array')} verified "
           f"({format_bytes(sum(info.nbytes for info in checked))}, CRC-32C)")
+    return EXIT_OK
+
+
+def _verify_npy(args: argparse.Namespace) -> int:
+    if args.strict:
+        raise CommandError(f"{args.file}: --strict: .npy has no place for a checksum; header "
+                           "and size valid, data not verified", EXIT_DATA)
+    print(f"{args.file}: .npy header and size valid; no checksums to verify (.npy has no "
+          "place for one)")
     return EXIT_OK
 
 
@@ -649,11 +666,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     verify = command("verify", "check every array's checksum",
                      "Read every array and check its CRC-32C against the one recorded when "
-                     "the file was written. Exits 1 naming each damaged array.")
+                     "the file was written. Exits 1 naming each damaged array. A .npy file "
+                     "has no place for a checksum: its header and size are checked.")
     verify.add_argument("file", metavar="FILE")
     verify.add_argument("--strict", action="store_true",
-                        help="also fail when arrays carry no checksum (files not written by "
-                        "arrayio, .npy)")
+                        help="also fail (exit 1) when arrays carry no checksum (.npy files, "
+                        "safetensors files not written by arrayio)")
     verify.add_argument("-v", "--verbose", action="store_true", help="list every array")
     verify.set_defaults(run=_cmd_verify)
 

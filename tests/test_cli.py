@@ -230,14 +230,34 @@ def test_verify_a_truncated_file(capsys, ckpt):
     assert code == 1 and str(ckpt) in err
 
 
-def test_verify_without_checksums_passes_unless_strict(capsys, tmp_path):
+def test_verify_a_npy_file_says_it_has_no_place_for_a_checksum(capsys, tmp_path):
     path = tmp_path / "a.npy"
-    np.save(path, np.arange(5))
-    code, out, _ = run(capsys, "verify", path)
-    assert code == 0
-    assert "1 of 1 arrays carry no checksum" in out and "OK, 0 of 1" in out
-    code, _, err = run(capsys, "verify", path, "--strict")
-    assert code == 1 and "--strict" in err
+    arrayio.save(path, np.arange(5))  # arrayio's own .npy: no checksum either
+    code, out, err = run(capsys, "verify", path)
+    assert code == 0 and err == ""
+    assert out == (f"{path}: .npy header and size valid; no checksums to verify (.npy has "
+                   "no place for one)\n")
+    code, out, err = run(capsys, "verify", path, "--strict")
+    assert code == cli.EXIT_DATA and out == ""
+    assert err == (f"arrayio verify: {path}: --strict: .npy has no place for a checksum; "
+                   "header and size valid, data not verified\n")
+    with open(path, "r+b") as f:  # a .npy cut short still fails
+        f.truncate(path.stat().st_size - 8)
+    assert run(capsys, "verify", path)[0] == cli.EXIT_DATA
+
+
+def test_verify_a_safetensors_file_without_checksums(capsys, tmp_path):
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "foreign.safetensors"
+    save_file({"a": np.ones(3, np.float32)}, str(path))
+    code, out, err = run(capsys, "verify", path)
+    assert code == 0 and err == ""
+    assert out == (f"{path}: header and sizes valid; no checksums to verify (no arrayio "
+                   "metadata: written by another safetensors writer)\n")
+    code, out, err = run(capsys, "verify", path, "--strict")
+    assert code == cli.EXIT_DATA and out == ""
+    assert err.endswith(f"arrayio verify: {path}: --strict and 1 array carries no checksum\n")
 
 
 # --------------------------------------------------------------------------- convert
