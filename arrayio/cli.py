@@ -24,6 +24,9 @@ Exit codes (also in ``arrayio --help``):
 3
     an optional dependency is missing (torch, zarr, matplotlib, ml_dtypes, tqdm); the
     message says what to install
+4
+    the environment failed, not the data: permission denied, a read-only file system, a
+    full disk or quota; the message names the path
 130
     interrupted (Ctrl-C)
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -50,13 +54,20 @@ import numpy as np
 from . import _dtypes, _progress, _transfer, config, errors
 from ._units import format_bytes, format_count, parse_size
 
-__all__ = ["EXIT_DATA", "EXIT_DEPENDENCY", "EXIT_OK", "EXIT_USAGE", "CommandError", "main"]
+__all__ = ["EXIT_DATA", "EXIT_DEPENDENCY", "EXIT_ENVIRONMENT", "EXIT_OK", "EXIT_USAGE",
+           "CommandError", "main"]
 
 EXIT_OK = 0
 EXIT_DATA = 1
 EXIT_USAGE = 2
 EXIT_DEPENDENCY = 3
+EXIT_ENVIRONMENT = 4
 EXIT_INTERRUPTED = 130
+
+# What the machine refuses, whatever the file holds: permissions, a read-only file system,
+# no space (or quota) left.
+_ENVIRONMENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
+                                 errno.EDQUOT})
 
 _EPILOG = """exit codes:
   0    success
@@ -65,6 +76,8 @@ _EPILOG = """exit codes:
   2    usage: bad arguments, missing input, existing output (see --overwrite), unknown key,
        a setting that cannot be understood (ARRAYIO_*)
   3    an optional dependency is missing (the message says what to install)
+  4    the environment failed: permission denied, a read-only file system, a full disk
+       or quota (the message names the path)
   130  interrupted
 """
 
@@ -540,6 +553,10 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         if dst in str(error):
             raise
         raise type(error)(f"{dst}: {error}") from None  # name the file at fault
+    except OSError as error:  # on a temporary file beside DST, or inside it (Zarr): DST's
+        if error.errno is None or error.strerror is None:
+            raise
+        raise OSError(error.errno, error.strerror, dst) from error
     print(f"{src} ({source_kind}) -> {dst} ({target_kind}): "
           f"{format_count(len(source.arrays), 'array')}")
     return EXIT_OK
@@ -753,9 +770,12 @@ def _exit_code(error: BaseException) -> int:
         return error.code
     if isinstance(error, errors.FrameworkNotAvailableError | ImportError):
         return EXIT_DEPENDENCY
+    if isinstance(error, errors.DiskFullError) or (
+            isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS):
+        return EXIT_ENVIRONMENT
     if isinstance(error, errors.KeyNotFoundError | errors.UnknownToolError |
                   errors.DeviceError | errors.ConfigError | FileNotFoundError | IsADirectoryError |
-                  NotADirectoryError | PermissionError | FileExistsError):
+                  NotADirectoryError | FileExistsError):
         return EXIT_USAGE
     return EXIT_DATA  # FormatError (checksum, truncation), UnsupportedDtypeError, OSError...
 
@@ -764,6 +784,8 @@ def _message(error: BaseException, subject: str | None) -> str:
     """One line, naming the file: ``subject`` (the command's file) if the error does not."""
     if isinstance(error, OSError) and error.strerror:
         filename = error.filename if error.filename is not None else subject
+        if filename is not None and _is_scratch(os.fspath(filename)):
+            filename = os.path.dirname(os.fspath(filename))  # where the user pointed us
         return f"{filename}: {error.strerror}" if filename else error.strerror
     text = str(error) or type(error).__name__
     if isinstance(error, ImportError):
@@ -772,6 +794,13 @@ def _message(error: BaseException, subject: str | None) -> str:
             error, CommandError | ImportError | errors.ConfigError):  # not about the file
         text = f"{subject}: {text}"
     return text
+
+
+def _is_scratch(path: str) -> bool:
+    """Whether ``path`` names one of arrayio's hidden temporary files (``.arrayio-tune-*``,
+    ``.ckpt.safetensors.arrayio-tmp-*``), which the user never named."""
+    name = os.path.basename(path)
+    return name.startswith(".") and "arrayio-" in name
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -785,8 +814,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        0 success, 1 data problem, 2 usage error, 3 missing optional dependency, 130
-        interrupted.
+        0 success, 1 data problem, 2 usage error, 3 missing optional dependency, 4 the
+        environment (permissions, a read-only or full file system), 130 interrupted.
     """
     parser = build_parser()
     try:
