@@ -506,7 +506,8 @@ def _jax_device(jax: ModuleType, placement: Placement) -> Any:
     except RuntimeError:  # "Unknown backend: 'gpu' requested...": a CPU-only jaxlib
         raise DeviceError(
             f"cannot use {placement}: JAX {jax.__version__} has no GPU backend here (a "
-            "CPU-only jaxlib); install one with CUDA: pip install 'jax[cuda12]'") from None
+            "CPU-only jaxlib); install one with CUDA: pip install 'jax[cuda13]' (or cuda12)"
+        ) from None
     for device in gpus:
         if device.local_hardware_id == placement.index:
             return device

@@ -102,18 +102,6 @@ def _progress_from(value: str | None) -> bool | None:
         raise ConfigError(f"expected auto, {_FLAG_SPELLINGS} (or unset: auto)") from None
 
 
-_VARIABLES: dict[str, tuple[str, Callable[[str | None], Any]]] = {
-    "verify_checksums": ("ARRAYIO_VERIFY_CHECKSUMS", _flag_from),
-    "alignment": ("ARRAYIO_ALIGNMENT", _integer_from),
-    "staging_bytes": ("ARRAYIO_STAGING_BYTES", _integer_from),
-    "tool": ("ARRAYIO_TOOL", lambda value: value or None),  # parsed where used (parse_arm)
-    "cache_dir": ("ARRAYIO_CACHE_DIR", lambda value: _cache_dir_from(value)),
-    "progress": ("ARRAYIO_PROGRESS", _progress_from),
-    "async_workers": ("ARRAYIO_ASYNC_WORKERS", _integer_from),
-    "gc_pause": ("ARRAYIO_GC_PAUSE", _flag_from),
-}
-
-
 def _read_environment() -> tuple[Settings, dict[str, str]]:
     """The settings the environment gives, with the default where a variable cannot be
     understood, and for each such setting the message naming its variable."""
@@ -149,6 +137,18 @@ def _cache_dir_from(value: str | None) -> str | None:
     if value is None or value == "":
         return _default_cache_dir()
     return None if value.strip().lower() == "none" else value
+
+
+_VARIABLES: dict[str, tuple[str, Callable[[str | None], Any]]] = {
+    "verify_checksums": ("ARRAYIO_VERIFY_CHECKSUMS", _flag_from),
+    "alignment": ("ARRAYIO_ALIGNMENT", _integer_from),
+    "staging_bytes": ("ARRAYIO_STAGING_BYTES", _integer_from),
+    "tool": ("ARRAYIO_TOOL", lambda value: value or None),  # parsed where used (parse_arm)
+    "cache_dir": ("ARRAYIO_CACHE_DIR", _cache_dir_from),
+    "progress": ("ARRAYIO_PROGRESS", _progress_from),
+    "async_workers": ("ARRAYIO_ASYNC_WORKERS", _integer_from),
+    "gc_pause": ("ARRAYIO_GC_PAUSE", _flag_from),
+}
 
 
 # A variable that cannot be understood is kept here, and raised by get(), rather than raised

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import arrayio
-from arrayio import ConfigError, UnknownToolError
+from arrayio import ConfigError, UnknownToolError, config
 from arrayio.dispatch.dispatcher import parse_arm
 
 
@@ -23,11 +23,11 @@ def small(tmp_path):
     return path
 
 
-def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """``code`` in a fresh interpreter (settings are read at import), with ``env`` added to
-    an environment free of the caller's ``ARRAYIO_*`` settings."""
+def run_python(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in a fresh interpreter (settings are read at import), with ``env``
+    added to an environment free of the caller's ``ARRAYIO_*`` settings."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ARRAYIO_")}
-    return subprocess.run([sys.executable, "-c", code], env={**clean, **env,
+    return subprocess.run([sys.executable, *args], env={**clean, **env,
                           "ARRAYIO_CACHE_DIR": "none"}, capture_output=True, text=True,
                           timeout=120, check=False)
 
@@ -76,7 +76,7 @@ def test_valid_specs_keep_their_types():
 
 
 def test_arrayio_tool_is_checked_where_it_is_used(small):
-    result = run_python(f"import arrayio; arrayio.load({str(small)!r})",
+    result = run_python("-c", f"import arrayio; arrayio.load({str(small)!r})",
                         ARRAYIO_TOOL="direct(threads=four)")
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
@@ -85,17 +85,13 @@ def test_arrayio_tool_is_checked_where_it_is_used(small):
 
 
 def test_the_cli_reports_a_bad_arrayio_tool_as_a_usage_error(small):
-    result = subprocess.run([sys.executable, "-m", "arrayio", "verify", str(small)],
-                            env={**os.environ, "ARRAYIO_TOOL": "posix(threads=zero)",
-                                 "ARRAYIO_CACHE_DIR": "none"},
-                            capture_output=True, text=True, timeout=120, check=False)
+    result = run_python("-m", "arrayio", "verify", str(small),
+                        ARRAYIO_TOOL="posix(threads=zero)")
     assert result.returncode == 2, result.stderr
     assert "ARRAYIO_TOOL" in result.stderr and "Traceback" not in result.stderr
 
 
 # --------------------------------------------------------------------------- environment
-
-from arrayio import config  # noqa: E402
 
 
 @pytest.mark.parametrize("variable, value, accepted", [
@@ -159,7 +155,7 @@ try:
 except ValueError as error:
     print("after the block:", type(error).__name__)
 """
-    result = run_python(code, ARRAYIO_VERIFY_CHECKSUMS="maybe", ARRAYIO_ASYNC_WORKERS="0")
+    result = run_python("-c", code, ARRAYIO_VERIFY_CHECKSUMS="maybe", ARRAYIO_ASYNC_WORKERS="0")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "imported"
@@ -177,10 +173,7 @@ def test_settings_refuse_bad_values_with_config_error():
 
 
 def test_the_cli_reports_a_bad_variable_as_a_usage_error(small):
-    result = subprocess.run([sys.executable, "-m", "arrayio", "verify", str(small)],
-                            env={**os.environ, "ARRAYIO_ALIGNMENT": "abc",
-                                 "ARRAYIO_CACHE_DIR": "none"},
-                            capture_output=True, text=True, timeout=120, check=False)
+    result = run_python("-m", "arrayio", "verify", str(small), ARRAYIO_ALIGNMENT="abc")
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1
     assert result.stderr.startswith("arrayio verify: ARRAYIO_ALIGNMENT='abc': ")
