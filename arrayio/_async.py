@@ -151,7 +151,16 @@ class AsyncFuture(concurrent.futures.Future):
         return asyncio.wrap_future(self).__await__()
 
     def __repr__(self) -> str:
-        return f"<arrayio.AsyncFuture {self.kind} {self.path!r} {self._state.lower()}>"
+        # In the words of the public API (cancelled(), running(), done(), exception()), not
+        # concurrent.futures' internal states (CANCELLED_AND_NOTIFIED).
+        with self._condition:
+            if self._state in (_base.CANCELLED, _base.CANCELLED_AND_NOTIFIED):
+                state = "cancelled"
+            elif self._state == _base.FINISHED:
+                state = "failed" if self._exception is not None else "finished"
+            else:
+                state = self._state.lower()  # pending, running
+        return f"<arrayio.AsyncFuture {self.kind} {self.path!r} {state}>"
 
 
 @dataclasses.dataclass(eq=False)

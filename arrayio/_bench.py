@@ -10,8 +10,11 @@ registry; the dispatcher runs through :mod:`arrayio._transfer`, as every load an
 and is timed only once it has finished exploring (its first calls in a new context try
 every candidate; it also keeps what it learns here, as it does from any transfer). Reads
 are warm (the file is in the page cache) unless cold ones are asked for (evicted with
-``posix_fadvise``, no root needed); writes are flushed to the device after every call, as
-arrayio's are. Figures are medians of ``repeats`` samples, in GB/s (10^9 bytes per second).
+``posix_fadvise``, no root needed). Every write, the dispatcher's included, is timed until
+its bytes are on the device (``flush_range`` after the call), since a save ends with an
+fsync: the dispatcher flushes writes of 1 MiB and more itself and leaves smaller ones to
+that fsync, so timing its bare call would set the page cache against the disk. Figures are
+medians of ``repeats`` samples, in GB/s (10^9 bytes per second).
 
 This is a quick look, not the benchmark harness (``benchmarks/sweep.py`` in the source tree
 measures ceilings and every candidate arm with interleaved rounds).
@@ -104,6 +107,8 @@ class BenchResult:
             width = max(len(arm) for arm in arms)
             direction, cache, memory = panel
             title = f"{direction}{' ' + cache if cache != '-' else ''}, {memory} memory"
+            if direction == "write":
+                title += ", flushed to the device"
             lines.append(f"{title} (GB/s, checksums {'on' if self.checksum else 'off'})")
             lines.append(" " * width + "".join(f"{format_bytes(n):>11}" for n in sizes))
             for arm in arms:
@@ -231,7 +236,7 @@ def _tool_call(tool: tools.Tool, case: _Case, checksum: bool) -> Callable[[int],
                 raise OSError(f"read {got} of {case.nbytes} bytes")
         else:
             tool.write(fd, case.buffer, 0, checksum=parts)
-            flush_range(fd, 0, case.nbytes)  # as the dispatcher does after every write
+            flush_range(fd, 0, case.nbytes)  # every write arm is timed to the device
         if parts is not None:
             parts.value()
 
@@ -244,6 +249,9 @@ def _dispatcher_call(case: _Case, checksum: bool) -> Callable[[int], None]:
             _transfer.read_into(fd, 0, case.buffer, path=case.data_path, with_checksum=checksum)
         else:
             _transfer.write_from(fd, 0, case.buffer, with_checksum=checksum)
+            # As for the tools: below 1 MiB the dispatcher's own path leaves the bytes in the
+            # page cache (a save's final fsync writes them); above, this finds nothing left.
+            flush_range(fd, 0, case.nbytes)
 
     return call
 

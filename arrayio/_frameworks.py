@@ -34,6 +34,7 @@ from ._buffers import (
 )
 from ._dtypes import DType
 from ._jax_import import to_jax
+from ._units import format_count
 from .errors import (
     DeviceError,
     FrameworkNotAvailableError,
@@ -173,7 +174,9 @@ def parse_target(like: Any, device: Any) -> Request:
     Raises
     ------
     DeviceError
-        For an unparseable device, or one that does not fit the framework (NumPy on a GPU).
+        For an unparseable device, one that does not fit the framework (NumPy on a GPU), or
+        a GPU this machine cannot use (no NVIDIA driver, no such GPU, a CPU-only build of
+        torch or JAX).
     FrameworkNotAvailableError
         For a framework that is not installed.
     """
@@ -197,8 +200,64 @@ def parse_target(like: Any, device: Any) -> Request:
                           "'jax' or 'torch'")
     if framework == "cupy" and not placement.is_cuda:
         raise DeviceError("CuPy arrays live on a GPU: pass device='cuda' (or 'cuda:N')")
+    if placement.is_cuda:
+        jax_device = _check_cuda(framework, placement, jax_device)
     _require(framework)
     return Request(framework, placement, jax_device)
+
+
+def _check_cuda(framework: str, placement: Placement, jax_device: Any) -> Any:
+    """Refuse a GPU this machine cannot use, before any data is read: first the driver
+    (through ctypes, importing no framework), then the framework's own build. Returns the
+    JAX device to use, if JAX."""
+    count, problem = _cuda_driver()
+    if problem is not None:
+        raise DeviceError(f"cannot use {placement}: this machine has no usable CUDA GPU "
+                          f"({problem}); arrays can go to the CPU (device='cpu')")
+    if placement.index >= count:
+        raise DeviceError(f"cannot use {placement}: this machine has "
+                          f"{format_count(count, 'CUDA GPU')} (cuda:0 to cuda:{count - 1})")
+    if framework == "torch":
+        torch = _require("torch")
+        if torch.version.cuda is None:
+            raise DeviceError(
+                f"cannot use {placement}: this is a CPU-only build of torch "
+                f"({torch.__version__}); install a CUDA build "
+                "(https://pytorch.org/get-started/locally/)")
+    if framework == "jax" and jax_device is None:
+        return _jax_device(_require("jax"), placement)
+    return jax_device
+
+
+@functools.cache
+def _cuda_driver() -> tuple[int, str | None]:
+    """How many GPUs the NVIDIA driver sees, or why none can be used.
+
+    Asks the driver library itself through ctypes (``cuInit``, ``cuDeviceGetCount``), as
+    KvikIO's availability check loads it: milliseconds, and no framework is imported. A
+    caller asking for a GPU is about to initialise CUDA anyway.
+    """
+    import ctypes
+
+    names = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
+    for name in names:
+        try:
+            driver = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    else:
+        return 0, f"no NVIDIA driver is installed: {names[0]} not found"
+    status = driver.cuInit(0)
+    if status != 0:
+        text = ctypes.c_char_p()
+        driver.cuGetErrorString(status, ctypes.byref(text))
+        reason = text.value.decode(errors="replace") if text.value else f"error {status}"
+        return 0, f"the NVIDIA driver did not start: {reason}"
+    count = ctypes.c_int(0)
+    if driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
+        return 0, "the NVIDIA driver sees no GPU"
+    return count.value, None
 
 
 def _require(framework: str) -> ModuleType:
@@ -448,8 +507,15 @@ def _allocate_jax(dtype: DType, shape: tuple[int, ...], nbytes: int, request: Re
 def _jax_device(jax: ModuleType, placement: Placement) -> Any:
     if not placement.is_cuda:
         return jax.devices("cpu")[0]
-    for device in jax.devices():
-        if device.platform in ("gpu", "cuda") and device.local_hardware_id == placement.index:
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:  # "Unknown backend: 'gpu' requested...": a CPU-only jaxlib
+        raise DeviceError(
+            f"cannot use {placement}: JAX {jax.__version__} has no GPU backend here (a "
+            "CPU-only jaxlib); install one with CUDA: pip install 'jax[cuda13]' (or cuda12)"
+        ) from None
+    for device in gpus:
+        if device.local_hardware_id == placement.index:
             return device
     raise DeviceError(f"JAX sees no GPU {placement}")
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._units import format_bytes
+from ._units import format_bytes, format_count
 
 if TYPE_CHECKING:
     from ._reader import Reader
@@ -61,7 +61,8 @@ def reader_html(reader: Reader) -> str:
     framework = f", saved from {reader.framework}" if reader.framework else ""
     state = " (closed)" if reader.closed else ""
     title = (f"<b>arrayio.Reader</b> <code>{_e(reader.path)}</code>{state}<br>"
-             f"{_e(reader.format)}, {len(keys)} arrays, {_e(format_bytes(reader.nbytes))}"
+             f"{_e(reader.format)}, {format_count(len(keys), 'array')}, "
+             f"{_e(format_bytes(reader.nbytes))}"
              f"{_e(framework)}; checksums: {with_crc} of {len(keys)}")
     rows = []
     for key in keys[:MAX_ROWS]:
@@ -73,7 +74,7 @@ def reader_html(reader: Reader) -> str:
              _table(("key", "dtype", "shape", "size", "offset", "crc32c"), rows,
                     numeric=frozenset({3, 4}))]
     if len(keys) > MAX_ROWS:
-        parts.append(f"<i>... and {len(keys) - MAX_ROWS} more arrays</i>")
+        parts.append(f"<i>... and {format_count(len(keys) - MAX_ROWS, 'more array')}</i>")
     if reader.metadata:
         parts.append("<b>metadata</b>")
         parts.append(_table(("name", "value"), ((name, _metadata_value(value))

@@ -212,7 +212,10 @@ class Reader:
         return sum(s.nbytes for s in self._stored.values())
 
     def __repr__(self) -> str:
-        state = "closed" if self._fd is None else f"{len(self)} arrays, {self.nbytes} bytes"
+        from ._units import format_count
+
+        state = "closed" if self._fd is None else (
+            f"{format_count(len(self), 'array')}, {format_count(self.nbytes, 'byte')}")
         return f"<arrayio.Reader {self.path!r} ({self.format}, {state})>"
 
     def _repr_html_(self) -> str:

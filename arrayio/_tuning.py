@@ -18,6 +18,7 @@ import numpy as np
 
 from . import _dtypes, config, tools
 from ._frameworks import allocate, parse_target
+from ._units import format_count
 from .dispatch import dispatcher as dispatch
 from .dispatch.context import Context, cache_state
 from .dispatch.policy import Explanation
@@ -56,7 +57,8 @@ class DispatchReport:
                          f"[{explanation.reason}]")
             for arm in explanation.arms:
                 figure = (f"{arm.gbps:8.2f} GB/s" if arm.gbps is not None else " " * 13)
-                extra = f" ({arm.samples} samples, {arm.count} calls)" if arm.count else ""
+                extra = (f" ({format_count(arm.samples, 'sample')}, "
+                         f"{format_count(arm.count, 'call')})" if arm.count else "")
                 reason = f"  {arm.reason}" if arm.reason else ""
                 lines.append(f"    {arm.label:44s} {arm.state:12s}{figure}{extra}{reason}")
         return "\n".join(lines)

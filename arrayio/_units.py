@@ -1,8 +1,9 @@
-"""Byte counts for people: ``format_bytes(3 << 20) == "3.0 MiB"``, ``parse_size("64M")``."""
+"""Counts for people: ``format_bytes(3 << 20) == "3.0 MiB"``, ``parse_size("64M")``,
+``format_count(1, "array") == "1 array"``."""
 
 from __future__ import annotations
 
-__all__ = ["format_bytes", "parse_size"]
+__all__ = ["format_bytes", "format_count", "parse_size"]
 
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -17,6 +18,12 @@ def format_bytes(nbytes: int) -> str:
         if value < 1024 or unit == "TiB":
             break
     return f"{value:.1f} {unit}"
+
+
+def format_count(count: int, noun: str, plural: str | None = None) -> str:
+    """``count`` and ``noun``, in the plural unless ``count`` is 1: ``"1 array"``,
+    ``"3 arrays"``; ``plural`` where adding an "s" is wrong (``"entries"``)."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
 
 def parse_size(text: str) -> int:

@@ -20,10 +20,13 @@ Exit codes (also in ``arrayio --help``):
     the target format cannot hold (``convert``)
 2
     usage: bad arguments, a missing input, an output that exists (without ``--overwrite``),
-    an unknown key
+    an unknown key, a setting that cannot be understood (``ARRAYIO_*``)
 3
     an optional dependency is missing (torch, zarr, matplotlib, ml_dtypes, tqdm); the
     message says what to install
+4
+    the environment failed, not the data: permission denied, a read-only file system, a
+    full disk or quota; the message names the path
 130
     interrupted (Ctrl-C)
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -48,22 +52,32 @@ from typing import Any
 import numpy as np
 
 from . import _dtypes, _progress, _transfer, config, errors
-from ._units import format_bytes, parse_size
+from ._units import format_bytes, format_count, parse_size
 
-__all__ = ["EXIT_DATA", "EXIT_DEPENDENCY", "EXIT_OK", "EXIT_USAGE", "CommandError", "main"]
+__all__ = ["EXIT_DATA", "EXIT_DEPENDENCY", "EXIT_ENVIRONMENT", "EXIT_OK", "EXIT_USAGE",
+           "CommandError", "main"]
 
 EXIT_OK = 0
 EXIT_DATA = 1
 EXIT_USAGE = 2
 EXIT_DEPENDENCY = 3
+EXIT_ENVIRONMENT = 4
 EXIT_INTERRUPTED = 130
+
+# What the machine refuses, whatever the file holds: permissions, a read-only file system,
+# no space (or quota) left.
+_ENVIRONMENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
+                                 errno.EDQUOT})
 
 _EPILOG = """exit codes:
   0    success
   1    the data failed: checksum mismatch, damaged or truncated file, data the target
        format cannot hold
-  2    usage: bad arguments, missing input, existing output (see --overwrite), unknown key
+  2    usage: bad arguments, missing input, existing output (see --overwrite), unknown key,
+       a setting that cannot be understood (ARRAYIO_*)
   3    an optional dependency is missing (the message says what to install)
+  4    the environment failed: permission denied, a read-only file system, a full disk
+       or quota (the message names the path)
   130  interrupted
 """
 
@@ -147,12 +161,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
         _print_json(info)
         return EXIT_OK
     origin = f", saved from {info['framework']}" if info["framework"] else ""
-    count = len(info["arrays"])
-    print(f"{info['path']}: {info['format']}, {count} array{'s' if count != 1 else ''}, "
+    count = format_count(len(info["arrays"]), "array")
+    print(f"{info['path']}: {info['format']}, {count}, "
           f"{format_bytes(info['nbytes'])} (file {format_bytes(info['file_bytes'])})"
           f"{origin}")
     sums = info["checksums"]
-    print(f"checksums: CRC-32C on {sums['present']} of {sums['arrays']} arrays")
+    print(f"checksums: CRC-32C on {sums['present']} of {format_count(sums['arrays'], 'array')}")
     if info["metadata"]:
         print("metadata:")
         for name, value in info["metadata"].items():
@@ -186,6 +200,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     failed: list[str] = []
     unchecked: list[str] = []
     with arrayio.open(_readable(args.file, "verify")) as reader:
+        if reader.format == "npy":  # opening checked its header and size
+            return _verify_npy(args)
+        # arrayio records its metadata in every file it writes: its absence is a fact.
+        why = ("no arrayio metadata: written by another safetensors writer"
+               if reader.framework is None else "saved without checksums")
         arrays = list(reader.arrays.values())
         checked = [info for info in arrays if info.crc32c is not None]
         unchecked = [info.key for info in arrays if info.crc32c is None]
@@ -207,20 +226,33 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                 elif args.verbose:
                     print(f"ok  {info.key}")
                 advance(info.nbytes)
-    if unchecked:
+    if unchecked and checked:
         names = ", ".join(repr(k) for k in unchecked[:5]) + (", ..." if len(unchecked) > 5
                                                              else "")
-        print(f"{args.file}: {len(unchecked)} of {len(arrays)} arrays carry no checksum "
-              f"(not written by arrayio?), not verified: {names}",
+        print(f"{args.file}: not verified, no checksum recorded ({why}): {names}",
               file=sys.stderr if args.strict else sys.stdout)
     if failed:
-        raise CommandError(f"{args.file}: {len(failed)} of {len(checked)} checksummed arrays "
-                           f"failed verification: {', '.join(map(repr, failed))}", EXIT_DATA)
+        raise CommandError(f"{args.file}: {len(failed)} of "
+                           f"{format_count(len(checked), 'checksummed array')} failed "
+                           f"verification: {', '.join(map(repr, failed))}", EXIT_DATA)
     if unchecked and args.strict:
-        raise CommandError(f"{args.file}: --strict and {len(unchecked)} arrays carry no "
-                           "checksum", EXIT_DATA)
-    print(f"{args.file}: OK, {len(checked)} of {len(arrays)} arrays verified "
+        verb = "carries" if len(unchecked) == 1 else "carry"
+        raise CommandError(f"{args.file}: --strict and {format_count(len(unchecked), 'array')} "
+                           f"{verb} no checksum", EXIT_DATA)
+    if not checked:
+        print(f"{args.file}: header and sizes valid; no checksums to verify ({why})")
+        return EXIT_OK
+    print(f"{args.file}: OK, {len(checked)} of {format_count(len(arrays), 'array')} verified "
           f"({format_bytes(sum(info.nbytes for info in checked))}, CRC-32C)")
+    return EXIT_OK
+
+
+def _verify_npy(args: argparse.Namespace) -> int:
+    if args.strict:
+        raise CommandError(f"{args.file}: --strict: .npy has no place for a checksum; header "
+                           "and size valid, data not verified", EXIT_DATA)
+    print(f"{args.file}: .npy header and size valid; no checksums to verify (.npy has no "
+          "place for one)")
     return EXIT_OK
 
 
@@ -332,10 +364,16 @@ def _arrays_only(source: _Source, kind: str) -> dict[str, Any]:
         names = ", ".join(source.constants[:5]) + (", ..." if len(source.constants) > 5 else "")
         print(f"arrayio convert: note: {kind} holds arrays only; not converted: {names}",
               file=sys.stderr)
-    if source.metadata and kind in ("npz", "npy"):
+    if kind in ("npz", "npy"):
+        _note_metadata(source, kind)
+    return source.arrays
+
+
+def _note_metadata(source: _Source, kind: str) -> None:
+    """A note on stderr naming the metadata that ``kind`` has no place for."""
+    if source.metadata:
         print(f"arrayio convert: note: {kind} holds no metadata; not converted: "
               f"{', '.join(source.metadata)}", file=sys.stderr)
-    return source.arrays
 
 
 @contextlib.contextmanager
@@ -396,6 +434,9 @@ def _write_npz(flat: dict[str, Any], dst: str, progress: bool | None) -> None:
 
 def _write_pt(source: _Source, dst: str) -> None:
     torch = _needs("torch", "torch", "writing .pt files")
+    # A .pt file is one pickled object: keeping the metadata would mean a key of the user's
+    # tree (or a wrapper around it) that torch.load's callers do not expect.
+    _note_metadata(source, "pt")
 
     def to_torch(x: Any) -> Any:
         from ._frameworks import is_array
@@ -512,9 +553,12 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         if dst in str(error):
             raise
         raise type(error)(f"{dst}: {error}") from None  # name the file at fault
-    count = len(source.arrays)
-    print(f"{src} ({source_kind}) -> {dst} ({target_kind}): {count} "
-          f"array{'s' if count != 1 else ''}")
+    except OSError as error:  # on a temporary file beside DST, or inside it (Zarr): DST's
+        if error.errno is None or error.strerror is None:
+            raise
+        raise OSError(error.errno, error.strerror, dst) from error
+    print(f"{src} ({source_kind}) -> {dst} ({target_kind}): "
+          f"{format_count(len(source.arrays), 'array')}")
     return EXIT_OK
 
 
@@ -639,11 +683,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     verify = command("verify", "check every array's checksum",
                      "Read every array and check its CRC-32C against the one recorded when "
-                     "the file was written. Exits 1 naming each damaged array.")
+                     "the file was written. Exits 1 naming each damaged array. A .npy file "
+                     "has no place for a checksum: its header and size are checked.")
     verify.add_argument("file", metavar="FILE")
     verify.add_argument("--strict", action="store_true",
-                        help="also fail when arrays carry no checksum (files not written by "
-                        "arrayio, .npy)")
+                        help="also fail (exit 1) when arrays carry no checksum (.npy files, "
+                        "safetensors files not written by arrayio)")
     verify.add_argument("-v", "--verbose", action="store_true", help="list every array")
     verify.set_defaults(run=_cmd_verify)
 
@@ -668,8 +713,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = command("bench", "quick bandwidth sweep of every transfer tool here",
                     "Measure every transfer tool that can run here (default parameters) and "
                     "the dispatcher, reading (warm) and writing a scratch file in --dir at "
-                    "a few sizes; prints GB/s per tool and size. The dispatcher learns from "
-                    "these transfers too.")
+                    "a few sizes; prints GB/s per tool and size, every write timed until its "
+                    "bytes are on the device. The dispatcher learns from these transfers too.")
     bench.add_argument("--dir", default=".", help="where the scratch file goes (default: .)")
     bench.add_argument("--sizes", type=_sizes, default=None, metavar="LIST",
                        help="comma-separated sizes (default: 256K,4M,64M)")
@@ -725,9 +770,12 @@ def _exit_code(error: BaseException) -> int:
         return error.code
     if isinstance(error, errors.FrameworkNotAvailableError | ImportError):
         return EXIT_DEPENDENCY
+    if isinstance(error, errors.DiskFullError) or (
+            isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS):
+        return EXIT_ENVIRONMENT
     if isinstance(error, errors.KeyNotFoundError | errors.UnknownToolError |
-                  errors.DeviceError | FileNotFoundError | IsADirectoryError |
-                  NotADirectoryError | PermissionError | FileExistsError):
+                  errors.DeviceError | errors.ConfigError | FileNotFoundError | IsADirectoryError |
+                  NotADirectoryError | FileExistsError):
         return EXIT_USAGE
     return EXIT_DATA  # FormatError (checksum, truncation), UnsupportedDtypeError, OSError...
 
@@ -736,13 +784,23 @@ def _message(error: BaseException, subject: str | None) -> str:
     """One line, naming the file: ``subject`` (the command's file) if the error does not."""
     if isinstance(error, OSError) and error.strerror:
         filename = error.filename if error.filename is not None else subject
+        if filename is not None and _is_scratch(os.fspath(filename)):
+            filename = os.path.dirname(os.fspath(filename))  # where the user pointed us
         return f"{filename}: {error.strerror}" if filename else error.strerror
     text = str(error) or type(error).__name__
     if isinstance(error, ImportError):
         text = text.splitlines()[0]
-    if subject and subject not in text and not isinstance(error, CommandError | ImportError):
+    if subject and subject not in text and not isinstance(
+            error, CommandError | ImportError | errors.ConfigError):  # not about the file
         text = f"{subject}: {text}"
     return text
+
+
+def _is_scratch(path: str) -> bool:
+    """Whether ``path`` names one of arrayio's hidden temporary files (``.arrayio-tune-*``,
+    ``.ckpt.safetensors.arrayio-tmp-*``), which the user never named."""
+    name = os.path.basename(path)
+    return name.startswith(".") and "arrayio-" in name
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -756,8 +814,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        0 success, 1 data problem, 2 usage error, 3 missing optional dependency, 130
-        interrupted.
+        0 success, 1 data problem, 2 usage error, 3 missing optional dependency, 4 the
+        environment (permissions, a read-only or full file system), 130 interrupted.
     """
     parser = build_parser()
     try:

@@ -4,7 +4,11 @@
 included, as ``kvikio.defaults.set`` does); used as a ``with`` block it restores the previous
 settings on exit.
 
-Environment variables, read once at import:
+Environment variables, read once at import. Booleans accept ``1``, ``true``, ``yes``, ``on``
+and ``0``, ``false``, ``no``, ``off`` (any case); numbers are whole numbers; unset or empty
+means the default. A value that cannot be understood raises :class:`~arrayio.ConfigError`
+(naming the variable and what it accepts) from every :func:`get` until it is fixed or
+replaced with :func:`set`: from the first save or load, never from ``import arrayio``.
 
 ``ARRAYIO_VERIFY_CHECKSUMS``  ``0`` to skip checksum verification on load (default ``1``).
 ``ARRAYIO_ALIGNMENT``         byte alignment of tensor data in written files (default 4096).
@@ -30,7 +34,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
+
+from .errors import ConfigError
 
 __all__ = ["Settings", "get", "set"]
 
@@ -50,11 +57,11 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.alignment < 1 or self.alignment & (self.alignment - 1):
-            raise ValueError(f"alignment must be a power of two, got {self.alignment}")
+            raise ConfigError(f"alignment must be a power of two, got {self.alignment}")
         if self.staging_bytes < 4096:
-            raise ValueError(f"staging_bytes must be at least 4096, got {self.staging_bytes}")
+            raise ConfigError(f"staging_bytes must be at least 4096, got {self.staging_bytes}")
         if self.async_workers < 1:
-            raise ValueError(f"async_workers must be at least 1, got {self.async_workers}")
+            raise ConfigError(f"async_workers must be at least 1, got {self.async_workers}")
 
 
 def _default_cache_dir() -> str:
@@ -62,33 +69,68 @@ def _default_cache_dir() -> str:
     return os.path.join(base, "arrayio")
 
 
-def _from_environment() -> Settings:
-    def flag(name: str, default: bool) -> bool:
-        value = os.environ.get(name)
-        if value is None:
-            return default
-        return value.strip().lower() not in ("0", "false", "no", "off", "")
+_FLAGS = {"1": True, "true": True, "yes": True, "on": True,
+          "0": False, "false": False, "no": False, "off": False}
+_FLAG_SPELLINGS = "1, true, yes, on, 0, false, no or off"
+_UNSET = object()
 
-    def integer(name: str, default: int) -> int:
-        value = os.environ.get(name)
-        return default if value is None else int(value)
 
-    return Settings(
-        verify_checksums=flag("ARRAYIO_VERIFY_CHECKSUMS", True),
-        alignment=integer("ARRAYIO_ALIGNMENT", 4096),
-        staging_bytes=integer("ARRAYIO_STAGING_BYTES", 64 << 20),
-        tool=os.environ.get("ARRAYIO_TOOL") or None,
-        cache_dir=_cache_dir_from(os.environ.get("ARRAYIO_CACHE_DIR")),
-        progress=_progress_from(os.environ.get("ARRAYIO_PROGRESS")),
-        async_workers=integer("ARRAYIO_ASYNC_WORKERS", 4),
-        gc_pause=flag("ARRAYIO_GC_PAUSE", True),
-    )
+def _flag_from(value: str | None) -> Any:
+    if value is None or not value.strip():
+        return _UNSET
+    try:
+        return _FLAGS[value.strip().lower()]
+    except KeyError:
+        raise ConfigError(f"expected {_FLAG_SPELLINGS} (or unset for the default)") from None
+
+
+def _integer_from(value: str | None) -> Any:
+    if value is None or not value.strip():
+        return _UNSET
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError("expected a whole number (or unset for the default)") from None
 
 
 def _progress_from(value: str | None) -> bool | None:
     if value is None or value.strip().lower() in ("", "auto"):
         return None
-    return value.strip().lower() not in ("0", "false", "no", "off")
+    try:
+        return _FLAGS[value.strip().lower()]
+    except KeyError:
+        raise ConfigError(f"expected auto, {_FLAG_SPELLINGS} (or unset: auto)") from None
+
+
+def _read_environment() -> tuple[Settings, dict[str, str]]:
+    """The settings the environment gives, with the default where a variable cannot be
+    understood, and for each such setting the message naming its variable."""
+    values: dict[str, Any] = {}
+    problems: dict[str, str] = {}
+    for field, (variable, read) in _VARIABLES.items():
+        text = os.environ.get(variable)
+        try:
+            value = read(text)
+            if value is not _UNSET:
+                Settings(**{field: value})  # the setting's own checks, one at a time
+                values[field] = value
+        except ConfigError as error:
+            problems[field] = f"{variable}={text!r}: {error}"
+    return Settings(**values), problems
+
+
+def _from_environment() -> Settings:
+    """The settings the environment gives.
+
+    Raises
+    ------
+    ConfigError
+        If a variable cannot be understood.
+    """
+    settings, problems = _read_environment()
+    if problems:
+        raise ConfigError("; ".join(problems.values()))
+    return settings
 
 
 def _cache_dir_from(value: str | None) -> str | None:
@@ -97,24 +139,49 @@ def _cache_dir_from(value: str | None) -> str | None:
     return None if value.strip().lower() == "none" else value
 
 
-_current: Settings = _from_environment()
+_VARIABLES: dict[str, tuple[str, Callable[[str | None], Any]]] = {
+    "verify_checksums": ("ARRAYIO_VERIFY_CHECKSUMS", _flag_from),
+    "alignment": ("ARRAYIO_ALIGNMENT", _integer_from),
+    "staging_bytes": ("ARRAYIO_STAGING_BYTES", _integer_from),
+    "tool": ("ARRAYIO_TOOL", lambda value: value or None),  # parsed where used (parse_arm)
+    "cache_dir": ("ARRAYIO_CACHE_DIR", _cache_dir_from),
+    "progress": ("ARRAYIO_PROGRESS", _progress_from),
+    "async_workers": ("ARRAYIO_ASYNC_WORKERS", _integer_from),
+    "gc_pause": ("ARRAYIO_GC_PAUSE", _flag_from),
+}
+
+
+# A variable that cannot be understood is kept here, and raised by get(), rather than raised
+# now: an import that raises breaks programs that never save or load (and `arrayio --help`),
+# and warning and using the default instead would let `ARRAYIO_VERIFY_CHECKSUMS=flase` skip
+# (or keep) checksums against the user's intent with a message easily lost in a log.
+_current, _invalid = _read_environment()
 
 
 def get() -> Settings:
-    """Return the settings in force."""
+    """Return the settings in force.
+
+    Raises
+    ------
+    ConfigError
+        While an ``ARRAYIO_*`` variable cannot be understood (and :func:`set` has not
+        replaced its setting); the message names the variable and what it accepts.
+    """
+    if _invalid:
+        raise ConfigError("; ".join(_invalid.values()))
     return _current
 
 
 class _Restore:
-    def __init__(self, previous: Settings) -> None:
+    def __init__(self, previous: tuple[Settings, dict[str, str]]) -> None:
         self._previous = previous
 
     def __enter__(self) -> Settings:
         return _current
 
     def __exit__(self, *exc: Any) -> None:
-        global _current
-        _current = self._previous
+        global _current, _invalid
+        _current, _invalid = self._previous
 
 
 def set(**changes: Any) -> _Restore:
@@ -129,12 +196,15 @@ def set(**changes: Any) -> _Restore:
     ------
     TypeError
         For a name that is not a setting.
+    ConfigError
+        For a value the setting refuses (an alignment that is not a power of two...).
     """
-    global _current
+    global _current, _invalid
     known = [f.name for f in dataclasses.fields(Settings)]
     unknown = sorted(name for name in changes if name not in known)
     if unknown:
         raise TypeError(f"unknown arrayio setting(s) {unknown}; known: {known}")
-    previous = _current
-    _current = dataclasses.replace(previous, **changes)
+    previous = (_current, _invalid)
+    _current = dataclasses.replace(_current, **changes)
+    _invalid = {name: message for name, message in _invalid.items() if name not in changes}
     return _Restore(previous)

@@ -43,9 +43,19 @@ def _describe(x: Any) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("directory", nargs="?", help="where to write (default: a temp dir)")
+    parser.add_argument("directory", nargs="?", help="where to write and keep the files "
+                        "(default: a temporary directory, removed at the end)")
     args = parser.parse_args(argv)
-    directory = args.directory or tempfile.mkdtemp(prefix="arrayio-demo-")
+    if args.directory is not None:
+        _tour(args.directory)
+        print(f"\nfiles are in {args.directory}")
+        return
+    with tempfile.TemporaryDirectory(prefix="arrayio-demo-") as directory:
+        _tour(directory)
+    print(f"\nfiles were in {directory}, now removed (name a DIRECTORY to keep them)")
+
+
+def _tour(directory: str) -> None:
     path = os.path.join(directory, "model.safetensors")
 
     tree = _sample_tree()
@@ -89,7 +99,6 @@ def main(argv: list[str] | None = None) -> None:
         from safetensors.numpy import load_file
 
         print(f"safetensors.numpy.load_file reads the same file: {sorted(load_file(path))}")
-    print(f"\nfiles are in {directory}")
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     tensors = {f"layer{i}.weight": torch.randn(total // count // 4, device=device)
                for i in range(count)}
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-    directory = tempfile.mkdtemp(dir=args.dir)
+    scratch = tempfile.TemporaryDirectory(prefix="arrayio-core-", dir=args.dir)
+    directory = scratch.name  # removed below, or at exit if the run fails
 
     def peers() -> dict[str, tuple[Callable[[str], None], Callable[[str], Any], str]]:
         from safetensors.torch import load_file, save_file
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:12s} write {results[name]['write_GBps']:6.2f} GB/s   cold read "
               f"{results[name]['cold_read_GBps'] or float('nan'):6.2f} GB/s   warm read "
               f"{results[name]['warm_read_GBps']:6.2f} GB/s", flush=True)
+    scratch.cleanup()
 
     report = {
         "benchmark": "core_baseline",

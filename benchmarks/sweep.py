@@ -75,7 +75,9 @@ def _settings_key(direction: str, cache: str) -> str:
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.directory = tempfile.mkdtemp(prefix="arrayio-sweep-", dir=args.dir)
+        # Removed by close(), or at exit if the run fails.
+        self._scratch = tempfile.TemporaryDirectory(prefix="arrayio-sweep-", dir=args.dir)
+        self.directory = self._scratch.name
         self.data_path = os.path.join(self.directory, "data.bin")
         self.write_path = os.path.join(self.directory, "write.bin")
         self.max_size = max(args.sizes)
@@ -93,6 +95,10 @@ class Bench:
         self.ceiling_tools: dict[str, tools.Tool] = {}
         self.ceiling_values: dict[str, Any] = {}  # GB/s by ceiling (or its error), as measured
         self._make_data()
+
+    def close(self) -> None:
+        """Remove the scratch directory and its files."""
+        self._scratch.cleanup()
 
     def warm(self, nbytes: int) -> None:
         """Bring the first ``nbytes`` of the data file into the page cache."""
@@ -626,13 +632,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ceiling_settings": bench.ceiling_settings,
         "rows": [],
     }
-    bench.pinned_host_to_device()
-    for row in bench.sweep():
-        report["rows"].append(row)
-        report["panels"] = summarize(report["rows"])
-        report["targets"] = targets(report)
-        with open(args.out, "w") as f:  # after every row: a run cut short keeps its results
-            json.dump(report, f, indent=1)
+    try:
+        bench.pinned_host_to_device()
+        for row in bench.sweep():
+            report["rows"].append(row)
+            report["panels"] = summarize(report["rows"])
+            report["targets"] = targets(report)
+            with open(args.out, "w") as f:  # after every row: a run cut short keeps its results
+                json.dump(report, f, indent=1)
+    finally:
+        bench.close()
     print(json.dumps(report.get("panels"), indent=1), flush=True)
     print(json.dumps(report.get("targets"), indent=1), flush=True)
     if args.plot:

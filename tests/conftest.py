@@ -2,13 +2,20 @@
 
 GPU cases carry the ``gpu`` marker and are skipped, at run time rather than collection time,
 where no CUDA device is usable; a missing framework skips only its own cases.
+
+The session, and every process it starts, keeps its temporary files in a directory of its
+own (``TMPDIR``), removed at the end; anything named ``arrayio-*`` left in it fails the
+session. Its own directory tells exactly what this session left: comparing the system's
+``/tmp`` before and after would also count what sessions running beside it create.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -68,16 +75,51 @@ def fresh():
     dispatcher.reset()
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    # What the dispatcher learns during the tests stays in a scratch directory, never in the
-    # user's ~/.cache/arrayio.
-    import tempfile
+_SESSION_TEMP = pytest.StashKey[tuple[str, str | None]]()
 
+
+def pytest_configure(config: pytest.Config) -> None:
     import arrayio
     from arrayio.dispatch import dispatcher
 
-    arrayio.config.set(cache_dir=tempfile.mkdtemp(prefix="arrayio-test-cache-"))
+    # tmp_path stays where pytest keeps (and prunes) it; everything else goes to the
+    # session's own directory.
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    root = tempfile.mkdtemp(prefix="arrayio-tests-")
+    config.stash[_SESSION_TEMP] = (root, os.environ.get("TMPDIR"))
+    os.environ["TMPDIR"] = tempfile.tempdir = root
+    # What the dispatcher learns during the tests stays there too, never in the user's
+    # ~/.cache/arrayio.
+    arrayio.config.set(cache_dir=os.path.join(root, "dispatch-cache"))
     dispatcher.reset()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _SESSION_TEMP not in session.config.stash:
+        return
+    root, previous = session.config.stash[_SESSION_TEMP]
+    left = sorted(name for name in os.listdir(root) if name.startswith("arrayio-"))
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = (f"temporary files or directories left behind by the tests (now "
+                   f"removed): {', '.join(left)}")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(message, red=True, bold=True)
+        else:
+            print(message, file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    import arrayio
+    from arrayio.dispatch import dispatcher
+
+    dispatcher.reset()  # saves the table now, not at exit into a directory that is gone
+    arrayio.config.set(cache_dir=None)
+    shutil.rmtree(root, ignore_errors=True)
+    tempfile.tempdir = None
+    if previous is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = previous
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -21,6 +21,12 @@ QUICK_SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20]  # what --quick sweeps
 SMALL_TRANSFER = 1 << 20
 
 
+def leftovers(directory, *outputs) -> list[str]:
+    """What a harness left in ``directory`` besides its ``outputs`` (and matplotlib's cache)."""
+    kept = {path.name for path in outputs} | {"mpl"}
+    return sorted(path.name for path in directory.iterdir() if path.name not in kept)
+
+
 def is_rate(value: object) -> bool:
     return isinstance(value, float) and math.isfinite(value) and value > 0
 
@@ -70,6 +76,7 @@ def test_the_sweep_runs_quick_and_reports_every_case(tmp_path, run_module):
 
     assert png.stat().st_size > 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert leftovers(tmp_path, out, png) == []  # its scratch directory is removed
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None
@@ -94,6 +101,7 @@ def test_the_core_baseline_runs_on_the_cpu(tmp_path, run_module):
             assert result["cold_read_GBps"] is None, name
         assert {kind: len(seconds) for kind, seconds in result["seconds"].items()} == {
             "write": 1, "cold": 1, "warm": 1}, name
+    assert leftovers(tmp_path, out) == []
 
 
 def test_held_out_ratio_removes_the_winners_luck_but_not_a_real_gap():

@@ -7,6 +7,7 @@ Most cases call :func:`arrayio.cli.main` in-process (fast); the console script a
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -230,14 +231,34 @@ def test_verify_a_truncated_file(capsys, ckpt):
     assert code == 1 and str(ckpt) in err
 
 
-def test_verify_without_checksums_passes_unless_strict(capsys, tmp_path):
+def test_verify_a_npy_file_says_it_has_no_place_for_a_checksum(capsys, tmp_path):
     path = tmp_path / "a.npy"
-    np.save(path, np.arange(5))
-    code, out, _ = run(capsys, "verify", path)
-    assert code == 0
-    assert "1 of 1 arrays carry no checksum" in out and "OK, 0 of 1" in out
-    code, _, err = run(capsys, "verify", path, "--strict")
-    assert code == 1 and "--strict" in err
+    arrayio.save(path, np.arange(5))  # arrayio's own .npy: no checksum either
+    code, out, err = run(capsys, "verify", path)
+    assert code == 0 and err == ""
+    assert out == (f"{path}: .npy header and size valid; no checksums to verify (.npy has "
+                   "no place for one)\n")
+    code, out, err = run(capsys, "verify", path, "--strict")
+    assert code == cli.EXIT_DATA and out == ""
+    assert err == (f"arrayio verify: {path}: --strict: .npy has no place for a checksum; "
+                   "header and size valid, data not verified\n")
+    with open(path, "r+b") as f:  # a .npy cut short still fails
+        f.truncate(path.stat().st_size - 8)
+    assert run(capsys, "verify", path)[0] == cli.EXIT_DATA
+
+
+def test_verify_a_safetensors_file_without_checksums(capsys, tmp_path):
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "foreign.safetensors"
+    save_file({"a": np.ones(3, np.float32)}, str(path))
+    code, out, err = run(capsys, "verify", path)
+    assert code == 0 and err == ""
+    assert out == (f"{path}: header and sizes valid; no checksums to verify (no arrayio "
+                   "metadata: written by another safetensors writer)\n")
+    code, out, err = run(capsys, "verify", path, "--strict")
+    assert code == cli.EXIT_DATA and out == ""
+    assert err.endswith(f"arrayio verify: {path}: --strict and 1 array carries no checksum\n")
 
 
 # --------------------------------------------------------------------------- convert
@@ -379,6 +400,17 @@ def test_convert_notes_what_the_target_drops(capsys, tmp_path, ckpt):
     assert list(np.load(tmp_path / "c.npz").files) == ["w"]
 
 
+def test_convert_to_pt_notes_the_metadata_it_drops(capsys, tmp_path, ckpt):
+    torch = pytest.importorskip("torch")
+    code, _, err = run(capsys, "convert", ckpt, tmp_path / "x.pt")
+    assert code == 0
+    assert err == "arrayio convert: note: pt holds no metadata; not converted: run, cfg\n"
+    assert torch.load(tmp_path / "x.pt", weights_only=True)["step"] == 7  # constants stay
+    arrayio.save(tmp_path / "plain.safetensors", {"w": np.ones(2)})
+    code, _, err = run(capsys, "convert", tmp_path / "plain.safetensors", tmp_path / "y.pt")
+    assert code == 0 and err == ""
+
+
 def test_convert_refuses_to_overwrite_unless_asked(capsys, tmp_path, ckpt):
     target = tmp_path / "x.npz"
     target.write_bytes(b"precious")
@@ -464,6 +496,86 @@ def test_npz_round_trips_through_a_container(capsys, tmp_path_factory, arrays):
         assert sorted(out.files) == sorted(arrays)
         for key, array in arrays.items():
             assert_same(out[key], array)
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def mounted_tmpfs(directory: Path, options: str):
+    """A tmpfs mounted on ``directory`` for the test (skipped where mounting fails)."""
+    directory.mkdir()
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs",
+                                  str(directory)], capture_output=True, timeout=30, check=False)
+    except OSError as error:
+        pytest.skip(f"cannot mount a tmpfs here: {error}")
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield directory
+    subprocess.run(["umount", str(directory)], capture_output=True, timeout=30, check=False)
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A read-only file system (a tmpfs mounted ro: chmod does not stop root)."""
+    yield from mounted_tmpfs(tmp_path / "ro", "size=1m,ro")
+
+
+@pytest.fixture
+def full_dir(tmp_path):
+    """A file system of 256 KiB."""
+    yield from mounted_tmpfs(tmp_path / "small", "size=256k")
+
+
+@pytest.mark.parametrize("target", ["x.npz", "x.safetensors", "x.npy", "x.pt", "x.zarr"])
+def test_a_read_only_file_system_is_the_environment(capsys, ckpt, read_only_dir, target):
+    if target.endswith(".pt"):
+        pytest.importorskip("torch")
+    if target.endswith(".zarr"):
+        pytest.importorskip("zarr")
+    dst = read_only_dir / target
+    code, _, err = run(capsys, "convert", ckpt, dst, "--key", "emb")
+    assert code == cli.EXIT_ENVIRONMENT == 4
+    assert err.splitlines()[-1] == f"arrayio convert: {dst}: Read-only file system"
+    assert all(line.startswith("arrayio convert: note: ") for line in err.splitlines()[:-1])
+
+
+@pytest.mark.parametrize("target", ["x.npz", "x.safetensors", "x.npy"])
+def test_a_full_disk_is_the_environment(capsys, tmp_path, full_dir, target):
+    source = tmp_path / "big.safetensors"
+    arrayio.save(source, {"w": np.ones(1 << 17)})  # 1 MiB
+    dst = full_dir / target
+    code, _, err = run(capsys, "convert", source, dst)
+    assert code == cli.EXIT_ENVIRONMENT
+    assert err.splitlines()[-1].startswith(f"arrayio convert: {dst}: ")
+    assert len(err.splitlines()) == 1
+    assert list(full_dir.iterdir()) == []  # nothing half-written left
+
+
+@pytest.mark.parametrize("command", ["tune", "bench"])
+def test_tune_and_bench_on_a_read_only_file_system(capsys, fresh, read_only_dir, command):
+    args = [read_only_dir] if command == "tune" else ["--dir", read_only_dir]
+    code, _, err = run(capsys, command, *args, "--sizes", "64K")
+    assert code == cli.EXIT_ENVIRONMENT
+    assert err == f"arrayio {command}: {read_only_dir}: Read-only file system\n"
+
+
+@pytest.mark.parametrize("error, code", [
+    (OSError(errno.ENOSPC, "No space left on device", "/x"), 4),
+    (OSError(errno.EDQUOT, "Disk quota exceeded", "/x"), 4),
+    (OSError(errno.EROFS, "Read-only file system", "/x"), 4),
+    (PermissionError(errno.EACCES, "Permission denied", "/x"), 4),
+    (arrayio.DiskFullError("/x: the disk is full"), 4),
+    (FileNotFoundError(errno.ENOENT, "No such file or directory", "/x"), 2),
+    (OSError(errno.EIO, "Input/output error", "/x"), 1),
+])
+def test_exit_codes_of_environment_errors(error, code):
+    assert cli._exit_code(error) == code
+
+
+def test_the_help_documents_the_environment_exit_code(capsys):
+    out = run(capsys, "--help")[1]
+    assert "  4    the environment failed: permission denied, a read-only file system" in out
 
 
 # --------------------------------------------------------------------------- bench, tune

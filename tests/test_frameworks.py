@@ -37,8 +37,9 @@ def saved(tmp_path):
     ],
 )
 def test_parse_target(like, device, framework, placement, monkeypatch) -> None:
-    # Only the parsing is under test: pretend every framework is importable.
+    # Only the parsing is under test: pretend every framework is importable, every GPU usable.
     monkeypatch.setattr("arrayio._frameworks._require", lambda name: None)
+    monkeypatch.setattr("arrayio._frameworks._check_cuda", lambda *args: args[2])
     request = parse_target(like, device)
     assert (request.framework, request.placement) == (framework, placement)
 
@@ -129,3 +130,78 @@ def test_numpy_save_is_zero_copy_for_contiguous_arrays() -> None:
     assert np.shares_memory(export(a).data, a)
     strided = a[::2]
     assert not np.shares_memory(export(strided).data, a)  # made contiguous: a copy
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+@pytest.fixture
+def no_cuda_driver():
+    """Skips unless this machine has no CUDA driver at all (as CI and laptops)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return
+    pytest.skip("this machine has a CUDA driver")
+
+
+@pytest.mark.parametrize("like", [None, "cupy", "torch", "jax"])
+def test_a_gpu_request_without_a_driver_is_a_device_error(saved, no_cuda_driver, like):
+    path, _ = saved
+    with pytest.raises(arrayio.DeviceError) as caught:
+        arrayio.load(path, like=like, device="cuda:0")
+    message = str(caught.value)
+    assert "no usable CUDA GPU" in message and "no NVIDIA driver" in message
+    assert "device='cpu'" in message
+    with arrayio.open(path) as reader, pytest.raises(arrayio.DeviceError,
+                                                     match="no usable CUDA GPU"):
+        reader.read("f32", device="cuda")
+
+
+def test_the_driver_check_imports_no_framework(saved, no_cuda_driver):
+    import subprocess
+
+    path, _ = saved
+    code = ("import sys, arrayio\n"
+            "try:\n"
+            f"    arrayio.load({str(path)!r}, device='cuda')\n"
+            "except arrayio.DeviceError:\n"
+            "    pass\n"
+            "print(sorted(m for m in ('torch', 'jax', 'cupy') if m in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, check=True, env={"ARRAYIO_CACHE_DIR": "none",
+                                                          "PATH": ""})
+    assert result.stdout.strip() == "[]"
+
+
+def test_a_cpu_only_torch_says_so(saved, monkeypatch):
+    torch = pytest.importorskip("torch")
+    if torch.version.cuda is not None:
+        pytest.skip("torch is a CUDA build")
+    monkeypatch.setattr("arrayio._frameworks._cuda_driver", lambda: (1, None))  # a GPU
+    path, _ = saved
+    with pytest.raises(arrayio.DeviceError, match="CPU-only build of torch") as caught:
+        arrayio.load(path, like="torch", device="cuda")
+    assert "pytorch.org" in str(caught.value)
+
+
+def test_a_cpu_only_jax_says_so(saved, monkeypatch):
+    jax = pytest.importorskip("jax")
+    try:
+        jax.devices("gpu")
+        pytest.skip("JAX has a GPU backend")
+    except RuntimeError:
+        pass
+    monkeypatch.setattr("arrayio._frameworks._cuda_driver", lambda: (1, None))
+    path, _ = saved
+    with pytest.raises(arrayio.DeviceError, match="no GPU backend") as caught:
+        arrayio.load(path, like="jax", device="cuda", keys="f32")
+    assert "jax[cuda" in str(caught.value)
+
+
+def test_a_device_index_beyond_the_gpus_is_a_device_error(monkeypatch):
+    monkeypatch.setattr("arrayio._frameworks._cuda_driver", lambda: (2, None))
+    with pytest.raises(arrayio.DeviceError, match=r"cuda:2.*2 CUDA GPUs \(cuda:0 to cuda:1\)"):
+        parse_target("cupy", "cuda:2")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import functools
 import hashlib
+import inspect
 import logging
 import os
 import platform
@@ -33,7 +34,7 @@ import numpy as np
 from .. import _device_checksum, config, tools
 from .._buffers import scatter_from_host, synchronize_device
 from .._checksum import ChecksumParts, checksum
-from ..errors import UnknownToolError
+from ..errors import ConfigError, UnknownToolError
 from ..tools import Buffer, Tool, buffer_kind
 from ..tools._io import flush_range, preallocate
 from . import batches
@@ -196,39 +197,94 @@ _VALUE = re.compile(r"^-?\d+$")
 def parse_arm(spec: str | Arm | Tool) -> Arm:
     """An arm from ``"posix"``, ``"posix(threads=4,task_size=1048576)"``, an Arm or a Tool.
 
+    A specification names a registered tool and, in parentheses, values for keyword
+    arguments of its constructor: whole numbers for integer parameters, ``true`` or
+    ``false`` for boolean ones; the tool's own checks (positive sizes...) apply.
+
     Raises
     ------
     UnknownToolError
         For a tool name nobody registered.
-    ValueError
-        For a malformed specification.
+    ConfigError
+        For a malformed specification (unbalanced parentheses, a parameter the tool does
+        not take, a value of the wrong kind or one the tool refuses); a ``ValueError``.
     """
     if isinstance(spec, Arm):
         return spec
     if isinstance(spec, Tool):
         return Arm.from_tool(spec)
-    return _parse_spec(spec)
+    try:
+        return _parse_spec(spec)
+    except ConfigError as error:
+        if isinstance(spec, str) and spec.strip() == os.environ.get("ARRAYIO_TOOL", "").strip():
+            raise ConfigError(f"ARRAYIO_TOOL: {error}") from None
+        raise
+
+
+_SPEC = re.compile(r"\s*([\w.-]+)\s*(?:\(([^()]*)\))?\s*")
+_SPEC_FORM = "expected NAME or NAME(key=value,...), e.g. 'posix(threads=4)'"
 
 
 @functools.lru_cache(maxsize=64)
 def _parse_spec(spec: str) -> Arm:
     # Cached: a forced tool (ARRAYIO_TOOL) is looked up on every transfer.
-    match = re.fullmatch(r"\s*([\w.-]+)\s*(?:\((.*)\))?\s*", spec)
+    match = _SPEC.fullmatch(spec) if isinstance(spec, str) else None
     if match is None:
-        raise ValueError(f"cannot parse tool {spec!r}; expected NAME or NAME(key=value,...)")
+        raise ConfigError(f"cannot parse tool {spec!r}: {_SPEC_FORM}")
     name, inner = match.group(1), match.group(2)
-    tools.tool_class(name)  # unknown names fail here, with the list of known ones
+    cls = tools.tool_class(name)  # unknown names fail here, with the list of known ones
+    accepted = _tool_parameters(cls)
     params: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in (inner or "").split(","))):
         key, sep, value = item.partition("=")
         key, value = key.strip(), value.strip()
         if not sep or not key.isidentifier():
-            raise ValueError(f"cannot parse {item!r} in tool {spec!r}; expected key=value")
+            raise ConfigError(f"cannot parse {item!r} in tool {spec!r}: expected key=value")
         if key in params:
-            raise ValueError(f"tool {spec!r} gives {key!r} twice")
-        params[key] = (int(value) if _VALUE.match(value) else
-                               {"true": True, "false": False}.get(value.lower(), value))
-    return _arm(name, **params)
+            raise ConfigError(f"tool {spec!r} gives {key!r} twice")
+        if key not in accepted:
+            known = ", ".join(accepted) or "none"
+            raise ConfigError(f"tool {spec!r}: {name} has no parameter {key!r} "
+                              f"(its parameters: {known})")
+        params[key] = _parameter_value(spec, key, value, accepted[key])
+    arm = _arm(name, **params)
+    if params:  # the tool's own checks of its values (positive sizes...)
+        try:
+            arm.make().close()
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"tool {spec!r}: {error}") from None
+    return arm
+
+
+def _tool_parameters(cls: type[Tool]) -> dict[str, type | None]:
+    """The keyword arguments of a tool's constructors (its class and bases) and the type
+    each takes (int or bool, from the default or annotation; None: any)."""
+    found: dict[str, type | None] = {}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        for parameter in list(inspect.signature(init).parameters.values())[1:]:
+            if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+                continue
+            default, annotation = parameter.default, parameter.annotation
+            kind = (type(default) if isinstance(default, bool | int) else
+                    {"int": int, "bool": bool, int: int, bool: bool}.get(annotation))
+            found.setdefault(parameter.name, kind)
+    return found
+
+
+def _parameter_value(spec: str, key: str, text: str, kind: type | None) -> Any:
+    lowered = text.lower()
+    if kind is bool:
+        if lowered not in ("true", "false", "1", "0"):
+            raise ConfigError(f"tool {spec!r}: {key} must be true or false, got {text!r}")
+        return lowered in ("true", "1")
+    if kind is int:
+        if not _VALUE.match(text):
+            raise ConfigError(f"tool {spec!r}: {key} must be a whole number, got {text!r}")
+        return int(text)
+    return int(text) if _VALUE.match(text) else {"true": True, "false": False}.get(lowered, text)
 
 
 def machine_fingerprint() -> str:

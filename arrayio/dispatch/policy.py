@@ -365,7 +365,9 @@ class Policy:
         self._tools: dict[Arm, Tool] = {}
 
     def __repr__(self) -> str:
-        return f"<arrayio dispatch policy, {len(self.table)} contexts>"
+        from .._units import format_count
+
+        return f"<arrayio dispatch policy, {format_count(len(self.table), 'context')}>"
 
     # -- tools ------------------------------------------------------------------------------
 

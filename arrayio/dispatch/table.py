@@ -292,7 +292,9 @@ class Table:
             return key in self._entries
 
     def __repr__(self) -> str:
-        return f"<arrayio dispatch table, {len(self)} contexts>"
+        from .._units import format_count
+
+        return f"<arrayio dispatch table, {format_count(len(self), 'context')}>"
 
     def get(self, key: str) -> ContextEntry | None:
         """The entry of ``key``, or ``None``; hold :attr:`lock` while using it."""

@@ -75,6 +75,7 @@ from typing import Any
 
 from .. import _dtypes, _transfer, config
 from .._frameworks import CPU, Request, allocate, export, framework_of, placement_of
+from .._units import format_count
 from ..errors import ArrayioError, ChecksumError, UnsupportedObjectError
 from ._directory import SpillDirectory
 
@@ -492,7 +493,7 @@ class Offloader:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else (
-            f"{len(self._entries)} arrays, {self._held}/{self.budget} bytes held")
+            f"{format_count(len(self._entries), 'array')}, {self._held}/{self.budget} bytes held")
         return f"<arrayio.Offloader {self.directory!r} ({state})>"
 
     # ------------------------------------------------------------------ bookkeeping
