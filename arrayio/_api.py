@@ -92,7 +92,7 @@ def prepare_save(path: PathLike, obj: Any, metadata: Mapping[str, Any] | None) -
     path = os.fspath(path)
     _refuse_foreign_extension(path)
     if path.endswith(".npz"):
-        return _prepare_npz(path, obj, metadata)
+        return prepare_npz(path, obj, metadata)
     if path.endswith(".npy"):
         if not is_array(obj):
             raise UnsupportedObjectError(
@@ -144,7 +144,8 @@ def _refuse_foreign_extension(path: str) -> None:
         f"to read; save to {stem}.safetensors (or .npy, .npz){hint}")
 
 
-def _prepare_npz(path: str, obj: Any, metadata: Mapping[str, Any] | None) -> PreparedSave:
+def prepare_npz(path: str, obj: Any, metadata: Mapping[str, Any] | None) -> PreparedSave:
+    """Check and export an ``.npz`` save: a flat mapping of names to arrays ``.npy`` holds."""
     if metadata:
         raise UnsupportedObjectError(".npz cannot hold metadata; use a .safetensors container")
     if not isinstance(obj, Mapping) or not all(

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from .errors import DiskFullError
 
 __all__ = ["TEMP_MARKER", "atomic_write", "create_temporary", "is_temporary",
-           "remove_stale_temporaries"]
+           "remove_stale_temporaries", "remove_stale_temporaries_below"]
 
 TEMP_MARKER = ".arrayio-tmp-"
 # Longest file name most file systems take (NAME_MAX); a temporary's name must fit too.
@@ -108,7 +108,27 @@ def remove_stale_temporaries(directory: str | os.PathLike[str] | int) -> list[st
     return removed
 
 
-def _remove_if_stale(path: str, dir_fd: int | None) -> bool:
+def remove_stale_temporaries_below(root: str | os.PathLike[str], *,
+                                   dry_run: bool = False) -> list[str]:
+    """:func:`remove_stale_temporaries` in ``root`` and every directory below it (symbolic
+    links are not followed); with ``dry_run``, only list what would be removed."""
+    found: list[str] = []
+    for directory, _, names in os.walk(root):
+        if not any(is_temporary(name) for name in names):
+            continue
+        if not dry_run:
+            found += remove_stale_temporaries(directory)
+            continue
+        found += [os.path.join(directory, name) for name in names
+                  if is_temporary(name) and _is_stale(os.path.join(directory, name))]
+    return found
+
+
+def _is_stale(path: str) -> bool:
+    return _remove_if_stale(path, None, remove=False)
+
+
+def _remove_if_stale(path: str, dir_fd: int | None, *, remove: bool = True) -> bool:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
                      dir_fd=dir_fd)
@@ -119,7 +139,8 @@ def _remove_if_stale(path: str, dir_fd: int | None) -> bool:
             return False
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         # Held by us now, so its writer is dead: the name is random and used once.
-        os.unlink(path, dir_fd=dir_fd)
+        if remove:
+            os.unlink(path, dir_fd=dir_fd)
         return True
     except OSError:
         return False

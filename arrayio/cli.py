@@ -5,6 +5,7 @@ this machine's transfer tools.
 
     arrayio info FILE [--json]              keys, dtypes, shapes, sizes, metadata, checksums
     arrayio verify FILE [--strict]          check every array's CRC-32C
+    arrayio clean [DIR...] [--dry-run]      remove temporaries that killed saves left
     arrayio convert SRC DST                 .npy/.npz/.safetensors/.pt/Zarr <-> arrayio
     arrayio bench [--sizes 1M,64M] [--png]  quick bandwidth sweep of every tool here
     arrayio tune [DIR] [--device cuda:0] [--like FILE] [--max-calls N]
@@ -51,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _dtypes, _progress, _transfer, config, errors
+from . import _atomic, _dtypes, _progress, _transfer, config, errors
 from ._units import format_bytes, format_count, parse_size
 
 __all__ = ["EXIT_DATA", "EXIT_DEPENDENCY", "EXIT_ENVIRONMENT", "EXIT_OK", "EXIT_USAGE",
@@ -247,6 +248,20 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_clean(args: argparse.Namespace) -> int:
+    removed: list[str] = []
+    for directory in args.directories:
+        if not os.path.isdir(directory):
+            raise CommandError(f"{directory}: no such directory")
+        removed += _atomic.remove_stale_temporaries_below(directory, dry_run=args.dry_run)
+    for path in removed:
+        print(path)
+    freed = format_count(len(removed), "temporary file")
+    print(f"{'would remove' if args.dry_run else 'removed'} {freed} left by dead processes",
+          file=sys.stderr)
+    return EXIT_OK
+
+
 def _verify_npy(args: argparse.Namespace) -> int:
     if args.strict:
         raise CommandError(f"{args.file}: --strict: .npy has no place for a checksum; header "
@@ -377,19 +392,19 @@ def _note_metadata(source: _Source, kind: str) -> None:
 
 
 @contextlib.contextmanager
-def _atomic_path(path: str, *, directory: bool = False) -> Iterator[str]:
-    """A temporary file (or directory) beside ``path``, moved over it on success: a failed
-    conversion leaves no half-written output, and any previous one intact."""
+def _atomic_directory(path: str) -> Iterator[str]:
+    """A temporary directory beside ``path``, moved over it on success: a failed conversion
+    leaves no half-written output, and any previous one intact. (Files go through
+    :func:`arrayio._atomic.atomic_write`.)"""
     parent = os.path.dirname(os.path.abspath(path))
     prefix = ".arrayio-convert-"
-    if directory:
-        temporary = tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent)
-    else:
-        fd, temporary = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=parent)
-        os.close(fd)
+    temporary = tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(temporary, 0o777 & ~umask)  # as mkdir would make it (mkdtemp gives 0o700)
     try:
         yield temporary
-        if directory and os.path.exists(path):
+        if os.path.exists(path):
             old = tempfile.mkdtemp(prefix=prefix, suffix=".old", dir=parent)
             os.replace(path, os.path.join(old, "previous"))
             os.replace(temporary, path)
@@ -397,11 +412,7 @@ def _atomic_path(path: str, *, directory: bool = False) -> Iterator[str]:
         else:
             os.replace(temporary, path)
     except BaseException:
-        if directory:
-            shutil.rmtree(temporary, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
+        shutil.rmtree(temporary, ignore_errors=True)
         raise
 
 
@@ -416,20 +427,10 @@ def _host_numpy(array: Any) -> np.ndarray:
 
 
 def _write_npz(flat: dict[str, Any], dst: str, progress: bool | None) -> None:
-    arrays = {key: _host_numpy(a) for key, a in flat.items()}
-    for key, array in arrays.items():
-        if not _dtypes.dtype_of(array.dtype).numpy_native:
-            raise errors.UnsupportedDtypeError(
-                f"{dst}: .npz cannot record {array.dtype} (array {key!r}; NumPy would read "
-                "opaque bytes): convert to .safetensors, .pt or an arrayio container")
-    total = sum(a.nbytes for a in arrays.values())
-    with _atomic_path(dst) as temporary, zipfile.ZipFile(temporary, "w") as z, \
-            _progress.bar(total, desc=f"writing {dst}", progress=progress) as advance:
-        for key, array in arrays.items():
-            # As numpy.savez, without its keyword arguments (a key named "file" is fine here).
-            with z.open(f"{key}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, array, allow_pickle=False)
-            advance(array.nbytes)
+    from . import _api
+
+    # Through save's own .npz writer, also for a destination named otherwise (--to npz).
+    _api.write_prepared(_api.prepare_npz(dst, flat, None), progress=progress)
 
 
 def _write_pt(source: _Source, dst: str) -> None:
@@ -446,7 +447,7 @@ def _write_pt(source: _Source, dst: str) -> None:
         return x
 
     tree = _map_arrays(source.tree, to_torch)
-    with _atomic_path(dst) as temporary, open(temporary, "wb") as file:
+    with _atomic.atomic_write(dst) as fd, os.fdopen(os.dup(fd), "wb") as file:
         try:
             torch.save(tree, file)
         except Exception as error:  # noqa: BLE001 - torch raises RuntimeError, pickle errors...
@@ -473,7 +474,7 @@ def _write_zarr(source: _Source, dst: str, progress: bool | None) -> None:
 
     arrays = {key: _host_numpy(a) for key, a in _arrays_only(source, "zarr").items()}
     total = sum(a.nbytes for a in arrays.values())
-    with _atomic_path(dst, directory=True) as temporary, _progress.bar(
+    with _atomic_directory(dst) as temporary, _progress.bar(
             total, desc=f"writing {dst}", progress=progress) as advance:
         if is_array(source.tree):  # one array: a Zarr array, not a group
             nodes = [("", next(iter(arrays.values())))]
@@ -691,6 +692,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "safetensors files not written by arrayio)")
     verify.add_argument("-v", "--verbose", action="store_true", help="list every array")
     verify.set_defaults(run=_cmd_verify)
+
+    clean = command("clean", "remove what saves killed midway left behind",
+                    "Remove, under each DIR (recursively, not following links), the hidden "
+                    "temporary files (.NAME.arrayio-tmp-PID-...) of saves and Zarr chunk "
+                    "writes whose process died before finishing (SIGKILL, power loss). A "
+                    "temporary a live process is still writing is never touched. The next "
+                    "save into a directory does the same for that directory.")
+    clean.add_argument("directories", metavar="DIR", nargs="*", default=["."],
+                       help="where to look (default: the current directory)")
+    clean.add_argument("-n", "--dry-run", action="store_true",
+                       help="list what would be removed, remove nothing")
+    clean.set_defaults(run=_cmd_clean)
 
     convert = command(
         "convert", "convert between .npy, .npz, .safetensors, .pt, Zarr and arrayio",

@@ -21,12 +21,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import arrayio
-from arrayio import cli
+from arrayio import _atomic, cli
 from arrayio.testing import damage_array, strategies
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-SUBCOMMANDS = ("info", "verify", "convert", "bench", "tune", "explain")
+SUBCOMMANDS = ("info", "verify", "clean", "convert", "bench", "tune", "explain")
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str | os.PathLike[str]
@@ -675,3 +675,59 @@ def test_tune_errors(capsys, tmp_path, monkeypatch):
     assert code == 2 and "missing" in err
     code, _, err = run(capsys, "tune", tmp_path, "--device", "tpu:7")
     assert code == 2 and "tpu:7" in err
+
+
+# --------------------------------------------------------------------------- clean
+
+# A save killed outright (SIGKILL) while writing its temporary.
+KILLED_SAVE = """
+import os, signal, sys
+from arrayio import _atomic
+with _atomic.atomic_write(sys.argv[1]) as fd:
+    os.write(fd, b"partial")
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _temporaries(root) -> list[str]:
+    return sorted(p.name for p in root.rglob("*") if ".arrayio-tmp-" in p.name)
+
+
+def test_clean_removes_dead_writers_temporaries_below_a_directory(tmp_path, capsys) -> None:
+    (tmp_path / "run" / "deep").mkdir(parents=True)
+    for target in (tmp_path / "a.safetensors", tmp_path / "run" / "deep" / "b.npy"):
+        subprocess.run([sys.executable, "-c", KILLED_SAVE, str(target)], check=False)
+    assert len(_temporaries(tmp_path)) == 2
+    with _atomic.atomic_write(tmp_path / "run" / "live.safetensors") as fd:  # a live writer
+        os.write(fd, b"writing")
+        code, out, err = run(capsys, "clean", tmp_path, "--dry-run")
+        assert code == 0 and len(out.splitlines()) == 2 and "would remove 2" in err
+        assert len(_temporaries(tmp_path)) == 3
+        code, out, err = run(capsys, "clean", tmp_path)
+        assert code == 0 and "removed 2 temporary files" in err
+        (live,) = _temporaries(tmp_path)
+        assert live.startswith(".live.safetensors.arrayio-tmp-")
+    assert _temporaries(tmp_path) == []
+
+
+def test_clean_of_a_missing_directory_is_a_usage_error(tmp_path, capsys) -> None:
+    code, _, err = run(capsys, "clean", tmp_path / "nowhere")
+    assert code == 2 and "no such directory" in err
+
+
+@pytest.mark.parametrize("target", ["c.npz", "c.pt"])
+def test_convert_creates_files_as_any_program_would_and_keeps_an_old_files_mode(
+        tmp_path, capsys, target) -> None:
+    if target.endswith(".pt"):
+        pytest.importorskip("torch")
+    source = tmp_path / "c.safetensors"
+    arrayio.save(source, {"w": np.ones(3)})
+    old_umask = os.umask(0o022)
+    try:
+        assert run(capsys, "convert", source, tmp_path / target)[0] == 0
+        assert (tmp_path / target).stat().st_mode & 0o777 == 0o644
+        (tmp_path / target).chmod(0o600)
+        assert run(capsys, "convert", source, tmp_path / target, "--overwrite")[0] == 0
+        assert (tmp_path / target).stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old_umask)
