@@ -37,6 +37,8 @@ __all__ = ["ArrayInfo", "Reader"]
 _ARRAY = object()  # stands for an array leaf where only constants are wanted
 # Host memory a loaded array takes beyond its data (its objects), for the check before a load.
 _OBJECT_BYTES = 512
+# Loads smaller than this skip that check (reading what is available costs tens of µs).
+_CHECKED_FROM = 64 << 20
 # A load whose results are copies (JAX's device_put of host bytes) reads this much at a time.
 COPY_BATCH_BYTES = 1 << 30
 
@@ -347,9 +349,9 @@ class Reader:
     def _check_memory(self, nbytes: int, count: int, request: Request) -> None:
         """Refuse, before allocating anything, a load whose results cannot fit in the host
         memory available (results on a GPU pass through bounded staging buffers)."""
-        if request.placement.is_cuda:
-            return
         needed = nbytes + count * _OBJECT_BYTES
+        if request.placement.is_cuda or needed < _CHECKED_FROM:
+            return
         available = _memory.available_host_bytes()
         if available is None or needed <= available:
             return

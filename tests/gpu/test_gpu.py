@@ -297,3 +297,35 @@ def test_scatter_from_host_fills_each_device_buffer_from_its_place_in_the_span(k
     for (start, n), b in zip(places, buffers, strict=True):
         got = b.tensor.cpu().numpy() if kind == "torch" else b.array.get()
         assert got.tobytes() == span[start:start + n].tobytes(), (start, n)
+
+
+@pytest.mark.parametrize("writer", ["arrayio", "savez", "savez_compressed"])
+def test_npz_archives_to_and_from_the_gpu(tmp_path, gpu_xp: Framework, writer):
+    """An .npz saved from device arrays holds their values; stored and compressed members
+    load into device memory."""
+    arrays = {"w": random_array(by_name("float32"), (64, 33), seed=1),
+              "i": random_array(by_name("int16"), (5,), seed=2)}
+    path = tmp_path / "x.npz"
+    if writer == "arrayio":
+        arrayio.save(path, {k: gpu_xp.from_numpy(v) for k, v in arrays.items()})
+    else:
+        getattr(np, writer)(path, **arrays)
+    with np.load(path) as archive:
+        for key, expected in arrays.items():
+            np.testing.assert_array_equal(archive[key], expected)
+    for target in GPU_FRAMEWORKS:
+        if target.usable() is not None:
+            continue
+        loaded = arrayio.load(path, like=target.name, device=target.device)
+        for key, expected in arrays.items():
+            _assert_same(target, loaded[key], expected)
+
+
+def test_a_damaged_header_is_caught_on_gpu_loads(tmp_path, gpu_xp: Framework):
+    path = tmp_path / "h.safetensors"
+    arrayio.save(path, {"w": gpu_xp.from_numpy(np.arange(1 << 20, dtype=np.float32))})
+    blob = bytearray(path.read_bytes())
+    blob[blob.index(b'"shape":[') + 9] ^= 0x01  # one bit of the shape
+    path.write_bytes(blob)
+    with pytest.raises(arrayio.ChecksumError, match="header"):
+        arrayio.load(path, device="cuda")
