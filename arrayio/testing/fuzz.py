@@ -12,7 +12,10 @@ first row of each array of one dimension or more, ``arrayio.read_into`` and the 
     every reading gave what the pristine seed gives;
 ``ok-changed``
     a reading succeeded with another result, from a file that records no checksum of its
-    header (``.npy``, foreign safetensors): allowed;
+    header (``.npy``, foreign safetensors), or from an arrayio container whose header a
+    structured edit rewrote without any arrayio metadata left: that is a valid foreign file,
+    which no checksum kept inside the file can tell from a damaged one (a byte-level
+    mutation never gets this allowance);
 ``clean-error``
     every difference was refused with an :class:`~arrayio.ArrayioError` (or
     ``FileNotFoundError``); a CLI command exited non-zero without a traceback;
@@ -345,6 +348,8 @@ class Case:
     mutation: str
     data: bytes
     touches_data: bool  # whether bytes of the data section changed (partial reads may differ)
+    # A structured edit left a valid header with no arrayio metadata: a foreign file.
+    forged_foreign: bool = False
 
 
 INTERESTING_BYTES = (0x00, 0xFF, ord('"'), ord("{"), ord("9"), ord("-"), ord(" "), 0x80)
@@ -705,6 +710,20 @@ def _json_edit(rng: random.Random, blob: bytes, layout: _Layout) -> tuple[bytes,
     return doc.encode(), f"JSON: {description}", False
 
 
+def _forged_foreign(data: bytes) -> bool:
+    """Whether ``data`` has a valid safetensors header with no arrayio metadata at all (no
+    ``__metadata__`` key naming arrayio): what the safetensors package could have written."""
+    try:
+        (length,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + length])
+    except (struct.error, ValueError, RecursionError):
+        return False
+    if not isinstance(header, dict):
+        return False
+    metadata = header.get("__metadata__")
+    return not (isinstance(metadata, dict) and any("arrayio" in str(k) for k in metadata))
+
+
 # ------------------------------------------------------------------ .npy header edits
 
 
@@ -832,7 +851,8 @@ def make_case(case_id: str, seeds: Sequence[Seed], blobs: dict[str, bytes]) -> C
         mutate = rng.choices([m for m, _ in mutators], weights=[w for _, w in mutators])[0]
         data, description, touches = mutate(rng, blob, layout)
         if data != blob:
-            return Case(case_id, seed, description, data, touches)
+            forged = mutate is _json_edit and seed.checksummed and _forged_foreign(data)
+            return Case(case_id, seed, description, data, touches, forged)
 
 
 # --------------------------------------------------------------------------- the oracle
@@ -1144,7 +1164,7 @@ def _judge(case: Case, results: dict[str, _OpResult], reference: dict[str, _OpRe
                 want, got = _without_bytes(want), _without_bytes(got)
             if got == want:
                 kinds[op] = "ok-identical"
-            elif case.seed.checksummed:
+            elif case.seed.checksummed and not case.forged_foreign:
                 fail("silent-change", op, _diff(want, got))
                 kinds[op] = "silent-change"
             else:

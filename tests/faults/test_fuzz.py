@@ -116,11 +116,26 @@ def test_a_known_silent_change_is_caught(
     changed = fuzz._OpResult("ok", ("dict", []))
     reference = {op: ok for op in fuzz.OPERATIONS}
     results = {**reference, "load": changed}
-    for seed, outcome in ((container, "silent-change"), (foreign, "ok-changed")):
-        case = fuzz.Case("0:0", seed, "test", b"", False)
+    for seed, forged, outcome in ((container, False, "silent-change"),
+                                  (container, True, "ok-changed"),
+                                  (foreign, False, "ok-changed")):
+        case = fuzz.Case("0:0", seed, "test", b"", False, forged)
         record = fuzz._judge(case, results, reference, 100)
         assert record["outcome"] == outcome, record
         assert record["ops"]["load"] == outcome
+
+
+def test_only_a_structured_edit_can_forge_a_foreign_file(
+        seeds: tuple[list[fuzz.Seed], dict[str, bytes]]) -> None:
+    """A container without arrayio metadata is a valid foreign file, which no checksum in
+    the file can tell apart: the allowance goes to JSON edits that leave no arrayio
+    metadata, never to byte-level mutations."""
+    written, blobs = seeds
+    forged = [fuzz.make_case(f"0:{n}", written, blobs) for n in range(3000)]
+    forged = [case for case in forged if case.forged_foreign]
+    assert forged, "no JSON edit removed the arrayio metadata in 3000 cases"
+    assert all(case.mutation.startswith("JSON:") and case.seed.format == "arrayio"
+               for case in forged), [case.mutation for case in forged]
 
 
 @pytest.mark.slow
