@@ -223,10 +223,20 @@ def own_save_paused(target: Path) -> Any:
         raise errors[0]
 
 
-def _live_writers(tmp_path: Path, spawn: Any, directory: Path) -> tuple[Any, Path]:
+def live_writer(spawn: Any, directory: Path) -> tuple[Any, Path]:
+    """Another process in the middle of a save into ``directory``, paused inside its
+    temporary file until told to go on; returns it and its temporary file."""
     other = spawn("hold-save", str(directory / "theirs.safetensors"), stdin=True)
     line = other.wait_for("holding")
     return other, Path(line.split(" ", 1)[1])
+
+
+def finish(writer: Any) -> None:
+    """Let a :func:`live_writer` go on, and wait until its save is done."""
+    assert writer.process.stdin is not None
+    writer.process.stdin.write("go\n")
+    writer.process.stdin.flush()
+    writer.wait_for("finished")
 
 
 @pytest.mark.slow
@@ -236,16 +246,13 @@ def test_next_save_keeps_live_writers_temporaries(
     directory.mkdir()
     leave_a_dead_temporary(spawn, "save", directory / "dead.safetensors", faults, directory)
     dead = faults.temporaries(directory)
-    other, theirs = _live_writers(tmp_path, spawn, directory)
+    other, theirs = live_writer(spawn, directory)
     with own_save_paused(directory / "mine.safetensors") as mine:
         arrayio.save(directory / "next.safetensors", {"x": np.arange(3)})
         assert theirs.exists(), "the next save removed a live process's temporary file"
         assert mine.exists(), "the next save removed this process's own open temporary file"
         gone = [p for p in dead if not p.exists()]
-    assert other.process.stdin is not None
-    other.process.stdin.write("go\n")
-    other.process.stdin.flush()
-    other.wait_for("finished")
+    finish(other)
     faults.assert_arrays_equal(arrayio.load(directory / "theirs.safetensors"),
                                child.version("B"), "theirs")
     np.testing.assert_array_equal(arrayio.load(directory / "mine.safetensors")["mine"],
@@ -263,16 +270,13 @@ def test_verify_clean_removes_dead_temporaries_recursively(
         leave_a_dead_temporary(spawn, "save", directory / "dead.safetensors", faults,
                                directory)
     dead = faults.temporaries(root)
-    other, theirs = _live_writers(tmp_path, spawn, root / "a")
+    other, theirs = live_writer(spawn, root / "a")
     out, err = io.StringIO(), io.StringIO()
     with own_save_paused(root / "a" / "b" / "mine.safetensors") as mine:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = arrayio.cli.main(["verify", "--clean", str(root)])
         live = {"theirs": theirs.exists(), "mine": mine.exists()}
-    assert other.process.stdin is not None
-    other.process.stdin.write("go\n")
-    other.process.stdin.flush()
-    other.wait_for("finished")
+    finish(other)
     left = [p for p in dead if p.exists()]
     report = out.getvalue() + err.getvalue()
     assert code == 0, f"arrayio verify --clean {root} exited {code}: {report}"

@@ -150,5 +150,6 @@ def test_truncation_during_load(tmp_path: Path, spawn: Any, child: ModuleType,
     summary = (f"{tool}: {_truncations()} truncations, {len(loader.deaths)} deaths, "
                f"loads {dict(outcomes)}" + (f" (table: {taught})" if taught else ""))
     print("\n" + summary)
-    assert not loader.deaths, f"{summary}; the loading child died: {loader.deaths[:3]}"
-    assert not failures, f"{summary}; loads neither right nor TruncatedFileError: {failures[:5]}"
+    assert not (loader.deaths or failures), (
+        f"{summary}\nthe loading child died: {loader.deaths[:3]}\n"
+        f"loads neither right nor TruncatedFileError: {failures[:5]}")
