@@ -1550,7 +1550,7 @@ def run_campaign(cases: int, seed: int = 0, *, seconds: float | None = None,
         write_seeds(seeds_dir)
         runner = _Runner(seed, seeds_dir, work, tool, deadline, hang_seconds, slow_seconds,
                          sabotage or {})
-        size = batch or max(10, min(250, -(-cases // (workers * 3))))
+        size = batch or max(10, min(1000, -(-cases // (workers * 3))))
         batches = [list(range(i, min(i + size, cases))) for i in range(0, cases, size)]
         records: list[dict[str, Any]] = []
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
