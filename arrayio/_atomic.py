@@ -31,7 +31,8 @@ from collections.abc import Iterator
 
 from .errors import DiskFullError
 
-__all__ = ["TEMP_MARKER", "atomic_write", "create_temporary", "is_temporary",
+__all__ = ["TEMP_MARKER", "atomic_write", "create_temporary", "describe_write_error",
+           "is_temporary",
            "remove_stale_temporaries", "remove_stale_temporaries_below"]
 
 TEMP_MARKER = ".arrayio-tmp-"
@@ -235,10 +236,9 @@ def atomic_write(path: str | os.PathLike[str], *, durable: bool = True,
         if durable:
             _fsync_directory(directory)
     except OSError as error:
-        if error.errno in _SPACE_ERRNOS and not isinstance(error, DiskFullError):
-            raise DiskFullError(error.errno, f"{error.strerror} while saving (the "
-                                "previous file, if any, is intact)", path) from error
-        _name_the_target(error, path, temporary)
+        described = describe_write_error(error, path, temporary)
+        if described is not error:
+            raise described from error
         raise
     finally:
         if fd >= 0:
@@ -248,11 +248,16 @@ def atomic_write(path: str | os.PathLike[str], *, durable: bool = True,
                 os.unlink(temporary)
 
 
-def _name_the_target(error: OSError, path: str, temporary: str | None) -> None:
-    """Make ``error`` name ``path``, the user's file, rather than the temporary one or none."""
-    if error.errno is None:
-        return
+def describe_write_error(error: OSError, path: str, temporary: str | None) -> OSError:
+    """What to raise for ``error`` in a write of ``path`` through ``temporary``: a
+    :class:`DiskFullError` for a full disk or quota, else ``error`` itself, made to name
+    ``path`` (the user's file) rather than the temporary one, or none."""
+    if error.errno in _SPACE_ERRNOS and not isinstance(error, DiskFullError):
+        return DiskFullError(error.errno, f"{error.strerror} while saving (the previous file, "
+                             "if any, is intact)", path)
     named = error.filename
-    if named is None or named == temporary or is_temporary(os.path.basename(os.fsdecode(named))):
+    if error.errno is not None and (named is None or named == temporary or is_temporary(
+            os.path.basename(os.fsdecode(named)))):
         error.filename = path
         error.filename2 = None
+    return error

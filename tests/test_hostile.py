@@ -513,6 +513,9 @@ NPY_CASES = [
                      b"\0" * 4), arrayio.UnsupportedDtypeError, id="structured-dtype"),
     pytest.param(npy(npy_dict(">f4"), b"\0" * 4), arrayio.UnsupportedDtypeError,
                  id="big-endian-dtype"),
+    # NumPy reads a comma string as a structured dtype, through ast.literal_eval.
+    pytest.param(npy(npy_dict(",i2"), b"\0" * 4), arrayio.UnsupportedDtypeError,
+                 id="comma-string-dtype"),
     pytest.param(npy(npy_dict("<U1"), b"\0" * 4), arrayio.UnsupportedDtypeError,
                  id="unicode-dtype"),
     pytest.param(npy(npy_dict("<f4", (2,)), b"\0" * 4), arrayio.TruncatedFileError,

@@ -149,8 +149,9 @@ def parse_header_text(raw: bytes, major: int, path: str
     if not isinstance(fortran, bool):
         raise FormatError(f"{path}: .npy fortran_order {fortran!r} is not a bool")
     try:
+        # NumPy parses comma strings (",i2") with ast.literal_eval: SyntaxError too.
         np_dtype = np.lib.format.descr_to_dtype(fields["descr"])
-    except (TypeError, ValueError, KeyError, IndexError, RecursionError) as error:
+    except (TypeError, ValueError, KeyError, IndexError, RecursionError, SyntaxError) as error:
         raise UnsupportedDtypeError(
             f"{path}: .npy descr {fields['descr']!r} is not a dtype arrayio reads "
             f"({type(error).__name__})") from None

@@ -613,7 +613,8 @@ def _write_value(fd: int, value: Buffer) -> None:
     _write_device(fd, cupy.asarray(value.as_array_like()).reshape(-1).view(cupy.uint8))
 
 
-def _write_at(directory_fd: int, name: str, value: Buffer, exclusive: bool) -> None:
+def _write_at(directory_fd: int, name: str, value: Buffer, exclusive: bool,
+              cleaned: set[tuple[int, int]], path: str) -> None:
     """Store ``value`` as ``name`` in the open directory, atomically and durably.
 
     As :func:`arrayio._atomic.atomic_write` does by path, but relative to the directory's
@@ -622,10 +623,11 @@ def _write_at(directory_fd: int, name: str, value: Buffer, exclusive: bool) -> N
     ``exclusive``, linked to it, which raises ``FileExistsError`` if ``name`` exists: of two
     concurrent creators exactly one wins, and nobody sees a partial file.
     """
-    _clean_once(directory_fd)
-    temporary: str | None
-    temporary, fd = _atomic.create_temporary(name, dir_fd=directory_fd)
+    _clean_once(directory_fd, cleaned)
+    temporary: str | None = None
+    fd = -1
     try:
+        temporary, fd = _atomic.create_temporary(name, dir_fd=directory_fd)
         _write_value(fd, value)
         os.fsync(fd)
         if exclusive:
@@ -635,25 +637,29 @@ def _write_at(directory_fd: int, name: str, value: Buffer, exclusive: bool) -> N
             temporary = None
         with contextlib.suppress(OSError):  # some file systems cannot fsync a directory; the
             os.fsync(directory_fd)           # rename is atomic all the same
+    except OSError as error:  # a full disk, and errors naming the key's file
+        described = _atomic.describe_write_error(error, path, temporary)
+        if described is not error:
+            raise described from error
+        raise
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
         if temporary is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary, dir_fd=directory_fd)
 
 
-_cleaned: set[tuple[int, int]] = set()  # (device, inode) of directories already cleaned
-
-
-def _clean_once(directory_fd: int) -> None:
-    """Remove the temporaries that dead writers left in a directory, the first time this
-    process writes there (a chunk directory can hold many thousands of files: listing it on
-    every write would cost more than the write)."""
+def _clean_once(directory_fd: int, cleaned: set[tuple[int, int]]) -> None:
+    """Remove the temporaries that dead writers left in a directory, the first time a store
+    writes there (``cleaned`` holds the directories it has cleaned): a chunk directory can
+    hold many thousands of files, and listing it on every write would cost more than the
+    write, while a store opened after a crash still cleans what the crash left."""
     status = os.fstat(directory_fd)
     directory = (status.st_dev, status.st_ino)
-    if directory not in _cleaned:
+    if directory not in cleaned:
         _atomic.remove_stale_temporaries(directory_fd)
-        _cleaned.add(directory)
+        cleaned.add(directory)
 
 
 def _delete_at(directory_fd: int, name: str) -> None:
@@ -767,6 +773,7 @@ class NVMeStore(Store):
         self.follow_symlinks = follow_symlinks
         self._root = os.fspath(root)
         self._boundary = _Boundary(self._root, follow_symlinks)
+        self._cleaned: set[tuple[int, int]] = set()  # directories cleaned of dead temporaries
 
     # -- identity ---------------------------------------------------------------------------
 
@@ -1146,7 +1153,8 @@ class NVMeStore(Store):
         folder, name = _split(key)
         directory, _ = self._open_directory(folder, name=key, create=True)
         try:
-            _write_at(directory, name, value, exclusive)
+            _write_at(directory, name, value, exclusive, self._cleaned,
+                      os.path.join(self._root, key))
         finally:
             os.close(directory)
 

@@ -8,7 +8,7 @@ exactly A or exactly B: never torn, never a mix.
 A killed process leaves its temporary file behind (``.NAME.arrayio-tmp-*``). The required
 behaviour: **the next save into the same directory removes the temporaries of dead
 processes** (for Zarr, the next chunk write through a new store), and
-``arrayio verify --clean DIR`` removes them under DIR recursively and says how many; the
+``arrayio clean DIR`` removes them under DIR recursively and says how many; the
 temporary file of a *live* writer, in another process or in this one, is never removed.
 
 ``ARRAYIO_FAULT_KILLS`` sets the kills per kind (default 20; a nightly job may use 500).
@@ -262,7 +262,7 @@ def test_next_save_keeps_live_writers_temporaries(
 
 
 @pytest.mark.slow
-def test_verify_clean_removes_dead_temporaries_recursively(
+def test_clean_removes_dead_temporaries_recursively(
         tmp_path: Path, spawn: Any, child: ModuleType, faults: ModuleType) -> None:
     root = tmp_path / "tree"
     (root / "a" / "b").mkdir(parents=True)
@@ -274,12 +274,12 @@ def test_verify_clean_removes_dead_temporaries_recursively(
     out, err = io.StringIO(), io.StringIO()
     with own_save_paused(root / "a" / "b" / "mine.safetensors") as mine:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = arrayio.cli.main(["verify", "--clean", str(root)])
+            code = arrayio.cli.main(["clean", str(root)])
         live = {"theirs": theirs.exists(), "mine": mine.exists()}
     finish(other)
     left = [p for p in dead if p.exists()]
     report = out.getvalue() + err.getvalue()
-    assert code == 0, f"arrayio verify --clean {root} exited {code}: {report}"
+    assert code == 0, f"arrayio clean {root} exited {code}: {report}"
     assert live == {"theirs": True, "mine": True}, f"live temporaries removed: {live}"
-    assert not left, f"verify --clean left {len(left)} of {len(dead)} dead temporaries"
+    assert not left, f"arrayio clean left {len(left)} of {len(dead)} dead temporaries"
     assert str(len(dead)) in report, f"the report does not say how many it removed: {report}"
