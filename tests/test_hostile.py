@@ -516,6 +516,9 @@ NPY_CASES = [
     # NumPy reads a comma string as a structured dtype, through ast.literal_eval.
     pytest.param(npy(npy_dict(",i2"), b"\0" * 4), arrayio.UnsupportedDtypeError,
                  id="comma-string-dtype"),
+    # A deprecated alias: NumPy warns (an error under -W error) before it answers.
+    pytest.param(npy(npy_dict("|a4"), b"\0" * 4), arrayio.UnsupportedDtypeError,
+                 id="deprecated-alias-dtype"),
     pytest.param(npy(npy_dict("<U1"), b"\0" * 4), arrayio.UnsupportedDtypeError,
                  id="unicode-dtype"),
     pytest.param(npy(npy_dict("<f4", (2,)), b"\0" * 4), arrayio.TruncatedFileError,
