@@ -13,10 +13,10 @@ for it by name (``like="jax"``).
 from __future__ import annotations
 
 from . import config, errors, offload
-from ._api import load, open, read_into, save
-from ._async import AsyncFuture, load_async, save_async, wait
-from ._reader import ArrayInfo, Reader
-from ._tuning import DispatchReport, explain, tune
+from .api._async import AsyncFuture, load_async, save_async, wait
+from .api._reader import ArrayInfo, Reader
+from .api._save import load, open, read_into, save
+from .api._tuning import DispatchReport, explain, tune
 from .errors import (
     ArrayioError,
     ChecksumError,

@@ -27,7 +27,7 @@ replaced with :func:`set`: from the first save or load, never from ``import arra
 ``ARRAYIO_GC_PAUSE``          ``0`` to leave Python's cyclic garbage collector running during
                               saves and loads (default ``1``: paused over a synchronous call,
                               and over an asynchronous one's object-creating steps only; see
-                              ``arrayio._gcpause``).
+                              ``arrayio.runtime._gcpause``).
 """
 
 from __future__ import annotations

@@ -48,10 +48,11 @@ from typing import Any
 
 import numpy as np
 
-from arrayio import _device_checksum, tools
-from arrayio._buffers import CupyDeviceBuffer, aligned_empty
+from arrayio import tools
+from arrayio.arrays._buffers import CupyDeviceBuffer, aligned_empty
 from arrayio.dispatch import dispatcher as dispatch
 from arrayio.dispatch.context import Context, size_class, storage_of
+from arrayio.integrity import _device_checksum
 from benchmarks import _ceiling_tools
 from benchmarks._pagecache import evict
 

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from arrayio._buffers import aligned_empty
+from arrayio.arrays._buffers import aligned_empty
 from benchmarks._pagecache import evict
 from benchmarks.sweep import machine, parse_size
 

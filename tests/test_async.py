@@ -17,14 +17,15 @@ import numpy as np
 import pytest
 
 import arrayio
-from arrayio import _async, _transfer
+from arrayio.api import _async
+from arrayio.dispatch import _transfer
 from arrayio.testing import Framework
 
 TIMEOUT = 60
 
 
 class Gate:
-    """Wraps ``arrayio._transfer.write_from`` and ``write_many``: counts writers in flight
+    """Wraps ``arrayio.dispatch._transfer.write_from`` and ``write_many``: counts writers in flight
     and, while closed, holds each write until opened."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, *, closed: bool = True) -> None:

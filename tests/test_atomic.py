@@ -29,7 +29,8 @@ import numpy as np
 import pytest
 
 import arrayio
-from arrayio import _atomic, _transfer
+from arrayio.dispatch import _transfer
+from arrayio.integrity import _atomic
 
 TEMP_MARKER = ".arrayio-tmp-"
 
@@ -184,25 +185,25 @@ def _fail_write_from(calls: int, error: BaseException) -> Injection:
     (``write_from``), containers all of theirs as one batch (``write_many``), of which the
     first ``calls`` are written before the error."""
     def inject(monkeypatch: pytest.MonkeyPatch, directory: Path, seen: list[bool]) -> None:
-        real = arrayio._transfer.write_from
-        monkeypatch.setattr(arrayio._transfer, "write_from",
+        real = arrayio.dispatch._transfer.write_from
+        monkeypatch.setattr(arrayio.dispatch._transfer, "write_from",
                             fail_after(calls, real, error, directory, seen))
-        real_many = arrayio._transfer.write_many
+        real_many = arrayio.dispatch._transfer.write_many
 
         def write_many(fd: int, requests: Any, **kwargs: Any) -> Any:
             real_many(fd, requests[:calls], **kwargs)
             seen.append(bool(temp_files(directory)))
             raise error
 
-        monkeypatch.setattr(arrayio._transfer, "write_many", write_many)
+        monkeypatch.setattr(arrayio.dispatch._transfer, "write_many", write_many)
 
     return inject
 
 
 def _fail_header_write(monkeypatch: pytest.MonkeyPatch, directory: Path,
                        seen: list[bool]) -> None:
-    real = arrayio._api._write_all
-    monkeypatch.setattr(arrayio._api, "_write_all",
+    real = arrayio.api._save._write_all
+    monkeypatch.setattr(arrayio.api._save, "_write_all",
                         fail_after(0, real, InjectedFailure("header"), directory, seen))
 
 
@@ -351,7 +352,7 @@ def test_new_file_mode_honours_umask(tmp_path: Path, umask: Callable[[int], None
 def test_only_a_durable_replacement_waits_for_the_disk(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch,
                                                        durable: bool) -> None:
-    from arrayio import _atomic
+    from arrayio.integrity import _atomic
 
     synced: list[int] = []
     real_fsync = os.fsync
@@ -377,7 +378,7 @@ def test_only_a_durable_replacement_waits_for_the_disk(tmp_path: Path,
 # Holds a temporary open inside atomic_write until its stdin closes: a live writer.
 LIVE_WRITER = """
 import sys
-from arrayio import _atomic
+from arrayio.integrity import _atomic
 with _atomic.atomic_write(sys.argv[1]) as fd:
     print("writing", flush=True)
     sys.stdin.read()

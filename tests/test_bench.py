@@ -1,4 +1,4 @@
-"""``arrayio bench`` (:mod:`arrayio._bench`): the columns of one table measure the same thing.
+"""``arrayio bench`` (:mod:`arrayio.cli._sweep`): the columns of one table measure the same thing.
 
 Every write arm, the dispatcher's included, is timed until its bytes are on the device: the
 dispatcher leaves small writes (below 1 MiB) unflushed, to the save's final fsync, so timing
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 
-from arrayio import _bench
+from arrayio.cli import _sweep as _bench
 from arrayio.dispatch.dispatcher import SMALL_TRANSFER
 
 

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrayio._checksum import ChecksumParts, _multiply, _x8n, checksum, combine
+from arrayio.integrity._checksum import ChecksumParts, _multiply, _x8n, checksum, combine
 
 
 @given(st.binary(max_size=2000), st.binary(max_size=2000))

@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import arrayio
-from arrayio import _atomic, cli
+from arrayio import cli
+from arrayio.integrity import _atomic
 from arrayio.testing import damage_array, strategies
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -477,7 +478,7 @@ def test_a_missing_optional_dependency_exits_3(capsys, tmp_path, ckpt, monkeypat
         assert "pip install 'arrayio[" in err
 
 
-NATIVE_DTYPES = [d for d in arrayio._dtypes.DTYPES if d.numpy_native]  # what .npz can hold
+NATIVE_DTYPES = [d for d in arrayio.arrays._dtypes.DTYPES if d.numpy_native]  # what .npz can hold
 
 
 @settings(max_examples=30, deadline=None,
@@ -682,7 +683,7 @@ def test_tune_errors(capsys, tmp_path, monkeypatch):
 # A save killed outright (SIGKILL) while writing its temporary.
 KILLED_SAVE = """
 import os, signal, sys
-from arrayio import _atomic
+from arrayio.integrity import _atomic
 with _atomic.atomic_write(sys.argv[1]) as fd:
     os.write(fd, b"partial")
     os.kill(os.getpid(), signal.SIGKILL)

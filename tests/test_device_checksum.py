@@ -8,12 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrayio._checksum import _multiply, checksum, combine
-from arrayio._device_checksum import (
-    device_checksum,
-    segment_powers,
-    slicing_tables,
-)
+from arrayio.integrity._checksum import _multiply, checksum, combine
+from arrayio.integrity._device_checksum import device_checksum, segment_powers, slicing_tables
 
 
 def _table_crc(data: bytes) -> int:
@@ -85,7 +81,7 @@ def test_empty_buffer_needs_no_gpu() -> None:
 def test_kernel_matches_host_crc(nbytes: int, misalign: int) -> None:
     import cupy
 
-    from arrayio._buffers import CupyDeviceBuffer
+    from arrayio.arrays._buffers import CupyDeviceBuffer
 
     rng = np.random.default_rng(nbytes + misalign)
     host = rng.integers(0, 256, nbytes + misalign, dtype=np.uint8)
@@ -100,7 +96,7 @@ def test_kernel_matches_host_crc(nbytes: int, misalign: int) -> None:
 def test_kernel_matches_host_crc_property(data: bytes, misalign: int, segment: int) -> None:
     import cupy
 
-    from arrayio._buffers import CupyDeviceBuffer
+    from arrayio.arrays._buffers import CupyDeviceBuffer
 
     padded = cupy.asarray(np.frombuffer(bytes(misalign) + data, np.uint8))
     got = device_checksum(CupyDeviceBuffer(padded[misalign:]), segment=segment)
@@ -111,8 +107,8 @@ def test_kernel_matches_host_crc_property(data: bytes, misalign: int, segment: i
 def test_a_batch_of_buffers_is_checksummed_with_one_wait() -> None:
     import cupy
 
-    from arrayio._buffers import CupyDeviceBuffer
-    from arrayio._device_checksum import device_checksums
+    from arrayio.arrays._buffers import CupyDeviceBuffer
+    from arrayio.integrity._device_checksum import device_checksums
 
     rng = np.random.default_rng(3)
     hosts = [rng.integers(0, 256, n, dtype=np.uint8) for n in (0, 1, 4097, 5 << 20, 33, 0)]
@@ -124,7 +120,7 @@ def test_a_batch_of_buffers_is_checksummed_with_one_wait() -> None:
 @pytest.mark.gpu
 def test_kernel_on_torch_memory() -> None:
     torch = pytest.importorskip("torch")
-    from arrayio._buffers import TorchDeviceBuffer
+    from arrayio.arrays._buffers import TorchDeviceBuffer
 
     tensor = torch.arange(1 << 20, dtype=torch.int32, device="cuda").view(torch.uint8)
     expected = checksum(tensor.cpu().numpy())
@@ -136,7 +132,7 @@ def test_kernel_beyond_512_mib() -> None:
     # Shifts by 512 MiB and more: where a wrapping table of powers of x went wrong.
     import cupy
 
-    from arrayio._buffers import CupyDeviceBuffer
+    from arrayio.arrays._buffers import CupyDeviceBuffer
 
     device = cupy.arange(600 << 18, dtype=cupy.uint32).view(cupy.uint8)  # 600 MiB
     assert device_checksum(CupyDeviceBuffer(device)) == checksum(cupy.asnumpy(device))
@@ -144,7 +140,7 @@ def test_kernel_beyond_512_mib() -> None:
 
 @pytest.mark.parametrize("nbytes", [1, 100, 1 << 20, 64 << 20, 1 << 30, 1 << 40])
 def test_segments_are_powers_of_two_within_bounds(nbytes: int) -> None:
-    from arrayio._device_checksum import MIN_SEGMENT_BYTES, SEGMENT_BYTES, segment_for
+    from arrayio.integrity._device_checksum import MIN_SEGMENT_BYTES, SEGMENT_BYTES, segment_for
 
     segment = segment_for(nbytes)
     assert MIN_SEGMENT_BYTES <= segment <= SEGMENT_BYTES
@@ -165,7 +161,7 @@ class _HostBackedDevice:
 
 
 def test_checksum_anywhere_falls_back_to_the_host(monkeypatch) -> None:
-    from arrayio import _device_checksum
+    from arrayio.integrity import _device_checksum
 
     # As where the kernel cannot run (no CuPy here, or one that failed): through the host,
     # in staging pieces.
@@ -179,8 +175,8 @@ def test_checksum_anywhere_falls_back_to_the_host(monkeypatch) -> None:
 def test_checksums_launched_one_by_one_in_any_order_match_the_host() -> None:
     import cupy
 
-    from arrayio._buffers import CupyDeviceBuffer
-    from arrayio._device_checksum import DeviceChecksums
+    from arrayio.arrays._buffers import CupyDeviceBuffer
+    from arrayio.integrity._device_checksum import DeviceChecksums
 
     rng = np.random.default_rng(5)
     hosts = [rng.integers(0, 256, n, dtype=np.uint8) for n in (5 << 20, 0, 77, 1 << 20, 9)]
@@ -199,8 +195,8 @@ def test_groups_of_many_buffers_match_the_host(monkeypatch, group_buffers, segme
     # 1, 3 or up to 128, ready out of order, some left to results().
     import cupy
 
-    from arrayio import _device_checksum
-    from arrayio._buffers import CupyDeviceBuffer
+    from arrayio.arrays._buffers import CupyDeviceBuffer
+    from arrayio.integrity import _device_checksum
 
     monkeypatch.setattr(_device_checksum, "GROUP_BUFFERS", group_buffers)
     rng = np.random.default_rng(group_buffers)
@@ -225,8 +221,8 @@ def test_groups_of_many_buffers_match_the_host(monkeypatch, group_buffers, segme
 def test_a_kernel_that_fails_midway_falls_back_to_the_host(monkeypatch) -> None:
     import cupy
 
-    from arrayio import _device_checksum
-    from arrayio._buffers import CupyDeviceBuffer
+    from arrayio.arrays._buffers import CupyDeviceBuffer
+    from arrayio.integrity import _device_checksum
 
     monkeypatch.setattr(_device_checksum, "_unavailable", None)
     real = _device_checksum._kernel
@@ -249,7 +245,7 @@ def test_a_kernel_that_fails_midway_falls_back_to_the_host(monkeypatch) -> None:
 
 
 def test_the_host_fallback_takes_empty_buffers_too(monkeypatch) -> None:
-    from arrayio import _device_checksum
+    from arrayio.integrity import _device_checksum
 
     # A batch's empty arrays beside full ones, where the kernel cannot run: the host's
     # staging loop must not be asked for steps of zero bytes.

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import arrayio
-from arrayio._dtypes import by_name
-from arrayio._frameworks import Placement, parse_target
+from arrayio.arrays._dtypes import by_name
+from arrayio.arrays._frameworks import Placement, parse_target
 from arrayio.testing import random_array
 
 
@@ -38,8 +38,8 @@ def saved(tmp_path):
 )
 def test_parse_target(like, device, framework, placement, monkeypatch) -> None:
     # Only the parsing is under test: pretend every framework is importable, every GPU usable.
-    monkeypatch.setattr("arrayio._frameworks._require", lambda name: None)
-    monkeypatch.setattr("arrayio._frameworks._check_cuda", lambda *args: args[2])
+    monkeypatch.setattr("arrayio.arrays._frameworks._require", lambda name: None)
+    monkeypatch.setattr("arrayio.arrays._frameworks._check_cuda", lambda *args: args[2])
     request = parse_target(like, device)
     assert (request.framework, request.placement) == (framework, placement)
 
@@ -113,7 +113,7 @@ def test_jax_bfloat16_to_torch_and_numpy(tmp_path) -> None:
 
 def test_jax_load_on_cpu_is_zero_copy_for_native_dtypes(tmp_path) -> None:
     jax = pytest.importorskip("jax")
-    from arrayio._frameworks import allocate
+    from arrayio.arrays._frameworks import allocate
 
     request = parse_target("jax", "cpu")
     target = allocate(request, by_name("float32"), (8, 8))
@@ -124,7 +124,7 @@ def test_jax_load_on_cpu_is_zero_copy_for_native_dtypes(tmp_path) -> None:
 
 
 def test_numpy_save_is_zero_copy_for_contiguous_arrays() -> None:
-    from arrayio._frameworks import export
+    from arrayio.arrays._frameworks import export
 
     a = np.arange(1000, dtype=np.float64)
     assert np.shares_memory(export(a).data, a)
@@ -180,7 +180,7 @@ def test_a_cpu_only_torch_says_so(saved, monkeypatch):
     torch = pytest.importorskip("torch")
     if torch.version.cuda is not None:
         pytest.skip("torch is a CUDA build")
-    monkeypatch.setattr("arrayio._frameworks._cuda_driver", lambda: (1, None))  # a GPU
+    monkeypatch.setattr("arrayio.arrays._frameworks._cuda_driver", lambda: (1, None))  # a GPU
     path, _ = saved
     with pytest.raises(arrayio.DeviceError, match="CPU-only build of torch") as caught:
         arrayio.load(path, like="torch", device="cuda")
@@ -194,7 +194,7 @@ def test_a_cpu_only_jax_says_so(saved, monkeypatch):
         pytest.skip("JAX has a GPU backend")
     except RuntimeError:
         pass
-    monkeypatch.setattr("arrayio._frameworks._cuda_driver", lambda: (1, None))
+    monkeypatch.setattr("arrayio.arrays._frameworks._cuda_driver", lambda: (1, None))
     path, _ = saved
     with pytest.raises(arrayio.DeviceError, match="no GPU backend") as caught:
         arrayio.load(path, like="jax", device="cuda", keys="f32")
@@ -202,6 +202,6 @@ def test_a_cpu_only_jax_says_so(saved, monkeypatch):
 
 
 def test_a_device_index_beyond_the_gpus_is_a_device_error(monkeypatch):
-    monkeypatch.setattr("arrayio._frameworks._cuda_driver", lambda: (2, None))
+    monkeypatch.setattr("arrayio.arrays._frameworks._cuda_driver", lambda: (2, None))
     with pytest.raises(arrayio.DeviceError, match=r"cuda:2.*2 CUDA GPUs \(cuda:0 to cuda:1\)"):
         parse_target("cupy", "cuda:2")

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import arrayio
-from arrayio import _gcpause, config
+from arrayio import config
+from arrayio.runtime import _gcpause
 
 MANY = 3000  # arrays: enough objects for a dozen young collections when nothing pauses
 
@@ -130,8 +131,8 @@ def test_the_setting_turns_the_pause_off(default_thresholds, monkeypatch):
 
 
 def _collector_state_in(monkeypatch, name: str) -> list[bool]:
-    """Record whether the collector is on each time ``arrayio._transfer.<name>`` runs."""
-    from arrayio import _transfer
+    """Record whether the collector is on each time ``arrayio.dispatch._transfer.<name>`` runs."""
+    from arrayio.dispatch import _transfer
 
     seen: list[bool] = []
     original = getattr(_transfer, name)

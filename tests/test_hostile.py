@@ -688,7 +688,7 @@ def test_the_header_crc_is_not_user_metadata(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- memory
 
 def _available() -> int:
-    from arrayio import _memory
+    from arrayio.runtime import _memory
 
     available = _memory.available_host_bytes()
     if available is None:
@@ -724,7 +724,7 @@ def test_a_frameworks_memory_error_becomes_an_arrayio_error(
     def no_memory(*args: Any) -> Any:
         raise MemoryError("Unable to allocate")
 
-    monkeypatch.setattr("arrayio._reader.allocate", no_memory)
+    monkeypatch.setattr("arrayio.api._reader.allocate", no_memory)
     error = expect(lambda p: arrayio.load(p), path, arrayio.OutOfMemoryError)
     assert "'w'" in str(error) or "'b'" in str(error)
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import arrayio
-from arrayio import _html, tools
+from arrayio import tools
+from arrayio.api import _html
 from arrayio.dispatch.dispatcher import Dispatcher
 from arrayio.tools import Availability, Tool
 

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from arrayio import _jax_import
+from arrayio.arrays import _jax_import
 
 
 class FakeArray:

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import arrayio
-from arrayio._async import AsyncFuture
+from arrayio.api._async import AsyncFuture
 
 
 def test_format_count():
-    from arrayio._units import format_count
+    from arrayio.runtime._units import format_count
 
     assert format_count(0, "array") == "0 arrays"
     assert format_count(1, "array") == "1 array"
@@ -59,7 +59,7 @@ def test_dispatch_reprs_count_contexts():
 
 
 def test_dispatch_report_counts_samples_and_calls():
-    from arrayio._tuning import DispatchReport
+    from arrayio.api._tuning import DispatchReport
     from arrayio.dispatch.policy import ArmReport, Explanation
 
     one = ArmReport("naive", "measured", 1.0, 1.0, 1.0, samples=1, count=1, failures=0)

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import arrayio
-from arrayio import _progress, cli, config
+from arrayio import cli, config
 from arrayio.errors import FrameworkNotAvailableError
+from arrayio.runtime import _progress
 
 MiB = 1 << 20
 

@@ -3,7 +3,7 @@
 * Opening a file reads only its header: keys, dtypes, shapes, metadata and structure are known
   without touching array data (proved by making the byte mover raise).
 * ``Reader.read(key, index=...)`` reads only the bytes of the rows it returns (proved by
-  spying on the byte mover, ``arrayio._transfer.read_into``).
+  spying on the byte mover, ``arrayio.dispatch._transfer.read_into``).
 * ``read_into`` fills a caller's array in place, and refuses what it cannot fill.
 * Saved pytrees (containers, named tuples, constants, JAX custom nodes) come back as saved.
 """
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import arrayio
-from arrayio import _transfer
+from arrayio.dispatch import _transfer
 
 # --------------------------------------------------------------------------- helpers
 
@@ -831,7 +831,7 @@ def test_a_load_whose_results_are_copies_reads_in_bounded_batches(tmp_path, monk
     # must not read everything before finishing anything, or it would hold the file twice.
     jax = pytest.importorskip("jax")
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    from arrayio import _reader
+    from arrayio.api import _reader
 
     monkeypatch.setattr(_reader, "COPY_BATCH_BYTES", 3 << 20)
     rng = np.random.default_rng(5)

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import arrayio
-from arrayio._dtypes import DTYPES, dtype_of
+from arrayio.arrays._dtypes import DTYPES, dtype_of
 from arrayio.testing import Framework, random_array, supports
 from arrayio.testing.strategies import arrays
 

@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .. import _device_checksum
-from .._buffers import aligned_empty, synchronize_device
-from .._checksum import ChecksumParts
+from ..arrays._buffers import aligned_empty, synchronize_device
 from ..errors import ToolUnavailableError, TruncatedFileError
+from ..integrity import _device_checksum
+from ..integrity._checksum import ChecksumParts
 from ..tools import Buffer, IOFuture, Tool
 from ..tools._io import flush_range, in_batch
 

@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import _device_checksum, config, tools
-from .._buffers import scatter_from_host, synchronize_device
-from .._checksum import ChecksumParts, checksum
+from .. import config, tools
+from ..arrays._buffers import scatter_from_host, synchronize_device
 from ..errors import ConfigError, UnknownToolError
+from ..integrity import _device_checksum
+from ..integrity._checksum import ChecksumParts, checksum
 from ..tools import Buffer, Tool, buffer_kind
 from ..tools._io import flush_range, preallocate
 from . import batches
@@ -550,7 +551,7 @@ class Dispatcher:
                   with_checksum: bool, results: list[int | None]) -> None:
         """Read small requests that are neighbours in the file with one read into host
         memory, then checksum each piece and copy it (device pieces through
-        :func:`~arrayio._buffers.scatter_from_host`): a cold 4 KiB read costs the disk's
+        :func:`~arrayio.arrays._buffers.scatter_from_host`): a cold 4 KiB read costs the disk's
         latency (0.7 ms on the H200 VM), and a checkpoint has hundreds of biases."""
         start, span, pieces = batches.span(requests, run)
         # Through the naive tool, as a small transfer alone, never the policy: this may run

@@ -365,7 +365,7 @@ class Policy:
         self._tools: dict[Arm, Tool] = {}
 
     def __repr__(self) -> str:
-        from .._units import format_count
+        from ..runtime._units import format_count
 
         return f"<arrayio dispatch policy, {format_count(len(self.table), 'context')}>"
 

@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._atomic import atomic_write
+from ..integrity._atomic import atomic_write
 
 __all__ = [
     "EXPLOITING",
@@ -292,7 +292,7 @@ class Table:
             return key in self._entries
 
     def __repr__(self) -> str:
-        from .._units import format_count
+        from ..runtime._units import format_count
 
         return f"<arrayio dispatch table, {format_count(len(self), 'context')}>"
 
@@ -361,7 +361,7 @@ class Table:
     def save(self, path: str | os.PathLike[str], *, durable: bool = True) -> None:
         """Write the table to ``path`` atomically, creating its directory if needed; with
         ``durable=False``, without waiting for the disk (no fsync, see
-        :func:`arrayio._atomic.atomic_write`).
+        :func:`arrayio.integrity._atomic.atomic_write`).
 
         Raises
         ------

@@ -18,8 +18,8 @@ import struct
 
 import numpy as np
 
-from .. import _dtypes
-from .._dtypes import DType
+from ..arrays import _dtypes
+from ..arrays._dtypes import DType
 from ..errors import FormatError, HeaderTooLargeError, TruncatedFileError, UnsupportedDtypeError
 from ._shapes import shape_problem
 

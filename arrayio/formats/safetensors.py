@@ -33,8 +33,8 @@ from typing import Any
 
 import crc32c
 
-from .. import _dtypes
-from .._dtypes import DType
+from ..arrays import _dtypes
+from ..arrays._dtypes import DType
 from ..errors import (
     ChecksumError,
     FormatError,

@@ -31,7 +31,7 @@ budget like GPU arrays do; the budget is then one on host memory held by arrays.
 
 I/O, threads and streams
 ------------------------
-Every byte goes through the dispatcher (:mod:`arrayio._transfer`), which picks the transfer
+Every byte goes through the dispatcher (:mod:`arrayio.dispatch._transfer`), which picks the transfer
 tool, on the offloader's own threads (``write_workers`` for spills, ``read_workers`` for
 reads, so that a ``get`` never queues behind writes). Each array is one file of raw bytes in
 the offloader's directory (see :mod:`arrayio.offload._directory`), checksummed (CRC-32C)
@@ -73,10 +73,12 @@ import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .. import _dtypes, _transfer, config
-from .._frameworks import CPU, Request, allocate, export, framework_of, placement_of
-from .._units import format_count
+from .. import config
+from ..arrays import _dtypes
+from ..arrays._frameworks import CPU, Request, allocate, export, framework_of, placement_of
+from ..dispatch import _transfer
 from ..errors import ArrayioError, ChecksumError, UnsupportedObjectError
+from ..runtime._units import format_count
 from ._directory import SpillDirectory
 
 __all__ = ["Handle", "OffloadBudgetError", "OffloadStats", "Offloader"]

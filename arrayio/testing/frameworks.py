@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .._dtypes import DType, numpy_dtype
+from ..arrays._dtypes import DType, numpy_dtype
 
 __all__ = ["FRAMEWORK_PARAMS", "Framework", "gpu_available", "random_array", "supports"]
 
@@ -56,8 +56,8 @@ class Framework:
         if self.name == "torch":
             import torch
 
-            from .._dtypes import dtype_of
-            from .._frameworks import torch_dtype
+            from ..arrays._dtypes import dtype_of
+            from ..arrays._frameworks import torch_dtype
 
             t_dtype = torch_dtype(dtype_of(a.dtype))
             if not flat.nbytes:  # torch cannot reinterpret an empty byte tensor

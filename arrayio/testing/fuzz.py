@@ -962,7 +962,7 @@ class _OpResult:
 
 
 def _numpy_dtype(name: str) -> Any:
-    from .. import _dtypes
+    from ..arrays import _dtypes
 
     return _dtypes.numpy_dtype(_dtypes.by_name(name))
 

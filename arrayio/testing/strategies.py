@@ -8,7 +8,7 @@ import math
 import numpy as np
 from hypothesis import strategies as st
 
-from .._dtypes import DTYPES, DType, numpy_dtype
+from ..arrays._dtypes import DTYPES, DType, numpy_dtype
 
 __all__ = ["arrays", "dtypes", "shapes"]
 

@@ -39,8 +39,8 @@ import crc32c
 import numpy as np
 import pytest
 
-from .._buffers import CupyDeviceBuffer, aligned_empty
-from .._checksum import ChecksumParts
+from ..arrays._buffers import CupyDeviceBuffer, aligned_empty
+from ..integrity._checksum import ChecksumParts
 from ..tools.base import Availability, Tool
 from .frameworks import gpu_available
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checksum import checksum
+from ..integrity._checksum import checksum
 
 __all__ = ["batched", "flush_range", "in_batch", "pread_checksummed", "pread_full",
            "preallocate", "pwrite_full", "task_bytes"]

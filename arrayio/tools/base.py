@@ -1,7 +1,7 @@
 """The contract every transfer tool fulfils.
 
 A tool moves a byte range between a file and a buffer: a host buffer (a flat, C-contiguous
-NumPy ``uint8`` array) or device memory (a :class:`~arrayio._buffers.DeviceBuffer`). Each
+NumPy ``uint8`` array) or device memory (a :class:`~arrayio.arrays._buffers.DeviceBuffer`). Each
 operation has a non-blocking form returning an :class:`IOFuture` (``pread``/``pwrite``, as
 KvikIO's ``CuFile``) and a blocking twin (``read``/``write``) that is just ``.get()``.
 
@@ -23,8 +23,8 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from .._buffers import DeviceBuffer
-from .._checksum import ChecksumParts
+from ..arrays._buffers import DeviceBuffer
+from ..integrity._checksum import ChecksumParts
 
 __all__ = [
     "Availability",
@@ -117,7 +117,7 @@ class Capabilities:
         so this is a statement about speed, not a precondition.
     checksums
         Whether it can report the CRC-32C of the bytes it moves (into a
-        :class:`~arrayio._checksum.ChecksumParts`) while they pass through host memory.
+        :class:`~arrayio.integrity._checksum.ChecksumParts`) while they pass through host memory.
     """
 
     memory: frozenset[str]

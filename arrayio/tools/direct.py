@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from .._buffers import aligned_empty
-from .._checksum import ChecksumParts
+from ..arrays._buffers import aligned_empty
 from ..errors import ToolUnavailableError
+from ..integrity._checksum import ChecksumParts
 from ._io import batched, pwrite_full
 from ._lending import BufferPool
 from ._threaded import ThreadedTool

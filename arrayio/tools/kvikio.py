@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from .._buffers import synchronize_device
-from .._checksum import ChecksumParts
+from ..arrays._buffers import synchronize_device
 from ..errors import ToolUnavailableError
+from ..integrity._checksum import ChecksumParts
 from .base import Availability, Buffer, Capabilities, IOFuture, Tool
 
 __all__ = ["KvikioTool"]

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from .._checksum import ChecksumParts
 from ..errors import ToolUnavailableError
+from ..integrity._checksum import ChecksumParts
 from ._io import batched
 from ._threaded import ThreadedTool
 from .base import Buffer, Capabilities, IOFuture

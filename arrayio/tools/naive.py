@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from .._buffers import DeviceBuffer
-from .._checksum import ChecksumParts
+from ..arrays._buffers import DeviceBuffer
+from ..integrity._checksum import ChecksumParts
 from ._io import pread_checksummed, pread_full, pwrite_full
 from ._lending import BufferPool
 from .base import Buffer, Capabilities, IOFuture, Tool

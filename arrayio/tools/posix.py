@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checksum import ChecksumParts
+from ..integrity._checksum import ChecksumParts
 from ._io import batched, pread_checksummed, pread_full, pwrite_full, task_bytes
 from ._threaded import ThreadedTool
 from .base import Buffer, Capabilities, IOFuture

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from .._buffers import DeviceBuffer, synchronize_device
-from .._checksum import ChecksumParts
+from ..arrays._buffers import DeviceBuffer, synchronize_device
 from ..errors import ToolUnavailableError
+from ..integrity._checksum import ChecksumParts
 from ._io import pread_checksummed, pread_full, pwrite_full, task_bytes
 from ._lending import BufferPool
 from ._threaded import ThreadedTool

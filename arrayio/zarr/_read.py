@@ -1,6 +1,6 @@
 """Zarr arrays as the framework's arrays: zarr fills memory that the framework owns.
 
-The result is allocated by :func:`arrayio._frameworks.allocate` in the requested framework
+The result is allocated by :func:`arrayio.arrays._frameworks.allocate` in the requested framework
 and device, viewed as a NumPy array (host) or a CuPy array (GPU, through the CUDA array
 interface) and handed to zarr as the ``out`` of the read, so the chunks are decoded straight
 into it; ``finish()`` then gives the framework's array over the same memory (DLPack for
@@ -17,7 +17,7 @@ import numpy as np
 import zarr
 from zarr.core.buffer import cpu
 
-from .. import _dtypes, _frameworks
+from ..arrays import _dtypes, _frameworks
 from ._store import NVMeStore
 
 __all__ = ["read"]

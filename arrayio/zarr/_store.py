@@ -5,8 +5,8 @@ one file per key. What differs is how the bytes move:
 
 * every read lands in the memory the caller's buffer prototype asks for (NumPy memory for
   zarr's CPU buffers, CuPy memory under ``zarr.config.enable_gpu()``) and goes through
-  :func:`arrayio._transfer.read_into`. A read alone (or nearly) lets the dispatcher pick the
-  transfer tool it has learned is fastest (parallel ``pread``, ``O_DIRECT``, ``mmap``) for
+  :func:`arrayio.dispatch._transfer.read_into`. A read alone (or nearly) lets the dispatcher
+  pick the transfer tool it has learned is fastest (parallel ``pread``, ``O_DIRECT``) for
   its size and cache state. When many reads are in flight, as when zarr fetches the chunks
   of a selection, the parallelism is already there, one chunk per thread: each read then
   uses a one-thread tool chosen by the page-cache state of its bytes (``O_DIRECT`` when cold,
@@ -21,7 +21,7 @@ one file per key. What differs is how the bytes move:
 * the synchronous surface (``get_sync``, ``set_sync``, ``delete_sync``, ``get_ranges_sync``)
   that zarr-python's fused codec pipeline calls instead of the async methods is the same
   code, so no path falls back to plain host I/O;
-* writes are atomic and durable (temporary file, fsync, rename, as :mod:`arrayio._atomic`
+* writes are atomic and durable (temporary file, fsync, rename, as :mod:`arrayio.integrity._atomic`
   does): a write that fails leaves the previous value in place;
 * keys are checked: one that would leave the root (``..``, an absolute path, a backslash or
   NUL), or that leads out of it through a symbolic link, raises :class:`InvalidKeyError`
@@ -58,12 +58,14 @@ from zarr.abc.store import (
 from zarr.core.buffer import Buffer, cpu
 from zarr.core.buffer.core import default_buffer_prototype
 
-from .. import _atomic, _transfer, config
-from .._buffers import CupyDeviceBuffer, aligned_empty
+from .. import config
+from ..arrays._buffers import CupyDeviceBuffer, aligned_empty
+from ..dispatch import _transfer
 from ..dispatch.context import cache_state
 from ..dispatch.dispatcher import SMALL_TRANSFER
 from ..dispatch.policy import is_tool_failure
 from ..errors import ArrayioError, ToolUnavailableError
+from ..integrity import _atomic
 
 if TYPE_CHECKING:
     from typing import Self
@@ -617,7 +619,7 @@ def _write_at(directory_fd: int, name: str, value: Buffer, exclusive: bool,
               cleaned: set[tuple[int, int]], path: str) -> None:
     """Store ``value`` as ``name`` in the open directory, atomically and durably.
 
-    As :func:`arrayio._atomic.atomic_write` does by path, but relative to the directory's
+    As :func:`arrayio.integrity._atomic.atomic_write` does by path, but relative to the directory's
     descriptor, so that the write lands in the directory that was checked. The complete
     file is renamed over ``name`` (a link there is replaced, never written through) or,
     ``exclusive``, linked to it, which raises ``FileExistsError`` if ``name`` exists: of two

@@ -484,7 +484,7 @@ class DiskCeilings:
 
     def __init__(self, directory: str, nbytes: int, *, drop: bool,
                  prefer: dict[str, list[tuple[str, int, int]]] | None = None) -> None:
-        from arrayio._buffers import aligned_empty
+        from arrayio.arrays._buffers import aligned_empty
 
         self.nbytes = -(-nbytes // MiB) * MiB
         self.path = os.path.join(directory, "ceiling.bin")

@@ -787,7 +787,7 @@ def test_the_table_is_saved_between_transfers_without_waiting_for_the_disk(
         tmp_path, monkeypatch):
     # A save of the learned table inside a user's load or save must not fsync (two disk
     # flushes on the I/O path); an explicit save, as at exit or after tune(), is durable.
-    from arrayio import _atomic
+    from arrayio.integrity import _atomic
 
     synced: list[str] = []
     real_fsync = os.fsync

@@ -151,7 +151,7 @@ def test_a_failed_save_leaves_the_old_file_intact(tmp_path, monkeypatch):
     def broken_fsync(fd: int) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr("arrayio._atomic.os.fsync", broken_fsync)
+    monkeypatch.setattr("arrayio.integrity._atomic.os.fsync", broken_fsync)
     with pytest.raises(OSError, match="Input/output error"):
         sample_table().save(path)
     assert path.read_bytes() == before

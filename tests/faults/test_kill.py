@@ -272,7 +272,8 @@ def test_clean_removes_dead_temporaries_recursively(
     dead = faults.temporaries(root)
     other, theirs = live_writer(spawn, root / "a")
     out, err = io.StringIO(), io.StringIO()
-    with own_save_paused(root / "a" / "b" / "mine.safetensors") as mine:
+    # Beside the other live writer: a save cleans its own directory, where no dead one lies.
+    with own_save_paused(root / "a" / "mine.safetensors") as mine:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = arrayio.cli.main(["clean", str(root)])
         live = {"theirs": theirs.exists(), "mine": mine.exists()}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import arrayio
-from arrayio._dtypes import DTYPES, by_name
+from arrayio.arrays._dtypes import DTYPES, by_name
 from arrayio.testing import (
     FRAMEWORK_PARAMS,
     Framework,
@@ -56,7 +56,7 @@ def test_cupy_has_no_float8_and_says_so(tmp_path):
 def test_cupy_and_jax_exchange_buffers_zero_copy():
     cupy = pytest.importorskip("cupy")
     jax = pytest.importorskip("jax")
-    from arrayio._frameworks import allocate, export, parse_target
+    from arrayio.arrays._frameworks import allocate, export, parse_target
 
     for dtype in ("float32", "bfloat16", "int8"):
         x = jax.device_put(np.arange(64).astype(np.float32), jax.devices("gpu")[0]).astype(dtype)
@@ -71,12 +71,12 @@ def test_cupy_and_jax_exchange_buffers_zero_copy():
 
 
 def test_jax_results_take_the_direct_import_and_match_the_public_one(tmp_path):
-    # arrayio._jax_import skips from_dlpack's per-array stream and re-wrapping: its arrays
+    # arrayio.arrays._jax_import skips from_dlpack's per-array stream and re-wrapping: its arrays
     # must be what from_dlpack gives (memory, shape, dtype, device, commitment, bytes), and
     # on this jaxlib the direct call must be the one taken (not the fallback).
     cupy = pytest.importorskip("cupy")
     jax = pytest.importorskip("jax")
-    from arrayio import _jax_import
+    from arrayio.arrays import _jax_import
 
     _jax_import.reset()
     tree = {f"{dtype}{i}": random_array(by_name(dtype), shape, seed=i)
@@ -238,7 +238,7 @@ def test_kvikio_reads_and_writes_with_checksums_computed_on_the_gpu(tmp_path):
 
 def test_kvikio_refuses_checksums_when_the_gpu_cannot_compute_them(tmp_path, monkeypatch):
     cupy = pytest.importorskip("cupy")
-    from arrayio import _device_checksum
+    from arrayio.integrity import _device_checksum
     from arrayio.tools.kvikio import KvikioTool
 
     if not KvikioTool.availability():
@@ -281,7 +281,7 @@ def test_small_neighbours_reach_the_gpu_whole_beside_a_large_batch(tmp_path, lik
 
 @pytest.mark.parametrize("kind", ["torch", "cupy"])
 def test_scatter_from_host_fills_each_device_buffer_from_its_place_in_the_span(kind):
-    from arrayio._buffers import CupyDeviceBuffer, TorchDeviceBuffer, scatter_from_host
+    from arrayio.arrays._buffers import CupyDeviceBuffer, TorchDeviceBuffer, scatter_from_host
 
     xp = pytest.importorskip(kind)
     span = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8)

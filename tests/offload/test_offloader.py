@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import arrayio
-from arrayio import _transfer
+from arrayio.dispatch import _transfer
 from arrayio.offload import OffloadBudgetError, Offloader, _directory
 from arrayio.testing import Framework
 
@@ -363,7 +363,7 @@ def test_gpu_round_trip(tmp_path, gpu_xp: Framework) -> None:
         off.prefetch(handles[:2])
         for a, handle in zip(arrays, handles, strict=True):
             got = off.get(handle)
-            assert arrayio._frameworks.placement_of(got).is_cuda
+            assert arrayio.arrays._frameworks.placement_of(got).is_cuda
             assert gpu_xp.to_bytes(got) == a.tobytes()
         assert off.stats().writes >= 4 and off.stats().reads >= 4
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from arrayio import tools
-from arrayio._checksum import ChecksumParts
 from arrayio.errors import ToolUnavailableError, UnknownToolError
+from arrayio.integrity._checksum import ChecksumParts
 from arrayio.testing.tool_suite import ScratchFiles, host_buffer, o_direct_refusal, random_bytes
 from arrayio.tools import direct as direct_module
 from arrayio.tools import mmap as mmap_module

@@ -17,7 +17,7 @@ zarr = pytest.importorskip("zarr")
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest  # noqa: E402
 from zarr.storage import LocalStore  # noqa: E402
 
-from arrayio import _frameworks  # noqa: E402
+from arrayio.arrays import _frameworks  # noqa: E402
 from arrayio.zarr import NVMeStore, read  # noqa: E402
 from arrayio.zarr import _store as store_module  # noqa: E402
 

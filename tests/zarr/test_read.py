@@ -11,7 +11,7 @@ import pytest
 zarr = pytest.importorskip("zarr")
 
 import arrayio  # noqa: E402
-from arrayio import _frameworks  # noqa: E402
+from arrayio.arrays import _frameworks  # noqa: E402
 from arrayio.zarr import NVMeStore, read  # noqa: E402
 
 SELECTIONS = [Ellipsis, (slice(3, 17), slice(None)), (5, slice(2, 9)), (slice(1, 20, 3), 4),

@@ -18,7 +18,7 @@ zarr = pytest.importorskip("zarr")
 
 from zarr.storage import LocalStore  # noqa: E402
 
-from arrayio._dtypes import by_name  # noqa: E402
+from arrayio.arrays._dtypes import by_name  # noqa: E402
 from arrayio.testing.strategies import arrays  # noqa: E402
 from arrayio.zarr import NVMeStore  # noqa: E402
 

@@ -28,7 +28,8 @@ from zarr.core.sync import _collect_aiterator  # noqa: E402
 from zarr.storage import LocalStore  # noqa: E402
 
 import arrayio  # noqa: E402
-from arrayio import _atomic, _transfer  # noqa: E402
+from arrayio.dispatch import _transfer  # noqa: E402
+from arrayio.integrity import _atomic  # noqa: E402
 from arrayio.zarr import InvalidKeyError, NVMeStore  # noqa: E402
 from arrayio.zarr import _store as store_module  # noqa: E402
 from benchmarks._pagecache import evict  # noqa: E402

@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from . import _gcpause, _memory, _progress, _pytree, _transfer, config, formats
-from ._dtypes import DType
-from ._frameworks import Request, Target, allocate, parse_target, writable_view
-from ._units import format_bytes
-from .errors import (
+from .. import config, formats
+from ..arrays import _pytree
+from ..arrays._dtypes import DType
+from ..arrays._frameworks import Request, Target, allocate, parse_target, writable_view
+from ..dispatch import _transfer
+from ..errors import (
     ArrayioError,
     ChecksumError,
     FormatError,
@@ -31,6 +32,8 @@ from .errors import (
     MismatchError,
     OutOfMemoryError,
 )
+from ..runtime import _gcpause, _memory, _progress
+from ..runtime._units import format_bytes
 
 __all__ = ["ArrayInfo", "Reader"]
 
@@ -214,7 +217,7 @@ class Reader:
         return sum(s.nbytes for s in self._stored.values())
 
     def __repr__(self) -> str:
-        from ._units import format_count
+        from ..runtime._units import format_count
 
         state = "closed" if self._fd is None else (
             f"{format_count(len(self), 'array')}, {format_count(self.nbytes, 'byte')}")

@@ -52,8 +52,12 @@ from typing import Any
 
 import numpy as np
 
-from . import _atomic, _dtypes, _progress, _transfer, config, errors
-from ._units import format_bytes, format_count, parse_size
+from .. import config, errors
+from ..arrays import _dtypes
+from ..dispatch import _transfer
+from ..integrity import _atomic
+from ..runtime import _progress
+from ..runtime._units import format_bytes, format_count, parse_size
 
 __all__ = ["EXIT_DATA", "EXIT_DEPENDENCY", "EXIT_ENVIRONMENT", "EXIT_OK", "EXIT_USAGE",
            "CommandError", "main"]
@@ -183,7 +187,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _crc_of(fd: int, path: str, start: int, nbytes: int, buffer: np.ndarray) -> int:
-    from ._checksum import combine
+    from ..integrity._checksum import combine
 
     crc = 0
     for offset in range(0, nbytes, buffer.nbytes):
@@ -196,7 +200,7 @@ def _crc_of(fd: int, path: str, start: int, nbytes: int, buffer: np.ndarray) -> 
 def _cmd_verify(args: argparse.Namespace) -> int:
     import arrayio
 
-    from ._buffers import aligned_empty
+    from ..arrays._buffers import aligned_empty
 
     failed: list[str] = []
     unchecked: list[str] = []
@@ -321,8 +325,8 @@ class _Source:
     """What a source file holds: a pytree (or one array) and its metadata."""
 
     def __init__(self, tree: Any, metadata: dict[str, Any]) -> None:
-        from ._frameworks import is_array
-        from ._pytree import leaves_by_key
+        from ..arrays._frameworks import is_array
+        from ..arrays._pytree import leaves_by_key
 
         self.tree = tree
         self.metadata = metadata
@@ -395,7 +399,7 @@ def _note_metadata(source: _Source, kind: str) -> None:
 def _atomic_directory(path: str) -> Iterator[str]:
     """A temporary directory beside ``path``, moved over it on success: a failed conversion
     leaves no half-written output, and any previous one intact. (Files go through
-    :func:`arrayio._atomic.atomic_write`.)"""
+    :func:`arrayio.integrity._atomic.atomic_write`.)"""
     parent = os.path.dirname(os.path.abspath(path))
     prefix = ".arrayio-convert-"
     temporary = tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent)
@@ -420,14 +424,14 @@ def _host_numpy(array: Any) -> np.ndarray:
     """A NumPy view of a CPU array of any framework (torch's bfloat16 included)."""
     if isinstance(array, np.ndarray):
         return array
-    from ._frameworks import export
+    from ..arrays._frameworks import export
 
     exported = export(array)
     return exported.data.view(_dtypes.numpy_dtype(exported.dtype)).reshape(exported.shape)
 
 
 def _write_npz(flat: dict[str, Any], dst: str, progress: bool | None) -> None:
-    from . import _api
+    from ..api import _save as _api
 
     # Through save's own .npz writer, also for a destination named otherwise (--to npz).
     _api.write_prepared(_api.prepare_npz(dst, flat, None), progress=progress)
@@ -440,7 +444,7 @@ def _write_pt(source: _Source, dst: str) -> None:
     _note_metadata(source, "pt")
 
     def to_torch(x: Any) -> Any:
-        from ._frameworks import is_array
+        from ..arrays._frameworks import is_array
 
         if is_array(x) and not isinstance(x, torch.Tensor):
             return torch.from_numpy(_host_numpy(x).copy(order="C"))  # 0-d stays 0-d
@@ -470,7 +474,7 @@ def _zarr_store_at(path: str) -> bool:
 
 def _write_zarr(source: _Source, dst: str, progress: bool | None) -> None:
     zarr = _needs("zarr", "zarr", "writing Zarr")
-    from ._frameworks import is_array
+    from ..arrays._frameworks import is_array
 
     arrays = {key: _host_numpy(a) for key, a in _arrays_only(source, "zarr").items()}
     total = sum(a.nbytes for a in arrays.values())
@@ -588,7 +592,8 @@ def _names(text: str) -> list[str]:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from . import _bench, tools
+    from .. import tools
+    from . import _sweep as _bench
 
     if args.png is not None:
         _needs("matplotlib", "bench", "--png")
@@ -654,7 +659,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``arrayio`` argument parser (for documentation tools and tests)."""
-    from . import __version__
+    from .. import __version__
 
     parser = argparse.ArgumentParser(
         prog="arrayio", description="Look into, check and convert array files; measure and "

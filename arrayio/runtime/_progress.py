@@ -26,8 +26,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import config
-from .errors import FrameworkNotAvailableError
+from .. import config
+from ..errors import FrameworkNotAvailableError
 
 __all__ = ["INSTANT_BYTES", "SLOW_SECONDS", "bar", "delay_for", "interactive"]
 

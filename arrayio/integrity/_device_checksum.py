@@ -7,7 +7,8 @@ launch for a group of buffers) splits each range into segments, each thread comp
 standard CRC-32C of its segment (slicing-by-4 tables in shared memory), shifts it to its
 place in the range by multiplying by ``x^(8 * bytes after it)`` modulo the polynomial (the
 arithmetic of zlib's ``crc32_combine``), and the shifted values are XORed together. The host
-finishes with one :func:`~arrayio._checksum.combine` for the last, possibly shorter, segment.
+finishes with one :func:`~arrayio.integrity._checksum.combine` for the last, possibly
+shorter, segment.
 
 No library offers this (nvCOMP has no CRC-32C; CuPy has no CRC at all), hence the kernel.
 Without CuPy (a torch-only install) :func:`device_checksum` returns None and the tools
@@ -27,7 +28,7 @@ import numpy as np
 from ._checksum import _POLY, _x8n, combine
 
 if TYPE_CHECKING:
-    from ._buffers import DeviceBuffer
+    from ..arrays._buffers import DeviceBuffer
 
 __all__ = ["GROUP_BUFFERS", "GROUP_BYTES", "SEGMENT_BYTES", "DeviceChecksums", "available",
            "checksum_anywhere", "checksums_anywhere", "device_checksum", "device_checksums",
@@ -275,7 +276,7 @@ class DeviceChecksums:
     buffers. With ``own_stream`` they run on a non-blocking stream of arrayio's own per
     device instead, so that they neither wait for nor hold up the tools' copies on other
     streams; then every write into a buffer must be complete when it is launched (a
-    tool's finished transfer, or after :func:`~arrayio._buffers.synchronize_device`): a
+    tool's finished transfer, or after :func:`~arrayio.arrays._buffers.synchronize_device`): a
     copy still in flight on another stream, such as CuPy's from pageable memory, would
     race the kernel.
 

@@ -13,12 +13,12 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._units import format_bytes, format_count
+from ..runtime._units import format_bytes, format_count
 
 if TYPE_CHECKING:
+    from ..dispatch.policy import Explanation
     from ._reader import Reader
     from ._tuning import DispatchReport
-    from .dispatch.policy import Explanation
 
 __all__ = ["dispatch_report_html", "reader_html"]
 

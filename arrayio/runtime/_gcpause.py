@@ -29,7 +29,7 @@ import gc
 import threading
 from collections.abc import Iterator
 
-from . import config
+from .. import config
 
 _lock = threading.Lock()
 _depth = 0

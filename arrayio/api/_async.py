@@ -55,9 +55,11 @@ from typing import Any
 
 import numpy as np
 
-from . import _api, _gcpause, config
-from ._buffers import CupyDeviceBuffer, TorchDeviceBuffer, aligned_empty
-from ._frameworks import Exported
+from .. import config
+from ..arrays._buffers import CupyDeviceBuffer, TorchDeviceBuffer, aligned_empty
+from ..arrays._frameworks import Exported
+from ..runtime import _gcpause
+from . import _save as _api
 
 __all__ = ["AsyncFuture", "load_async", "save_async", "wait"]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import FrameworkNotAvailableError, UnsupportedDtypeError
+from ..errors import FrameworkNotAvailableError, UnsupportedDtypeError
 
 __all__ = ["DType", "DTYPES", "by_code", "by_name", "dtype_of", "lookup_code", "numpy_dtype"]
 

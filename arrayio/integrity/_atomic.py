@@ -29,7 +29,7 @@ import secrets
 import stat
 from collections.abc import Iterator
 
-from .errors import DiskFullError
+from ..errors import DiskFullError
 
 __all__ = ["TEMP_MARKER", "atomic_write", "create_temporary", "describe_write_error",
            "is_temporary",

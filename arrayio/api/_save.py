@@ -10,12 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from . import _dtypes, _gcpause, _progress, _pytree, _transfer, config
-from ._atomic import atomic_write
-from ._frameworks import Exported, export, is_array
+from .. import config
+from ..arrays import _dtypes, _pytree
+from ..arrays._frameworks import Exported, export, is_array
+from ..dispatch import _transfer
+from ..errors import UnsupportedDtypeError, UnsupportedFormatError, UnsupportedObjectError
+from ..formats import npy, npz, safetensors
+from ..integrity._atomic import atomic_write
+from ..runtime import _gcpause, _progress
 from ._reader import Reader
-from .errors import UnsupportedDtypeError, UnsupportedFormatError, UnsupportedObjectError
-from .formats import npy, npz, safetensors
 
 __all__ = ["load", "open", "read_into", "save"]
 
@@ -86,7 +89,7 @@ class PreparedSave:
     npy_header: bytes | None = None  # for .npy
 
 
-@_gcpause.paused()  # objects for every array and header entry (see arrayio._gcpause)
+@_gcpause.paused()  # objects for every array and header entry (see arrayio.runtime._gcpause)
 def prepare_save(path: PathLike, obj: Any, metadata: Mapping[str, Any] | None) -> PreparedSave:
     """Check and export what :func:`save` would write, without any I/O."""
     path = os.fspath(path)

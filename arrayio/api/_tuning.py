@@ -16,13 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from . import _dtypes, config, tools
-from ._frameworks import allocate, parse_target
-from ._units import format_count
-from .dispatch import dispatcher as dispatch
-from .dispatch.context import Context, cache_state
-from .dispatch.policy import Explanation
-from .errors import KeyNotFoundError
+from .. import config, tools
+from ..arrays import _dtypes
+from ..arrays._frameworks import allocate, parse_target
+from ..dispatch import dispatcher as dispatch
+from ..dispatch.context import Context, cache_state
+from ..dispatch.policy import Explanation
+from ..errors import KeyNotFoundError
+from ..runtime._units import format_count
 
 __all__ = ["DispatchReport", "explain", "tune"]
 
@@ -247,7 +248,7 @@ def _tune_arrays(active: dispatch.Dispatcher, directory: str | os.PathLike[str],
                  check: bool, max_calls: int, tuned: dict[str, Context]) -> None:
     """Save ``arrays``, then load them in each cache state of ``caches``, until each of
     their batches' contexts stops exploring."""
-    from ._api import load, save
+    from ._save import load, save
 
     fd, path = tempfile.mkstemp(prefix=".arrayio-tune-", suffix=".safetensors",
                                 dir=directory)

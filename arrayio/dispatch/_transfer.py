@@ -6,7 +6,7 @@ which picks the transfer tool (and its parameters) it has learned to be fastest 
 context, or the one the caller forces with ``tool=`` or ``ARRAYIO_TOOL``. The CRC-32C of the
 bytes is computed on the way while they are on the host anyway, or, for device buffers of a
 few megabytes and more (and for tools that never stage through the host, like KvikIO), on
-the GPU after the transfer (:mod:`arrayio._device_checksum`).
+the GPU after the transfer (:mod:`arrayio.integrity._device_checksum`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .dispatch import dispatcher
+from . import dispatcher
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from ._buffers import DeviceBuffer
+    from ..arrays._buffers import DeviceBuffer
 
 __all__ = ["read_into", "read_many", "write_from", "write_many"]
 

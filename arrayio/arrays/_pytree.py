@@ -23,8 +23,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import ArrayioError, FormatError, UnsupportedObjectError
 from ._frameworks import is_array
-from .errors import ArrayioError, FormatError, UnsupportedObjectError
 
 __all__ = [
     "SINGLE_ARRAY_KEY",

@@ -4,7 +4,7 @@ arrayio never imports a framework the caller has not imported: an array can only
 a framework that is already in ``sys.modules`` (array-api-compat's rule), and asking for
 ``like="jax"`` is the caller's explicit request to import JAX.
 
-Two directions meet the byte mover (:mod:`arrayio._transfer`) here:
+Two directions meet the byte mover (:mod:`arrayio.dispatch._transfer`) here:
 
 * :func:`export` turns an array into its dtype, shape and a flat, C-ordered byte buffer
   (a NumPy ``uint8`` array on the host, or a :class:`DeviceBuffer` on a GPU), zero-copy
@@ -24,23 +24,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _dtypes
-from ._buffers import (
-    CupyDeviceBuffer,
-    DeviceBuffer,
-    TorchDeviceBuffer,
-    aligned_empty,
-    result_empty,
-)
-from ._dtypes import DType
-from ._jax_import import to_jax
-from ._units import format_count
-from .errors import (
+from ..errors import (
     DeviceError,
     FrameworkNotAvailableError,
     UnsupportedDtypeError,
     UnsupportedObjectError,
 )
+from ..runtime._units import format_count
+from . import _dtypes
+from ._buffers import CupyDeviceBuffer, DeviceBuffer, TorchDeviceBuffer, aligned_empty, result_empty
+from ._dtypes import DType
+from ._jax_import import to_jax
 
 if TYPE_CHECKING:
     from types import ModuleType

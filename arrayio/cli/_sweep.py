@@ -6,8 +6,8 @@ and the dispatcher, at a few sizes; behind ``arrayio bench`` and the dispatcher 
 >>> result.plot().savefig("bench.png")                            # doctest: +SKIP
 
 Each tool runs with its default parameters, straight through the :mod:`arrayio.tools`
-registry; the dispatcher runs through :mod:`arrayio._transfer`, as every load and save does,
-and is timed only once it has finished exploring (its first calls in a new context try
+registry; the dispatcher runs through :mod:`arrayio.dispatch._transfer`, as every load and
+save does, and is timed only once it has finished exploring (its first calls in a new context try
 every candidate; it also keeps what it learns here, as it does from any transfer). Reads
 are warm (the file is in the page cache) unless cold ones are asked for (evicted with
 ``posix_fadvise``, no root needed). Every write, the dispatcher's included, is timed until
@@ -34,12 +34,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _dtypes, _progress, _transfer, tools
-from ._buffers import aligned_empty
-from ._checksum import ChecksumParts
-from ._units import format_bytes
-from .dispatch import dispatcher as dispatch
-from .tools._io import flush_range
+from .. import tools
+from ..arrays import _dtypes
+from ..arrays._buffers import aligned_empty
+from ..dispatch import _transfer
+from ..dispatch import dispatcher as dispatch
+from ..integrity._checksum import ChecksumParts
+from ..runtime import _progress
+from ..runtime._units import format_bytes
+from ..tools._io import flush_range
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -148,7 +151,7 @@ class BenchResult:
         try:
             from matplotlib.figure import Figure
         except ImportError:
-            from .errors import FrameworkNotAvailableError
+            from ..errors import FrameworkNotAvailableError
 
             raise FrameworkNotAvailableError(
                 "plots need matplotlib: pip install 'arrayio[bench]'") from None
@@ -184,7 +187,7 @@ def _host_buffer(nbytes: int) -> np.ndarray:
 
 
 def _device_buffer(nbytes: int, device: str) -> Any:
-    from ._frameworks import allocate, parse_target
+    from ..arrays._frameworks import allocate, parse_target
 
     return allocate(parse_target("cupy", device), _dtypes.by_name("uint8"), (nbytes,)).data
 
