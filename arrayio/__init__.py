@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from . import config, errors, offload
 from .api._async import AsyncFuture, load_async, save_async, wait
+from .api._load import load, open, read_into
 from .api._reader import ArrayInfo, Reader
-from .api._save import load, open, read_into, save
+from .api._save import save
 from .api._tuning import DispatchReport, explain, tune
 from .errors import (
     ArrayioError,

@@ -59,7 +59,7 @@ from .. import config
 from ..arrays._buffers import CupyDeviceBuffer, TorchDeviceBuffer, aligned_empty
 from ..arrays._frameworks import Exported
 from ..runtime import _gcpause
-from . import _save as _api
+from . import _load, _save
 
 __all__ = ["AsyncFuture", "load_async", "save_async", "wait"]
 
@@ -413,7 +413,7 @@ def save_async(
     UnsupportedObjectError, UnsupportedDtypeError
         At once, for what :func:`arrayio.save` would refuse.
     """
-    prepared = _api.prepare_save(path, obj, metadata)
+    prepared = _save.prepare_save(path, obj, metadata)
     prepared.arrays = {key: _snapshot(e) for key, e in prepared.arrays.items()}
     future = AsyncFuture("save", prepared.path)
     # Resolved now: a relative path names a file in the caller's working directory at the
@@ -421,7 +421,7 @@ def save_async(
     prepared.path = os.path.abspath(prepared.path)
 
     def run(checkpoint: Callable[[bool], None]) -> None:
-        _api.write_prepared(prepared, tool=tool, checkpoint=checkpoint, progress=progress)
+        _save.write_prepared(prepared, tool=tool, checkpoint=checkpoint, progress=progress)
 
     _scheduler.submit(_Operation(_path_key(prepared.path), future, run))
     return future
@@ -459,8 +459,8 @@ def load_async(
 
     def run(checkpoint: Callable[[bool], None]) -> Any:
         checkpoint(False)
-        result = _api.load(path, like=like, device=device, keys=keys, structure=structure,
-                           verify=verify, tool=tool, progress=progress)
+        result = _load.load(path, like=like, device=device, keys=keys, structure=structure,
+                            verify=verify, tool=tool, progress=progress)
         checkpoint(True)
         return result
 

@@ -248,7 +248,8 @@ def _tune_arrays(active: dispatch.Dispatcher, directory: str | os.PathLike[str],
                  check: bool, max_calls: int, tuned: dict[str, Context]) -> None:
     """Save ``arrays``, then load them in each cache state of ``caches``, until each of
     their batches' contexts stops exploring."""
-    from ._save import load, save
+    from ._load import load
+    from ._save import save
 
     fd, path = tempfile.mkstemp(prefix=".arrayio-tune-", suffix=".safetensors",
                                 dir=directory)

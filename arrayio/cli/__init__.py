@@ -431,10 +431,10 @@ def _host_numpy(array: Any) -> np.ndarray:
 
 
 def _write_npz(flat: dict[str, Any], dst: str, progress: bool | None) -> None:
-    from ..api import _save as _api
+    from ..api import _save
 
     # Through save's own .npz writer, also for a destination named otherwise (--to npz).
-    _api.write_prepared(_api.prepare_npz(dst, flat, None), progress=progress)
+    _save.write_prepared(_save.prepare_npz(dst, flat, None), progress=progress)
 
 
 def _write_pt(source: _Source, dst: str) -> None:
