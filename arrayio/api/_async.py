@@ -1,41 +1,10 @@
-"""Asynchronous saves and loads: :func:`save_async`, :func:`load_async` and their futures.
+"""Asynchronous saves and loads: :func:`save_async`, :func:`load_async`, their futures and
+:func:`wait`.
 
-A save has two phases, as orbax's does:
-
-1. **Snapshot**, in the caller's thread, before ``save_async`` returns: the pytree is checked
-   and flattened and every array whose memory can change afterwards is copied into a
-   private buffer. NumPy and CPU torch arrays are copied into an aligned host buffer; CUDA
-   arrays (CuPy, torch) get a device-to-device copy on the caller's current stream (ordered
-   before any later kernel that modifies the original). A device-to-device copy runs at
-   device-memory bandwidth (terabytes per second) where a device-to-host copy runs at PCIe
-   speed (about 55 GB/s pinned), so the caller is held up about 30 times less; the price is
-   device memory for the copy until the write is done. JAX arrays are immutable: they are
-   not copied, only referenced (do not donate them to a jitted function before the save is
-   done).
-2. **Write**, on a background thread, through the dispatcher like :func:`arrayio.save`
-   (atomically: a temporary file renamed into place).
-
-Operations are queued per file (``os.path.realpath``): on the same path they run one after
-another in submission order (a load after a save sees what that save wrote; of two saves,
-the last wins), on different paths they run in parallel, at most
-``config.get().async_workers`` at once (``ARRAYIO_ASYNC_WORKERS``, default 4). Worker threads
-are started on demand and exit when the queue is empty. :func:`wait` blocks until every
-queued operation is done and raises the error of any save whose failure nobody has seen.
-At interpreter exit the queue is drained before the transfer tools' thread pools shut down,
-so queued saves finish; a save that failed with nobody looking at its future is reported on
-standard error.
-
-Cancellation (:meth:`AsyncFuture.cancel`):
-
-* an operation that has not started is dropped;
-* a running save stops before its next array and before its commit (the rename): the
-  temporary file is removed and any previous file at ``path`` stays as it was. ``cancel()``
-  returns False once the save is committing;
-* a running load is abandoned: ``cancel()`` returns True and what it reads is dropped.
-
-A cancelled future is ``cancelled()`` and ``done()`` at once; the thread that ran it may take
-until its next array boundary to notice, and the next operation on the same path starts only
-after that.
+A save snapshots mutable arrays in the caller's thread, then writes in the background, as
+:func:`arrayio.save` does. Operations on one file run in submission order, on different
+files in parallel; queued saves finish before the interpreter exits. ``docs/async.md``
+gives the whole contract: snapshots, ordering, cancellation, failures and exit.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from ..dispatch import dispatcher as dispatch
 from ..dispatch.context import Context, cache_state
 from ..dispatch.policy import Explanation
 from ..errors import KeyNotFoundError
-from ..runtime._units import format_count
+from ..runtime._units import format_count, parse_size
 
 __all__ = ["DispatchReport", "explain", "tune"]
 
@@ -175,7 +175,7 @@ def tune(
     device
         ``"cpu"`` (default) or a GPU (``"cuda:0"``...): where the bytes go.
     sizes
-        Transfer sizes in bytes.
+        Transfer sizes: byte counts, or strings as ``"64K"``, ``"1M"``, ``"1GiB"``.
     directions
         ``"read"`` and/or ``"write"``.
     caches
@@ -189,8 +189,8 @@ def tune(
         takes). A save or a load moves its arrays as one batch, learned in a context of its
         own (its total size and its typical array), not that of one transfer of a size in
         ``sizes``: ``arrays`` tunes it by saving them and loading them to ``device``, cold
-        and warm. Give ``sizes=()`` to tune for them alone. Every call moves all of them:
-        an 8.7 GB checkpoint took 355 s on the H200 VM (60 saves and loads); a lower
+        and warm. Give ``sizes=()`` to tune for them alone. Every call moves all of them
+        (tuning for a checkpoint of several gigabytes takes minutes); a lower
         ``max_calls`` bounds that, leaving the rest to be learned in real use.
 
     Returns
@@ -199,7 +199,7 @@ def tune(
         The tuned contexts.
     """
     active = dispatch.get()
-    sizes = sorted(set(int(s) for s in sizes))
+    sizes = sorted({parse_size(s) if isinstance(s, str) else int(s) for s in sizes})
     if (not sizes and arrays is None) or (sizes and sizes[0] <= 0):
         raise ValueError(f"sizes must be positive byte counts, got {sizes}")
     check = config.get().verify_checksums if verify is None else verify

@@ -446,7 +446,7 @@ def _allocate_torch(dtype: DType, shape: tuple[int, ...], nbytes: int, placement
 @functools.cache
 def _torch_cuda(index: int) -> Any:
     """torch's device object for GPU ``index``, made once: a device given as a string is
-    parsed on every call (702 allocations took 2.7 ms that way against 2.2, probe 42)."""
+    parsed again on every allocation."""
     return _require("torch").device("cuda", index)
 
 

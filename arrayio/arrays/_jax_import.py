@@ -1,8 +1,8 @@
 """Hand a load's CuPy device arrays to JAX, zero-copy, at a fraction of ``from_dlpack``'s cost.
 
-``jax.dlpack.from_dlpack`` takes about 33 us an array on the H200 VM: 23 ms for the 702
-arrays of an 8 GiB checkpoint, a tenth of the whole warm load (probe 26, 2026-11-21). Most of
-it is work a load does not need: looking up the backend and the device's stream for each
+``jax.dlpack.from_dlpack`` takes tens of microseconds an array: for a checkpoint of hundreds
+of arrays, a tenth of a warm load (docs/design/loads.md). Most of it is work a load does not
+need: looking up the backend and the device's stream for each
 array, having CuPy record an event and make that stream wait on it, then re-wrapping the
 result through ``jnp.asarray``. A load's bytes are final before they are handed over (its
 transfers have returned: see :func:`arrayio.dispatch.batches.read_batch`), so no stream

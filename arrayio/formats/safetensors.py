@@ -1,24 +1,9 @@
-"""The safetensors-compatible container: layout, header encoding, and a header parser that
-distrusts its input.
+"""The safetensors-compatible container: layout, header encoding, the header's own CRC-32C,
+and a header parser that distrusts its input.
 
-The file is a plain safetensors file (8-byte little-endian header length, JSON header, data),
-so the ``safetensors`` package reads what arrayio writes and the reverse. Within what the
-format allows, data is laid out for direct I/O: the header is padded with spaces so the data
-section starts on ``alignment`` bytes, and tensors whose size is a multiple of the alignment
-go first so that they all start aligned (safetensors forbids gaps between tensors, so a
-tensor after an odd-sized one cannot be realigned).
-
-arrayio's own facts live in ``__metadata__["arrayio"]``, a JSON string: the format version,
-the pytree structure, the source framework, a CRC-32C per tensor, and the real dtype of
-tensors stored under another safetensors dtype (complex128 as float64 pairs).
-
-The header itself carries a CRC-32C (format 2 on), so that a damaged description of the
-arrays (a key, a shape, the structure, the tensor checksums themselves) is caught as surely
-as damaged data. It is the first entry of ``__metadata__``, at a fixed place at the start
-of the header, and covers the length prefix and the whole header with its own 8 hex digits
-read as ``00000000``. A reader that finds either that entry or arrayio's metadata (format 2)
-verifies it, so that no single flipped bit can turn the check off. safetensors readers see
-one more string in ``__metadata__``.
+A plain safetensors file (8-byte length, JSON header, data), laid out for direct I/O where
+the format allows; arrayio's facts live in ``__metadata__["arrayio"]`` and the header's
+CRC-32C in the first entry of ``__metadata__``. ``docs/file-format.md`` describes it all.
 """
 
 from __future__ import annotations
@@ -27,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import string
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -67,6 +53,7 @@ _PREFIX = struct.Struct("<Q")
 _HEADER_CRC_LEAD = ('{"__metadata__":{"' + HEADER_CRC_KEY + '":"').encode()
 _HEADER_CRC_AT = _PREFIX.size + len(_HEADER_CRC_LEAD)  # in the file
 _UNSEALED = b"00000000"
+_LOWER_HEX = frozenset(string.digits + "abcdef")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -338,7 +325,7 @@ def _parse_arrayio(text: str | None, path: str) -> dict[str, Any] | None:
         if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
             raise FormatError(f"{path}: arrayio metadata field {field!r} must map keys to strings")
     for key, crc in arrayio.get("crc32c", {}).items():
-        if len(crc) != 8 or any(c not in "0123456789abcdef" for c in crc):
+        if len(crc) != 8 or not set(crc) <= _LOWER_HEX:
             raise FormatError(f"{path}: checksum of {key!r} is {crc!r}, expected 8 hex digits")
     return arrayio
 

@@ -1,22 +1,11 @@
 """Atomic file replacement: the old file stays intact until the new one is complete on disk.
 
-The new content goes to a hidden temporary file in the same directory
-(``.NAME.arrayio-tmp-PID-XXXXXXXXXXXX``), is fsynced, and is renamed over the target; the
-directory is fsynced so that the rename itself survives a crash. Any Python-level failure
-removes the temporary file.
-
-A process killed outright (SIGKILL, power loss) can leave its temporary behind, never a
-damaged target. The writer holds an exclusive ``flock`` on its temporary while it writes,
-and the kernel drops that lock when the process dies, however it dies: a temporary that
-nobody holds belongs to a dead writer, and :func:`remove_stale_temporaries` removes it (the
-next save into the directory does so). A PID in the name can be reused and names no host, so
-it is only there for people reading a directory listing; the lock decides.
-
-The replaced file keeps what ``open(path, "w")`` would keep: its permission bits (and its
-owner and group where this process may set them), and a symbolic link at ``path`` stays a
-link, its target receiving the new content. (``O_TMPFILE`` would avoid leftover temporaries
-altogether, but linking it into place through ``/proc/self/fd`` is refused in some
-sandboxes, so it is not relied on.)
+New content goes to a hidden temporary beside the target (``.NAME.arrayio-tmp-PID-RANDOM``),
+is fsynced and renamed over it. The writer holds an ``flock`` on its temporary, which the
+kernel drops when the process dies however it dies, so a temporary nobody holds is a dead
+writer's and :func:`remove_stale_temporaries` removes it (the next save into the directory
+does). A replaced file keeps its mode and owner, and a symbolic link is written through, as
+``open(path, "w")`` does. ``docs/reliability.md`` says why each choice was made.
 """
 
 from __future__ import annotations

@@ -51,8 +51,8 @@ _X2N = _powers(67)
 
 
 # Remembered: the lengths combined repeat (a load's arrays of one shape, a tool's tasks), and
-# each costs up to 64 multiplications in Python (finishing a load's 351 GPU checksums took
-# 4.4 to 7.6 ms before, 3.0 to 5.5 after, probes 41 and 42, wait for the kernels included).
+# each costs up to 64 multiplications in Python, which finishing hundreds of GPU checksums
+# would otherwise pay at the end of every load.
 @functools.lru_cache(maxsize=4096)
 def _x8n(n: int) -> int:
     """x^(8n) modulo the polynomial, for 0 <= n < 2^64."""

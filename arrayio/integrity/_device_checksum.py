@@ -268,9 +268,9 @@ class DeviceChecksums:
     :meth:`launch` says a buffer is ready (a batch read calls it as each read lands), and the
     ready buffers are checksummed in groups, one kernel launch a group of up to
     :data:`GROUP_BYTES` or :data:`GROUP_BUFFERS`, while later reads are still moving.
-    :meth:`results` launches the rest and waits once for all of them. A launch per buffer
-    cost the host about 30 us: 22 ms of a warm 8 GiB load of 702 arrays on the H200 VM,
-    against 207 ms for the load without checksums (probe 28, 2026-11-21).
+    :meth:`results` launches the rest and waits once for all of them: a launch per buffer
+    costs the host tens of microseconds, a tenth of a warm load of hundreds of arrays
+    (docs/design/loads.md).
 
     The kernels run on CuPy's current stream, after whatever was queued there to fill the
     buffers. With ``own_stream`` they run on a non-blocking stream of arrayio's own per

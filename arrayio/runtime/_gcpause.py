@@ -1,25 +1,11 @@
 """Pause Python's cyclic garbage collector while arrayio saves or loads many arrays.
 
-Allocating and wrapping the arrays of a checkpoint creates thousands of container objects
-(a JAX array, its CuPy buffer and their DLPack capsule per array). Each 700 of them start
-a young collection, and every tenth of those an older one; in a process that holds a large
-heap (JAX, torch and orbax imported, a model in memory) the full collection that follows
-costs 120 to 230 ms. On the H200 VM, such a collection landed inside a warm 8 GiB JAX load
-(about 260 ms) and cut it from 31-34 to 19.5 GB/s (probe 26, 2026-11-21). With the
-collector paused over these loops, the objects are examined once afterwards instead of
-some twenty times, and older collections come an order of magnitude less often.
-
-A synchronous save or load keeps the collector paused across its transfers too: the caller
-waits for it anyway, and a full collection that lands between two transfers stalls the
-threads that wait for the interpreter to hand them the next one. A collection that falls
-due meanwhile runs once the call returns. :func:`arrayio.save_async` and
-:func:`arrayio.load_async` pause only their object-creating steps (their worker threads run
-:func:`in_background`): the caller's program runs beside their transfers, and its garbage
-must not wait for seconds of I/O.
-
-The pause nests and is shared by threads: the collector is turned back on when the last
-pause ends, and only if it was on when the first began. ``config.set(gc_pause=False)``
-(``ARRAYIO_GC_PAUSE=0``) turns it off.
+A checkpoint's arrays create thousands of container objects, and the collections they set
+off in a large heap cost as long as a warm load itself (``docs/design/loads.md``). A
+synchronous save or load keeps the collector paused across its transfers; an asynchronous
+one only over its object-creating steps (:func:`in_background`), so that the caller's
+garbage does not wait for its I/O. The pause nests and is shared by threads;
+``ARRAYIO_GC_PAUSE=0`` turns it off.
 """
 
 from __future__ import annotations

@@ -287,3 +287,9 @@ def test_explain_a_npy_file(tmp_path, fresh):
     assert explanation.key.startswith("read/host/2^22/") and not explanation.key.endswith("/crc")
     arrayio.load(path)
     assert dispatcher.get().last[0].key() == explanation.key
+
+
+def test_tune_takes_sizes_as_the_cli_writes_them(tmp_path, fresh) -> None:
+    report = arrayio.tune(tmp_path, sizes=("1M", MiB), directions=("read",),
+                          caches=("warm",), max_calls=1)
+    assert [e.key.split("/")[2] for e in report.explanations] == ["2^20"]  # one size
