@@ -5,19 +5,10 @@ and the dispatcher, at a few sizes; behind ``arrayio bench`` and the dispatcher 
 >>> print(result.table())                                         # doctest: +SKIP
 >>> result.plot().savefig("bench.png")                            # doctest: +SKIP
 
-Each tool runs with its default parameters, straight through the :mod:`arrayio.tools`
-registry; the dispatcher runs through :mod:`arrayio.dispatch._transfer`, as every load and
-save does, and is timed only once it has finished exploring (its first calls in a new context try
-every candidate; it also keeps what it learns here, as it does from any transfer). Reads
-are warm (the file is in the page cache) unless cold ones are asked for (evicted with
-``posix_fadvise``, no root needed). Every write, the dispatcher's included, is timed until
-its bytes are on the device (``flush_range`` after the call), since a save ends with an
-fsync: the dispatcher flushes writes of 1 MiB and more itself and leaves smaller ones to
-that fsync, so timing its bare call would set the page cache against the disk. Figures are
-medians of ``repeats`` samples, in GB/s (10^9 bytes per second).
-
-This is a quick look, not the benchmark harness (``benchmarks/sweep.py`` in the source tree
-measures ceilings and every candidate arm with interleaved rounds).
+Each tool runs with its default parameters; the dispatcher runs as every load and save does,
+timed once it has finished exploring. Every write is timed until its bytes are on the device.
+Figures are medians of ``repeats`` samples, in GB/s (10^9 bytes per second). A quick look, not
+the benchmark harness (``benchmarks/sweep.py``); docs/design/cli.md says how it measures.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import arrayio
 from arrayio import cli
+from arrayio.cli import _failures, _verify
 from arrayio.integrity import _atomic
 from arrayio.testing import damage_array, strategies
 
@@ -215,7 +216,7 @@ def test_verify_names_each_damaged_array(capsys, ckpt):
 
 
 def test_verify_reads_large_arrays_in_pieces(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "_VERIFY_CHUNK", 4096)
+    monkeypatch.setattr(_verify, "_VERIFY_CHUNK", 4096)
     path = tmp_path / "big.safetensors"
     arrayio.save(path, {"a": np.arange(10_000, dtype=np.float64), "b": np.ones(3)})
     assert run(capsys, "verify", path)[0] == 0
@@ -571,7 +572,7 @@ def test_tune_and_bench_on_a_read_only_file_system(capsys, fresh, read_only_dir,
     (OSError(errno.EIO, "Input/output error", "/x"), 1),
 ])
 def test_exit_codes_of_environment_errors(error, code):
-    assert cli._exit_code(error) == code
+    assert _failures.exit_code(error) == code
 
 
 def test_the_help_documents_the_environment_exit_code(capsys):
