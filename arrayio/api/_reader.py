@@ -89,7 +89,11 @@ class Reader:
         The caller's metadata saved with the file (empty for ``.npy``).
     framework : str or None
         The framework the arrays were saved from, when arrayio wrote the file.
+    header_checked : bool
+        Whether the header carried its own CRC-32C and it matched (files arrayio writes).
     """
+
+    header_checked = False
 
     _fd: int | None = None  # until opened: __del__ of a Reader whose open failed is a no-op
 
@@ -180,6 +184,7 @@ class Reader:
                 raise FormatError(f"{self.path}: structure names tensors the file lacks: "
                                   f"{sorted(missing)[:5]}")
         self.metadata = metadata
+        self.header_checked = header.header_checked
 
     # ------------------------------------------------------------------ description
 

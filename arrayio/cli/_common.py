@@ -137,10 +137,10 @@ def readable(path: str, command: str) -> str:
     kind = format_of(path, None)
     if os.path.isdir(path) and not zarr_store_at(path):
         raise CommandError(f"{path}: is a directory")
-    if kind not in ("arrayio", "npy"):
-        what = {"npz": "an .npz file", "pt": "a .pt file", "zarr": "a Zarr store"}[kind]
+    if kind not in ("arrayio", "npy", "npz"):
+        what = {"pt": "a .pt file", "zarr": "a Zarr store"}[kind]
         raise CommandError(
-            f"{path} is {what}; arrayio {command} reads arrayio / safetensors containers and "
-            f".npy files: convert it first (arrayio convert {path} "
+            f"{path} is {what}; arrayio {command} reads arrayio / safetensors containers, "
+            f".npy and .npz files: convert it first (arrayio convert {path} "
             f"{os.path.splitext(path.rstrip('/'))[0]}.safetensors)")
     return path

@@ -32,7 +32,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
           f"{format_bytes(info['nbytes'])} (file {format_bytes(info['file_bytes'])})"
           f"{origin}")
     sums = info["checksums"]
-    print(f"checksums: CRC-32C on {sums['present']} of {format_count(sums['arrays'], 'array')}")
+    header = "the header and " if sums["header"] else ""
+    print(f"checksums: CRC-32C on {header}{sums['present']} of "
+          f"{format_count(sums['arrays'], 'array')}")
     if info["metadata"]:
         print("metadata:")
         for name, value in info["metadata"].items():
@@ -55,7 +57,7 @@ def _describe(path: str) -> dict[str, Any]:
                 "file_bytes": os.path.getsize(path), "nbytes": reader.nbytes,
                 "metadata": reader.metadata, "arrays": arrays,
                 "checksums": {"present": sum(a["crc32c"] is not None for a in arrays),
-                              "arrays": len(arrays)}}
+                              "arrays": len(arrays), "header": reader.header_checked}}
 
 
 def _shape(shape: Sequence[int]) -> str:

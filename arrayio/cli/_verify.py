@@ -38,8 +38,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     failed: list[str] = []
     unchecked: list[str] = []
     with arrayio.open(readable(args.file, "verify")) as reader:
-        if reader.format == "npy":  # opening checked its header and size
-            return _verify_npy(args)
+        if reader.format in ("npy", "npz"):  # opening checked the headers and sizes
+            return _verify_numpy_file(args, reader.format)
         # arrayio records its metadata in every file it writes: its absence is a fact.
         why = ("no arrayio metadata: written by another safetensors writer"
                if reader.framework is None else "saved without checksums")
@@ -80,8 +80,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if not checked:
         print(f"{args.file}: header and sizes valid; no checksums to verify ({why})")
         return EXIT_OK
-    print(f"{args.file}: OK, {len(checked)} of {format_count(len(arrays), 'array')} verified "
-          f"({format_bytes(sum(info.nbytes for info in checked))}, CRC-32C)")
+    header = "the header and " if reader.header_checked else ""
+    print(f"{args.file}: OK, {header}{len(checked)} of {format_count(len(arrays), 'array')} "
+          f"verified ({format_bytes(sum(info.nbytes for info in checked))}, CRC-32C)")
     return EXIT_OK
 
 
@@ -96,10 +97,12 @@ def _crc_of(fd: int, path: str, start: int, nbytes: int, buffer: np.ndarray) -> 
     return crc
 
 
-def _verify_npy(args: argparse.Namespace) -> int:
+def _verify_numpy_file(args: argparse.Namespace, kind: str) -> int:
+    """NumPy's formats have no place for arrayio's checksums: say what was checked."""
+    what = "header and size" if kind == "npy" else "members' headers and sizes"
     if args.strict:
-        raise CommandError(f"{args.file}: --strict: .npy has no place for a checksum; header "
-                           "and size valid, data not verified", EXIT_DATA)
-    print(f"{args.file}: .npy header and size valid; no checksums to verify (.npy has no "
+        raise CommandError(f"{args.file}: --strict: .{kind} has no place for a checksum; "
+                           f"{what} valid, data not verified", EXIT_DATA)
+    print(f"{args.file}: .{kind} {what} valid; no checksums to verify (.{kind} has no "
           "place for one)")
     return EXIT_OK

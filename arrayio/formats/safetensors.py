@@ -80,6 +80,7 @@ class Header:
     metadata: dict[str, Any]
     arrayio: dict[str, Any] | None
     data_start: int
+    header_checked: bool = False  # its own CRC-32C was found and matched
 
 
 # --------------------------------------------------------------------------- writing
@@ -285,7 +286,7 @@ def read_header(fd: int, path: str, *, verify: bool = True) -> Header:
     _check_overlaps(entries.values(), path)
     if arrayio is not None:
         _check_arrayio_keys(arrayio, entries, path)
-    return Header(entries, metadata, arrayio, data_start)
+    return Header(entries, metadata, arrayio, data_start, sealed is not None)
 
 
 class _DuplicateKey(Exception):

@@ -68,7 +68,8 @@ def test_the_console_script_and_python_m_run(ckpt, tmp_path):
         result = subprocess.run([*command, "info", str(ckpt), "--json"], capture_output=True,
                                 text=True, env=env, timeout=60, check=False)
         assert result.returncode == 0, result.stderr
-        assert json.loads(result.stdout)["checksums"] == {"present": 3, "arrays": 3}
+        assert json.loads(result.stdout)["checksums"] == {"present": 3, "arrays": 3,
+                                                          "header": True}
         missing = subprocess.run([*command, "verify", str(tmp_path / "nope.safetensors")],
                                  capture_output=True, text=True, env=env, timeout=60,
                                  check=False)
@@ -114,7 +115,7 @@ def test_info_lists_arrays_metadata_and_checksums(capsys, ckpt):
     lines = out.splitlines()
     assert lines[0].startswith(f"{ckpt}: safetensors, 3 arrays,")
     assert "saved from numpy" in lines[0]
-    assert lines[1] == "checksums: CRC-32C on 3 of 3 arrays"
+    assert lines[1] == "checksums: CRC-32C on the header and 3 of 3 arrays"
     assert "  run = baseline" in lines and '  cfg = {"lr": 0.1}' in lines
     table = lines[lines.index("metadata:") + 3:]
     assert table[0].split() == ["key", "dtype", "shape", "size", "offset", "crc32c"]
@@ -151,7 +152,7 @@ def test_info_on_a_foreign_safetensors_file_shows_no_checksums(capsys, tmp_path)
     code, out, _ = run(capsys, "info", path, "--json")
     info = json.loads(out)
     assert code == 0 and info["framework"] is None and info["metadata"] == {"who": "hf"}
-    assert info["checksums"] == {"present": 0, "arrays": 1}
+    assert info["checksums"] == {"present": 0, "arrays": 1, "header": False}
     assert info["arrays"][0]["crc32c"] is None
 
 
@@ -178,8 +179,7 @@ def test_a_directory_is_a_usage_error(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("command", ["info", "verify", "explain"])
-@pytest.mark.parametrize("name, what", [("x.npz", "an .npz file"), ("x.pt", "a .pt file"),
-                                        ("x.zarr", "a Zarr store")])
+@pytest.mark.parametrize("name, what", [("x.pt", "a .pt file"), ("x.zarr", "a Zarr store")])
 def test_other_formats_get_a_hint_to_convert(capsys, tmp_path, command, name, what):
     (tmp_path / name).write_bytes(b"PK\x03\x04")
     code, _, err = run(capsys, command, tmp_path / name)
@@ -194,7 +194,7 @@ def test_other_formats_get_a_hint_to_convert(capsys, tmp_path, command, name, wh
 def test_verify_a_good_file(capsys, ckpt):
     code, out, err = run(capsys, "verify", ckpt, "-v")
     assert code == 0 and err == ""
-    assert out.splitlines()[-1].startswith(f"{ckpt}: OK, 3 of 3 arrays verified")
+    assert out.splitlines()[-1].startswith(f"{ckpt}: OK, the header and 3 of 3 arrays verified")
     assert "ok  emb" in out and "ok  layers.0.b" in out
 
 
@@ -733,3 +733,27 @@ def test_convert_creates_files_as_any_program_would_and_keeps_an_old_files_mode(
         assert (tmp_path / target).stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(old_umask)
+
+
+@pytest.mark.parametrize("writer", [np.savez, np.savez_compressed])
+def test_verify_of_an_npz_says_it_has_no_checksums(tmp_path, capsys, writer) -> None:
+    path = tmp_path / "a.npz"
+    writer(path, w=np.arange(10))
+    code, out, _ = run(capsys, "verify", path)
+    assert code == 0 and ".npz members' headers and sizes valid; no checksums" in out
+    assert run(capsys, "verify", path, "--strict")[0] == 1
+
+
+def test_info_reads_an_npz(tmp_path, capsys) -> None:
+    path = tmp_path / "a.npz"
+    np.savez(path, w=np.arange(10), b=np.ones((2, 3)))
+    code, out, _ = run(capsys, "info", path)
+    assert code == 0 and out.startswith(f"{path}: npz, 2 arrays")
+
+
+def test_info_of_a_foreign_file_claims_no_header_checksum(tmp_path, capsys) -> None:
+    safetensors = pytest.importorskip("safetensors.numpy")
+    path = tmp_path / "f.safetensors"
+    safetensors.save_file({"w": np.arange(3)}, str(path))
+    code, out, _ = run(capsys, "info", path)
+    assert code == 0 and "checksums: CRC-32C on 0 of 1 array" in out
