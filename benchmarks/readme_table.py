@@ -3,6 +3,11 @@
 ``python -m benchmarks.readme_table`` rewrites the block between the README's
 ``<!-- results:start -->`` and ``<!-- results:end -->`` markers; ``--check`` only reports
 whether the README is up to date (exit 1 if not).
+
+Each scenario has one folder, ``benchmarks/results/<scenario>/``, holding its latest run
+(see ``benchmarks/README.md``). The block shows the transfer sweep (``sweep/``), the
+checkpoint against its peers (``checkpoint/``, one JSON per configuration), the feature-map
+offload (``featuremap/``) and the small arrays (``small_arrays/``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import sys
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
@@ -34,25 +40,25 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def render_sweep(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") -> str:
-    """The GPU panels of each committed sweep: best single tool and dispatcher per size."""
+def _link(path: pathlib.Path) -> str:
+    """A committed result as a link from the README, named by its scenario folder."""
+    name = f"{path.parent.name}/{path.name}"
+    return f"[{name}]({path.relative_to(ROOT).as_posix()})" if path.is_relative_to(ROOT) else name
+
+
+def render_sweep(results_dir: pathlib.Path = RESULTS) -> str:
+    """The GPU panels of the committed sweep (``sweep/*.json``): best single tool and
+    dispatcher per size, and the targets against the hardware at the largest size."""
     lines: list[str] = []
-    reports = {p: json.loads(p.read_text()) for p in sorted(
-        results_dir.glob("*/sweep*.json"), key=lambda p: (p.parent.name, "-" in p.stem, p.stem))}
+    reports = {p: json.loads(p.read_text()) for p in sorted((results_dir / "sweep").glob("*.json"))}
     sweeps = {p: r for p, r in reports.items() if r["machine"].get("gpu")}
-    # The latest results folder only (the one of the newest run): older sweeps stay
-    # committed, as history.
-    latest = max(sweeps, key=lambda p: sweeps[p]["date"]).parent.name if sweeps else None
     for path, report in sweeps.items():
-        if path.parent.name != latest:
-            continue
         ceilings = report["ceilings"]
         mode = "checksums on (the default)" if report["checksum"] else "checksums off"
         sizes = sorted({r["bytes"] for r in report["rows"] if r["memory"] == "cuda"})
         lines += [
             f"**Transfer sweep, {mode}** ({report['date'][:10]}, {report['machine']['summary']}; "
-            f"`{report['command']}`; [{path.parent.name}/{path.name}]"
-            f"({path.relative_to(ROOT).as_posix()})). Ceilings measured in the same run: "
+            f"`{report['command']}`; {_link(path)}). Ceilings measured in the same run: "
             f"cold O_DIRECT read {_gbps(ceilings, 'cold_read_direct')} GB/s, warm read (16 "
             f"threads) {_gbps(ceilings, 'warm_read_16_threads')}, write+fsync "
             f"{_gbps(ceilings, 'write_fsync')}, pinned host-to-device "
@@ -113,9 +119,9 @@ def _goal_rounds(report: dict) -> str:
 
 
 def _passes(passes: int | None) -> str:
-    """How many times the harness read a file into the page cache before a warm load. The
-    JSON records it after run 19; without it the sentence does not say (run 19 read twice,
-    the runs before it once)."""
+    """How many times the harness read a file into the page cache before a warm load. Older
+    reports, from a harness that read it once, do not record it; the sentence then does not
+    say."""
     return {None: "", 1: " once", 2: " twice"}.get(passes, f" {passes} times")
 
 
@@ -130,7 +136,8 @@ def _gbps_of(value: float | None, ceiling: float | None) -> str:
 
 
 def _ceiling_rule(ceilings: dict[str, Any]) -> str:
-    """How a checkpoint report's ceilings were judged (the rule changed on 2026-11-21)."""
+    """How a checkpoint report's ceilings were judged: older reports took the best of the
+    search up front and the samples in the rounds."""
     if "judged_on" not in ceilings["cold_read"]:
         return "the best of the settings measured up front and in the rounds."
     search = ", ".join(f"{_fmt(ceilings[k].get('search_GBps'))}"
@@ -140,34 +147,34 @@ def _ceiling_rule(ceilings: dict[str, Any]) -> str:
             f"after arrayio's cold load, alternately); the search's best medians were {search}.")
 
 
-def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") -> str:
-    """The peer benchmarks (``benchmarks/peers``), each from the latest results folder that
-    has it: checkpoint (each size from the latest folder that measured it: every peer beside
-    the ceilings, and the targets), feature-map offload (step times) and small arrays
-    (microseconds per array)."""
-    folders = sorted({p.parent for p in results_dir.glob("*/checkpoint*.json")},
-                     key=lambda p: p.name)
-    if not folders:
-        return ""
-    folder = folders[-1]
+def _latest_sizes(paths: list[pathlib.Path]) -> dict[float, tuple[pathlib.Path, dict, dict]]:
+    """Each checkpoint size once, from the newest report that measured it: one scenario
+    folder holds one JSON per configuration (size), and a newer run replaces an older one."""
+    chosen: dict[float, tuple[pathlib.Path, dict, dict]] = {}
+    for path in paths:
+        report = json.loads(path.read_text())
+        for size in report["sizes"]:
+            held = chosen.get(size["gib"])
+            if held is None or report["date"] >= held[1]["date"]:
+                chosen[size["gib"]] = (path, report, size)
+    return chosen
+
+
+def render_peers(results_dir: pathlib.Path = RESULTS) -> str:
+    """The peer benchmarks (``benchmarks/peers``), each from its scenario folder: checkpoint
+    (``checkpoint/checkpoint*.json``, each size from the newest report that has it: every
+    peer beside the ceilings, and the targets), feature-map offload (``featuremap/``, step
+    times) and small arrays (``small_arrays/``, microseconds per array)."""
     lines: list[str] = []
 
     def source(report: dict, path: pathlib.Path) -> str:
-        link = (f"[{path.parent.name}/{path.name}]({path.relative_to(ROOT).as_posix()})"
-                if path.is_relative_to(ROOT) else f"{path.parent.name}/{path.name}")
         return (f"{report['date'][:10]}, {report['machine']['summary']}; "
-                f"`{report['command']}`; {link}")
+                f"`{report['command']}`; {_link(path)}")
 
-    from benchmarks.peers.checkpoint import goal_ratio_text, most_complete_sizes, targets, verdict
+    from benchmarks.peers.checkpoint import goal_ratio_text, targets, verdict
 
-    # Each size from the latest folder that has it, and there from the run that measured the
-    # most peers at that size (a run cut short by its time budget measures fewer); the
-    # others stay committed beside it.
-    chosen: dict[float, tuple[pathlib.Path, dict, dict]] = {}
-    for older in reversed(folders):
-        found = most_complete_sizes([str(p) for p in sorted(older.glob("checkpoint*.json"))])
-        for path, report, size in found:
-            chosen.setdefault(size["gib"], (pathlib.Path(path), report, size))
+    folder = results_dir / "checkpoint"
+    chosen = _latest_sizes(sorted(folder.glob("checkpoint*.json")))
     for gib in sorted(chosen):
         path, report, size = chosen[gib]
         where = "the GPU" if report["device"].startswith("cuda") else report["device"]
@@ -232,20 +239,15 @@ def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
     if unavailable:
         lines += ["Not measured here: " + "; ".join(
             f"{name} ({why})" for name, why in unavailable.items()) + ".", ""]
-    # The merged plot when several runs share the sizes, else the one run's: its folder's
-    # checkpoint.png or, failing that, the plot beside the JSON the first size came from.
-    candidates = [folder / "checkpoint-merged.png", folder / "checkpoint.png",
+    # The plot of every size (drawn with --replot from the folder's JSONs), else the one
+    # beside the JSON the first size came from.
+    candidates = [folder / "checkpoint.png",
                   *(path.with_suffix(".png") for path, _, _ in chosen.values())]
-    png = next((p for p in candidates if p.exists()), folder / "checkpoint.png")
-    if png.exists() and png.is_relative_to(ROOT):
+    png = next((p for p in candidates if p.exists()), None)
+    if png is not None and png.is_relative_to(ROOT):
         lines += [f"![checkpoint against its peers]({png.relative_to(ROOT).as_posix()})", ""]
 
-    def latest(name: str) -> pathlib.Path:
-        # Each scenario from the latest folder that has it: a run may measure only some.
-        found = sorted(results_dir.glob(f"*/{name}"), key=lambda p: p.parent.name)
-        return found[-1] if found else folder / name
-
-    path = latest("featuremap.json")
+    path = results_dir / "featuremap" / "featuremap.json"
     if path.exists():
         report = json.loads(path.read_text())
         rows = report["results"]
@@ -268,7 +270,7 @@ def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
                          f"{_fmt(r.get('floor_over_step'))} |")
         lines.append("")
 
-    path = latest("small_arrays.json")
+    path = results_dir / "small_arrays" / "small_arrays.json"
     if path.exists():
         report = json.loads(path.read_text())
         lines += [f"**Small arrays** ({source(report, path)}): 4 to 64 KiB float32 arrays on "
@@ -292,7 +294,7 @@ def render_peers(results_dir: pathlib.Path = ROOT / "benchmarks" / "results") ->
                         _ratio(ratios.get(q)) for q in ("save", "cold_load", "warm_load"))
                     + " |")
         lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
+    return "\n".join(lines).rstrip() + "\n" if lines else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,8 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     head, rest = readme.split(START, 1)
     _, tail = rest.split(END, 1)
     peers = render_peers()
-    # The core baselines (benchmarks/core_baseline.py) stay in benchmarks/results as
-    # history: the checkpoint benchmark against every peer supersedes them here.
+    # The other scenarios (zarr, zstd, offload, core) are summarised in docs/results.md;
+    # the block holds the ones the README's claims rest on.
     updated = (f"{head}{START}\n{render_sweep()}"
                f"{chr(10) + peers if peers else ''}{END}{tail}")
     if args.check:

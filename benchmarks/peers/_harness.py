@@ -108,8 +108,8 @@ def warm(path: str, threads: int = 8, passes: int = WARM_PASSES) -> None:
     second read. With one pass after the cold phase dropped every cache, that move fell
     inside the timed load: 2.1 million activations per 8 GiB load on the H200 VM, which ran
     raw KvikIO at 36.2 GB/s against 46.0 after two passes, arrayio at 30.2 against 39.2 and
-    the warm ceiling's host read at 36.7 against 47.3 (probe 30,
-    ``benchmarks/results/2026-11-21-h200-peers-runs19/probe30``). The timed load is then at
+    the warm ceiling's host read at 36.7 against 47.3 (``docs/design/measurement.md``,
+    "Warm loads follow two passes"). The timed load is then at
     least the file's third read, as when a checkpoint is loaded again and again (probe 28);
     the first reload after a single buffered read meets the first case."""
     fds = [os.open(name, os.O_RDONLY) for name in files_under(path)]
@@ -331,7 +331,7 @@ def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: 
     ran at 0.84 of one right after a read (probe of 2026-11-21), and a load timed right
     after its own save, as before, was compared with a ceiling read after reads. (Every cold
     read is still the first of a file just written, and on that VM a first read's rate
-    depends on the writer: see ``benchmarks/results/2026-11-21-h200-disk-probes``.)
+    depends on the writer: see ``docs/design/measurement.md``, "Cold caches".)
 
     ``lead_in(ceiling_name)``, when given, runs untimed before each phase (see
     :meth:`DiskCeilings.lead_in`), so that the phase's first sample also follows an operation

@@ -26,21 +26,22 @@ def is_rate(value: object) -> bool:
 
 @pytest.fixture(scope="module")
 def smoke_results(tmp_path_factory: pytest.TempPathFactory, run_module) -> Path:
-    """Every scenario's smoke run, in one results folder (as the GPU runs make them)."""
+    """Every scenario's smoke run, each in its scenario's folder of a results tree laid out
+    as ``benchmarks/results`` is (``results/<scenario>/``)."""
     tmp = tmp_path_factory.mktemp("peers")
-    out = tmp / "results" / "2000-01-01-smoke-peers"
+    results = tmp / "results"
     for module in ("checkpoint", "featuremap", "small_arrays"):
         # The checkpoint's warm-up is smaller than its size: it searches the ceilings.
         extra = ("--warmup-gib", "0.002") if module == "checkpoint" else ()
-        run_module(f"benchmarks.peers.{module}", "--smoke", "--out", str(out),
+        run_module(f"benchmarks.peers.{module}", "--smoke", "--out", str(results / module),
                    "--dir", str(tmp), *extra, tmp_path=tmp, timeout=120)
-    return out
+    return results
 
 
 def test_checkpoint_reports_every_peer_beside_the_ceilings(smoke_results: Path) -> None:
-    report = json.loads((smoke_results / "checkpoint.json").read_text())
+    report = json.loads((smoke_results / "checkpoint" / "checkpoint.json").read_text())
     assert report["benchmark"] == "peers-checkpoint" and report["smoke"] is True
-    assert (smoke_results / "checkpoint.png").stat().st_size > 0
+    assert (smoke_results / "checkpoint" / "checkpoint.png").stat().st_size > 0
     (size,) = report["sizes"]
     assert size["smallest_bytes"] < size["largest_bytes"]
     assert set(size["dtype_bytes"]) == {"bfloat16", "float32"}
@@ -87,7 +88,7 @@ def test_checkpoint_reports_every_peer_beside_the_ceilings(smoke_results: Path) 
 
 
 def test_featuremap_reports_step_times(smoke_results: Path) -> None:
-    report = json.loads((smoke_results / "featuremap.json").read_text())
+    report = json.loads((smoke_results / "featuremap" / "featuremap.json").read_text())
     assert report["benchmark"] == "peers-featuremap"
     rows = {(r["method"], r["cache"]): r for r in report["results"]}
     assert "pinned host copy" in report["methods_unavailable"]  # no CUDA here
@@ -103,7 +104,7 @@ def test_featuremap_reports_step_times(smoke_results: Path) -> None:
 
 
 def test_small_arrays_report_microseconds_per_array(smoke_results: Path) -> None:
-    report = json.loads((smoke_results / "small_arrays.json").read_text())
+    report = json.loads((smoke_results / "small_arrays" / "small_arrays.json").read_text())
     assert report["benchmark"] == "peers-small-arrays"
     one, each = report["layouts"]["one file"], report["layouts"]["file per array"]
     assert one["arrays"] > each["arrays"] > 0
@@ -119,17 +120,18 @@ def test_small_arrays_report_microseconds_per_array(smoke_results: Path) -> None
 def test_readme_renders_the_peer_tables(smoke_results: Path) -> None:
     from benchmarks.readme_table import render_peers
 
-    text = render_peers(smoke_results.parent)
+    text = render_peers(smoke_results)
     assert "| arrayio |" in text and "| torch |" in text
     assert "ceiling" in text.lower() and "us per array" in text.lower()
-    assert "2000-01-01-smoke-peers/checkpoint.json" in text
+    assert "checkpoint/checkpoint.json" in text
+    assert "**Feature-map offload**" in text and "**Small arrays**" in text
     assert "warm loads after reading the file into it twice" in text
 
 
 def test_the_plot_can_be_redrawn_from_the_json(smoke_results: Path, tmp_path: Path,
                                                 run_module) -> None:
     copy = tmp_path / "checkpoint.json"
-    copy.write_text((smoke_results / "checkpoint.json").read_text())
+    copy.write_text((smoke_results / "checkpoint" / "checkpoint.json").read_text())
     run_module("benchmarks.peers.checkpoint", "--replot", str(copy), tmp_path=tmp_path,
                timeout=120)
     assert (tmp_path / "checkpoint.png").stat().st_size > 0
