@@ -102,6 +102,8 @@ def describe(array: Any) -> tuple[Any, Request, _dtypes.DType, tuple[int, ...]]:
     ------
     UnsupportedObjectError
         For an object that is no array, or a JAX array on more than one device.
+    UnsupportedDtypeError
+        For a dtype arrayio does not store.
     """
     array = _as_known_array(array)
     framework = framework_of(array)

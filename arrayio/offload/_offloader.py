@@ -1,9 +1,9 @@
 """The offloader: arrays kept on their device under a byte budget, the rest in spill files.
 
-:class:`Offloader` holds the lock and the entries, and puts together the budget
-(:mod:`._budget`: which arrays stay and which leave), the spill files (:mod:`._spills`: the
-bytes, through the dispatcher, on the offloader's own I/O threads) and the device streams
-(:mod:`._streams`). ``docs/design/offload.md`` explains the design.
+:class:`Offloader` holds the lock, the entries and the I/O threads, and acts on the budget's
+decisions (:mod:`arrayio.offload._budget`), moving bytes through the spill files
+(:mod:`arrayio.offload._spills`) off the caller's compute stream
+(:mod:`arrayio.offload._streams`). ``docs/design/offload.md`` explains the design.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ IO_THREADS = min(64, max(16, 2 * (os.cpu_count() or 8)))
 
 
 def executor() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's pool of I/O threads, started on first use."""
     global _pool
     with _pool_lock:
         if _pool is None:
@@ -44,5 +45,6 @@ if hasattr(os, "register_at_fork"):
 
 
 async def in_pool(function: Callable[..., T], *args: Any) -> T:
+    """Await ``function(*args)`` run on the pool."""
     return await asyncio.get_running_loop().run_in_executor(executor(), function, *args)
 

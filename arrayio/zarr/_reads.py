@@ -166,8 +166,8 @@ def _read_device(fd: int, file_offset: int, nbytes: int, path: str, crowded: boo
 
     Alone, the chunk goes through the dispatcher's device tools, which learn the fastest way
     for its size and cache state. In a crowd, cached bytes go through KvikIO (its thread
-    pool splits each chunk into tasks, every chunk in flight at once: how GDSStore reads
-    twice as fast as one thread a chunk), and bytes that are not, or all of them without
+    pool splits each chunk into tasks, every chunk in flight at once, which one thread a
+    chunk does not match), and bytes that are not, or all of them without
     KvikIO, through this thread's two pinned pieces: while one piece's copy to the device
     runs, the next piece is read into the other (:func:`_read_pieces`).
     """

@@ -15,17 +15,16 @@ import numpy as np
 __all__ = ["BLOCK", "PIECE", "Staging", "staging"]
 
 BLOCK = 4096  # O_DIRECT granularity: host buffers start at the file offset's phase in it
-# GPU reads and writes go through the host in pieces of this size, two per thread: big
-# enough for the dispatcher's multi-threaded tools, small enough that 32 threads hold 512 MiB
-# of pinned memory at most.
+# Big enough for the dispatcher's multi-threaded tools, small enough that 32 threads hold
+# 512 MiB of pinned memory at most.
 PIECE = 8 << 20
 
 
 class Staging(threading.local):
     """The calling thread's pinned host pieces and CUDA streams (one per device).
 
-    Per thread, so that any number of threads (this module's pool, zarr's, Dask's) read to
-    and write from the GPU at once without sharing a staging buffer.
+    Per thread, so that any number of threads (the store's I/O pool, zarr's, Dask's) read
+    to and write from the GPU at once without sharing a staging buffer.
     """
 
     def __init__(self) -> None:

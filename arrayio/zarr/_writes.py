@@ -43,7 +43,6 @@ def _write_value(fd: int, value: Buffer) -> None:
     _write_device(fd, cupy.asarray(value.as_array_like()).reshape(-1).view(cupy.uint8))
 
 
-
 def _write_device(fd: int, data: Any) -> None:
     """Write a CuPy ``uint8`` array at offset 0 through this thread's pinned pieces."""
     import cupy
