@@ -17,7 +17,9 @@ JAX has no hook for what ``jax.grad`` keeps: offload between jitted stages inste
 
 from __future__ import annotations
 
-from ._offloader import Handle, OffloadBudgetError, Offloader, OffloadStats
+from ._budget import OffloadBudgetError
+from ._entries import Handle
+from ._offloader import Offloader, OffloadStats
 from ._torch_hooks import activations
 
 __all__ = ["Handle", "OffloadBudgetError", "OffloadStats", "Offloader", "activations"]

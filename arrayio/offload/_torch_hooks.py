@@ -27,7 +27,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._offloader import Handle, Offloader
+    from ._entries import Handle
+    from ._offloader import Offloader
 
 __all__ = ["activations"]
 

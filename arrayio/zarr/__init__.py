@@ -26,8 +26,9 @@ if int(zarr.__version__.split(".")[0]) < 3 or zarr.__version__.startswith("3.0."
         f"arrayio.zarr requires zarr-python >= 3.1, found {zarr.__version__}: "
         "pip install 'arrayio[zarr]'")
 
+from ._keys import InvalidKeyError
 from ._read import read
-from ._store import InvalidKeyError, NVMeStore
+from ._store import NVMeStore
 from .codecs import ZstdCodec
 
 __all__ = ["InvalidKeyError", "NVMeStore", "ZstdCodec", "read"]

@@ -31,8 +31,10 @@ from zarr.core.buffer import default_buffer_prototype  # noqa: E402
 from zarr.core.dtype import get_data_type_from_native_dtype  # noqa: E402
 
 from arrayio.errors import ChecksumError, FormatError, FrameworkNotAvailableError  # noqa: E402
+from arrayio.zarr import _gpu_worker  # noqa: E402
 from arrayio.zarr import codecs as codecs_module  # noqa: E402
-from arrayio.zarr.codecs import ZstdCodec, _scan_frames  # noqa: E402
+from arrayio.zarr._frames import scan_frames  # noqa: E402
+from arrayio.zarr.codecs import ZstdCodec  # noqa: E402
 
 OURS = "arrayio.zarr.codecs.ZstdCodec"
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
@@ -148,7 +150,7 @@ def test_the_xxh64_reference_matches_libzstd_checksums():
        checksum=st.booleans())
 def test_scan_reads_numcodecs_frames(size, level, checksum):
     frame = Zstd(level=level, checksum=checksum).encode(sample_bytes(size, seed=size))
-    [found] = _scan_frames(frame)
+    [found] = scan_frames(frame)
     assert (found.start, found.end, found.content_size, found.checksum,
             found.dictionary_id) == (0, len(frame), size, checksum, 0)
 
@@ -156,7 +158,7 @@ def test_scan_reads_numcodecs_frames(size, level, checksum):
 def test_scan_walks_several_frames_and_skips_skippable_ones():
     one, two = Zstd().encode(b"a" * 1000), Zstd(checksum=True).encode(sample_bytes(5000))
     skippable = (0x184D2A53).to_bytes(4, "little") + (3).to_bytes(4, "little") + b"xyz"
-    frames = _scan_frames(one + skippable + two)
+    frames = scan_frames(one + skippable + two)
     assert [(f.start, f.end, f.content_size) for f in frames] == [
         (0, len(one), 1000), (len(one) + 11, len(one) + 11 + len(two), 5000)]
 
@@ -165,7 +167,7 @@ def test_scan_reads_a_frame_without_content_size():
     # Hand-made: no single-segment flag, no content size, a window descriptor, one raw block.
     frame = (0xFD2FB528).to_bytes(4, "little") + bytes([0x00, 0x00])
     frame += ((5 << 3) | 1).to_bytes(3, "little") + b"hello"
-    [found] = _scan_frames(frame)
+    [found] = scan_frames(frame)
     assert found.content_size is None and found.end == len(frame)
     assert ZstdCodec()._decode_sync(host_buffer(frame), spec()).to_bytes() == b"hello"
 
@@ -190,7 +192,7 @@ def _damaged_frames() -> dict[str, bytes]:
 def test_damaged_frames_raise_format_error(name):
     damaged = _damaged_frames()[name]
     with pytest.raises(FormatError):
-        _scan_frames(damaged)
+        scan_frames(damaged)
     with pytest.raises(FormatError):
         ZstdCodec()._decode_sync(host_buffer(damaged), spec())
 
@@ -397,7 +399,7 @@ class FakeGpu:
 @pytest.fixture
 def fake_device(monkeypatch):
     """A device number whose buffers go through the GPU worker, with FakeGpu as nvCOMP."""
-    device_id = 1000 + len(codecs_module._DeviceWorker._workers)
+    device_id = 1000 + len(_gpu_worker.DeviceWorker._workers)
     on_device: set[int] = set()
     real = codecs_module._device_array
 
@@ -407,7 +409,7 @@ def fake_device(monkeypatch):
         return real(buffer)
 
     monkeypatch.setattr(codecs_module, "_device_array", device_array)
-    monkeypatch.setattr(codecs_module, "_Gpu", FakeGpu)
+    monkeypatch.setattr(_gpu_worker, "NvcompZstd", FakeGpu)
     FakeGpu.batches.clear()
 
     def buffer(data: bytes):
@@ -455,7 +457,7 @@ def test_a_device_that_cannot_start_fails_its_callers(fake_device, monkeypatch):
         def __init__(self, device_id: int) -> None:
             raise ImportError("No module named 'nvidia.nvcomp'")
 
-    monkeypatch.setattr(codecs_module, "_Gpu", BrokenGpu)
+    monkeypatch.setattr(_gpu_worker, "NvcompZstd", BrokenGpu)
     with pytest.raises(FrameworkNotAvailableError, match="nvidia-nvcomp-cu13"):
         ZstdCodec()._decode_sync(fake_device(Zstd().encode(b"abc")), spec())
 
@@ -482,8 +484,9 @@ def host_path_forbidden(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("chunk went to the host path")
 
-    monkeypatch.setattr(codecs_module, "_decode_on_host", refuse)
-    monkeypatch.setattr(codecs_module, "_encode_on_host", refuse)
+    for module in (codecs_module, _gpu_worker):
+        monkeypatch.setattr(module, "decode_on_host", refuse)
+        monkeypatch.setattr(module, "encode_on_host", refuse)
 
 
 GPU_SIZES = [1, 7, 100, 4096, 65_536, 131_073, 1 << 20, (4 << 20) + 3, 16 << 20, 40 << 20]
@@ -516,7 +519,7 @@ def test_numcodecs_decodes_gpu_frames_bit_exact(checksum, host_path_forbidden):
     for d, out in zip(datas, encoded, strict=True):
         assert isinstance(out, gpu.Buffer)
         frame = out.to_bytes()
-        [found] = _scan_frames(frame)
+        [found] = scan_frames(frame)
         assert (found.content_size, found.checksum, found.end) == (len(d), checksum, len(frame))
         assert Zstd().decode(frame) == d  # libzstd verifies the checksum when there is one
         if checksum and len(d) <= 1 << 16:
@@ -560,7 +563,7 @@ def test_gpu_batches_with_missing_empty_and_unusual_chunks():
     encoded = asyncio.run(ZstdCodec(checksum=True).encode(
         [(_device_buffer(cupy, gpu, b""), spec(1, prototype)), (None, spec(1, prototype))]))
     empty = encoded[0].to_bytes()  # libzstd writes it, but numcodecs cannot read it back
-    assert [(f.content_size, f.checksum) for f in _scan_frames(empty)] == [(0, True)]
+    assert [(f.content_size, f.checksum) for f in scan_frames(empty)] == [(0, True)]
     assert ZstdCodec()._decode_sync(host_buffer(empty), spec()).to_bytes() == b""
     assert encoded[1] is None
 

@@ -19,7 +19,8 @@ from zarr.storage import LocalStore  # noqa: E402
 
 from arrayio.arrays import _frameworks  # noqa: E402
 from arrayio.zarr import NVMeStore, read  # noqa: E402
-from arrayio.zarr import _store as store_module  # noqa: E402
+from arrayio.zarr import _reads as reads_module  # noqa: E402
+from arrayio.zarr import _staging as staging_module  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 FUSED = "zarr.core.codec_pipeline.FusedCodecPipeline"
@@ -71,7 +72,7 @@ def test_gpu_buffers_written_read_by_local_store(tmp_path, cupy):
 
 def test_large_values_move_in_pieces(tmp_path, cupy, gpu_prototype):
     store = NVMeStore(tmp_path)
-    size = 2 * store_module._PIECE + 12345  # three pieces, the last one short
+    size = 2 * staging_module.PIECE + 12345  # three pieces, the last one short
     data = payload(size, 1)
     (tmp_path / "big").write_bytes(data)
     got = store.get_sync("big", prototype=gpu_prototype)
@@ -84,7 +85,7 @@ def test_large_values_move_in_pieces(tmp_path, cupy, gpu_prototype):
 
 def test_many_threads_read_into_the_gpu_at_once(tmp_path, cupy, gpu_prototype):
     store = NVMeStore(tmp_path)
-    sizes = [1, 4097, 300_000, 1 << 20, (3 << 20) + 5, store_module._PIECE + 777]
+    sizes = [1, 4097, 300_000, 1 << 20, (3 << 20) + 5, staging_module.PIECE + 777]
     values = {f"c/{i}": payload(sizes[i % len(sizes)], i) for i in range(36)}
     for key, value in values.items():
         (tmp_path / key).parent.mkdir(exist_ok=True)
@@ -126,10 +127,10 @@ def test_a_crowd_reads_through_kvikio_or_falls_back_to_pieces(tmp_path, cupy, gp
 
     monkeypatch.setattr(tools, "_REGISTRY", dict(tools._REGISTRY))
     tools.register("broken", Broken)
-    monkeypatch.setattr(store_module, "_CROWD_KVIKIO", "broken")
-    monkeypatch.setattr(store_module, "_kvikio_usable",
-                        lambda: not store_module._no_kvikio.is_set())
-    monkeypatch.setattr(store_module, "_no_kvikio", threading.Event())
+    monkeypatch.setattr(reads_module, "_CROWD_KVIKIO", "broken")
+    monkeypatch.setattr(reads_module, "_kvikio_usable",
+                        lambda: not reads_module._no_kvikio.is_set())
+    monkeypatch.setattr(reads_module, "_no_kvikio", threading.Event())
     values = {f"w/{i}": payload((2 << 20) + i, i) for i in range(24)}
     for key, value in values.items():
         (tmp_path / key).parent.mkdir(exist_ok=True)
@@ -138,7 +139,7 @@ def test_a_crowd_reads_through_kvikio_or_falls_back_to_pieces(tmp_path, cupy, gp
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
         got = list(pool.map(lambda k: store.get_sync(k, prototype=gpu_prototype), values))
     assert [g.to_bytes() for g in got] == list(values.values())
-    assert calls and store_module._no_kvikio.is_set()  # tried, then never again
+    assert calls and reads_module._no_kvikio.is_set()  # tried, then never again
 
 
 @pytest.mark.parametrize("request_", [None, RangeByteRequest(5, 3_000_000),

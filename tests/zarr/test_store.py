@@ -31,6 +31,7 @@ import arrayio  # noqa: E402
 from arrayio.dispatch import _transfer  # noqa: E402
 from arrayio.integrity import _atomic  # noqa: E402
 from arrayio.zarr import InvalidKeyError, NVMeStore  # noqa: E402
+from arrayio.zarr import _reads as reads_module  # noqa: E402
 from arrayio.zarr import _store as store_module  # noqa: E402
 from benchmarks._pagecache import evict  # noqa: E402
 
@@ -432,9 +433,9 @@ def test_dask_reads_through_the_store(tmp_path, monkeypatch):
                           dtype=data.dtype)
     z[:] = data
     reads = []
-    real = store_module._read
-    monkeypatch.setattr(store_module, "_read", lambda path, *a: (reads.append(path),
-                                                                 real(path, *a))[1])
+    real = store_module.read_value
+    monkeypatch.setattr(store_module, "read_value", lambda path, *a: (reads.append(path),
+                                                                      real(path, *a))[1])
     x = da.from_zarr(zarr.open_array(NVMeStore(tmp_path / "a", read_only=True), mode="r"))
     assert x.chunks == ((7,) * 7 + (1,), (8, 8, 8, 6))
     np.testing.assert_array_equal(x.compute(scheduler="threads"), data)
@@ -471,7 +472,7 @@ def test_a_read_alone_lets_the_dispatcher_choose(store, tool_requests):
 def test_a_read_in_a_crowd_uses_one_thread_by_cache_state(monkeypatch, store, tool_requests):
     from arrayio.dispatch.context import cache_state
 
-    monkeypatch.setattr(store_module, "CROWD", 1)  # every read counts as one of many
+    monkeypatch.setattr(reads_module, "CROWD", 1)  # every read counts as one of many
     data = payload(2 << 20, 4)
     store.set_sync("c/0", buffer(data))
     path = store.root / "c" / "0"
@@ -486,18 +487,18 @@ def test_a_read_in_a_crowd_uses_one_thread_by_cache_state(monkeypatch, store, to
     assert store.get_sync("c/0").to_bytes() == data
     assert store.get_sync("c/0", byte_range=RangeByteRequest(0, 1000)).to_bytes() == data[:1000]
     # Cold: one O_DIRECT request. Cached: one pread. Small: the dispatcher's own fast path.
-    assert tool_requests[0] == store_module._ONE_DIRECT
+    assert tool_requests[0] == reads_module._ONE_DIRECT
     assert tool_requests[1:] == ["naive", None]
 
 
 def test_a_crowd_falls_back_where_o_direct_is_refused(monkeypatch, store, tool_requests):
-    monkeypatch.setattr(store_module, "CROWD", 1)
-    monkeypatch.setattr(store_module, "cache_state", lambda *args: "cold")
-    monkeypatch.setattr(store_module, "_no_direct", set())
+    monkeypatch.setattr(reads_module, "CROWD", 1)
+    monkeypatch.setattr(reads_module, "cache_state", lambda *args: "cold")
+    monkeypatch.setattr(reads_module, "_no_direct", set())
     real = _transfer.read_into
 
     def refuse_direct(fd, file_offset, dest, **kwargs):
-        if kwargs.get("tool") == store_module._ONE_DIRECT:
+        if kwargs.get("tool") == reads_module._ONE_DIRECT:
             tool_requests.append("refused")
             raise arrayio.errors.ToolUnavailableError("O_DIRECT refused (simulated)")
         return real(fd, file_offset, dest, **kwargs)
@@ -511,7 +512,7 @@ def test_a_crowd_falls_back_where_o_direct_is_refused(monkeypatch, store, tool_r
 
 
 def test_a_forced_tool_is_respected_in_a_crowd(monkeypatch, store, tool_requests):
-    monkeypatch.setattr(store_module, "CROWD", 1)
+    monkeypatch.setattr(reads_module, "CROWD", 1)
     store.set_sync("c/0", buffer(payload(2 << 20, 6)))
     with arrayio.config.set(tool="posix(threads=2)"):
         assert store.get_sync("c/0").to_bytes() == payload(2 << 20, 6)

@@ -21,7 +21,7 @@ from zarr.core.sync import _collect_aiterator  # noqa: E402
 
 import arrayio  # noqa: E402
 from arrayio.zarr import InvalidKeyError, NVMeStore  # noqa: E402
-from arrayio.zarr import _store as store_module  # noqa: E402
+from arrayio.zarr import _keys as keys_module  # noqa: E402
 
 CPU = cpu.buffer_prototype
 SECRET = b"bytes that live outside the store"
@@ -50,7 +50,7 @@ def tree(directory: Path) -> dict[str, bytes | None]:
 @pytest.fixture(params=["openat2", "without openat2"])
 def kernel(request, monkeypatch) -> None:
     if request.param == "without openat2":
-        monkeypatch.setattr(store_module, "_openat2", lambda: None)
+        monkeypatch.setattr(keys_module, "_openat2", lambda: None)
 
 
 @pytest.fixture
@@ -346,7 +346,7 @@ def test_the_option_survives_copies_of_the_store(tmp_path):
 
 def test_keys_without_links_cost_no_check_where_openat2_runs(tmp_path, monkeypatch):
     # The kernel refuses links on the way itself: where it can, nothing is resolved per key.
-    if store_module._openat2() is None:
+    if keys_module._openat2() is None:
         pytest.skip("this kernel does not run openat2")
     store = NVMeStore(tmp_path)
     store.set_sync("c/0/0", buffer(b"plain"))
@@ -354,7 +354,7 @@ def test_keys_without_links_cost_no_check_where_openat2_runs(tmp_path, monkeypat
     def unexpected(*args):
         raise AssertionError("a key without links was resolved")
 
-    monkeypatch.setattr(store_module, "_real_path_of", unexpected)
+    monkeypatch.setattr(keys_module, "_real_path_of", unexpected)
     monkeypatch.setattr(os.path, "realpath", unexpected)
     assert store.get_sync("c/0/0").to_bytes() == b"plain"
     assert asyncio.run(store.exists("c/0/0")) and store.get_sync("c/0/1") is None

@@ -1,0 +1,131 @@
+"""Writes and deletes of store values, relative to an open directory's descriptor.
+
+A write is atomic and durable (a temporary file, fsync, then a rename, as
+:mod:`arrayio.integrity._atomic` does), so that a write that fails leaves the previous value
+in place; a value in GPU memory leaves through the thread's pinned pieces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+from typing import Any
+
+import numpy as np
+from zarr.core.buffer import Buffer
+
+from ..dispatch import _transfer
+from ..integrity import _atomic
+from ._staging import PIECE, staging
+
+__all__ = ["delete_at", "is_file_at", "write_at"]
+
+
+def _host_bytes(value: Buffer) -> np.ndarray | None:
+    """A value's bytes as a flat host ``uint8`` array; None if they live on a GPU."""
+    data = value.as_array_like()
+    if hasattr(data, "__cuda_array_interface__"):
+        return None
+    if not isinstance(data, np.ndarray):
+        data = value.as_numpy_array()
+    return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+
+
+def _write_value(fd: int, value: Buffer) -> None:
+    host = _host_bytes(value)
+    if host is not None:
+        _transfer.write_from(fd, 0, host)
+        return
+    import cupy
+
+    _write_device(fd, cupy.asarray(value.as_array_like()).reshape(-1).view(cupy.uint8))
+
+
+def _write_device(fd: int, data: Any) -> None:
+    """Write a CuPy ``uint8`` array at offset 0 through this thread's pinned pieces."""
+    import cupy
+
+    with data.device:
+        # The producer's kernels may run on any stream: wait for all of them.
+        cupy.cuda.runtime.deviceSynchronize()
+        stream = staging.stream(data.device.id)
+        for start in range(0, data.nbytes, PIECE):
+            length = min(PIECE, data.nbytes - start)
+            host = staging.piece(0, length)[:length]
+            data[start : start + length].get(stream=stream, out=host)
+            stream.synchronize()
+            _transfer.write_from(fd, start, host)
+
+
+def write_at(directory_fd: int, name: str, value: Buffer, exclusive: bool,
+             cleaned: set[tuple[int, int]], path: str) -> None:
+    """Store ``value`` as ``name`` in the open directory, atomically and durably.
+
+    As :func:`arrayio.integrity._atomic.atomic_write` does by path, but relative to the directory's
+    descriptor, so that the write lands in the directory that was checked. The complete
+    file is renamed over ``name`` (a link there is replaced, never written through) or,
+    ``exclusive``, linked to it, which raises ``FileExistsError`` if ``name`` exists: of two
+    concurrent creators exactly one wins, and nobody sees a partial file.
+    """
+    _clean_once(directory_fd, cleaned)
+    temporary: str | None = None
+    fd = -1
+    try:
+        temporary, fd = _atomic.create_temporary(name, dir_fd=directory_fd)
+        _write_value(fd, value)
+        os.fsync(fd)
+        if exclusive:
+            os.link(temporary, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+        else:
+            os.replace(temporary, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+            temporary = None
+        with contextlib.suppress(OSError):  # some file systems cannot fsync a directory; the
+            os.fsync(directory_fd)           # rename is atomic all the same
+    except OSError as error:  # a full disk, and errors naming the key's file
+        described = _atomic.describe_write_error(error, path, temporary)
+        if described is not error:
+            raise described from error
+        raise
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if temporary is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary, dir_fd=directory_fd)
+
+
+def _clean_once(directory_fd: int, cleaned: set[tuple[int, int]]) -> None:
+    """Remove the temporaries that dead writers left in a directory, the first time a store
+    writes there (``cleaned`` holds the directories it has cleaned): a chunk directory can
+    hold many thousands of files, and listing it on every write would cost more than the
+    write, while a store opened after a crash still cleans what the crash left."""
+    status = os.fstat(directory_fd)
+    directory = (status.st_dev, status.st_ino)
+    if directory not in cleaned:
+        _atomic.remove_stale_temporaries(directory_fd)
+        cleaned.add(directory)
+
+
+def delete_at(directory_fd: int, name: str) -> None:
+    """Remove ``name`` from the open directory if it is there: a directory with everything
+    below it (as LocalStore does), anything else by itself; a link, never what it points to."""
+    try:
+        status = os.stat(name, dir_fd=directory_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(status.st_mode):
+        shutil.rmtree(name, dir_fd=directory_fd)  # removes links below, never follows them
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=directory_fd)
+
+
+def is_file_at(directory_fd: int, name: str) -> bool:
+    """Whether ``name`` in the open directory is a file (not a link to one)."""
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=directory_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
+
