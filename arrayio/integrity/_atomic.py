@@ -17,12 +17,13 @@ import os
 import secrets
 import stat
 from collections.abc import Iterator
+from typing import NoReturn
 
 from ..errors import DiskFullError
 
 __all__ = ["TEMP_MARKER", "atomic_write", "create_temporary", "describe_write_error",
-           "is_temporary",
-           "remove_stale_temporaries", "remove_stale_temporaries_below"]
+           "is_temporary", "raise_described", "remove_stale_temporaries",
+           "remove_stale_temporaries_below"]
 
 TEMP_MARKER = ".arrayio-tmp-"
 # Longest file name most file systems take (NAME_MAX); a temporary's name must fit too.
@@ -225,16 +226,21 @@ def atomic_write(path: str | os.PathLike[str], *, durable: bool = True,
         if durable:
             _fsync_directory(directory)
     except OSError as error:
-        described = describe_write_error(error, path, temporary)
-        if described is not error:
-            raise described from error
-        raise
+        raise_described(error, path, temporary)
     finally:
         if fd >= 0:
             os.close(fd)
         if temporary is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
+
+
+def raise_described(error: OSError, path: str, temporary: str | None) -> NoReturn:
+    """Raise what :func:`describe_write_error` says ``error`` is."""
+    described = describe_write_error(error, path, temporary)
+    if described is error:
+        raise error
+    raise described from error
 
 
 def describe_write_error(error: OSError, path: str, temporary: str | None) -> OSError:

@@ -84,10 +84,7 @@ def write_at(directory_fd: int, name: str, value: Buffer, exclusive: bool,
         with contextlib.suppress(OSError):  # some file systems cannot fsync a directory; the
             os.fsync(directory_fd)           # rename is atomic all the same
     except OSError as error:  # a full disk, and errors naming the key's file
-        described = _atomic.describe_write_error(error, path, temporary)
-        if described is not error:
-            raise described from error
-        raise
+        _atomic.raise_described(error, path, temporary)
     finally:
         if fd >= 0:
             os.close(fd)
