@@ -37,8 +37,8 @@ Request = tuple[int, Buffer]
 """One transfer of a batch: the file offset and the buffer."""
 
 
-# A GPU checksum costs a kernel launch and a wait (about 50 µs on the H200 VM) whatever the
-# size; a tool checksumming on the host as the bytes pass costs about 40 µs a megabyte. Below
+# A GPU checksum costs a kernel launch and a wait (tens of microseconds) whatever the size; a
+# tool checksumming on the host as the bytes pass pays tens of microseconds a megabyte. Below
 # this size the tool does it, where it can.
 GPU_CHECKSUM_MIN_BYTES = 4 << 20
 
@@ -181,8 +181,8 @@ def read_batch(t: Tool, fd: int, batch: list[Request], path: str, with_checksum:
 
         def landed(index: int) -> None:
             # Checksum the arrays on the GPU as they are read (in groups, see
-            # DeviceChecksums), while the rest are moving. Warm loads ran 4-6% faster this
-            # way than with every kernel after the batch (probe 21).
+            # DeviceChecksums), while the rest are moving: the kernels overlap the reads
+            # instead of following the batch.
             if index in kernel_of:
                 device_crcs.launch(kernel_of[index])
             report(index)
@@ -216,7 +216,7 @@ def write_batch(t: Tool, fd: int, batch: list[Request], with_checksum: bool,
                  for (offset, buffer), part in zip(batch, parts, strict=True)], report)
         else:
             # Neighbours in the file as one range each: a checkpoint's 16 MiB tensors reach
-            # the disk in whole chunks, as one large array does (probe 35, H200 VM).
+            # the disk in whole chunks, as one large array does.
             groups = runs(batch, range(len(batch)), 0, GATHER_BYTES)
 
             def report_group(j: int) -> None:
