@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..integrity import _device_checksum
+from .arm import Arm
 from .context import Context
-from .policy import Arm
 
 __all__ = ["CANDIDATES", "Row", "Sizes", "candidate_arms"]
 
