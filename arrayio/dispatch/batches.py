@@ -14,10 +14,11 @@ from __future__ import annotations
 import functools
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 
-from ..arrays._buffers import aligned_empty, synchronize_device
+from ..arrays._buffers import DeviceBuffer, aligned_empty, synchronize_device
 from ..errors import ToolUnavailableError, TruncatedFileError
 from ..integrity import _device_checksum
 from ..integrity._checksum import ChecksumParts
@@ -176,7 +177,7 @@ def read_batch(t: Tool, fd: int, batch: list[Request], path: str, with_checksum:
              for (_, buffer), gpu in zip(batch, on_gpu, strict=True)]
     gpu = [i for i, flag in enumerate(on_gpu) if flag]
     kernel_of = {i: k for k, i in enumerate(gpu)}
-    with _device_checksum.DeviceChecksums([batch[i][1] for i in gpu],
+    with _device_checksum.DeviceChecksums(_on_device(batch, gpu),
                                           own_stream=True) as device_crcs:
 
         def landed(index: int) -> None:
@@ -203,10 +204,10 @@ def write_batch(t: Tool, fd: int, batch: list[Request], with_checksum: bool,
     parts = [ChecksumParts(buffer.nbytes)
              if with_checksum and not gpu_crc and t.capabilities.checksums else None
              for (_, buffer), gpu_crc in zip(batch, on_gpu, strict=True)]
-    with _device_checksum.DeviceChecksums([batch[i][1] for i in gpu],
+    with _device_checksum.DeviceChecksums(_on_device(batch, gpu),
                                           own_stream=True) as device_crcs:
         if gpu:
-            synchronize_device(batch[gpu[0]][1])  # type: ignore[arg-type]  # one device
+            synchronize_device(_on_device(batch, gpu[:1])[0])  # one device
             for k in range(len(gpu)):  # the kernels read the arrays while the tool writes
                 device_crcs.launch(k)
         gather = getattr(t, "pwritev", None)
@@ -230,6 +231,11 @@ def write_batch(t: Tool, fd: int, batch: list[Request], with_checksum: bool,
         first, end = extent(batch)
         flush_range(fd, first, end - first)  # as for one transfer: durable, honestly timed
         return _merged(parts, gpu, device_crcs)
+
+
+def _on_device(batch: list[Request], indices: list[int]) -> list[DeviceBuffer]:
+    """The buffers at ``indices``, which :func:`checksum_on_gpu` chose: device memory."""
+    return [cast(DeviceBuffer, batch[i][1]) for i in indices]
 
 
 def _merged(parts: list[ChecksumParts | None], gpu: list[int],

@@ -36,7 +36,7 @@ _MIN_TASK = 4 << 20
 def pread_full(fd: int, view: np.ndarray, file_offset: int) -> int:
     """Read into all of ``view`` from ``file_offset``; return the count (short only at EOF)."""
     done = 0
-    memory = memoryview(view)
+    memory = view.data
     while done < view.nbytes:
         got = os.preadv(fd, [memory[done:]], file_offset + done)
         if got == 0:
@@ -68,7 +68,7 @@ def pread_checksummed(fd: int, view: np.ndarray, file_offset: int, crc: int = 0
 def pwrite_full(fd: int, view: np.ndarray, file_offset: int) -> int:
     """Write all of ``view`` at ``file_offset``; return the count."""
     done = 0
-    memory = memoryview(view)
+    memory = view.data
     while done < view.nbytes:
         done += os.pwritev(fd, [memory[done:]], file_offset + done)
     return done
@@ -229,7 +229,7 @@ def pread_direct(direct_fd: int, view: np.ndarray, file_offset: int) -> int:
         If the device refuses the request (it wants more than :data:`BLOCK` alignment).
     """
     done = 0
-    memory = memoryview(view)
+    memory = view.data
     while done < view.nbytes:
         try:
             got = os.preadv(direct_fd, [memory[done:]], file_offset + done)
@@ -257,7 +257,7 @@ def pwrite_direct(direct_fd: int, fd: int, view: np.ndarray, file_offset: int) -
         If the device refuses the request (it wants more than :data:`BLOCK` alignment).
     """
     done = 0
-    memory = memoryview(view)
+    memory = view.data
     while done < view.nbytes:
         if done % BLOCK:
             return done + pwrite_full(fd, view[done:], file_offset + done)

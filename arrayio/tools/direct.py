@@ -18,7 +18,7 @@ import concurrent.futures
 import functools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -63,7 +63,7 @@ def _whole_blocks(start: int, end: int) -> bool:
     return start % BLOCK == 0 and end % BLOCK == 0
 
 
-def _fan_out(pool: concurrent.futures.Executor, jobs: list[Callable[[], int]],
+def _fan_out(pool: concurrent.futures.Executor, jobs: Sequence[Callable[[], int]],
              cleanup: Callable[[], None]) -> concurrent.futures.Future[int]:
     """Run ``jobs`` (at least one) on ``pool``; a future for the sum of their counts that
     completes only after every job has ended and ``cleanup`` has run, whatever failed."""

@@ -205,17 +205,18 @@ class StagedTool(ThreadedTool):
         several buffers copied into one pinned buffer, so that many small arrays go to the
         disk in requests of ``chunk_size``, as one large array does. ``checksums[i]``, when
         given, receives buffer ``i``'s bytes. The future gives the byte count."""
-        if any(isinstance(buffer, np.ndarray) for buffer in buffers):
+        devices = [buffer for buffer in buffers if not isinstance(buffer, np.ndarray)]
+        if len(devices) < len(buffers):
             raise TypeError("staged moves device memory; use another tool for host memory")
-        if len({buffer.device_index for buffer in buffers}) > 1:
+        if len({buffer.device_index for buffer in devices}) > 1:
             raise ValueError("pwritev takes buffers of one GPU")
-        pieces = _Pieces(buffers, checksums)
+        pieces = _Pieces(devices, checksums)
         if pieces.nbytes == 0:
             return IOFuture.completed(0)
         import cupy
 
-        device_index = buffers[0].device_index
-        synchronize_device(buffers[0])  # the producer's kernels must be done
+        device_index = devices[0].device_index
+        synchronize_device(devices[0])  # the producer's kernels must be done
         pool = self._executor()
         nbytes = pieces.nbytes
         write_fd = open_direct(fd, os.O_WRONLY) if self.direct else fd
@@ -274,7 +275,7 @@ class _Pieces:
     """Device buffers laid end to end as one range of bytes: copies a span of the range to
     host memory, and checksums a span into each buffer's own CRC."""
 
-    def __init__(self, buffers: Sequence[Buffer],
+    def __init__(self, buffers: Sequence[DeviceBuffer],
                  checksums: Sequence[ChecksumParts | None] | None) -> None:
         self.starts: list[int] = []
         self.views: list[Any] = []
@@ -284,7 +285,7 @@ class _Pieces:
             if buffer.nbytes == 0:
                 continue
             self.starts.append(position)
-            self.views.append(StagedTool._device_bytes(buffer))  # type: ignore[arg-type]
+            self.views.append(StagedTool._device_bytes(buffer))
             self.checksums.append(checksums[i] if checksums is not None else None)
             position += buffer.nbytes
         self.nbytes = position
@@ -307,5 +308,6 @@ class _Pieces:
 
     def checksum(self, start: int, data: np.ndarray) -> None:
         for i, inside, at, length in self._overlapping(start, data.nbytes):
-            if self.checksums[i] is not None:
-                self.checksums[i].add_data(inside, data[at : at + length])
+            parts = self.checksums[i]
+            if parts is not None:
+                parts.add_data(inside, data[at : at + length])
