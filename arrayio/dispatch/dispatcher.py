@@ -357,13 +357,12 @@ class Dispatcher:
         flight at once (up to :data:`~arrayio.dispatch.batches.BATCH_WINDOW`), one wait for
         the GPU checksums. Moving the tensors of a checkpoint one after the other leaves most
         workers idle between them, and a warm load reaches a fraction of the page cache's
-        rate that way. A batch is chosen for,
-        timed and learned as one transfer, in the context of :meth:`batch_context` (its
-        total size and typical piece), the one :func:`arrayio.tune` with ``arrays`` teaches
-        and :func:`arrayio.explain` of a file describes. Transfers below
-        :data:`SMALL_TRANSFER` go through the naive tool, as they would alone, neighbours in
-        the file with one read (or, touching, one write); a read's small transfers move while
-        its first batch's transfers do.
+        rate that way. A batch is chosen for, timed and learned as one transfer, in the
+        context of :meth:`batch_context` (its total size and typical piece), the one
+        :func:`arrayio.tune` with ``arrays`` teaches and :func:`arrayio.explain` of a file
+        describes. Transfers below :data:`SMALL_TRANSFER` go through the naive tool, as they
+        would alone, neighbours in the file with one read (or, touching, one write); a read's
+        small transfers move while its first batch's transfers do.
         ``done(i)`` is called once request ``i`` has completed (for progress bars).
 
         Raises
