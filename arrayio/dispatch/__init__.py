@@ -7,7 +7,10 @@ learned and persists it as JSON. Importing this package imports no tool and no f
 
 from __future__ import annotations
 
-from .policy import Arm, ArmReport, Explanation, Policy, is_tool_failure
+from .arm import Arm
+from .explain import ArmReport, Explanation
+from .failures import is_tool_failure
+from .policy import Policy
 from .table import ArmStats, ContextEntry, Table
 
 __all__ = [

@@ -14,10 +14,11 @@ from __future__ import annotations
 import functools
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 
-from ..arrays._buffers import aligned_empty, synchronize_device
+from ..arrays._buffers import DeviceBuffer, aligned_empty, synchronize_device
 from ..errors import ToolUnavailableError, TruncatedFileError
 from ..integrity import _device_checksum
 from ..integrity._checksum import ChecksumParts
@@ -37,8 +38,8 @@ Request = tuple[int, Buffer]
 """One transfer of a batch: the file offset and the buffer."""
 
 
-# A GPU checksum costs a kernel launch and a wait (about 50 µs on the H200 VM) whatever the
-# size; a tool checksumming on the host as the bytes pass costs about 40 µs a megabyte. Below
+# A GPU checksum costs a kernel launch and a wait (tens of microseconds) whatever the size; a
+# tool checksumming on the host as the bytes pass pays tens of microseconds a megabyte. Below
 # this size the tool does it, where it can.
 GPU_CHECKSUM_MIN_BYTES = 4 << 20
 
@@ -176,13 +177,13 @@ def read_batch(t: Tool, fd: int, batch: list[Request], path: str, with_checksum:
              for (_, buffer), gpu in zip(batch, on_gpu, strict=True)]
     gpu = [i for i, flag in enumerate(on_gpu) if flag]
     kernel_of = {i: k for k, i in enumerate(gpu)}
-    with _device_checksum.DeviceChecksums([batch[i][1] for i in gpu],
+    with _device_checksum.DeviceChecksums(_on_device(batch, gpu),
                                           own_stream=True) as device_crcs:
 
         def landed(index: int) -> None:
             # Checksum the arrays on the GPU as they are read (in groups, see
-            # DeviceChecksums), while the rest are moving. Warm loads ran 4-6% faster this
-            # way than with every kernel after the batch (probe 21).
+            # DeviceChecksums), while the rest are moving: the kernels overlap the reads
+            # instead of following the batch.
             if index in kernel_of:
                 device_crcs.launch(kernel_of[index])
             report(index)
@@ -203,10 +204,10 @@ def write_batch(t: Tool, fd: int, batch: list[Request], with_checksum: bool,
     parts = [ChecksumParts(buffer.nbytes)
              if with_checksum and not gpu_crc and t.capabilities.checksums else None
              for (_, buffer), gpu_crc in zip(batch, on_gpu, strict=True)]
-    with _device_checksum.DeviceChecksums([batch[i][1] for i in gpu],
+    with _device_checksum.DeviceChecksums(_on_device(batch, gpu),
                                           own_stream=True) as device_crcs:
         if gpu:
-            synchronize_device(batch[gpu[0]][1])  # type: ignore[arg-type]  # one device
+            synchronize_device(_on_device(batch, gpu[:1])[0])  # one device
             for k in range(len(gpu)):  # the kernels read the arrays while the tool writes
                 device_crcs.launch(k)
         gather = getattr(t, "pwritev", None)
@@ -216,7 +217,7 @@ def write_batch(t: Tool, fd: int, batch: list[Request], with_checksum: bool,
                  for (offset, buffer), part in zip(batch, parts, strict=True)], report)
         else:
             # Neighbours in the file as one range each: a checkpoint's 16 MiB tensors reach
-            # the disk in whole chunks, as one large array does (probe 35, H200 VM).
+            # the disk in whole chunks, as one large array does.
             groups = runs(batch, range(len(batch)), 0, GATHER_BYTES)
 
             def report_group(j: int) -> None:
@@ -230,6 +231,11 @@ def write_batch(t: Tool, fd: int, batch: list[Request], with_checksum: bool,
         first, end = extent(batch)
         flush_range(fd, first, end - first)  # as for one transfer: durable, honestly timed
         return _merged(parts, gpu, device_crcs)
+
+
+def _on_device(batch: list[Request], indices: list[int]) -> list[DeviceBuffer]:
+    """The buffers at ``indices``, which :func:`checksum_on_gpu` chose: device memory."""
+    return [cast(DeviceBuffer, batch[i][1]) for i in indices]
 
 
 def _merged(parts: list[ChecksumParts | None], gpu: list[int],

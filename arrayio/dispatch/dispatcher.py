@@ -8,10 +8,8 @@ per machine under ``ARRAYIO_CACHE_DIR``, saved at most every few seconds (replac
 without an fsync: no transfer waits on the disk for it) and durably at exit and by
 :meth:`Dispatcher.save`.
 
-The candidate arms per context are a short list, best guess first: enough parameter
-settings to cover the regimes that matter (one thread for small transfers; 4 threads to
-fill a disk queue; 16 to pull from the page cache), few enough that exploring them costs a
-handful of calls.
+The candidate arms per context come from the table in :mod:`~arrayio.dispatch.candidates`;
+``docs/design/dispatcher.md`` explains the policy and the table.
 """
 
 from __future__ import annotations
@@ -40,6 +38,7 @@ from ..tools import Buffer, Tool, buffer_kind
 from ..tools._io import flush_range, preallocate
 from . import batches
 from .batches import Request
+from .candidates import candidate_arms
 from .context import Context, InFlight, cache_state, piece_class, size_class, storage_of
 from .policy import Arm, Policy
 from .table import Table
@@ -48,7 +47,6 @@ __all__ = ["Dispatcher", "candidate_arms", "get", "machine_fingerprint", "parse_
 
 logger = logging.getLogger("arrayio.dispatch")
 
-_MiB = 1 << 20
 _SAVE_INTERVAL = 5.0  # seconds between saves of the learned table
 # Below this size a transfer is one system call's latency whatever the tool: it goes
 # straight to the naive tool, with no context probe, no timing and no learning, whose cost
@@ -83,95 +81,7 @@ class _Abandoned(BaseException):
         self.error = error
 
 
-def _arm(name: str, **params: Any) -> Arm:
-    return Arm.of(name, **params)
-
-
-_NAIVE = _arm("naive")
-_SMALL_CHOICE = (None, _NAIVE)
-
-
-def candidate_arms(context: Context) -> list[Arm]:
-    """The arms worth trying in ``context``, best guess first (before availability)."""
-    big = context.size_class > 20  # more than 1 MiB
-    # 256 MiB and more: worth whole 64 MiB writes and 16 streams of 16 MiB cold reads, which
-    # reach the H200 VM's disk ceilings (smaller transfers would not fill them).
-    large = context.size_class > 27
-    reads = context.direction == "read"
-    cold = context.cache in ("cold", "mixed")
-    # O_DIRECT reads go to the disk even when every page is cached: in a warm context they
-    # run at the disk's rate (3 GB/s against 40 on the H200 VM), and exploring each one
-    # costs a whole slow transfer (seconds for a checkpoint). Where the cache state is
-    # unknown ("-") they stay.
-    warm = reads and context.cache == "warm"
-    if context.memory == "cuda":
-        if not big:
-            # O_DIRECT for what goes to the disk anyway (cold reads, writes), the page cache
-            # for warm reads.
-            arms = [_arm("naive"), _arm("staged", threads=1, chunk_size=4 * _MiB,
-                                        direct=not reads or cold)]
-            if not reads or cold:  # measured faster at 1 MiB on the H200 VM's disk
-                arms.append(_arm("staged", threads=8, chunk_size=8 * _MiB, direct=True))
-        elif reads:
-            # Page cache to GPU: many threads through the page cache. Disk to GPU: O_DIRECT,
-            # a few deep streams or many.
-            cached = [_arm("staged", threads=16, chunk_size=8 * _MiB)]
-            disk = [_arm("staged", threads=16, chunk_size=8 * _MiB, direct=True),
-                    _arm("staged", threads=4, chunk_size=16 * _MiB, direct=True)]
-            if large:
-                # 16 streams of 16 MiB: the cold-read ceiling's best setting on the H200 VM and
-                # what fastsafetensors' O_DIRECT reader uses (it loaded a 1 GiB checkpoint
-                # cold at 4.5-4.8 GB/s there, arrayio at 3.3-4.0).
-                disk.append(_arm("staged", threads=16, chunk_size=16 * _MiB, direct=True))
-            arms = [*(disk + cached if cold else cached if warm else cached + disk),
-                    _arm("naive")]
-        else:
-            # Large writes reach the disk's rate only with large O_DIRECT requests, several
-            # in flight (measured on the H200 VM: 2.6 GB/s with 8 x 32 MiB, 2.4 with
-            # 4 x 16 MiB, 1.7 buffered; its raw write ceiling, 3.4 to 3.5 GB/s, needs 64 MiB
-            # requests: 3.15 with 16 MiB ones, and the 8 x 32 MiB arm wrote 1 GiB from the
-            # GPU at 0.89 of it).
-            deep = (_arm("staged", threads=8, chunk_size=32 * _MiB, direct=True)
-                    if context.size_class > 26 else
-                    _arm("staged", threads=8, chunk_size=8 * _MiB, direct=True))
-            arms = [_arm("staged", threads=4, chunk_size=16 * _MiB, direct=True), deep,
-                    _arm("staged", threads=4, chunk_size=16 * _MiB), _arm("naive")]
-            if large:  # whole 64 MiB requests
-                arms.insert(2, _arm("staged", threads=4, chunk_size=64 * _MiB, direct=True))
-            if large and context.pieces:
-                # A batch of smaller pieces (a checkpoint's 16 and 32 MiB tensors) needs
-                # more of them in flight: 8 x 64 MiB and 16 x 16 MiB wrote one at 1.00 and
-                # 0.99 of the raw write on the H200 VM, 4 x 64 MiB at 0.93 (probe 23).
-                arms[2:2] = [_arm("staged", threads=8, chunk_size=64 * _MiB, direct=True),
-                             _arm("staged", threads=16, chunk_size=16 * _MiB, direct=True)]
-        kvikio = [_arm("kvikio", threads=16, task_size=4 * _MiB)]
-    elif not big:
-        # mmap is never a candidate: a file that another process shrinks under a memory map
-        # kills the reader with SIGBUS (see arrayio.tools.mmap); it serves forced reads only.
-        arms = [_arm("naive"), _arm("posix", threads=1, task_size=4 * _MiB)]
-        if not reads or cold:
-            arms.append(_arm("direct", threads=1, task_size=4 * _MiB))
-        kvikio = []
-    elif reads:
-        posix = [_arm("posix", threads=16, task_size=4 * _MiB),
-                 _arm("posix", threads=4, task_size=8 * _MiB)]
-        direct = [_arm("direct", threads=4, task_size=8 * _MiB),
-                  _arm("direct", threads=16, task_size=8 * _MiB)]
-        arms = [*(direct + posix if cold else posix if warm else posix + direct),
-                _arm("naive")]
-        kvikio = [_arm("kvikio", threads=16, task_size=4 * _MiB)]
-    else:
-        arms = [_arm("posix", threads=4, task_size=8 * _MiB),
-                _arm("posix", threads=16, task_size=4 * _MiB),
-                _arm("direct", threads=4, task_size=8 * _MiB), _arm("naive")]
-        if large:  # as for the GPU: the disk's rate needs 64 MiB requests
-            arms.insert(3, _arm("direct", threads=4, task_size=64 * _MiB))
-        kvikio = [_arm("kvikio", threads=16, task_size=4 * _MiB)]
-    # KvikIO never sees the bytes on the host: with checksums it needs the GPU to compute
-    # them (device memory) and is no candidate otherwise.
-    if context.checksum and not (context.memory == "cuda" and _device_checksum.available()):
-        return arms
-    return arms + kvikio
+_SMALL_CHOICE = (None, Arm.of("naive"))
 
 
 def _preallocate_span(fd: int, requests: Sequence[Request]) -> None:
@@ -248,7 +158,7 @@ def _parse_spec(spec: str) -> Arm:
             raise ConfigError(f"tool {spec!r}: {name} has no parameter {key!r} "
                               f"(its parameters: {known})")
         params[key] = _parameter_value(spec, key, value, accepted[key])
-    arm = _arm(name, **params)
+    arm = Arm.of(name, **params)
     if params:  # the tool's own checks of its values (positive sizes...)
         try:
             arm.make().close()
@@ -343,9 +253,8 @@ class Dispatcher:
         """Describe a batch of transfers, ``(file_offset, nbytes)`` each: the context of
         their total size, over the span of the file they cover, and of their typical piece
         (:func:`~arrayio.dispatch.context.piece_class`). A 1 GiB checkpoint of 16 and 32 MiB
-        tensors is a context of its own, apart from one 1 GiB transfer: on the H200 VM the
-        arm that wrote one 1 GiB buffer fastest (4 x 64 MiB) wrote the checkpoint at 0.93 of
-        the raw write, where deeper arms reached 0.99 to 1.00 (probe 23)."""
+        tensors is a context of its own, apart from one 1 GiB transfer: the arm that writes
+        one large buffer fastest keeps too few requests at the disk for many smaller ones."""
         sizes = [size for _, size in ranges]
         first = min(offset for offset, _ in ranges)
         end = max(offset + size for offset, size in ranges)
@@ -447,14 +356,13 @@ class Dispatcher:
         The transfers of one memory kind and device run as one: one tool, every transfer in
         flight at once (up to :data:`~arrayio.dispatch.batches.BATCH_WINDOW`), one wait for
         the GPU checksums. Moving the tensors of a checkpoint one after the other leaves most
-        workers idle between them (on the H200 VM, a 1 GiB checkpoint of 16 to 256 MiB
-        tensors loaded at a third of the page cache's rate that way). A batch is chosen for,
-        timed and learned as one transfer, in the context of :meth:`batch_context` (its
-        total size and typical piece), the one :func:`arrayio.tune` with ``arrays`` teaches
-        and :func:`arrayio.explain` of a file describes. Transfers below
-        :data:`SMALL_TRANSFER` go through the naive tool, as they would alone, neighbours in
-        the file with one read (or, touching, one write); a read's small transfers move while
-        its first batch's transfers do.
+        workers idle between them, and a warm load reaches a fraction of the page cache's
+        rate that way. A batch is chosen for, timed and learned as one transfer, in the
+        context of :meth:`batch_context` (its total size and typical piece), the one
+        :func:`arrayio.tune` with ``arrays`` teaches and :func:`arrayio.explain` of a file
+        describes. Transfers below :data:`SMALL_TRANSFER` go through the naive tool, as they
+        would alone, neighbours in the file with one read (or, touching, one write); a read's
+        small transfers move while its first batch's transfers do.
         ``done(i)`` is called once request ``i`` has completed (for progress bars).
 
         Raises
@@ -510,8 +418,8 @@ class Dispatcher:
                         done(i)
 
         # A read's small arrays move while its first batch's transfers do (see
-        # batches.submit_windowed): a checkpoint's 351 biases and norms held the GPU loads'
-        # main thread 5 to 8 ms before the batch started otherwise (probe 42, H200 VM).
+        # batches.submit_windowed): a checkpoint's hundreds of biases and norms would
+        # otherwise hold the main thread for milliseconds before the batch starts.
         side = (_Once(move_small) if runs and direction == "read"
                 and any(len(indices) > 1 for indices in groups.values()) else None)
         if side is None:
@@ -551,8 +459,8 @@ class Dispatcher:
                   with_checksum: bool, results: list[int | None]) -> None:
         """Read small requests that are neighbours in the file with one read into host
         memory, then checksum each piece and copy it (device pieces through
-        :func:`~arrayio.arrays._buffers.scatter_from_host`): a cold 4 KiB read costs the disk's
-        latency (0.7 ms on the H200 VM), and a checkpoint has hundreds of biases."""
+        :func:`~arrayio.arrays._buffers.scatter_from_host`): a cold 4 KiB read costs a whole
+        disk latency, and a checkpoint has hundreds of biases."""
         start, span, pieces = batches.span(requests, run)
         # Through the naive tool, as a small transfer alone, never the policy: this may run
         # inside a batch, whose transfers would make this read's context one of two in

@@ -1,34 +1,12 @@
-"""The learned dispatch table: what each transfer tool achieved in each context, persisted.
+"""The learned dispatch table: what each arm achieved in each context, saved as JSON.
 
-For every context key (``Context.key()``, e.g. ``read/host/2^20/nvme0n1/cold/x1``) the table
-holds a :class:`ContextEntry`: the policy's phase there (exploring or exploiting), the arm
-chosen, the drift counters, and for every arm label it measured or saw fail
-(``posix(task_size=8388608,threads=16)``) an :class:`ArmStats`.
-
-Bandwidth estimate
-    The median of the last :data:`WINDOW` samples (bytes per second) since the context was
-    last (re-)explored. A median ignores one-off hiccups (an eviction, a preempted thread) that
-    a mean or an EWMA would smear into every later decision, and the bounded window lets it
-    follow slow change. The best and the last sample and a lifetime count are kept beside it
-    for :meth:`~arrayio.dispatch.Policy.explain`.
-
-Persistence
-    JSON, indented and with sorted keys so that people can read and diff it::
-
-        {"contexts": {KEY: {"arms": {LABEL: {...}}, "chosen": LABEL, "phase": ...}},
-         "format": "arrayio-dispatch-table", "version": 1}
-
-    :meth:`Table.save` replaces the file atomically. :meth:`Table.load` returns an empty
-    table for a missing file, and for a damaged, foreign or newer file too, with a WARNING
-    on the ``arrayio.dispatch`` logger: a lost table only costs a new exploration, so it must
-    never stop a program. Bandwidths are stored in bytes per second, times as seconds of the
-    table's clock (``time.time`` unless injected). Two processes saving the same file do
-    not merge: the last one wins.
-
-Thread safety
-    One re-entrant lock, :attr:`Table.lock`, guards everything. The policy holds it while
-    it reads and updates entries (a few dictionary operations per call); :meth:`Table.save`
-    holds it only while it serializes, not while it writes and fsyncs.
+For every context key (``read/host/2^20/nvme0n1/cold/x1``) a :class:`ContextEntry` holds the
+policy's phase and chosen arm there, and an :class:`ArmStats` per arm label: its recent
+bandwidths (the estimate is their median), counts and unavailability. One re-entrant lock,
+:attr:`Table.lock`, guards it all. :meth:`Table.save` replaces the file atomically;
+:meth:`Table.load` returns an empty table, with a warning, for a missing, damaged, foreign
+or newer file: a lost table only costs a new exploration. ``docs/design/dispatcher.md``
+describes the format.
 """
 
 from __future__ import annotations

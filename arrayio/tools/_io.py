@@ -1,6 +1,7 @@
-"""Loops around ``os.preadv``/``os.pwritev`` that finish what a single call may leave undone,
-the task size tools use for a request, reserving a range's blocks before it is written, and
-flushing a written range to the device."""
+"""The system calls the tools share: loops around ``os.preadv``/``os.pwritev`` that finish
+what a single call may leave undone, buffered or ``O_DIRECT``; the task size for a request;
+reserving a range's blocks before it is written, and flushing a written range to the device.
+``docs/design/tools.md`` gives the reasons for the sizes."""
 
 from __future__ import annotations
 
@@ -16,20 +17,26 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ToolUnavailableError
 from ..integrity._checksum import checksum
 
-__all__ = ["batched", "flush_range", "in_batch", "pread_checksummed", "pread_full",
-           "preallocate", "pwrite_full", "task_bytes"]
+__all__ = ["BLOCK", "align_down", "align_up", "batched", "flush_range", "in_batch",
+           "open_direct", "pread_checksummed", "pread_direct", "pread_full", "preallocate",
+           "pwrite_direct", "pwrite_full", "task_bytes"]
 
-# Below this, per-task costs (a thread hand-off, a CUDA stream wait) eat the gain; measured
-# on the H200 machine: 16 threads of 1 MiB tasks read 16 MiB slower than 4 threads of 4 MiB.
+BLOCK = 4096
+"""What ``O_DIRECT`` needs file offsets, lengths and memory addresses to be multiples of:
+the logical block size of every common device, or a multiple of it."""
+
+# Below this, per-task costs (a thread hand-off, a CUDA stream wait) eat the gain: 16 threads
+# of 1 MiB tasks read 16 MiB slower than 4 threads of 4 MiB.
 _MIN_TASK = 4 << 20
 
 
 def pread_full(fd: int, view: np.ndarray, file_offset: int) -> int:
     """Read into all of ``view`` from ``file_offset``; return the count (short only at EOF)."""
     done = 0
-    memory = memoryview(view)
+    memory = view.data
     while done < view.nbytes:
         got = os.preadv(fd, [memory[done:]], file_offset + done)
         if got == 0:
@@ -38,9 +45,8 @@ def pread_full(fd: int, view: np.ndarray, file_offset: int) -> int:
     return done
 
 
-# Read this much, checksum it, then read on. Measured on the H200 machine, 1 MiB pieces (to
-# checksum bytes still in the core's cache) lost more to extra system calls than they saved:
-# 24.8 GB/s against 32-39 for whole 8 MiB chunks, 16 threads, page cache to GPU.
+# Read this much, checksum it, then read on: smaller pieces (to checksum bytes still in the
+# core's cache) lose more to the extra system calls than they save.
 _CHECKSUM_PIECE = 8 << 20
 
 
@@ -62,7 +68,7 @@ def pread_checksummed(fd: int, view: np.ndarray, file_offset: int, crc: int = 0
 def pwrite_full(fd: int, view: np.ndarray, file_offset: int) -> int:
     """Write all of ``view`` at ``file_offset``; return the count."""
     done = 0
-    memory = memoryview(view)
+    memory = view.data
     while done < view.nbytes:
         done += os.pwritev(fd, [memory[done:]], file_offset + done)
     return done
@@ -89,12 +95,13 @@ def batched() -> bool:
     return _batched.get()
 
 
-def task_bytes(nbytes: int, threads: int, task_size: int, block: int = 4096) -> int:
+def task_bytes(nbytes: int, threads: int, task_size: int, block: int = BLOCK) -> int:
     """The task size for a request: at most ``task_size``, but small enough that the request
     spreads over every thread (and never under ``_MIN_TASK``, where per-task costs dominate).
 
-    Within a batch (:func:`in_batch`) it is ``task_size``: smaller tasks would only cost
-    more (on the H200 VM, O_DIRECT writes of 4 MiB ran at 3/4 the rate of 32 MiB ones).
+    Within a batch (:func:`in_batch`) it is ``task_size``: the batch's other requests keep
+    the threads busy, and smaller requests only cost more (small ``O_DIRECT`` writes leave
+    a disk's queue short of its rate).
     """
     if _batched.get():
         size = task_size
@@ -136,11 +143,9 @@ def preallocate(fd: int, file_offset: int, nbytes: int) -> bool:
 
     Why: ext4 runs an ``O_DIRECT`` write that has to allocate blocks under the file's
     exclusive lock and waits for it there, so the threads of a parallel writer filling a new
-    file take turns. On the development VM's ext4 disk, 4 x 64 MiB and 16 x 16 MiB writers
-    kept no more requests at the disk than one writer of 64 MiB requests (13 and 3.7 in
-    flight on average, against 13, by ``/sys/block/vda/stat``). Into reserved (unwritten)
-    blocks the writes are overwrites, run under the shared lock and overlap: 25 and 35 to 42
-    in flight.
+    file take turns, keeping no more requests at the disk than one writer would. Into
+    reserved (unwritten) blocks the writes are overwrites, run under the shared lock and
+    overlap (``docs/design/tools.md`` has the figures).
 
     ``fallocate`` (mode 0) also extends the file's size to the range's end, as the write
     would. Nothing happens where the file already reaches that far (an overwrite, or a
@@ -174,3 +179,122 @@ def flush_range(fd: int, file_offset: int, nbytes: int) -> None:
     function = _sync_file_range()
     if function is None or function(fd, file_offset, nbytes, _WAIT_WRITE_WAIT) != 0:
         os.fdatasync(fd)
+
+
+# ---- O_DIRECT ----------------------------------------------------------------------------
+
+
+def align_down(n: int) -> int:
+    """``n`` rounded down to a multiple of :data:`BLOCK`."""
+    return n - n % BLOCK
+
+
+def align_up(n: int) -> int:
+    """``n`` rounded up to a multiple of :data:`BLOCK`."""
+    return -(-n // BLOCK) * BLOCK
+
+
+# Errors with which a file system refuses O_DIRECT: no tool bug, no data error.
+_REFUSALS = frozenset({errno.EINVAL, errno.EOPNOTSUPP})
+
+
+def open_direct(fd: int, flags: int) -> int:
+    """Open the file behind ``fd`` again (through ``/proc/self/fd``), with ``O_DIRECT`` and
+    ``flags``.
+
+    Raises
+    ------
+    ToolUnavailableError
+        If the platform has no ``O_DIRECT`` or the file system refuses it (tmpfs before
+        Linux 6.6, some FUSE and network file systems).
+    """
+    direct = getattr(os, "O_DIRECT", 0)
+    if not direct:
+        raise ToolUnavailableError("O_DIRECT does not exist on this platform")
+    try:
+        return os.open(f"/proc/self/fd/{fd}", flags | direct)
+    except OSError as exc:
+        if exc.errno in _REFUSALS:
+            raise _refused(fd, exc, "open") from exc
+        raise
+
+
+def pread_direct(direct_fd: int, view: np.ndarray, file_offset: int) -> int:
+    """Read whole blocks into ``view`` (block-aligned, as ``file_offset``) from an
+    :func:`open_direct` descriptor; return the count, short only at the end of the file.
+
+    Raises
+    ------
+    ToolUnavailableError
+        If the device refuses the request (it wants more than :data:`BLOCK` alignment).
+    """
+    done = 0
+    memory = view.data
+    while done < view.nbytes:
+        try:
+            got = os.preadv(direct_fd, [memory[done:]], file_offset + done)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                raise _refused(direct_fd, exc, "read") from exc
+            raise
+        done += got
+        # O_DIRECT returns the exact count at the end of the file, after which the next
+        # offset is no longer aligned: stop there rather than loop.
+        if got == 0 or done % BLOCK:
+            break
+    return done
+
+
+def pwrite_direct(direct_fd: int, fd: int, view: np.ndarray, file_offset: int) -> int:
+    """Write all of ``view`` (whole blocks, block-aligned, as ``file_offset``) through an
+    :func:`open_direct` descriptor; a short write that ends within a block is finished
+    through ``fd``, the file's own descriptor, since ``O_DIRECT`` cannot resume there.
+    Return the count.
+
+    Raises
+    ------
+    ToolUnavailableError
+        If the device refuses the request (it wants more than :data:`BLOCK` alignment).
+    """
+    done = 0
+    memory = view.data
+    while done < view.nbytes:
+        if done % BLOCK:
+            return done + pwrite_full(fd, view[done:], file_offset + done)
+        try:
+            done += os.pwritev(direct_fd, [memory[done:]], file_offset + done)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                raise _refused(direct_fd, exc, "write") from exc
+            raise
+    return done
+
+
+def _refused(fd: int, exc: OSError, what: str) -> ToolUnavailableError:
+    path, kind = _file_system(fd)
+    return ToolUnavailableError(
+        f"O_DIRECT {what} refused for {path} on its {kind} file system "
+        f"([Errno {exc.errno}] {exc.strerror})"
+    )
+
+
+def _file_system(fd: int) -> tuple[str, str]:
+    """The path of ``fd`` and the type of the file system holding it (for error messages)."""
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return f"<fd {fd}>", "unknown"
+    best, kind = "", "unknown"
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        pass
+    return path, kind

@@ -2,58 +2,44 @@
 cache: what reads a file larger than memory at the disk's speed, and what writes one without
 evicting everything else.
 
-``O_DIRECT`` needs the file offset, the length and the memory address of every request to be
-multiples of the device's logical block size; this tool uses 4096, which covers every
-common device. A request of any shape is cut at 4096-byte file boundaries:
-
-- the aligned interior goes straight between the disk and the caller's buffer when the
-  buffer's address and the file offset are congruent modulo 4096, and through a 4096-aligned
-  bounce buffer (one per worker, reused across calls) otherwise;
-- a partial block at either end is read whole through the bounce buffer, and only the
-  caller's bytes are copied out; it is *written* with a plain buffered ``pwrite`` on the
-  caller's descriptor, because ``O_DIRECT`` can only write whole blocks and a
-  read-modify-write of the neighbouring bytes would race with other writers of that block.
-  The kernel keeps the two coherent: buffered and direct requests never share a page here,
-  and a direct read first writes back dirty cached pages of its range.
-
-The tool opens its own ``O_DIRECT`` descriptor on the caller's file (through
-``/proc/self/fd``) for each call, and closes it before the call's future completes. A file
-system that refuses ``O_DIRECT`` (``EINVAL``) raises
-:class:`~arrayio.errors.ToolUnavailableError` rather than falling back silently: the
-dispatcher falls back, and records why.
+A request of any shape is cut at block boundaries (:data:`~arrayio.tools._io.BLOCK`): the
+aligned interior moves straight between the disk and the caller's buffer where the buffer's
+address and the file offset agree modulo a block, through an aligned bounce buffer
+otherwise; a partial block at either end is read whole through the bounce buffer, and
+written with a plain buffered ``pwrite``, since ``O_DIRECT`` writes whole blocks only. The
+tool opens its own ``O_DIRECT`` descriptor of the caller's file for each call. A file system
+that refuses ``O_DIRECT`` raises :class:`~arrayio.errors.ToolUnavailableError`: the dispatcher
+falls back, and records why. ``docs/design/tools.md`` says more.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import errno
 import functools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..arrays._buffers import aligned_empty
-from ..errors import ToolUnavailableError
 from ..integrity._checksum import ChecksumParts
-from ._io import batched, pwrite_full
+from ._io import (
+    BLOCK,
+    align_down,
+    align_up,
+    batched,
+    open_direct,
+    pread_direct,
+    pwrite_direct,
+    pwrite_full,
+)
 from ._lending import BufferPool
 from ._threaded import ThreadedTool
 from .base import Availability, Buffer, Capabilities, IOFuture
 
 __all__ = ["DirectTool"]
-
-_BLOCK = 4096
-
-
-def _down(n: int) -> int:
-    return n - n % _BLOCK
-
-
-def _up(n: int) -> int:
-    return -(-n // _BLOCK) * _BLOCK
 
 
 def _pieces(file_offset: int, nbytes: int, task_size: int) -> list[tuple[int, int]]:
@@ -63,7 +49,7 @@ def _pieces(file_offset: int, nbytes: int, task_size: int) -> list[tuple[int, in
     head block, ``task_size`` pieces of the aligned interior, and a partial tail block.
     """
     end = file_offset + nbytes
-    low, high = _up(file_offset), _down(end)
+    low, high = align_up(file_offset), align_down(end)
     if low >= high:
         return [(file_offset, end)]
     pieces = [(file_offset, low)] if file_offset < low else []
@@ -74,94 +60,10 @@ def _pieces(file_offset: int, nbytes: int, task_size: int) -> list[tuple[int, in
 
 
 def _whole_blocks(start: int, end: int) -> bool:
-    return start % _BLOCK == 0 and end % _BLOCK == 0
+    return start % BLOCK == 0 and end % BLOCK == 0
 
 
-def _file_system(fd: int) -> tuple[str, str]:
-    """The path of ``fd`` and the type of the file system holding it (for error messages)."""
-    try:
-        path = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return f"<fd {fd}>", "unknown"
-    best, kind = "", "unknown"
-    try:
-        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as mounts:
-            for line in mounts:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                point = fields[1].replace("\\040", " ")
-                inside = path == point or path.startswith(point.rstrip("/") + "/")
-                if inside and len(point) >= len(best):
-                    best, kind = point, fields[2]
-    except OSError:
-        pass
-    return path, kind
-
-
-def _refused(fd: int, exc: OSError, what: str) -> ToolUnavailableError:
-    path, kind = _file_system(fd)
-    return ToolUnavailableError(
-        f"O_DIRECT {what} refused for {path} on its {kind} file system "
-        f"([Errno {exc.errno}] {exc.strerror})"
-    )
-
-
-def _open_direct(fd: int, flags: int) -> int:
-    """Open the file behind ``fd`` again, with ``O_DIRECT`` and ``flags``.
-
-    Raises
-    ------
-    ToolUnavailableError
-        If the file system refuses ``O_DIRECT`` (tmpfs before Linux 6.6, some FUSE and
-        network file systems).
-    """
-    direct = getattr(os, "O_DIRECT", 0)
-    if not direct:
-        raise ToolUnavailableError("O_DIRECT does not exist on this platform")
-    try:
-        return os.open(f"/proc/self/fd/{fd}", flags | direct)
-    except OSError as exc:
-        if exc.errno == errno.EINVAL:
-            raise _refused(fd, exc, "open") from exc
-        raise
-
-
-def _pread_direct(direct_fd: int, view: np.ndarray, file_offset: int) -> int:
-    """Read whole blocks into ``view`` (aligned); return the count, short only at EOF."""
-    done = 0
-    memory = memoryview(view)
-    while done < view.nbytes:
-        try:
-            got = os.preadv(direct_fd, [memory[done:]], file_offset + done)
-        except OSError as exc:
-            if exc.errno == errno.EINVAL:  # the device wants more than 4096-byte alignment
-                raise _refused(direct_fd, exc, "read") from exc
-            raise
-        done += got
-        # Only EOF ends a direct read short of a block, and an unaligned offset cannot resume.
-        if got == 0 or done % _BLOCK:
-            break
-    return done
-
-
-def _pwrite_direct(direct_fd: int, fd: int, view: np.ndarray, file_offset: int) -> int:
-    """Write all of ``view`` (whole blocks, aligned) at ``file_offset``; return the count."""
-    done = 0
-    memory = memoryview(view)
-    while done < view.nbytes:
-        if done % _BLOCK:  # a short, unaligned direct write cannot resume with O_DIRECT
-            return done + pwrite_full(fd, view[done:], file_offset + done)
-        try:
-            done += os.pwritev(direct_fd, [memory[done:]], file_offset + done)
-        except OSError as exc:
-            if exc.errno == errno.EINVAL:
-                raise _refused(direct_fd, exc, "write") from exc
-            raise
-    return done
-
-
-def _fan_out(pool: concurrent.futures.Executor, jobs: list[Callable[[], int]],
+def _fan_out(pool: concurrent.futures.Executor, jobs: Sequence[Callable[[], int]],
              cleanup: Callable[[], None]) -> concurrent.futures.Future[int]:
     """Run ``jobs`` (at least one) on ``pool``; a future for the sum of their counts that
     completes only after every job has ended and ``cleanup`` has run, whatever failed."""
@@ -223,12 +125,12 @@ class DirectTool(ThreadedTool):
     """
 
     name = "direct"
-    capabilities = Capabilities(frozenset({"host"}), alignment=_BLOCK, checksums=True)
+    capabilities = Capabilities(frozenset({"host"}), alignment=BLOCK, checksums=True)
 
     def __init__(self, threads: int = 8, task_size: int = 8 << 20, **params: Any) -> None:
         if threads < 1 or task_size < 1:
             raise ValueError(f"threads and task_size must be positive, got {threads}, {task_size}")
-        task_size = _up(task_size)
+        task_size = align_up(task_size)
         super().__init__(threads, task_size=task_size, **params)
         self.task_size = task_size
         self._spare = BufferPool(keep=threads)
@@ -239,8 +141,8 @@ class DirectTool(ThreadedTool):
 
     def _bounce(self) -> Any:
         """Lend an aligned buffer of ``task_size`` (at least two blocks) to one task."""
-        return self._spare.lend(None, lambda: aligned_empty(max(self.task_size, 2 * _BLOCK),
-                                                            _BLOCK))
+        return self._spare.lend(None, lambda: aligned_empty(max(self.task_size, 2 * BLOCK),
+                                                            BLOCK))
 
     def _run(self, task: Callable[[int, int], int], pieces: list[tuple[int, int]],
              nbytes: int, direct_fd: int | None) -> IOFuture[int]:
@@ -267,18 +169,18 @@ class DirectTool(ThreadedTool):
             raise TypeError(f"{self.name} reads into host memory only")
         if buffer.nbytes == 0:
             return IOFuture.completed(0)
-        congruent = (buffer.__array_interface__["data"][0] - file_offset) % _BLOCK == 0
+        congruent = (buffer.__array_interface__["data"][0] - file_offset) % BLOCK == 0
         pieces = _pieces(file_offset, buffer.nbytes, self.task_size)
-        direct_fd = _open_direct(fd, os.O_RDONLY)
+        direct_fd = open_direct(fd, os.O_RDONLY)
 
         def task(start: int, end: int) -> int:
             at = start - file_offset
             if congruent and _whole_blocks(start, end):
-                count = _pread_direct(direct_fd, buffer[at : at + end - start], start)
+                count = pread_direct(direct_fd, buffer[at : at + end - start], start)
             else:
-                first = _down(start)
+                first = align_down(start)
                 with self._bounce() as bounce:
-                    got = _pread_direct(direct_fd, bounce[: _up(end) - first], first)
+                    got = pread_direct(direct_fd, bounce[: align_up(end) - first], first)
                     count = min(max(first + got - start, 0), end - start)
                     buffer[at : at + count] = bounce[start - first : start - first + count]
             if checksum is not None:
@@ -293,10 +195,10 @@ class DirectTool(ThreadedTool):
             raise TypeError(f"{self.name} writes from host memory only")
         if buffer.nbytes == 0:
             return IOFuture.completed(0)
-        congruent = (buffer.__array_interface__["data"][0] - file_offset) % _BLOCK == 0
+        congruent = (buffer.__array_interface__["data"][0] - file_offset) % BLOCK == 0
         pieces = _pieces(file_offset, buffer.nbytes, self.task_size)
         whole = any(_whole_blocks(start, end) for start, end in pieces)
-        direct_fd = _open_direct(fd, os.O_WRONLY) if whole else None
+        direct_fd = open_direct(fd, os.O_WRONLY) if whole else None
 
         def task(start: int, end: int) -> int:
             at = start - file_offset
@@ -308,11 +210,11 @@ class DirectTool(ThreadedTool):
                 return pwrite_full(fd, view, start)
             assert direct_fd is not None
             if congruent:
-                return _pwrite_direct(direct_fd, fd, view, start)
+                return pwrite_direct(direct_fd, fd, view, start)
             with self._bounce() as bounce:
                 staged = bounce[: view.nbytes]
                 staged[...] = view
-                return _pwrite_direct(direct_fd, fd, staged, start)
+                return pwrite_direct(direct_fd, fd, staged, start)
 
         return self._run(task, pieces, buffer.nbytes, direct_fd)
 

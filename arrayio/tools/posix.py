@@ -9,6 +9,7 @@ the limit) or when the device needs a deep queue; one thread is best for small r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,8 @@ class PosixTool(ThreadedTool):
         super().__init__(threads, task_size=task_size, **params)
         self.task_size = task_size
 
-    def _run(self, task, buffer: np.ndarray, size: int) -> IOFuture[int]:
+    def _run(self, task: Callable[[int], int], buffer: np.ndarray, size: int
+             ) -> IOFuture[int]:
         starts = range(0, buffer.nbytes, size)
         if self.threads == 1 or (len(starts) <= 1 and not batched()):
             return IOFuture.completed(sum(task(start) for start in starts))

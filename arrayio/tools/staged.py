@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
-import errno
 import functools
 import os
 import threading
@@ -32,29 +31,24 @@ from typing import Any
 import numpy as np
 
 from ..arrays._buffers import DeviceBuffer, synchronize_device
-from ..errors import ToolUnavailableError
 from ..integrity._checksum import ChecksumParts
-from ._io import pread_checksummed, pread_full, pwrite_full, task_bytes
+from ._io import (
+    BLOCK,
+    align_down,
+    align_up,
+    open_direct,
+    pread_checksummed,
+    pread_direct,
+    pread_full,
+    pwrite_direct,
+    pwrite_full,
+    task_bytes,
+)
 from ._lending import BufferPool
 from ._threaded import ThreadedTool
 from .base import Availability, Buffer, Capabilities, IOFuture
 
 __all__ = ["StagedTool"]
-
-_BLOCK = 4096
-
-
-def _open_direct(fd: int, flags: int) -> int:
-    """A second descriptor of ``fd``'s file with ``O_DIRECT``."""
-    try:
-        return os.open(f"/proc/self/fd/{fd}", flags | os.O_DIRECT | os.O_CLOEXEC)
-    except OSError as error:
-        if error.errno in (errno.EINVAL, errno.EOPNOTSUPP):
-            raise ToolUnavailableError(
-                error.errno, f"O_DIRECT refused by this file system ({error.strerror})"
-            ) from error
-        raise
-
 
 class StagedTool(ThreadedTool):
     """Pinned-buffer pipeline for device memory; see the module docstring.
@@ -70,13 +64,13 @@ class StagedTool(ThreadedTool):
     """
 
     name = "staged"
-    capabilities = Capabilities(frozenset({"cuda"}), alignment=_BLOCK)
+    capabilities = Capabilities(frozenset({"cuda"}), alignment=BLOCK)
 
     def __init__(self, threads: int = 4, chunk_size: int = 16 << 20, direct: bool = False,
                  **params: Any) -> None:
         if threads < 1 or chunk_size < 1:
             raise ValueError(f"threads and chunk_size must be positive: {threads}, {chunk_size}")
-        chunk_size = -(-chunk_size // _BLOCK) * _BLOCK
+        chunk_size = align_up(chunk_size)
         super().__init__(threads, chunk_size=chunk_size, direct=direct, **params)
         self.chunk_size, self.direct = chunk_size, direct
         self._pinned = BufferPool(keep=threads)
@@ -105,11 +99,11 @@ class StagedTool(ThreadedTool):
             # One block of slack before the data lets the bytes sit at the same offset within
             # a block as in the file (O_DIRECT needs both aligned), one after covers the
             # rounded-up length.
-            size = self.chunk_size + 2 * _BLOCK
+            size = self.chunk_size + 2 * BLOCK
             pair = []
             for _ in range(2):
-                raw = cupyx.empty_pinned((size + _BLOCK,), dtype=np.uint8)
-                start = -raw.ctypes.data % _BLOCK  # page-aligned already, but be sure
+                raw = cupyx.empty_pinned((size + BLOCK,), dtype=np.uint8)
+                start = -raw.ctypes.data % BLOCK  # page-aligned already, but be sure
                 pair.append(raw[start : start + size])
             return pair[0], pair[1]
 
@@ -159,7 +153,7 @@ class StagedTool(ThreadedTool):
         pool = self._executor()
         device = self._device_bytes(buffer)
         nbytes = buffer.nbytes
-        read_fd = _open_direct(fd, os.O_RDONLY) if self.direct else fd
+        read_fd = open_direct(fd, os.O_RDONLY) if self.direct else fd
         chunk = task_bytes(nbytes, self.threads, self.chunk_size)
         chunks = range(0, nbytes, chunk)
 
@@ -173,10 +167,10 @@ class StagedTool(ThreadedTool):
                     got, crc = pread_checksummed(read_fd, slot[:length], position)
                     checksum.add(start, got, crc)
                 return slot[:got], length
-            aligned = position - position % _BLOCK
+            aligned = align_down(position)
             skip = position - aligned
-            span = -(-(skip + length) // _BLOCK) * _BLOCK
-            got = max(0, min(_pread_direct(read_fd, slot[:span], aligned) - skip, length))
+            span = align_up(skip + length)
+            got = max(0, min(pread_direct(read_fd, slot[:span], aligned) - skip, length))
             return slot[skip : skip + got], length
 
         def worker(k: int) -> int:
@@ -211,38 +205,39 @@ class StagedTool(ThreadedTool):
         several buffers copied into one pinned buffer, so that many small arrays go to the
         disk in requests of ``chunk_size``, as one large array does. ``checksums[i]``, when
         given, receives buffer ``i``'s bytes. The future gives the byte count."""
-        if any(isinstance(buffer, np.ndarray) for buffer in buffers):
+        devices = [buffer for buffer in buffers if not isinstance(buffer, np.ndarray)]
+        if len(devices) < len(buffers):
             raise TypeError("staged moves device memory; use another tool for host memory")
-        if len({buffer.device_index for buffer in buffers}) > 1:
+        if len({buffer.device_index for buffer in devices}) > 1:
             raise ValueError("pwritev takes buffers of one GPU")
-        pieces = _Pieces(buffers, checksums)
+        pieces = _Pieces(devices, checksums)
         if pieces.nbytes == 0:
             return IOFuture.completed(0)
         import cupy
 
-        device_index = buffers[0].device_index
-        synchronize_device(buffers[0])  # the producer's kernels must be done
+        device_index = devices[0].device_index
+        synchronize_device(devices[0])  # the producer's kernels must be done
         pool = self._executor()
         nbytes = pieces.nbytes
-        write_fd = _open_direct(fd, os.O_WRONLY) if self.direct else fd
+        write_fd = open_direct(fd, os.O_WRONLY) if self.direct else fd
         chunk = task_bytes(nbytes, self.threads, self.chunk_size)
         chunks = range(0, nbytes, chunk)
 
         def write_chunk(slot: np.ndarray, start: int, length: int) -> int:
             position = file_offset + start
-            skip = position % _BLOCK if self.direct else 0
+            skip = position % BLOCK if self.direct else 0
             data = slot[skip : skip + length]
             pieces.checksum(start, data)
             if not self.direct:
                 return pwrite_full(fd, data, position)
             # Whole blocks with O_DIRECT (memory and file offsets are both block-aligned
             # there), the partial blocks at the ends through the page cache.
-            first = -(-position // _BLOCK) * _BLOCK
-            last = max(first, (position + length) // _BLOCK * _BLOCK)
+            first = align_up(position)
+            last = max(first, align_down(position + length))
             head, middle = first - position, last - first
             if middle:
                 pwrite_full(fd, data[: min(head, length)], position)
-                _pwrite_direct(write_fd, data[head : head + middle], first)
+                pwrite_direct(write_fd, fd, data[head : head + middle], first)
                 pwrite_full(fd, data[head + middle :], last)
             else:
                 pwrite_full(fd, data, position)
@@ -256,7 +251,7 @@ class StagedTool(ThreadedTool):
                 for j, start in enumerate(chunks[k :: self.threads]):
                     length = min(chunk, nbytes - start)
                     slot = slots[j % 2]
-                    skip = (file_offset + start) % _BLOCK if self.direct else 0
+                    skip = (file_offset + start) % BLOCK if self.direct else 0
                     pieces.copy_to_host(start, slot[skip : skip + length], stream)
                     event = stream.record()
                     if pending is not None:  # write the previous chunk while this one copies
@@ -276,40 +271,11 @@ class StagedTool(ThreadedTool):
         self._pinned.clear()
 
 
-def _pread_direct(fd: int, view: np.ndarray, file_offset: int) -> int:
-    """Read block-aligned ``view`` at a block-aligned offset; short only at end of file.
-
-    ``O_DIRECT`` returns the exact byte count at the end of the file, after which the next
-    offset is no longer aligned: stop there rather than loop.
-    """
-    done = 0
-    memory = memoryview(view)
-    while done < view.nbytes:
-        got = os.preadv(fd, [memory[done:]], file_offset + done)
-        done += got
-        if got == 0 or done % _BLOCK:
-            break
-    return done
-
-
-def _pwrite_direct(fd: int, view: np.ndarray, file_offset: int) -> None:
-    done = 0
-    memory = memoryview(view)
-    while done < view.nbytes:
-        try:
-            done += os.pwritev(fd, [memory[done:]], file_offset + done)
-        except OSError as error:
-            if error.errno == errno.EINVAL:
-                raise ToolUnavailableError(
-                    error.errno, f"O_DIRECT write refused ({error.strerror})") from error
-            raise
-
-
 class _Pieces:
     """Device buffers laid end to end as one range of bytes: copies a span of the range to
     host memory, and checksums a span into each buffer's own CRC."""
 
-    def __init__(self, buffers: Sequence[Buffer],
+    def __init__(self, buffers: Sequence[DeviceBuffer],
                  checksums: Sequence[ChecksumParts | None] | None) -> None:
         self.starts: list[int] = []
         self.views: list[Any] = []
@@ -319,7 +285,7 @@ class _Pieces:
             if buffer.nbytes == 0:
                 continue
             self.starts.append(position)
-            self.views.append(StagedTool._device_bytes(buffer))  # type: ignore[arg-type]
+            self.views.append(StagedTool._device_bytes(buffer))
             self.checksums.append(checksums[i] if checksums is not None else None)
             position += buffer.nbytes
         self.nbytes = position
@@ -342,5 +308,6 @@ class _Pieces:
 
     def checksum(self, start: int, data: np.ndarray) -> None:
         for i, inside, at, length in self._overlapping(start, data.nbytes):
-            if self.checksums[i] is not None:
-                self.checksums[i].add_data(inside, data[at : at + length])
+            parts = self.checksums[i]
+            if parts is not None:
+                parts.add_data(inside, data[at : at + length])

@@ -788,3 +788,14 @@ def test_sampling_times_one_exploiting_call_in_n_and_still_falls_back() -> None:
     world.fail(fast.label, lambda: ToolUnavailableError("gone"))
     assert call(policy, ctx) == slow
     assert fast.label in policy.explain(ctx).unavailable
+
+
+def test_the_policy_module_still_offers_every_name_it_had() -> None:
+    # Its parts moved to modules of their own (arm, explain, failures...); importers of
+    # arrayio.dispatch.policy keep working.
+    import arrayio.dispatch
+    from arrayio.dispatch import policy
+
+    assert set(policy.__all__) == {"Arm", "ArmReport", "Explanation", "Policy", "is_tool_failure"}
+    for name in policy.__all__:
+        assert getattr(policy, name) is getattr(arrayio.dispatch, name)

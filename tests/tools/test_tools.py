@@ -174,10 +174,10 @@ def _spy_transfers(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[tuple[int,
             return real(*args)
         return recorded
 
-    monkeypatch.setattr(direct_module, "_pread_direct",
-                        spy("read", direct_module._pread_direct))
-    monkeypatch.setattr(direct_module, "_pwrite_direct",
-                        spy("write", direct_module._pwrite_direct))
+    monkeypatch.setattr(direct_module, "pread_direct",
+                        spy("read", direct_module.pread_direct))
+    monkeypatch.setattr(direct_module, "pwrite_direct",
+                        spy("write", direct_module.pwrite_direct))
     monkeypatch.setattr(direct_module, "pwrite_full", spy("buffered", direct_module.pwrite_full))
     return calls
 
@@ -278,10 +278,32 @@ def test_direct_opens_its_own_descriptor_without_truncating(
 def test_direct_small_writes_need_no_direct_descriptor(
         direct_file, monkeypatch: pytest.MonkeyPatch) -> None:
     fd = direct_file(random_bytes(100_000))
-    monkeypatch.setattr(direct_module, "_open_direct", None)  # calling it would fail
+    monkeypatch.setattr(direct_module, "open_direct", None)  # calling it would fail
     # Within the first two blocks and covering neither whole: no block to write directly.
     assert DirectTool().write(fd, random_bytes(5000, seed=2), 1) == 5000
     assert os.pread(fd, 5000, 1) == random_bytes(5000, seed=2).tobytes()
+
+
+@pytest.mark.parametrize("code", [errno.EINVAL, errno.EOPNOTSUPP])
+def test_a_refused_o_direct_names_the_file_and_its_file_system(
+        code: int, data_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Both errors say "this file system does not do O_DIRECT": the dispatcher falls back and
+    # explain() shows the reason, for the direct and the staged tool alike.
+    from arrayio.tools import _io
+
+    fd = data_file(random_bytes(100_000))
+    real_open = os.open
+
+    def refusing(path, flags, *args, **kwargs):
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(code, os.strerror(code))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(_io.os, "open", refusing)
+    monkeypatch.setattr(_io.os, "O_DIRECT", getattr(os, "O_DIRECT", 0o40000), raising=False)
+    with pytest.raises(ToolUnavailableError, match=r"O_DIRECT open refused for .+ on its \S+ "
+                       rf"file system \(\[Errno {code}\]"):
+        DirectTool().read(fd, host_buffer(50_000), 0)
 
 
 @pytest.mark.parametrize("threads", [1, 4])
