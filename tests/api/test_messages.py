@@ -86,4 +86,4 @@ def test_cli_convert_counts_arrays(capsys, tmp_path, count, expected):
     assert cli.main(["info", str(tmp_path / "a.safetensors")]) == 0
     out = capsys.readouterr().out
     assert f"safetensors, {expected}," in out
-    assert f"checksums: CRC-32C on {count} of {expected}\n" in out
+    assert f"checksums: CRC-32C on the header and {count} of {expected}\n" in out
