@@ -90,8 +90,9 @@ KVIKIO = Arm.of("kvikio", threads=16, task_size=4 * _MiB)
 # checksum them there (their capabilities say ``checksums=False``).
 BLIND_TO_HOST = frozenset({"kvikio"})
 
-# mmap is in no row: another process shrinking a mapped file kills the reader with SIGBUS
-# (see arrayio.tools.mmap); it serves the reads that name it only.
+# mmap is in no row: made safe against a file that shrinks under it (the kernel copies out of
+# the map), it is no faster than threaded pread (docs/design/tools.md), and every candidate
+# costs exploration. It serves the reads that name it.
 CANDIDATES: tuple[Row, ...] = (
     # ---- host memory ----------------------------------------------------------------------
     Row("read", "host", UP_TO_1_MIB, cache=ON_DISK,

@@ -112,25 +112,25 @@ def task_bytes(nbytes: int, threads: int, task_size: int, block: int = BLOCK) ->
 
 
 @functools.cache
-def _libc_function(name: str, *argtypes: Any) -> Any:
-    """The C library's function ``name`` (returning int), or None where it has none."""
+def libc_function(name: str, *argtypes: Any, restype: Any = ctypes.c_int) -> Any:
+    """The C library's function ``name``, or None where it has none."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         function = getattr(libc, name)
     except (OSError, AttributeError):
         return None
     function.argtypes = list(argtypes)
-    function.restype = ctypes.c_int
+    function.restype = restype
     return function
 
 
 def _sync_file_range() -> Any:
-    return _libc_function("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+    return libc_function("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                           ctypes.c_uint)
 
 
 def _fallocate() -> Any:
-    return _libc_function("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int64,
+    return libc_function("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int64,
                           ctypes.c_int64)
 
 

@@ -1,34 +1,28 @@
-"""Reads through memory maps: the file's pages are mapped read-only and copied into the
-caller's host buffer by NumPy, in chunks on ``threads`` threads (the copy releases the GIL).
+"""Reads through memory maps: each chunk of the file is mapped read-only and copied into the
+caller's host buffer, in chunks on ``threads`` threads.
 
-No system call per chunk moves data: page faults do, with the kernel's readahead, which
-``MADV_SEQUENTIAL`` and ``MADV_WILLNEED`` widen. That suits data already in the page cache.
-
-Each chunk maps only its own page-aligned range, so a chunk's mapping is released as soon as
-its copy ends and no mapping is shared between threads.
-
-Touching a mapped page beyond the end of the file raises SIGBUS, which kills the process and
-which no Python code can catch. The range is clamped to the size that ``fstat`` reports, and
-each chunk's pages are faulted in by ``MADV_POPULATE_READ`` (Linux 5.14 on), which reports a
-file that has shrunk since as an error instead: the read comes up short and the caller
-raises :class:`~arrayio.errors.TruncatedFileError`. A file shrunk by another process in the
-instant between that and the copy can still kill the reader, so the dispatcher never picks
-this tool on its own; it serves only reads that name it (``tool="mmap"``).
+Touching a mapped page past the end of the file raises SIGBUS, which kills the process and
+no Python code can catch, and another process may shrink the file at any moment. So the
+copy out of the map is made by the kernel (``process_vm_readv`` on this very process),
+which reports such a page as a short copy instead: the read comes up short and the caller
+raises :class:`~arrayio.errors.TruncatedFileError`. Where that call is refused (some
+sandboxes forbid it), the chunk is read with ``preadv`` instead, which is as safe. The
+dispatcher never picks this tool on its own; it serves reads that name it (``tool="mmap"``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
-import sys
 from typing import Any
 
 import numpy as np
 
 from ..errors import ToolUnavailableError
 from ..integrity._checksum import ChecksumParts
-from ._io import batched
+from ._io import batched, libc_function, pread_full
 from ._threaded import ThreadedTool
 from .base import Buffer, Capabilities, IOFuture
 
@@ -37,28 +31,40 @@ __all__ = ["MmapTool"]
 _CHUNK = 8 << 20
 _ADVICE = [getattr(mmap, name) for name in ("MADV_SEQUENTIAL", "MADV_WILLNEED")
            if hasattr(mmap, name)]
-# Linux's value (the mmap module names it from Python 3.13 on).
-_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22 if sys.platform == "linux" else None)
 
 
-def _populate(mapped: mmap.mmap) -> bool:
-    """Fault every page of ``mapped`` in; False if part of it lies past the end of the file
-    (where touching it would raise SIGBUS)."""
-    if _POPULATE_READ is None:
-        return True
-    try:
-        mapped.madvise(_POPULATE_READ)
-    except OSError as error:
-        if error.errno == errno.EFAULT:
-            return False
-        if error.errno != errno.EINVAL:  # EINVAL: a kernel without it
-            raise
-    return True
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
+
+
+_refused = False  # process_vm_readv was refused once: preadv from then on
+
+
+def _kernel_copy(destination: int, source: int, nbytes: int) -> int | None:
+    """Copy ``nbytes`` from address ``source`` to ``destination`` of this process through the
+    kernel, which turns a fault into a short count instead of a signal; None if refused."""
+    global _refused
+    function = libc_function("process_vm_readv", ctypes.c_int, ctypes.POINTER(_IoVec),
+                             ctypes.c_ulong, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+                             ctypes.c_ulong, restype=ctypes.c_ssize_t)
+    if function is None or _refused:
+        return None
+    local, remote = _IoVec(destination, nbytes), _IoVec(source, nbytes)
+    copied = function(os.getpid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    if copied >= 0:
+        return int(copied)
+    code = ctypes.get_errno()
+    if code == errno.EFAULT:  # the first page already lay past the end of the file
+        return 0
+    _refused = True  # ENOSYS, EPERM (seccomp): refused here, for good
+    return None
 
 
 def _copy_mapped(fd: int, view: np.ndarray, file_offset: int) -> int:
     """Copy the ``view.nbytes`` bytes at ``file_offset`` into ``view``; return how many were
-    copied: all of them, or none when the file no longer holds them all."""
+    copied (fewer when the file no longer holds them all)."""
+    if not view.flags.writeable:  # the kernel's copy would not ask
+        raise ValueError("assignment destination is read-only")
     base = file_offset - file_offset % mmap.ALLOCATIONGRANULARITY
     try:
         mapped = mmap.mmap(fd, file_offset + view.nbytes - base, offset=base,
@@ -68,18 +74,18 @@ def _copy_mapped(fd: int, view: np.ndarray, file_offset: int) -> int:
     try:
         for advice in _ADVICE:
             mapped.madvise(advice)
-        if not _populate(mapped):
-            return 0
         source = np.frombuffer(mapped, np.uint8, count=view.nbytes, offset=file_offset - base)
         try:
-            np.copyto(view, source)
+            copied = _kernel_copy(view.ctypes.data, source.ctypes.data, view.nbytes)
         finally:
             # A live view of the map makes close() raise BufferError; the del runs even when
             # the copy fails, so that an exception's traceback does not keep the view alive.
             del source
     finally:
         mapped.close()
-    return view.nbytes
+    if copied is None:
+        return pread_full(fd, view, file_offset)
+    return copied
 
 
 class MmapTool(ThreadedTool):

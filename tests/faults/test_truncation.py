@@ -1,7 +1,7 @@
 """A file truncated (shrunk) by someone else while it is being loaded, for each host tool.
 
 A child process loads a 64 MiB container (four arrays, page cache warm) over and over with
-one tool forced (``naive``, ``posix``, ``direct``) or with the dispatcher's own choice
+one tool forced (``naive``, ``posix``, ``direct``, ``mmap``) or with the dispatcher's own choice
 (``default``: ``ARRAYIO_TOOL`` unset, a fresh dispatch table, settled by 30 loads of an
 untouched copy before the truncations begin; ``default-learned-mmap``: the same, with a
 table that an older arrayio could have learned, in which mmap is the fastest arm and the
@@ -10,10 +10,6 @@ it once, then truncates it inside its data at a random moment. Required, for eve
 the child never dies by a signal (a memory map touched past the end of a file raises
 SIGBUS), and every load either returns exactly the saved data (the truncation came after
 it read) or raises ``arrayio.TruncatedFileError``.
-
-A forced ``mmap`` is not in this loop: a shrink during its copy can still kill the reader,
-which is why the dispatcher never picks it on its own (see :mod:`arrayio.tools.mmap`);
-``tests/tools/test_tools.py`` pins the shrinks it does report as short reads.
 
 ``ARRAYIO_FAULT_TRUNCATIONS`` sets the truncations per tool (default 12; nightly: 200).
 """
@@ -35,7 +31,7 @@ import pytest
 
 import arrayio
 
-TOOLS = ["naive", "posix", "direct", "default", "default-learned-mmap"]
+TOOLS = ["naive", "posix", "direct", "mmap", "default", "default-learned-mmap"]
 WARM_UP_LOADS = 30
 # Where a dispatcher had learned that mmap is fastest (the red team's machine, where 7 of
 # 24 default loads died), it picked mmap: that state is made by scaling the other arms'
