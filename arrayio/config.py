@@ -69,8 +69,16 @@ def _default_cache_dir() -> str:
     return os.path.join(base, "arrayio")
 
 
-_FLAGS = {"1": True, "true": True, "yes": True, "on": True,
-          "0": False, "false": False, "no": False, "off": False}
+_FLAGS = {
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+}
 _FLAG_SPELLINGS = "1, true, yes, on, 0, false, no or off"
 _UNSET = object()
 

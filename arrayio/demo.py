@@ -43,8 +43,12 @@ def _describe(x: Any) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("directory", nargs="?", help="where to write and keep the files "
-                        "(default: a temporary directory, removed at the end)")
+    parser.add_argument(
+        "directory",
+        nargs="?",
+        help="where to write and keep the files "
+        "(default: a temporary directory, removed at the end)",
+    )
     args = parser.parse_args(argv)
     if args.directory is not None:
         _tour(args.directory)
@@ -62,19 +66,27 @@ def _tour(directory: str) -> None:
     print(f"arrayio {arrayio.__version__}: saving a pytree of {len(tree)} top-level entries")
     start = time.perf_counter()
     arrayio.save(path, tree, metadata={"description": "arrayio demo", "epoch": 3})
-    print(f"  saved {path} ({os.path.getsize(path):,} bytes) in "
-          f"{1e3 * (time.perf_counter() - start):.1f} ms\n")
+    print(
+        f"  saved {path} ({os.path.getsize(path):,} bytes) in "
+        f"{1e3 * (time.perf_counter() - start):.1f} ms\n"
+    )
 
     with arrayio.open(path) as reader:
-        print(f"open() reads only the header: {len(reader)} arrays, {reader.nbytes:,} bytes, "
-              f"saved from {reader.framework}, metadata {reader.metadata}")
+        print(
+            f"open() reads only the header: {len(reader)} arrays, {reader.nbytes:,} bytes, "
+            f"saved from {reader.framework}, metadata {reader.metadata}"
+        )
         for key, info in reader.arrays.items():
-            print(f"  {key:14s} {info.dtype:9s} {str(list(info.shape)):12s} at byte "
-                  f"{info.file_offset:>8,} crc32c {info.crc32c}")
+            print(
+                f"  {key:14s} {info.dtype:9s} {str(list(info.shape)):12s} at byte "
+                f"{info.file_offset:>8,} crc32c {info.crc32c}"
+            )
         rows = reader.read("embedding", index=slice(1000, 1004))
-        print(f"\nread('embedding', index=slice(1000, 1004)) read {rows.nbytes} bytes, not "
-              f"{reader['embedding'].nbytes:,}; equal to the original: "
-              f"{np.array_equal(rows, tree['embedding'][1000:1004])}\n")
+        print(
+            f"\nread('embedding', index=slice(1000, 1004)) read {rows.nbytes} bytes, not "
+            f"{reader['embedding'].nbytes:,}; equal to the original: "
+            f"{np.array_equal(rows, tree['embedding'][1000:1004])}\n"
+        )
 
     for like in ("numpy", "jax"):
         if like == "jax" and importlib.util.find_spec("jax") is None:
@@ -91,7 +103,8 @@ def _tour(directory: str) -> None:
         print(f"  step       {loaded['step']!r}")
         same = all(
             np.asarray(loaded[k]).tobytes() == np.asarray(tree[k]).tobytes()
-            for k in ("embedding", "head") if k in tree
+            for k in ("embedding", "head")
+            if k in tree
         )
         print(f"  bit-identical to what was saved: {same}\n")
 

@@ -50,8 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     total = int(args.gib * (1 << 30))
     count = 16
-    tensors = {f"layer{i}.weight": torch.randn(total // count // 4, device=device)
-               for i in range(count)}
+    tensors = {
+        f"layer{i}.weight": torch.randn(total // count // 4, device=device) for i in range(count)
+    }
     nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     scratch = tempfile.TemporaryDirectory(prefix="arrayio-core-", dir=args.dir)
     directory = scratch.name  # removed below, or at exit if the run fails
@@ -68,8 +69,11 @@ def main(argv: list[str] | None = None) -> None:
             fsync_path(path)
 
         entries = {
-            "arrayio": (lambda p: arrayio.save(p, tensors),
-                        lambda p: arrayio.load(p, like="torch", device=device), "safetensors"),
+            "arrayio": (
+                lambda p: arrayio.save(p, tensors),
+                lambda p: arrayio.load(p, like="torch", device=device),
+                "safetensors",
+            ),
             "torch": (torch_save, lambda p: torch.load(p, map_location=device), "pt"),
             "safetensors": (st_save, lambda p: load_file(p, device=device), "safetensors"),
         }
@@ -79,8 +83,10 @@ def main(argv: list[str] | None = None) -> None:
             as_cupy = {k: cupy.from_dlpack(t) for k, t in tensors.items()}
             entries["arrayio-cupy"] = (
                 lambda p: arrayio.save(p, as_cupy),
-                lambda p: {k: torch.from_dlpack(v) for k, v in
-                           arrayio.load(p, like="cupy", device=device).items()},
+                lambda p: {
+                    k: torch.from_dlpack(v)
+                    for k, v in arrayio.load(p, like="cupy", device=device).items()
+                },
                 "safetensors",
             )
         return entries
@@ -104,16 +110,25 @@ def main(argv: list[str] | None = None) -> None:
             "warm_read_GBps": nbytes / statistics.median(warms) / 1e9,
             "seconds": {"write": writes, "cold": colds, "warm": warms},
         }
-        print(f"{name:12s} write {results[name]['write_GBps']:6.2f} GB/s   cold read "
-              f"{results[name]['cold_read_GBps'] or float('nan'):6.2f} GB/s   warm read "
-              f"{results[name]['warm_read_GBps']:6.2f} GB/s", flush=True)
+        print(
+            f"{name:12s} write {results[name]['write_GBps']:6.2f} GB/s   cold read "
+            f"{results[name]['cold_read_GBps'] or float('nan'):6.2f} GB/s   warm read "
+            f"{results[name]['warm_read_GBps']:6.2f} GB/s",
+            flush=True,
+        )
     scratch.cleanup()
 
     report = {
         "benchmark": "core_baseline",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable), "-m", "benchmarks.core_baseline",
-                             *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(
+            [
+                os.path.basename(sys.executable),
+                "-m",
+                "benchmarks.core_baseline",
+                *(argv if argv is not None else sys.argv[1:]),
+            ]
+        ),
         "machine": {
             "host": platform.node(),
             "python": platform.python_version(),

@@ -160,26 +160,39 @@ class _TorchRunner:
 
     def batch(self, tokens: int) -> Any:
         generator = self.torch.Generator(device=self.cfg.device).manual_seed(tokens)
-        return self.torch.randn(tokens, self.cfg.width, device=self.cfg.device,
-                                dtype=next(self.model.parameters()).dtype, generator=generator)
+        return self.torch.randn(
+            tokens,
+            self.cfg.width,
+            device=self.cfg.device,
+            dtype=next(self.model.parameters()).dtype,
+            generator=generator,
+        )
 
     def step(self, x: Any, off: arrayio.Offloader | None) -> float:
         self.opt.zero_grad(set_to_none=True)
-        hooks = (arrayio.offload.activations(off, min_bytes=self.cfg.min_bytes,
-                                             prefetch=self.cfg.prefetch)
-                 if off is not None else contextlib.nullcontext())
+        hooks = (
+            arrayio.offload.activations(
+                off, min_bytes=self.cfg.min_bytes, prefetch=self.cfg.prefetch
+            )
+            if off is not None
+            else contextlib.nullcontext()
+        )
         with hooks:
             loss = self.model(x).float().pow(2).mean()
             loss.backward()
         self.opt.step()
         return float(loss.detach())
 
-    def measure(self, tokens: int, *, budget: int | None, steps: int,
-                no_flush: bool = False) -> dict[str, Any]:
+    def measure(
+        self, tokens: int, *, budget: int | None, steps: int, no_flush: bool = False
+    ) -> dict[str, Any]:
         """Warm-up step, then ``steps`` timed steps; peak memory over all of them."""
         torch = self.torch
-        row: dict[str, Any] = {"batch_tokens": tokens, "offload_budget_bytes": budget,
-                               "no_flush_experiment": no_flush}
+        row: dict[str, Any] = {
+            "batch_tokens": tokens,
+            "offload_budget_bytes": budget,
+            "no_flush_experiment": no_flush,
+        }
         x = self.batch(tokens)
         if self.cuda:
             torch.cuda.empty_cache()
@@ -191,11 +204,16 @@ class _TorchRunner:
                 if no_flush:
                     stack.enter_context(_no_flush())
                 if budget is not None:
-                    writeback = (None if self.cfg.writeback_fraction is None
-                                 else int(self.cfg.writeback_fraction * budget))
-                    off = stack.enter_context(arrayio.Offloader(
-                        self.cfg.scratch, device_budget_bytes=budget,
-                        writeback_bytes=writeback))
+                    writeback = (
+                        None
+                        if self.cfg.writeback_fraction is None
+                        else int(self.cfg.writeback_fraction * budget)
+                    )
+                    off = stack.enter_context(
+                        arrayio.Offloader(
+                            self.cfg.scratch, device_budget_bytes=budget, writeback_bytes=writeback
+                        )
+                    )
                 for i in range(1 + steps):
                     self.sync()
                     start = time.perf_counter()
@@ -235,9 +253,13 @@ def run_torch(cfg: Config, report: dict[str, Any], save: Any) -> None:
     runner = _TorchRunner(cfg)
     torch = runner.torch
     section: dict[str, Any] = {
-        "model": {"width": cfg.width, "depth": cfg.depth, "hidden": 4 * cfg.width,
-                  "dtype": str(next(runner.model.parameters()).dtype),
-                  "parameters": sum(p.numel() for p in runner.model.parameters())},
+        "model": {
+            "width": cfg.width,
+            "depth": cfg.depth,
+            "hidden": 4 * cfg.width,
+            "dtype": str(next(runner.model.parameters()).dtype),
+            "parameters": sum(p.numel() for p in runner.model.parameters()),
+        },
         "memory_limit": "torch.cuda.set_per_process_memory_fraction" if runner.cuda else None,
         "search": {"memory": [], "offload": []},
     }
@@ -253,8 +275,11 @@ def run_torch(cfg: Config, report: dict[str, Any], save: Any) -> None:
         row["activation_bytes"] = runner.activation_bytes(tokens) if row["fits"] else None
         section["search"]["memory"].append(row)
         save()
-        print(f"torch memory  B={tokens}: fits={row['fits']} peak="
-              f"{row.get('peak_bytes', 0) / GiB:.2f} GiB step={row['step_s']}", flush=True)
+        print(
+            f"torch memory  B={tokens}: fits={row['fits']} peak="
+            f"{row.get('peak_bytes', 0) / GiB:.2f} GiB step={row['step_s']}",
+            flush=True,
+        )
         if not row["fits"]:
             break
         fitting.append(row)
@@ -265,34 +290,44 @@ def run_torch(cfg: Config, report: dict[str, Any], save: Any) -> None:
     # 2 and 3. Overhead and peak reduction at the largest batch that fits.
     tokens = largest_memory["batch_tokens"]
     activations = largest_memory["activation_bytes"]
-    fit: dict[str, Any] = {"batch_tokens": tokens, "activation_bytes": activations,
-                           "memory": largest_memory}
+    fit: dict[str, Any] = {
+        "batch_tokens": tokens,
+        "activation_bytes": activations,
+        "memory": largest_memory,
+    }
     section["fit"] = fit
     fit["hooks_no_io"] = runner.measure(tokens, budget=1 << 60, steps=cfg.steps)
     fit["offload"], fit["offload_no_flush_experiment"] = [], []
     for keep in cfg.keep_fractions:
-        for no_flush, rows in ((False, fit["offload"]),
-                               (True, fit["offload_no_flush_experiment"])):
+        for no_flush, rows in ((False, fit["offload"]), (True, fit["offload_no_flush_experiment"])):
             if time.monotonic() > cfg.deadline and rows:
                 continue
-            row = runner.measure(tokens, budget=int(keep * activations), steps=cfg.steps,
-                                 no_flush=no_flush)
+            row = runner.measure(
+                tokens, budget=int(keep * activations), steps=cfg.steps, no_flush=no_flush
+            )
             row["keep_fraction"] = keep
             _compare(row, largest_memory)
             rows.append(row)
             save()
-            print(f"torch offload B={tokens} keep={keep} no_flush={no_flush}: "
-                  f"step={row['step_s']} overhead={row.get('overhead')} "
-                  f"peak_reduction={row.get('peak_reduction')}", flush=True)
+            print(
+                f"torch offload B={tokens} keep={keep} no_flush={no_flush}: "
+                f"step={row['step_s']} overhead={row.get('overhead')} "
+                f"peak_reduction={row.get('peak_reduction')}",
+                flush=True,
+            )
 
     # 1b. With offloading: from the next batch up, while it fits.
     if runner.cuda:
         # Non-offloadable memory W(B) = peak - activations, fitted on the batches that fit.
-        line = _fit_line([(r["batch_tokens"], r["peak_bytes"] - r["activation_bytes"])
-                          for r in fitting])
+        line = _fit_line(
+            [(r["batch_tokens"], r["peak_bytes"] - r["activation_bytes"]) for r in fitting]
+        )
         per_token = activations / tokens
-        section["working_set_fit"] = {"bytes_at_0": line[0], "bytes_per_token": line[1],
-                                      "activation_bytes_per_token": per_token}
+        section["working_set_fit"] = {
+            "bytes_at_0": line[0],
+            "bytes_per_token": line[1],
+            "activation_bytes_per_token": per_token,
+        }
         largest_offload, capped = largest_memory["batch_tokens"], True
         for tokens in [b for b in cfg.batches if b > largest_memory["batch_tokens"]]:
             if tokens > cfg.max_batch or time.monotonic() > cfg.deadline:
@@ -309,9 +344,12 @@ def run_torch(cfg: Config, report: dict[str, Any], save: Any) -> None:
                 row["activation_bytes"] = int(per_token * tokens)
                 section["search"]["offload"].append(row)
                 save()
-                print(f"torch offload B={tokens} budget={budget / GiB:.2f} GiB: "
-                      f"fits={row['fits']} peak={row['peak_bytes'] / GiB:.2f} GiB "
-                      f"step={row['step_s']}", flush=True)
+                print(
+                    f"torch offload B={tokens} budget={budget / GiB:.2f} GiB: "
+                    f"fits={row['fits']} peak={row['peak_bytes'] / GiB:.2f} GiB "
+                    f"step={row['step_s']}",
+                    flush=True,
+                )
                 if row["fits"]:
                     break
                 budget //= 2
@@ -319,8 +357,11 @@ def run_torch(cfg: Config, report: dict[str, Any], save: Any) -> None:
                 capped = False
                 break
             largest_offload = tokens
-        section["largest_batch"] = {"memory": largest_memory["batch_tokens"],
-                                    "offload": largest_offload, "offload_capped": capped}
+        section["largest_batch"] = {
+            "memory": largest_memory["batch_tokens"],
+            "offload": largest_offload,
+            "offload_capped": capped,
+        }
     del runner
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -357,19 +398,25 @@ def _jax_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     stage_forward = jax.jit(forward)
     stage_backward = jax.jit(backward)
-    loss_and_grad = jax.jit(jax.value_and_grad(
-        lambda y: jnp.mean(jnp.square(y.astype(jnp.float32)))))
-    sgd = jax.jit(lambda p, g: jax.tree.map(lambda a, b: a - 1e-6 * b.astype(a.dtype), p, g),
-                  donate_argnums=0)
+    loss_and_grad = jax.jit(
+        jax.value_and_grad(lambda y: jnp.mean(jnp.square(y.astype(jnp.float32))))
+    )
+    sgd = jax.jit(
+        lambda p, g: jax.tree.map(lambda a, b: a - 1e-6 * b.astype(a.dtype), p, g), donate_argnums=0
+    )
 
     key = jax.random.PRNGKey(0)
     params = []
     for _ in range(depth):
         key, k1, k2 = jax.random.split(key, 3)
-        params.append((
-            (jax.random.normal(k1, (width, 4 * width)) / math.sqrt(width)).astype(dtype),
-            (jax.random.normal(k2, (4 * width, width)) / math.sqrt(4 * width * depth)
-             ).astype(dtype)))
+        params.append(
+            (
+                (jax.random.normal(k1, (width, 4 * width)) / math.sqrt(width)).astype(dtype),
+                (jax.random.normal(k2, (4 * width, width)) / math.sqrt(4 * width * depth)).astype(
+                    dtype
+                ),
+            )
+        )
 
     def step(params: list, x: Any, off: arrayio.Offloader | None) -> tuple[Any, list]:
         saved = []  # per block: its input (the batch itself for the first) and h
@@ -387,8 +434,14 @@ def _jax_worker(spec: dict[str, Any]) -> dict[str, Any]:
         for k in reversed(range(len(params))):
             x, h = saved.pop()
             if off is not None:
-                off.prefetch([a for pair in saved[-cfg["prefetch"]:][::-1] for a in pair[::-1]
-                              if isinstance(a, arrayio.offload.Handle)])
+                off.prefetch(
+                    [
+                        a
+                        for pair in saved[-cfg["prefetch"] :][::-1]
+                        for a in pair[::-1]
+                        if isinstance(a, arrayio.offload.Handle)
+                    ]
+                )
                 x = off.get(x) if isinstance(x, arrayio.offload.Handle) else x
                 h = off.get(h)
             grads[k], g = stage_backward(params[k], x, h, g)
@@ -411,8 +464,9 @@ def _jax_worker(spec: dict[str, Any]) -> dict[str, Any]:
             with contextlib.ExitStack() as stack:
                 off = None
                 if budget is not None:
-                    off = stack.enter_context(arrayio.Offloader(
-                        cfg["scratch"], device_budget_bytes=budget))
+                    off = stack.enter_context(
+                        arrayio.Offloader(cfg["scratch"], device_budget_bytes=budget)
+                    )
                 for i in range(1 + steps):
                     start = time.perf_counter()
                     loss, grads = step(params, x, off)
@@ -435,27 +489,44 @@ def _jax_worker(spec: dict[str, Any]) -> dict[str, Any]:
         row["peak_bytes"] = peak()
         # Residuals given to the offloader: every block's h, every block's input but the
         # first (the batch).
-        row["activation_bytes"] = ((depth - 1) * width + depth * 4 * width) * tokens * (
-            jnp.dtype(dtype).itemsize)
+        row["activation_bytes"] = (
+            ((depth - 1) * width + depth * 4 * width) * tokens * (jnp.dtype(dtype).itemsize)
+        )
         rows.append(row)
-        print(f"jax {spec['mode']} B={tokens} budget={budget}: fits={row['fits']} "
-              f"peak={row['peak_bytes']} step={row['step_s']}", file=sys.stderr, flush=True)
+        print(
+            f"jax {spec['mode']} B={tokens} budget={budget}: fits={row['fits']} "
+            f"peak={row['peak_bytes']} step={row['step_s']}",
+            file=sys.stderr,
+            flush=True,
+        )
         print("ROW " + json.dumps(row), flush=True)  # the parent keeps what came before a kill
         if not row["fits"]:
             break
     return {"mode": spec["mode"], "rows": rows}
 
 
-def _run_jax_worker(cfg: Config, mode: str, runs: list[dict[str, Any]],
-                    fraction: float | None) -> dict[str, Any]:
-    spec = {"mode": mode, "runs": runs,
-            "deadline": time.time() + cfg.deadline - time.monotonic(), "config": {
-        "width": cfg.width, "depth": cfg.depth, "steps": cfg.steps, "smoke": cfg.smoke,
-        "scratch": cfg.scratch, "min_bytes": cfg.min_bytes, "prefetch": cfg.prefetch}}
+def _run_jax_worker(
+    cfg: Config, mode: str, runs: list[dict[str, Any]], fraction: float | None
+) -> dict[str, Any]:
+    spec = {
+        "mode": mode,
+        "runs": runs,
+        "deadline": time.time() + cfg.deadline - time.monotonic(),
+        "config": {
+            "width": cfg.width,
+            "depth": cfg.depth,
+            "steps": cfg.steps,
+            "smoke": cfg.smoke,
+            "scratch": cfg.scratch,
+            "min_bytes": cfg.min_bytes,
+            "prefetch": cfg.prefetch,
+        },
+    }
     env = dict(os.environ)
     if fraction is not None:
-        env.update(XLA_PYTHON_CLIENT_PREALLOCATE="true",
-                   XLA_PYTHON_CLIENT_MEM_FRACTION=f"{fraction:.4f}")
+        env.update(
+            XLA_PYTHON_CLIENT_PREALLOCATE="true", XLA_PYTHON_CLIENT_MEM_FRACTION=f"{fraction:.4f}"
+        )
     if cfg.smoke:
         env["JAX_PLATFORMS"] = "cpu"
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
@@ -464,8 +535,12 @@ def _run_jax_worker(cfg: Config, mode: str, runs: list[dict[str, Any]],
     try:
         result = subprocess.run(
             [sys.executable, "-m", "benchmarks.offload_train", "--jax-worker", f.name],
-            env=env, capture_output=True, text=True, check=False,
-            timeout=max(60.0, cfg.deadline - time.monotonic() + 60))
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=max(60.0, cfg.deadline - time.monotonic() + 60),
+        )
         stdout, stderr = result.stdout, result.stderr
         if result.returncode != 0:
             error = stderr[-2000:]
@@ -488,17 +563,23 @@ def _text(data: bytes | str | None) -> str:
 def run_jax(cfg: Config, report: dict[str, Any], save: Any, total: int | None) -> None:
     fraction = None if total is None else min(1.0, cfg.budget / total)
     section: dict[str, Any] = {
-        "model": {"width": cfg.width, "depth": cfg.depth, "hidden": 4 * cfg.width,
-                  "stages": cfg.depth, "dtype": "float32" if cfg.smoke else "bfloat16"},
-        "memory_limit": None if fraction is None else
-        f"XLA_PYTHON_CLIENT_MEM_FRACTION={fraction:.4f} (preallocated)",
+        "model": {
+            "width": cfg.width,
+            "depth": cfg.depth,
+            "hidden": 4 * cfg.width,
+            "stages": cfg.depth,
+            "dtype": "float32" if cfg.smoke else "bfloat16",
+        },
+        "memory_limit": None
+        if fraction is None
+        else f"XLA_PYTHON_CLIENT_MEM_FRACTION={fraction:.4f} (preallocated)",
         # JAX cannot reset peak_bytes_in_use: within one worker process (one list of rows),
         # each row's peak is the highest so far, an upper bound for that row.
         "peak_is_cumulative_per_worker": True,
-        "search": {}}
+        "search": {},
+    }
     report["jax"] = section
-    memory = _run_jax_worker(cfg, "memory", [{"batch_tokens": b} for b in cfg.batches],
-                             fraction)
+    memory = _run_jax_worker(cfg, "memory", [{"batch_tokens": b} for b in cfg.batches], fraction)
     section["search"]["memory"] = memory
     save()
     fitting = [r for r in memory["rows"] if r["fits"]]
@@ -513,15 +594,23 @@ def run_jax(cfg: Config, report: dict[str, Any], save: Any, total: int | None) -
     for row, keep in zip(offload["rows"], keeps, strict=False):
         row["keep_fraction"] = keep
         _compare(row, largest_memory)
-    section["fit"] = {"batch_tokens": tokens, "activation_bytes": activations,
-                      "memory": largest_memory, "offload": offload["rows"],
-                      "error": offload.get("error")}
+    section["fit"] = {
+        "batch_tokens": tokens,
+        "activation_bytes": activations,
+        "memory": largest_memory,
+        "offload": offload["rows"],
+        "error": offload.get("error"),
+    }
     save()
-    if fraction is None or time.monotonic() > cfg.deadline or any(
-            r["peak_bytes"] is None for r in fitting):
+    if (
+        fraction is None
+        or time.monotonic() > cfg.deadline
+        or any(r["peak_bytes"] is None for r in fitting)
+    ):
         return
-    line = _fit_line([(r["batch_tokens"], r["peak_bytes"] - r["activation_bytes"])
-                      for r in fitting])
+    line = _fit_line(
+        [(r["batch_tokens"], r["peak_bytes"] - r["activation_bytes"]) for r in fitting]
+    )
     per_token = activations / tokens
     runs = []
     for b in cfg.batches:
@@ -533,13 +622,18 @@ def run_jax(cfg: Config, report: dict[str, Any], save: Any, total: int | None) -
         runs.append({"batch_tokens": b, "budget": budget})
     search = _run_jax_worker(cfg, "offload-search", runs, fraction) if runs else {"rows": []}
     section["search"]["offload"] = search
-    section["working_set_fit"] = {"bytes_at_0": line[0], "bytes_per_token": line[1],
-                                  "activation_bytes_per_token": per_token}
+    section["working_set_fit"] = {
+        "bytes_at_0": line[0],
+        "bytes_per_token": line[1],
+        "activation_bytes_per_token": per_token,
+    }
     fits = [r["batch_tokens"] for r in search["rows"] if r["fits"]]
     section["largest_batch"] = {
-        "memory": tokens, "offload": max(fits, default=tokens),
+        "memory": tokens,
+        "offload": max(fits, default=tokens),
         # A lower bound unless a batch failed (or the grid or the time limit ended it).
-        "offload_capped": all(r["fits"] for r in search["rows"])}
+        "offload_capped": all(r["fits"] for r in search["rows"]),
+    }
     save()
 
 
@@ -553,8 +647,10 @@ def _summary(section: dict[str, Any]) -> dict[str, Any]:
     return {
         "largest_batch": section.get("largest_batch"),
         "fit_batch_tokens": fit.get("batch_tokens"),
-        "offload_rows": [{k: r.get(k) for k in ("keep_fraction", "overhead", "peak_reduction",
-                                                 "step_s")} for r in rows],
+        "offload_rows": [
+            {k: r.get(k) for k in ("keep_fraction", "overhead", "peak_reduction", "step_s")}
+            for r in rows
+        ],
         "best_peak_reduction": None if best is None else best.get("peak_reduction"),
         "overhead_at_best": None if best is None else best.get("overhead"),
     }
@@ -571,12 +667,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batches", default=None, help="token counts, comma-separated")
     parser.add_argument("--max-batch", type=int, default=32768)
-    parser.add_argument("--keep-fractions", default="0.5,0.25",
-                        help="offloader budgets, as fractions of the activations")
+    parser.add_argument(
+        "--keep-fractions",
+        default="0.5,0.25",
+        help="offloader budgets, as fractions of the activations",
+    )
     parser.add_argument("--scratch", default=None, help="spill directory (default: a temp dir)")
-    parser.add_argument("--writeback-fraction", type=float, default=None,
-                        help="torch: the offloader's writeback_bytes as a fraction of its "
-                             "budget (default: the offloader's own)")
+    parser.add_argument(
+        "--writeback-fraction",
+        type=float,
+        default=None,
+        help="torch: the offloader's writeback_bytes as a fraction of its "
+        "budget (default: the offloader's own)",
+    )
     parser.add_argument("--time-limit", type=float, default=200.0, help="seconds, roughly")
     parser.add_argument("--jax-worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -612,11 +715,21 @@ def main(argv: list[str] | None = None) -> None:
     report: dict[str, Any] = {
         "benchmark": "offload_train",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable), "-m",
-                             "benchmarks.offload_train",
-                             *(argv if argv is not None else sys.argv[1:])]),
-        "machine": {"host": platform.node(), "python": platform.python_version(),
-                    "cpus": os.cpu_count(), "gpu": gpu, "gpu_total_bytes": total},
+        "command": " ".join(
+            [
+                os.path.basename(sys.executable),
+                "-m",
+                "benchmarks.offload_train",
+                *(argv if argv is not None else sys.argv[1:]),
+            ]
+        ),
+        "machine": {
+            "host": platform.node(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "gpu": gpu,
+            "gpu_total_bytes": total,
+        },
         "smoke": args.smoke,
         "budget_bytes": int(args.budget_gib * GiB),
         "scratch": scratch_parent,
@@ -631,11 +744,19 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(dir=scratch_parent, prefix="offload-bench-") as scratch:
         for index, name in enumerate(frameworks):
             cfg = Config(
-                width=args.width, depth=args.depth, budget=int(args.budget_gib * GiB),
-                steps=args.steps, batches=batches, max_batch=args.max_batch,
+                width=args.width,
+                depth=args.depth,
+                budget=int(args.budget_gib * GiB),
+                steps=args.steps,
+                batches=batches,
+                max_batch=args.max_batch,
                 keep_fractions=[float(k) for k in args.keep_fractions.split(",")],
-                scratch=scratch, deadline=started + share * (index + 1), device=device,
-                smoke=args.smoke, writeback_fraction=args.writeback_fraction)
+                scratch=scratch,
+                deadline=started + share * (index + 1),
+                device=device,
+                smoke=args.smoke,
+                writeback_fraction=args.writeback_fraction,
+            )
             if name == "torch":
                 run_torch(cfg, report, save)
             elif name == "jax":

@@ -67,46 +67,63 @@ def render_sweep(results_dir: pathlib.Path = RESULTS) -> str:
             f"{_gbps(ceilings, 'pinned_host_to_device')}. GB/s, medians of "
             f"{report['repeats']}; ratio = dispatcher / best single tool at that size.",
             "",
-            "| GPU | " + " | ".join(_size(n) for n in sizes)
+            "| GPU | "
+            + " | ".join(_size(n) for n in sizes)
             + " | beats every fixed tool (geomean) |",
             "| --- |" + " ---: |" * (len(sizes) + 1),
         ]
         for panel in ("read/cold/cuda", "read/warm/cuda", "write/-/cuda"):
-            rows = [r for r in report["rows"]
-                    if f"{r['direction']}/{r['cache']}/{r['memory']}" == panel]
+            rows = [
+                r for r in report["rows"] if f"{r['direction']}/{r['cache']}/{r['memory']}" == panel
+            ]
             by_size = {r["bytes"]: r for r in rows}
             # A size the run did not reach (its time ran out) is shown as not measured.
-            cells = [f"{by_size[n]['dispatcher_GBps']:.2f} ({by_size[n]['summary']['ratio']:.2f})"
-                     if n in by_size else "not measured"
-                     for n in sizes]
+            cells = [
+                f"{by_size[n]['dispatcher_GBps']:.2f} ({by_size[n]['summary']['ratio']:.2f})"
+                if n in by_size
+                else "not measured"
+                for n in sizes
+            ]
             beats = report["panels"][panel]["dispatcher_beats_every_fixed_arm"]
-            lines.append(f"| {panel.replace('/-', '')} | " + " | ".join(cells)
-                         + f" | {'yes' if beats else 'no'} |")
+            lines.append(
+                f"| {panel.replace('/-', '')} | "
+                + " | ".join(cells)
+                + f" | {'yes' if beats else 'no'} |"
+            )
         lines.append("")
         if report.get("targets"):
-            rule = ("the setting a search up front picked, measured in the same rounds on the "
-                    "same file; ratio to the search's best beside it"
-                    if "judged_on" in next(iter(report["targets"].values())) else
-                    "the higher of the one from the search up front and the one measured in "
-                    "the same rounds")
+            rule = (
+                "the setting a search up front picked, measured in the same rounds on the "
+                "same file; ratio to the search's best beside it"
+                if "judged_on" in next(iter(report["targets"].values()))
+                else "the higher of the one from the search up front and the one measured in "
+                "the same rounds"
+            )
             lines += [
                 f"Against the hardware at the largest size (ceiling: {rule}; the "
                 "last column compares round by round with the one in the rounds):",
                 "",
-                "| GPU, " + _size(next(iter(report["targets"].values()))["bytes"])
+                "| GPU, "
+                + _size(next(iter(report["targets"].values()))["bytes"])
                 + " | dispatcher GB/s | ceiling GB/s (search / rounds) | ratio | goal | met "
                 "| ratio, round by round |",
                 "| --- | ---: | ---: | ---: | ---: | --- | ---: |",
             ]
             for panel, t in report["targets"].items():
                 paired = t.get("paired_ratio")  # dispatcher / ceiling, the median of the rounds
-                lines.append(f"| {panel.replace('/-', '')} | {t['dispatcher_GBps']:.2f} | "
-                             f"{_fmt(t['ceiling_upfront_GBps'])} / "
-                             f"{_fmt(t['ceiling_interleaved_GBps'])} | {t['ratio']:.2f}"
-                             + (f" ({t['ratio_vs_search']:.2f} of the search's)"
-                                if "ratio_vs_search" in t else "") + " | "
-                             f"{t['goal']:.1f} | {'yes' if t['met'] else '**no**'} | "
-                             f"{_fmt(paired)} |")
+                lines.append(
+                    f"| {panel.replace('/-', '')} | {t['dispatcher_GBps']:.2f} | "
+                    f"{_fmt(t['ceiling_upfront_GBps'])} / "
+                    f"{_fmt(t['ceiling_interleaved_GBps'])} | {t['ratio']:.2f}"
+                    + (
+                        f" ({t['ratio_vs_search']:.2f} of the search's)"
+                        if "ratio_vs_search" in t
+                        else ""
+                    )
+                    + " | "
+                    f"{t['goal']:.1f} | {'yes' if t['met'] else '**no**'} | "
+                    f"{_fmt(paired)} |"
+                )
             lines.append("")
     return "\n".join(lines).rstrip() + "\n" if lines else ""
 
@@ -116,8 +133,10 @@ def _goal_rounds(report: dict) -> str:
     others = report.get("peer_repeats", report["repeats"])
     if others >= report["repeats"]:
         return ""
-    return (f"; arrayio's front doors, torch, safetensors and the ceilings in every round, "
-            f"the other peers in at most the first {others}")
+    return (
+        f"; arrayio's front doors, torch, safetensors and the ceilings in every round, "
+        f"the other peers in at most the first {others}"
+    )
 
 
 def _passes(passes: int | None) -> str:
@@ -142,11 +161,14 @@ def _ceiling_rule(ceilings: dict[str, Any]) -> str:
     search up front and the samples in the rounds."""
     if "judged_on" not in ceilings["cold_read"]:
         return "the best of the settings measured up front and in the rounds."
-    search = ", ".join(f"{_fmt(ceilings[k].get('search_GBps'))}"
-                       for k in ("write_fsync", "cold_read", "warm_read"))
-    return ("the medians of the settings a search picked up front, sampled in the rounds "
-            "beside the peers (the cold read's sample reads arrayio's file, right before or "
-            f"after arrayio's cold load, alternately); the search's best medians were {search}.")
+    search = ", ".join(
+        f"{_fmt(ceilings[k].get('search_GBps'))}" for k in ("write_fsync", "cold_read", "warm_read")
+    )
+    return (
+        "the medians of the settings a search picked up front, sampled in the rounds "
+        "beside the peers (the cold read's sample reads arrayio's file, right before or "
+        f"after arrayio's cold load, alternately); the search's best medians were {search}."
+    )
 
 
 def _latest_sizes(paths: list[pathlib.Path]) -> dict[float, tuple[pathlib.Path, dict, dict]]:
@@ -170,8 +192,10 @@ def render_peers(results_dir: pathlib.Path = RESULTS) -> str:
     lines: list[str] = []
 
     def source(report: dict, path: pathlib.Path) -> str:
-        return (f"{report['date'][:10]}, {report['machine']['summary']}; "
-                f"`{report['command']}`; {_link(path)}")
+        return (
+            f"{report['date'][:10]}, {report['machine']['summary']}; "
+            f"`{report['command']}`; {_link(path)}"
+        )
 
     from benchmarks.peers.checkpoint import goal_ratio_text, targets, verdict
 
@@ -206,8 +230,9 @@ def render_peers(results_dir: pathlib.Path = RESULTS) -> str:
         ]
         for name, row in size["peers"].items():
             if not row.get("samples"):
-                why = row.get("error") or ("skipped for time" if row.get(
-                    "rounds_skipped_for_time") else "not measured")
+                why = row.get("error") or (
+                    "skipped for time" if row.get("rounds_skipped_for_time") else "not measured"
+                )
                 lines.append(f"| {name} | {why.replace('|', '/')[:80]} | | | | | | | 0 |")
                 continue
             vs_t, vs_s = row.get("vs_torch", {}), row.get("vs_safetensors", {})
@@ -216,35 +241,49 @@ def render_peers(results_dir: pathlib.Path = RESULTS) -> str:
                 f"{_gbps_of(row['cold_load_GBps'], cold)} | "
                 f"{_gbps_of(row['warm_load_GBps'], warm)} | {_ratio(vs_t.get('save'))} | "
                 f"{_ratio(vs_t.get('cold_load'))} | {_ratio(vs_t.get('warm_load'))} | "
-                f"{_ratio(vs_s.get('warm_load'))} | {row['samples']} |")
+                f"{_ratio(vs_s.get('warm_load'))} | {row['samples']} |"
+            )
         lines.append("")
         # Judged again by today's rule (at least MIN_ROUNDS rounds a side), from the figures.
         goals = targets(size).get("arrayio")
         if goals:
-            lines += [f"Targets, {label} (arrayio with torch tensors; for the "
-                      "ceilings also the ratio round by round to the ceiling sampled in the "
-                      "same phase of the same round):",
-                      "",
-                      "| target | arrayio GB/s | against GB/s | ratio | in-round ratio | "
-                      "ratio to the search's best | goal | met |",
-                      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+            lines += [
+                f"Targets, {label} (arrayio with torch tensors; for the "
+                "ceilings also the ratio round by round to the ceiling sampled in the "
+                "same phase of the same round):",
+                "",
+                "| target | arrayio GB/s | against GB/s | ratio | in-round ratio | "
+                "ratio to the search's best | goal | met |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+            ]
             for goal_name, t in goals.items():
                 met = {True: "yes", False: "**no**"}.get(t["met"]) or verdict(t)
-                lines.append(f"| {goal_name.replace('_', ' ')} ({t['reference']}) | "
-                             f"{_fmt(t['GBps'])} | {_fmt(t['reference_GBps'])} | "
-                             f"{goal_ratio_text(t['ratio'], t['goal'])} | "
-                             f"{_fmt(t.get('paired_ratio'))} | "
-                             f"{_fmt(t.get('ratio_vs_search'))} | {t['goal']:g} | {met} |")
+                lines.append(
+                    f"| {goal_name.replace('_', ' ')} ({t['reference']}) | "
+                    f"{_fmt(t['GBps'])} | {_fmt(t['reference_GBps'])} | "
+                    f"{goal_ratio_text(t['ratio'], t['goal'])} | "
+                    f"{_fmt(t.get('paired_ratio'))} | "
+                    f"{_fmt(t.get('ratio_vs_search'))} | {t['goal']:g} | {met} |"
+                )
             lines.append("")
-    unavailable = {name: why for _, report, _ in chosen.values()
-                   for name, why in (report.get("peers_unavailable") or {}).items()}
+    unavailable = {
+        name: why
+        for _, report, _ in chosen.values()
+        for name, why in (report.get("peers_unavailable") or {}).items()
+    }
     if unavailable:
-        lines += ["Not measured here: " + "; ".join(
-            f"{name} ({why})" for name, why in unavailable.items()) + ".", ""]
+        lines += [
+            "Not measured here: "
+            + "; ".join(f"{name} ({why})" for name, why in unavailable.items())
+            + ".",
+            "",
+        ]
     # The plot of every size (drawn with --replot from the folder's JSONs), else the one
     # beside the JSON the first size came from.
-    candidates = [folder / "checkpoint.png",
-                  *(path.with_suffix(".png") for path, _, _ in chosen.values())]
+    candidates = [
+        folder / "checkpoint.png",
+        *(path.with_suffix(".png") for path, _, _ in chosen.values()),
+    ]
     png = next((p for p in candidates if p.exists()), None)
     if png is not None and png.is_relative_to(ROOT):
         lines += [f"![checkpoint against its peers]({png.relative_to(ROOT).as_posix()})", ""]
@@ -266,42 +305,64 @@ def render_peers(results_dir: pathlib.Path = RESULTS) -> str:
             "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
         ]
         for r in rows:
-            lines.append(f"| {r['method']} | {r['cache']} | {_fmt(r['step_ms'])} | "
-                         f"{_fmt(r['offload_ms'])} | {_fmt(r['reload_ms'])} | "
-                         f"{_ratio(r.get('torch_step_over_this'))} | "
-                         f"{_fmt(r.get('floor_over_step'))} |")
+            lines.append(
+                f"| {r['method']} | {r['cache']} | {_fmt(r['step_ms'])} | "
+                f"{_fmt(r['offload_ms'])} | {_fmt(r['reload_ms'])} | "
+                f"{_ratio(r.get('torch_step_over_this'))} | "
+                f"{_fmt(r.get('floor_over_step'))} |"
+            )
         lines.append("")
 
     path = results_dir / "small_arrays" / "small_arrays.json"
     if path.exists():
         report = json.loads(path.read_text())
-        lines += [f"**Small arrays** ({source(report, path)}): 4 to 64 KiB float32 arrays on "
-                  f"`{report['device']}`, us per array (medians of {report['repeats']}); saves "
-                  "fsynced; ratio = torch's time / this one's.", "",
-                  "| layout | peer | save us per array | cold load | warm load | "
-                  "torch / this (save, cold, warm) |",
-                  "| --- | --- | ---: | ---: | ---: | --- |"]
+        lines += [
+            f"**Small arrays** ({source(report, path)}): 4 to 64 KiB float32 arrays on "
+            f"`{report['device']}`, us per array (medians of {report['repeats']}); saves "
+            "fsynced; ratio = torch's time / this one's.",
+            "",
+            "| layout | peer | save us per array | cold load | warm load | "
+            "torch / this (save, cold, warm) |",
+            "| --- | --- | ---: | ---: | ---: | --- |",
+        ]
         for layout, result in report["layouts"].items():
             floor = result["floor"]
             if layout == "one file":
-                lines.append(f"| {layout} ({result['arrays']}) | *disk ceilings* | " + " | ".join(
-                    _fmt(floor.get(f"{q}_us_per_array"))
-                    for q in ("save", "cold_load", "warm_load")) + " | |")
+                lines.append(
+                    f"| {layout} ({result['arrays']}) | *disk ceilings* | "
+                    + " | ".join(
+                        _fmt(floor.get(f"{q}_us_per_array"))
+                        for q in ("save", "cold_load", "warm_load")
+                    )
+                    + " | |"
+                )
             for name, row in result["peers"].items():
                 ratios = row.get("torch_time_over_this", {})
                 lines.append(
-                    f"| {layout} ({result['arrays']}) | {name} | " + " | ".join(
+                    f"| {layout} ({result['arrays']}) | {name} | "
+                    + " | ".join(
                         _fmt(row.get(f"{q}_us_per_array"))
-                        for q in ("save", "cold_load", "warm_load")) + " | " + ", ".join(
-                        _ratio(ratios.get(q)) for q in ("save", "cold_load", "warm_load"))
-                    + " |")
+                        for q in ("save", "cold_load", "warm_load")
+                    )
+                    + " | "
+                    + ", ".join(_ratio(ratios.get(q)) for q in ("save", "cold_load", "warm_load"))
+                    + " |"
+                )
         lines.append("")
     return "\n".join(lines).rstrip() + "\n" if lines else ""
 
 
 # The README's summary: arrayio's three front doors and the peers people compare it with.
-SUMMARY_PEERS = ("arrayio", "arrayio-jax", "arrayio-cupy", "torch", "safetensors", "kvikio",
-                 "fastsafetensors", "orbax")
+SUMMARY_PEERS = (
+    "arrayio",
+    "arrayio-jax",
+    "arrayio-cupy",
+    "torch",
+    "safetensors",
+    "kvikio",
+    "fastsafetensors",
+    "orbax",
+)
 
 
 def render_summary(results_dir: pathlib.Path = RESULTS) -> str:
@@ -332,9 +393,11 @@ def render_summary(results_dir: pathlib.Path = RESULTS) -> str:
         row = size["peers"].get(name) or {}
         if row.get("samples"):
             shown = "arrayio (torch)" if name == "arrayio" else name
-            lines.append(f"| {shown} | {_gbps_of(row['save_GBps'], write)} | "
-                         f"{_gbps_of(row['cold_load_GBps'], cold)} | "
-                         f"{_gbps_of(row['warm_load_GBps'], warm)} |")
+            lines.append(
+                f"| {shown} | {_gbps_of(row['save_GBps'], write)} | "
+                f"{_gbps_of(row['cold_load_GBps'], cold)} | "
+                f"{_gbps_of(row['warm_load_GBps'], warm)} |"
+            )
     png = results_dir / "checkpoint" / "checkpoint.png"
     if png.exists() and png.is_relative_to(ROOT):
         lines += ["", f"![checkpoint against its peers]({png.relative_to(ROOT).as_posix()})"]
@@ -354,8 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     peers = render_peers()
     # The README holds one short table; docs/results.md the full ones (the other scenarios,
     # zarr, zstd, offload, core, are summarised there in prose).
-    blocks = {ROOT / "README.md": render_summary(),
-              ROOT / "docs" / "results.md": render_sweep() + (f"\n{peers}" if peers else "")}
+    blocks = {
+        ROOT / "README.md": render_summary(),
+        ROOT / "docs" / "results.md": render_sweep() + (f"\n{peers}" if peers else ""),
+    }
     stale = []
     for path, block in blocks.items():
         text = path.read_text()

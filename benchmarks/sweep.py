@@ -128,16 +128,24 @@ class Bench:
 
     # ---------------------------------------------------------------- measurements
 
-    def gbps(self, runner: Callable[..., Any], memory: str, direction: str, cache: str,
-             nbytes: int, repeats: int | None = None) -> float:
+    def gbps(
+        self,
+        runner: Callable[..., Any],
+        memory: str,
+        direction: str,
+        cache: str,
+        nbytes: int,
+        repeats: int | None = None,
+    ) -> float:
         """Median bandwidth of ``runner`` over the repeats (see :meth:`time_one`)."""
-        seconds = [self.time_one(runner, memory, direction, cache, nbytes)
-                   for _ in range(repeats or self.args.repeats)]
+        seconds = [
+            self.time_one(runner, memory, direction, cache, nbytes)
+            for _ in range(repeats or self.args.repeats)
+        ]
         return nbytes / statistics.median(seconds) / 1e9
 
     # The disk ceiling each panel is compared with, and the settings searched for it.
-    CEILING_OF = {"cold": "cold_read_direct", "warm": "warm_read_16_threads",
-                  "-": "write_fsync"}
+    CEILING_OF = {"cold": "cold_read_direct", "warm": "warm_read_16_threads", "-": "write_fsync"}
 
     def ceiling(self, cache: str) -> None:
         """Measure the disk ceiling of the panels with this cache state (``-``: writes) into
@@ -150,8 +158,9 @@ class Bench:
             return
         try:
             if cache == "cold":
-                value = self._best("direct", "read", "cold",
-                                   [(4, 16 << 20), (8, 16 << 20), (16, 16 << 20)])
+                value = self._best(
+                    "direct", "read", "cold", [(4, 16 << 20), (8, 16 << 20), (16, 16 << 20)]
+                )
             elif cache == "warm":
                 value = self._best("posix", "read", "warm", [(16, 4 << 20), (16, 16 << 20)])
             else:
@@ -160,18 +169,23 @@ class Bench:
                 # Reserved first, as arrayio's writes are (benchmarks._ceiling_tools).
                 value = max(
                     self._best("posix", "write", "-", [(4, 16 << 20)]),
-                    self._best("direct", "write", "-", [(1, 64 << 20), (4, 64 << 20),
-                                                        (16, 64 << 20), (4, 16 << 20)]),
-                    self._best("direct+fallocate", "write", "-", [(4, 64 << 20),
-                                                                  (16, 16 << 20)]))
+                    self._best(
+                        "direct",
+                        "write",
+                        "-",
+                        [(1, 64 << 20), (4, 64 << 20), (16, 64 << 20), (4, 16 << 20)],
+                    ),
+                    self._best("direct+fallocate", "write", "-", [(4, 64 << 20), (16, 16 << 20)]),
+                )
         except Exception as error:  # noqa: BLE001 - reported, and the sweep goes on
             self.ceiling_values[f"{name}_error"] = repr(error)
             return
         self.ceiling_values[name] = value
         print(json.dumps({name: value}), flush=True)
 
-    def _best(self, name: str, direction: str, cache: str, settings: list[tuple[int, int]]
-              ) -> float:
+    def _best(
+        self, name: str, direction: str, cache: str, settings: list[tuple[int, int]]
+    ) -> float:
         """The best of several thread counts and request sizes, so that a ceiling is the
         hardware's limit rather than one setting's. Tools are made (and their threads
         started) once, outside the timed calls."""
@@ -179,13 +193,21 @@ class Bench:
         for threads, task in settings:
             try:
                 tool = _ceiling_tools.make(name, threads=threads, task_size=task)
-                runner = ((lambda fd, buffer, offset=0, t=tool: t.read(fd, buffer, offset))
-                          if direction == "read" else
-                          (lambda fd, buffer, offset=0, t=tool: t.write(fd, buffer, offset)))
+                runner = (
+                    (lambda fd, buffer, offset=0, t=tool: t.read(fd, buffer, offset))
+                    if direction == "read"
+                    else (lambda fd, buffer, offset=0, t=tool: t.write(fd, buffer, offset))
+                )
                 # Three samples a setting: the search only picks the setting, which is
                 # measured again beside the others at the largest size.
-                speeds[tool] = self.gbps(runner, "host", direction, cache, self.max_size,
-                                         repeats=min(3, self.args.repeats))
+                speeds[tool] = self.gbps(
+                    runner,
+                    "host",
+                    direction,
+                    cache,
+                    self.max_size,
+                    repeats=min(3, self.args.repeats),
+                )
             except Exception as error:  # noqa: BLE001 - e.g. O_DIRECT refused: go on
                 errors.append(repr(error))
         if not speeds:
@@ -224,11 +246,11 @@ class Bench:
             storage = storage_of(fd)
         finally:
             os.close(fd)
-        return Context(direction, memory, size_class(nbytes), storage, cache, 1,
-                       self.args.checksum)
+        return Context(direction, memory, size_class(nbytes), storage, cache, 1, self.args.checksum)
 
-    def arm_runner(self, arm: dispatch.Arm, direction: str, nbytes: int,
-                   checksum: bool | None = None) -> Callable[..., Any]:
+    def arm_runner(
+        self, arm: dispatch.Arm, direction: str, nbytes: int, checksum: bool | None = None
+    ) -> Callable[..., Any]:
         """One arm as a fixed strategy: every call forced onto it through a dispatcher of
         its own, so it takes arrayio's whole path (checksum where the dispatcher computes
         it, flush after writes) and differs from the dispatcher only by not choosing."""
@@ -266,8 +288,9 @@ class Bench:
                 dispatcher.close()
         self.forcing.close()
 
-    def time_one(self, runner: Callable[..., Any], memory: str, direction: str,
-                 cache: str, nbytes: int) -> float:
+    def time_one(
+        self, runner: Callable[..., Any], memory: str, direction: str, cache: str, nbytes: int
+    ) -> float:
         """Seconds per transfer, after putting the page cache in the state asked for.
 
         Warm reads and writes repeat the transfer until about 64 MiB have moved (up to 1024
@@ -306,12 +329,20 @@ class Bench:
         finally:
             os.close(fd)
 
-    def measure(self, dispatcher: dispatch.Dispatcher, memory: str, direction: str,
-                cache: str, nbytes: int, arms: list[dispatch.Arm]) -> dict[str, Any]:
+    def measure(
+        self,
+        dispatcher: dispatch.Dispatcher,
+        memory: str,
+        direction: str,
+        cache: str,
+        nbytes: int,
+        arms: list[dispatch.Arm],
+    ) -> dict[str, Any]:
         """Every candidate arm and the dispatcher on one case, timed in interleaved rounds
         (each round runs each of them once, in a shuffled order), so that slow drifts of the
         machine (page cache pressure, disk write-back, clocks) and the lingering effects of
         one transfer on the next fall on all of them alike."""
+
         def through_dispatcher(fd: int, buffer: Any, offset: int = 0) -> None:
             if direction == "read":
                 dispatcher.read(fd, buffer, offset, with_checksum=self.args.checksum)
@@ -331,14 +362,21 @@ class Bench:
         gpu_checksums = memory == "cuda" and _device_checksum.available()
         runners: dict[str, Callable[..., Any]] = {}
         for arm in arms:
-            if (not self.args.checksum or gpu_checksums
-                    or tools.tool_class(arm.name).capabilities.checksums):
+            if (
+                not self.args.checksum
+                or gpu_checksums
+                or tools.tool_class(arm.name).capabilities.checksums
+            ):
                 runners[arm.label] = self.arm_runner(arm, direction, nbytes)
         unchecked_labels = []
         kvikio = dispatch.Arm.of("kvikio", threads=16, task_size=4 << 20)
-        if (self.args.checksum and memory == "cuda" and nbytes >= 1 << 20
-                and kvikio.label not in runners
-                and tools.tool_class("kvikio").availability()):
+        if (
+            self.args.checksum
+            and memory == "cuda"
+            and nbytes >= 1 << 20
+            and kvikio.label not in runners
+            and tools.tool_class("kvikio").availability()
+        ):
             unchecked_labels.append(kvikio.label)
             runners[kvikio.label] = self.arm_runner(kvikio, direction, nbytes, checksum=False)
         runners["dispatcher"] = through_dispatcher
@@ -351,14 +389,16 @@ class Bench:
             if direction == "read":
                 runners["ceiling"] = lambda fd, _, offset=0: ceiling_tool.read(fd, host, offset)
             else:
-                runners["ceiling"] = lambda fd, _, offset=0: ceiling_tool.write(fd, host,
-                                                                               offset)
+                runners["ceiling"] = lambda fd, _, offset=0: ceiling_tool.write(fd, host, offset)
 
         samples: dict[str, list[float]] = {label: [] for label in runners}
         failures: dict[str, str] = {}
         # Small transfers are quick and their samples noisy: take more of them.
-        rounds = self.args.repeats if nbytes > 16 << 20 else max(self.args.repeats,
-                                                                 self.args.small_repeats)
+        rounds = (
+            self.args.repeats
+            if nbytes > 16 << 20
+            else max(self.args.repeats, self.args.small_repeats)
+        )
         orders = round_orders(list(runners), rounds, f"{memory}/{direction}/{cache}/{nbytes}")
         for labels in orders:
             for label in labels:
@@ -366,8 +406,7 @@ class Bench:
                 if label in failures:
                     continue
                 try:
-                    samples[label].append(self.time_one(runner, memory, direction, cache,
-                                                        nbytes))
+                    samples[label].append(self.time_one(runner, memory, direction, cache, nbytes))
                 except Exception as error:  # noqa: BLE001 - a tool that fails is reported
                     failures[label] = f"failed: {type(error).__name__}: {error}"
 
@@ -376,49 +415,75 @@ class Bench:
                 return failures[label]
             return nbytes / statistics.median(samples[label]) / 1e9
 
-        tools_speed = {label: speed(label) for label in runners
-                       if label not in ("dispatcher", "ceiling")
-                       and label not in unchecked_labels}
+        tools_speed = {
+            label: speed(label)
+            for label in runners
+            if label not in ("dispatcher", "ceiling") and label not in unchecked_labels
+        }
         unchecked = {label: speed(label) for label in unchecked_labels}
         dispatcher_speed = speed("dispatcher")
         context_used, arm_used = dispatcher.last  # what the timed calls used
         measured = {k: v for k, v in tools_speed.items() if isinstance(v, float)}
         best = max(measured, key=measured.__getitem__) if measured else None
-        ratio = (dispatcher_speed / measured[best]
-                 if best and isinstance(dispatcher_speed, float) else None)
+        ratio = (
+            dispatcher_speed / measured[best]
+            if best and isinstance(dispatcher_speed, float)
+            else None
+        )
         return {
-            "memory": memory, "direction": direction, "cache": cache, "bytes": nbytes,
-            "tools_GBps": tools_speed, "dispatcher_GBps": dispatcher_speed,
+            "memory": memory,
+            "direction": direction,
+            "cache": cache,
+            "bytes": nbytes,
+            "tools_GBps": tools_speed,
+            "dispatcher_GBps": dispatcher_speed,
             "seconds": {label: samples[label] for label in runners if label not in failures},
             "without_checksum_GBps": unchecked,
-            "ceiling_interleaved": ({
-                "setting": ceiling_tool.label, "GBps": speed("ceiling"),
-                # Round by round (each dispatcher sample beside the ceiling's of that round),
-                # which cancels the drift between rounds.
-                "paired_ratio": statistics.median(
-                    c / d for c, d in zip(samples["ceiling"], samples["dispatcher"],
-                                          strict=False)),
-            } if "ceiling" in runners and "ceiling" not in failures
-                and "dispatcher" not in failures else None),
+            "ceiling_interleaved": (
+                {
+                    "setting": ceiling_tool.label,
+                    "GBps": speed("ceiling"),
+                    # Round by round (each dispatcher sample beside the ceiling's of that round),
+                    # which cancels the drift between rounds.
+                    "paired_ratio": statistics.median(
+                        c / d
+                        for c, d in zip(samples["ceiling"], samples["dispatcher"], strict=False)
+                    ),
+                }
+                if "ceiling" in runners
+                and "ceiling" not in failures
+                and "dispatcher" not in failures
+                else None
+            ),
             "samples": rounds,
             "orders": orders,
             "dispatcher_choice": {
                 "context": context_used.key() if context_used else "small transfer, not learned",
                 "arm": arm_used.label,
-                "explain": (dispatcher.policy.explain(context_used).as_dict()
-                            if context_used else None)},
+                "explain": (
+                    dispatcher.policy.explain(context_used).as_dict() if context_used else None
+                ),
+            },
             "summary": {
-                "case": f"{direction}/{cache}/{memory}/{nbytes}", "best_tool": best,
+                "case": f"{direction}/{cache}/{memory}/{nbytes}",
+                "best_tool": best,
                 "best_GBps": measured.get(best) if best else None,
-                "dispatcher_GBps": dispatcher_speed, "ratio": ratio,
+                "dispatcher_GBps": dispatcher_speed,
+                "ratio": ratio,
                 # The same comparison round by round (the best arm's sample and the
                 # dispatcher's of that round): slow drifts of the machine cancel out.
-                "paired_ratio": (statistics.median(
-                    b / d for b, d in zip(samples[best], samples["dispatcher"], strict=False))
-                    if best and "dispatcher" not in failures else None),
-                "held_out_ratio": (held_out_ratio(
-                    {k: samples[k] for k in measured}, samples["dispatcher"])
-                    if measured and "dispatcher" not in failures else None),
+                "paired_ratio": (
+                    statistics.median(
+                        b / d for b, d in zip(samples[best], samples["dispatcher"], strict=False)
+                    )
+                    if best and "dispatcher" not in failures
+                    else None
+                ),
+                "held_out_ratio": (
+                    held_out_ratio({k: samples[k] for k in measured}, samples["dispatcher"])
+                    if measured and "dispatcher" not in failures
+                    else None
+                ),
             },
         }
 
@@ -452,15 +517,19 @@ def held_out_ratio(arms: dict[str, list[float]], dispatcher: list[float]) -> flo
     ratios = []
     for pick, judge in ((0, 1), (1, 0)):
         best = min(arms, key=lambda label: statistics.median(arms[label][pick:rounds:2]))
-        ratios.append(statistics.median(arms[best][judge:rounds:2])
-                      / statistics.median(dispatcher[judge:rounds:2]))
+        ratios.append(
+            statistics.median(arms[best][judge:rounds:2])
+            / statistics.median(dispatcher[judge:rounds:2])
+        )
     return math.sqrt(ratios[0] * ratios[1])
 
 
 # The issue's targets at the largest size, GPU memory: (panel, ceiling, goal).
-TARGETS = (("read/cold/cuda", "cold_read_direct", 0.9),
-           ("read/warm/cuda", "warm_read_16_threads", 0.8),
-           ("write/-/cuda", "write_fsync", 0.9))
+TARGETS = (
+    ("read/cold/cuda", "cold_read_direct", 0.9),
+    ("read/warm/cuda", "warm_read_16_threads", 0.8),
+    ("write/-/cuda", "write_fsync", 0.9),
+)
 
 
 def targets(report: dict[str, Any]) -> dict[str, Any]:
@@ -474,8 +543,14 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     largest = max(r["bytes"] for r in report["rows"]) if report["rows"] else None
     for panel, ceiling, goal in TARGETS:
-        row = next((r for r in report["rows"] if r["bytes"] == largest and
-                    f"{r['direction']}/{r['cache']}/{r['memory']}" == panel), None)
+        row = next(
+            (
+                r
+                for r in report["rows"]
+                if r["bytes"] == largest and f"{r['direction']}/{r['cache']}/{r['memory']}" == panel
+            ),
+            None,
+        )
         upfront = report["ceilings"].get(ceiling)
         if row is None or not isinstance(row["dispatcher_GBps"], float) or upfront is None:
             continue
@@ -484,13 +559,19 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
         judged_in_rounds = isinstance(in_rounds, float)
         limit = in_rounds if judged_in_rounds else upfront
         ratio = row["dispatcher_GBps"] / limit
-        out[panel] = {"bytes": largest, "dispatcher_GBps": row["dispatcher_GBps"],
-                      "ceiling": ceiling, "ceiling_upfront_GBps": upfront,
-                      "ceiling_interleaved_GBps": in_rounds,
-                      "judged_on": "rounds" if judged_in_rounds else "search",
-                      "paired_ratio": interleaved.get("paired_ratio"),
-                      "ratio_vs_search": row["dispatcher_GBps"] / upfront,
-                      "ratio": ratio, "goal": goal, "met": ratio >= goal}
+        out[panel] = {
+            "bytes": largest,
+            "dispatcher_GBps": row["dispatcher_GBps"],
+            "ceiling": ceiling,
+            "ceiling_upfront_GBps": upfront,
+            "ceiling_interleaved_GBps": in_rounds,
+            "judged_on": "rounds" if judged_in_rounds else "search",
+            "paired_ratio": interleaved.get("paired_ratio"),
+            "ratio_vs_search": row["dispatcher_GBps"] / upfront,
+            "ratio": ratio,
+            "goal": goal,
+            "met": ratio >= goal,
+        }
     return out
 
 
@@ -502,26 +583,35 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     bytes / bandwidth, which the largest size dominates)."""
     panels: dict[str, Any] = {}
     for key in sorted({(r["direction"], r["cache"], r["memory"]) for r in rows}):
-        mine = sorted((r for r in rows if (r["direction"], r["cache"], r["memory"]) == key),
-                      key=lambda r: r["bytes"])
+        mine = sorted(
+            (r for r in rows if (r["direction"], r["cache"], r["memory"]) == key),
+            key=lambda r: r["bytes"],
+        )
         ratios = [r["summary"]["ratio"] for r in mine if r["summary"]["ratio"] is not None]
         paired = [r["summary"].get("paired_ratio") for r in mine]
         paired = [p for p in paired if p is not None]
         held_out = [r["summary"].get("held_out_ratio") for r in mine]
         held_out = [h for h in held_out if h is not None]
-        labels = set.intersection(*(
-            {k for k, v in r["tools_GBps"].items() if isinstance(v, float)} for r in mine))
-        seconds = {label: sum(r["bytes"] / (r["tools_GBps"][label] * 1e9) for r in mine)
-                   for label in sorted(labels)}
-        dispatcher = sum(r["bytes"] / (r["dispatcher_GBps"] * 1e9) for r in mine
-                         if isinstance(r["dispatcher_GBps"], float))
+        labels = set.intersection(
+            *({k for k, v in r["tools_GBps"].items() if isinstance(v, float)} for r in mine)
+        )
+        seconds = {
+            label: sum(r["bytes"] / (r["tools_GBps"][label] * 1e9) for r in mine)
+            for label in sorted(labels)
+        }
+        dispatcher = sum(
+            r["bytes"] / (r["dispatcher_GBps"] * 1e9)
+            for r in mine
+            if isinstance(r["dispatcher_GBps"], float)
+        )
+
         def geomean(values: list[float]) -> float:
             return math.exp(sum(math.log(v) for v in values) / len(values))
 
-        fixed = {label: geomean([r["tools_GBps"][label] for r in mine])
-                 for label in sorted(labels)}
-        ours = geomean([r["dispatcher_GBps"] for r in mine
-                        if isinstance(r["dispatcher_GBps"], float)])
+        fixed = {label: geomean([r["tools_GBps"][label] for r in mine]) for label in sorted(labels)}
+        ours = geomean(
+            [r["dispatcher_GBps"] for r in mine if isinstance(r["dispatcher_GBps"], float)]
+        )
         best_fixed = max(fixed, key=fixed.__getitem__) if fixed else None
         panels["/".join(key)] = {
             "sizes": [r["bytes"] for r in mine],
@@ -531,8 +621,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "geomean_GBps_dispatcher": ours,
             "geomean_GBps_fixed": fixed,
             "best_fixed_arm": best_fixed,
-            "dispatcher_beats_every_fixed_arm": bool(fixed) and all(
-                ours > value for value in fixed.values()),
+            "dispatcher_beats_every_fixed_arm": bool(fixed)
+            and all(ours > value for value in fixed.values()),
             "sweep_seconds_dispatcher": dispatcher,
             "sweep_seconds_fixed": seconds,
         }
@@ -546,24 +636,45 @@ def plot(report: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     memories = [m for m in ("cuda", "host") if any(r["memory"] == m for r in report["rows"])]
-    kinds = [k for k in (("read", "cold"), ("read", "warm"), ("write", "-"))
-             if any((r["direction"], r["cache"]) == k for r in report["rows"])]
-    fig, grid = plt.subplots(len(memories), len(kinds), figsize=(5.5 * len(kinds),
-                             4.5 * len(memories)), squeeze=False)
-    cells = [(grid[i][j], (kind[0], kind[1], memory)) for i, memory in enumerate(memories)
-             for j, kind in enumerate(kinds)]
+    kinds = [
+        k
+        for k in (("read", "cold"), ("read", "warm"), ("write", "-"))
+        if any((r["direction"], r["cache"]) == k for r in report["rows"])
+    ]
+    fig, grid = plt.subplots(
+        len(memories), len(kinds), figsize=(5.5 * len(kinds), 4.5 * len(memories)), squeeze=False
+    )
+    cells = [
+        (grid[i][j], (kind[0], kind[1], memory))
+        for i, memory in enumerate(memories)
+        for j, kind in enumerate(kinds)
+    ]
     for ax, (direction, cache, memory) in cells:
-        rows = sorted((r for r in report["rows"]
-                       if (r["direction"], r["cache"], r["memory"]) == (direction, cache, memory)),
-                      key=lambda r: r["bytes"])  # runs measure the largest size first
-        labels = sorted({k for r in rows for k, v in r["tools_GBps"].items()
-                         if isinstance(v, float)})
+        rows = sorted(
+            (
+                r
+                for r in report["rows"]
+                if (r["direction"], r["cache"], r["memory"]) == (direction, cache, memory)
+            ),
+            key=lambda r: r["bytes"],
+        )  # runs measure the largest size first
+        labels = sorted(
+            {k for r in rows for k, v in r["tools_GBps"].items() if isinstance(v, float)}
+        )
         for label in labels:
-            points = [(r["bytes"], r["tools_GBps"][label]) for r in rows
-                      if isinstance(r["tools_GBps"].get(label), float)]
+            points = [
+                (r["bytes"], r["tools_GBps"][label])
+                for r in rows
+                if isinstance(r["tools_GBps"].get(label), float)
+            ]
             ax.plot(*zip(*points, strict=True), marker=".", linewidth=1, label=label)
-        ax.plot([r["bytes"] for r in rows], [r["dispatcher_GBps"] for r in rows], "k-o",
-                linewidth=2.5, label="dispatcher")
+        ax.plot(
+            [r["bytes"] for r in rows],
+            [r["dispatcher_GBps"] for r in rows],
+            "k-o",
+            linewidth=2.5,
+            label="dispatcher",
+        )
         for name, value in report["ceilings"].items():
             to_device = "device" in name and memory == "cuda"
             if isinstance(value, float) and (
@@ -585,8 +696,12 @@ def plot(report: dict[str, Any], path: str) -> None:
 
 
 def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {"host": platform.node(), "python": platform.python_version(),
-                            "cpus": os.cpu_count(), "kernel": platform.release()}
+    info: dict[str, Any] = {
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+    }
     try:
         import cupy
 
@@ -606,13 +721,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--sizes", default="4K,64K,1M,16M,256M,1G")
     parser.add_argument("--cache", default="cold,warm")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--small-repeats", type=int, default=11,
-                        help="samples for sizes up to 16 MiB (at least --repeats)")
+    parser.add_argument(
+        "--small-repeats",
+        type=int,
+        default=11,
+        help="samples for sizes up to 16 MiB (at least --repeats)",
+    )
     parser.add_argument("--learn-calls", type=int, default=40)
     parser.add_argument("--no-checksum", dest="checksum", action="store_false")
     parser.add_argument("--drop-caches", action="store_true")
-    parser.add_argument("--quick", action="store_true",
-                        help="CI smoke test: sizes up to 4 MiB, one repeat")
+    parser.add_argument(
+        "--quick", action="store_true", help="CI smoke test: sizes up to 4 MiB, one repeat"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.repeats, args.small_repeats = "4K,64K,1M,4M", 1, 1
@@ -624,8 +744,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report = {
         "benchmark": "sweep",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "-m", "benchmarks.sweep",
-                             *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(
+            ["python", "-m", "benchmarks.sweep", *(argv if argv is not None else sys.argv[1:])]
+        ),
         "machine": machine(),
         "checksum": args.checksum,
         "repeats": args.repeats,

@@ -71,9 +71,14 @@ def make_data(root: str, nbytes: int, chunk_bytes: int, codec: str) -> dict[str,
     rows = max(1, nbytes // (4 * _ROW))
     chunk_rows = max(1, chunk_bytes // (4 * _ROW))
     compressors = zarr.codecs.ZstdCodec(level=3) if codec == "zstd" else None
-    z = zarr.create_array(zarr.storage.LocalStore(root), shape=(rows, _ROW),
-                          chunks=(chunk_rows, _ROW), dtype="int32", compressors=compressors,
-                          fill_value=0)
+    z = zarr.create_array(
+        zarr.storage.LocalStore(root),
+        shape=(rows, _ROW),
+        chunks=(chunk_rows, _ROW),
+        dtype="int32",
+        compressors=compressors,
+        fill_value=0,
+    )
     rng = np.random.default_rng(0)
     total, level = 0, 0
     samples = {}
@@ -91,15 +96,24 @@ def make_data(root: str, nbytes: int, chunk_bytes: int, codec: str) -> dict[str,
                 samples[row] = block[row - start].copy()
     os.sync()
     files = chunk_files(root)
-    return {"shape": (rows, _ROW), "chunks": (chunk_rows, _ROW), "sum": total,
-            "samples": samples, "files": files,
-            "stored_bytes": sum(os.path.getsize(f) for f in files),
-            "array_bytes": rows * _ROW * 4}
+    return {
+        "shape": (rows, _ROW),
+        "chunks": (chunk_rows, _ROW),
+        "sum": total,
+        "samples": samples,
+        "files": files,
+        "stored_bytes": sum(os.path.getsize(f) for f in files),
+        "array_bytes": rows * _ROW * 4,
+    }
 
 
 def chunk_files(root: str) -> list[str]:
-    return sorted(os.path.join(folder, name) for folder, _, names in os.walk(root)
-                  for name in names if name != "zarr.json")
+    return sorted(
+        os.path.join(folder, name)
+        for folder, _, names in os.walk(root)
+        for name in names
+        if name != "zarr.json"
+    )
 
 
 # --------------------------------------------------------------------------- cache state
@@ -143,13 +157,21 @@ def ceilings(data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 
     try:
         out["cold_direct_read_GBps"] = max(
-            rate(lambda: evict(files, args.drop_caches),
-                 lambda t=t: read_files(files, t, direct=True)) for t in (8, 16, 32))
+            rate(
+                lambda: evict(files, args.drop_caches),
+                lambda t=t: read_files(files, t, direct=True),
+            )
+            for t in (8, 16, 32)
+        )
     except OSError as error:  # O_DIRECT refused (tmpfs): reported, not fatal
         out["cold_direct_read_error"] = f"{type(error).__name__}: {error}"
     out["warm_read_GBps"] = max(
-        rate(lambda: read_files(files, 16, direct=False),
-             lambda t=t: read_files(files, t, direct=False)) for t in (16, 32))
+        rate(
+            lambda: read_files(files, 16, direct=False),
+            lambda t=t: read_files(files, t, direct=False),
+        )
+        for t in (16, 32)
+    )
     if args.memory == "cuda":
         import cupy
         import cupyx
@@ -203,8 +225,9 @@ def decoder_config(decoder: str) -> tuple[dict[str, Any], str | None]:
 class Reader:
     """Reads one store's array whole, in the requested memory, and checks the result."""
 
-    def __init__(self, store_name: str, root: str, data: dict[str, Any],
-                 args: argparse.Namespace) -> None:
+    def __init__(
+        self, store_name: str, root: str, data: dict[str, Any], args: argparse.Namespace
+    ) -> None:
         self.name, self.root, self.data, self.args = store_name, root, data, args
         make_store(store_name, root)  # fails here, before timing, if it cannot run
 
@@ -213,8 +236,9 @@ class Reader:
         import zarr
 
         array = zarr.open_array(make_store(self.name, self.root), mode="r")
-        decoded_by = ", ".join(f"{type(c).__module__}.{type(c).__qualname__}"
-                               for c in array.metadata.codecs)
+        decoded_by = ", ".join(
+            f"{type(c).__module__}.{type(c).__qualname__}" for c in array.metadata.codecs
+        )
         if self.args.memory == "cuda":
             import cupy
 
@@ -241,20 +265,23 @@ class Reader:
             import cupy
 
             if not isinstance(result, cupy.ndarray):
-                raise AssertionError(f"{self.name} returned {type(result).__name__}, not "
-                                     "CuPy memory")
+                raise AssertionError(
+                    f"{self.name} returned {type(result).__name__}, not CuPy memory"
+                )
             total = int(cupy.sum(result, dtype=cupy.int64))
             rows = {r: cupy.asnumpy(result[r]) for r in self.data["samples"]}
         else:
             total = int(np.sum(result, dtype=np.int64))
             rows = {r: result[r] for r in self.data["samples"]}
         if total != self.data["sum"] or not all(
-                np.array_equal(rows[r], v) for r, v in self.data["samples"].items()):
+            np.array_equal(rows[r], v) for r, v in self.data["samples"].items()
+        ):
             raise AssertionError(f"{self.name} read wrong values into {where} memory")
 
 
-def run_case(args: argparse.Namespace, codec: str, decoder: str, root: str,
-             data: dict[str, Any]) -> list[dict[str, Any]]:
+def run_case(
+    args: argparse.Namespace, codec: str, decoder: str, root: str, data: dict[str, Any]
+) -> list[dict[str, Any]]:
     """Every store, cold and warm, interleaved in ``--repeats`` rounds."""
     import zarr
 
@@ -269,20 +296,26 @@ def run_case(args: argparse.Namespace, codec: str, decoder: str, root: str,
         config["async.concurrency"] = args.concurrency
     if args.batch_size:
         config["codec_pipeline.batch_size"] = args.batch_size
-    base = {"codec": codec, "decoder": decoder if codec == "zstd" else None,
-            "array_bytes": data["array_bytes"], "stored_bytes": data["stored_bytes"],
-            "memory": args.memory, "zarr_config": dict(config)}
+    base = {
+        "codec": codec,
+        "decoder": decoder if codec == "zstd" else None,
+        "array_bytes": data["array_bytes"],
+        "stored_bytes": data["stored_bytes"],
+        "memory": args.memory,
+        "zarr_config": dict(config),
+    }
     readers: dict[str, Reader] = {}
     for name in args.stores:
         if skip_all is not None:
-            rows += [{**base, "store": name, "cache": c, "skipped": skip_all}
-                     for c in args.cache]
+            rows += [{**base, "store": name, "cache": c, "skipped": skip_all} for c in args.cache]
             continue
         try:
             readers[name] = Reader(name, root, data, args)
         except ImportError as error:
-            rows += [{**base, "store": name, "cache": c,
-                      "skipped": f"{type(error).__name__}: {error}"} for c in args.cache]
+            rows += [
+                {**base, "store": name, "cache": c, "skipped": f"{type(error).__name__}: {error}"}
+                for c in args.cache
+            ]
     gpu = zarr.config.enable_gpu() if args.memory == "cuda" else _nothing()
     with gpu, zarr.config.set(config):
         for cache in args.cache:
@@ -311,15 +344,33 @@ def run_case(args: argparse.Namespace, codec: str, decoder: str, root: str,
                     row["failed"] = failed[name]
                 else:
                     median = statistics.median(seconds[name])
-                    row.update(seconds=seconds[name], median_s=median,
-                               GBps=data["array_bytes"] / median / 1e9,
-                               stored_GBps=data["stored_bytes"] / median / 1e9,
-                               decoded_by=decoded[name], verified=True,
-                               caches_dropped=dropped if cache == "cold" else None)
+                    row.update(
+                        seconds=seconds[name],
+                        median_s=median,
+                        GBps=data["array_bytes"] / median / 1e9,
+                        stored_GBps=data["stored_bytes"] / median / 1e9,
+                        decoded_by=decoded[name],
+                        verified=True,
+                        caches_dropped=dropped if cache == "cold" else None,
+                    )
                 rows.append(row)
-                print(json.dumps({k: row.get(k) for k in (
-                    "codec", "decoder", "store", "cache", "GBps", "skipped", "failed")}),
-                    flush=True)
+                print(
+                    json.dumps(
+                        {
+                            k: row.get(k)
+                            for k in (
+                                "codec",
+                                "decoder",
+                                "store",
+                                "cache",
+                                "GBps",
+                                "skipped",
+                                "failed",
+                            )
+                        }
+                    ),
+                    flush=True,
+                )
     return rows
 
 
@@ -334,28 +385,32 @@ class _nothing:
 # --------------------------------------------------------------------------- report
 
 
-def summarize(rows: list[dict[str, Any]], ceilings_by_codec: dict[str, Any]
-              ) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], ceilings_by_codec: dict[str, Any]) -> dict[str, Any]:
     """Per case (codec, decoder, cache): arrayio against the better peer; uncompressed cold
     reads against the disk ceiling. Targets from issue 4."""
     out: dict[str, Any] = {}
     for key in sorted({(r["codec"], r["decoder"] or "-", r["cache"]) for r in rows}):
-        mine = {r["store"]: r for r in rows
-                if (r["codec"], r["decoder"] or "-", r["cache"]) == key}
+        mine = {r["store"]: r for r in rows if (r["codec"], r["decoder"] or "-", r["cache"]) == key}
         ours = mine.get("arrayio", {}).get("GBps")
-        peers = {name: mine[name]["GBps"] for name in PEERS
-                 if name in mine and isinstance(mine[name].get("GBps"), float)}
+        peers = {
+            name: mine[name]["GBps"]
+            for name in PEERS
+            if name in mine and isinstance(mine[name].get("GBps"), float)
+        }
         best = max(peers, key=peers.__getitem__) if peers else None
-        entry: dict[str, Any] = {"arrayio_GBps": ours, "peers_GBps": peers,
-                                 "best_peer": best,
-                                 "ratio_to_best_peer": ours / peers[best]
-                                 if ours and best else None}
+        entry: dict[str, Any] = {
+            "arrayio_GBps": ours,
+            "peers_GBps": peers,
+            "best_peer": best,
+            "ratio_to_best_peer": ours / peers[best] if ours and best else None,
+        }
         codec, _, cache = key
         ceiling = ceilings_by_codec.get(codec, {})
         if cache == "cold" and isinstance(ceiling.get("cold_direct_read_GBps"), float):
             stored = mine.get("arrayio", {}).get("stored_GBps")
             entry["arrayio_stored_GBps_over_disk_ceiling"] = (
-                stored / ceiling["cold_direct_read_GBps"] if stored else None)
+                stored / ceiling["cold_direct_read_GBps"] if stored else None
+            )
         if cache == "warm":
             entry["target_2x_best_peer_met"] = (entry["ratio_to_best_peer"] or 0) >= 2
         if cache == "cold" and codec == "none":
@@ -377,24 +432,37 @@ def plot(report: dict[str, Any], path: str) -> None:
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(cases) + 2), 4.8))
     width = 0.8 / max(1, len(stores))
     for i, store in enumerate(stores):
-        values = [next((r["GBps"] for r in rows if r["store"] == store and
-                        (r["codec"], r["decoder"] or "-", r["cache"]) == case), 0.0)
-                  for case in cases]
-        ax.bar([c + (i - (len(stores) - 1) / 2) * width for c in range(len(cases))], values,
-               width, label=store)
+        values = [
+            next(
+                (
+                    r["GBps"]
+                    for r in rows
+                    if r["store"] == store and (r["codec"], r["decoder"] or "-", r["cache"]) == case
+                ),
+                0.0,
+            )
+            for case in cases
+        ]
+        ax.bar(
+            [c + (i - (len(stores) - 1) / 2) * width for c in range(len(cases))],
+            values,
+            width,
+            label=store,
+        )
     for codec, ceiling in report["ceilings"].items():
         value = ceiling.get("cold_direct_read_GBps")
         if isinstance(value, float) and codec == "none":
             ax.axhline(value, linestyle="--", color="gray", linewidth=1)
-            ax.annotate("disk ceiling (cold O_DIRECT)", (-0.4, value), fontsize=7,
-                        color="gray")
+            ax.annotate("disk ceiling (cold O_DIRECT)", (-0.4, value), fontsize=7, color="gray")
     ax.set_xticks(range(len(cases)))
-    ax.set_xticklabels([f"{c}\n{d if d != '-' else ''}\n{k}" for c, d, k in cases],
-                       fontsize=8)
+    ax.set_xticklabels([f"{c}\n{d if d != '-' else ''}\n{k}" for c, d, k in cases], fontsize=8)
     ax.set_ylabel("GB/s (array bytes)")
-    ax.set_title(f"Zarr read of {report['array_bytes'] / 2**30:.2f} GiB into "
-                 f"{report['memory']}, {report['date'][:10]}, "
-                 f"{report['machine']['summary']}", fontsize=9)
+    ax.set_title(
+        f"Zarr read of {report['array_bytes'] / 2**30:.2f} GiB into "
+        f"{report['memory']}, {report['date'][:10]}, "
+        f"{report['machine']['summary']}",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -419,18 +487,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--chunk", default="16M")
     parser.add_argument("--memory", default="cuda", choices=("cuda", "host"))
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--learn", type=int, default=1,
-                        help="untimed rounds per cache state before the timed ones")
+    parser.add_argument(
+        "--learn", type=int, default=1, help="untimed rounds per cache state before the timed ones"
+    )
     parser.add_argument("--drop-caches", action="store_true")
     parser.add_argument("--codecs", default="none,zstd")
     parser.add_argument("--decoders", default="arrayio,zarr")
     parser.add_argument("--stores", default=",".join(STORES))
     parser.add_argument("--cache", default="cold,warm")
     parser.add_argument("--pipeline", default="batched", choices=("batched", "fused"))
-    parser.add_argument("--concurrency", type=int, default=None,
-                        help="zarr's async.concurrency (default: zarr's)")
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help="zarr's codec_pipeline.batch_size (default: zarr's)")
+    parser.add_argument(
+        "--concurrency", type=int, default=None, help="zarr's async.concurrency (default: zarr's)"
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="zarr's codec_pipeline.batch_size (default: zarr's)",
+    )
     args = parser.parse_args(argv)
     args.size, args.chunk = parse_size(args.size), parse_size(args.chunk)
     args.codecs = args.codecs.split(",")
@@ -449,25 +523,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "benchmark": "zarr_read",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "-m", "benchmarks.zarr_read",
-                             *(argv if argv is not None else sys.argv[1:])]),
-        "machine": machine(), "versions": versions(), "memory": args.memory,
-        "repeats": args.repeats, "learn_rounds": args.learn, "drop_caches": args.drop_caches,
+        "command": " ".join(
+            ["python", "-m", "benchmarks.zarr_read", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "machine": machine(),
+        "versions": versions(),
+        "memory": args.memory,
+        "repeats": args.repeats,
+        "learn_rounds": args.learn,
+        "drop_caches": args.drop_caches,
         "pipeline": args.pipeline,
-        "zarr_defaults": {"async.concurrency": zarr.config.get("async.concurrency"),
-                          "codec_pipeline.batch_size":
-                              zarr.config.get("codec_pipeline.batch_size")},
-        "scratch": scratch, "ceilings": {}, "rows": [],
+        "zarr_defaults": {
+            "async.concurrency": zarr.config.get("async.concurrency"),
+            "codec_pipeline.batch_size": zarr.config.get("codec_pipeline.batch_size"),
+        },
+        "scratch": scratch,
+        "ceilings": {},
+        "rows": [],
     }
     for codec in args.codecs:
         root = os.path.join(scratch, codec)
         data = make_data(root, args.size, args.chunk, codec)
-        report.update(array_bytes=data["array_bytes"], shape=data["shape"],
-                      chunks=data["chunks"])
+        report.update(array_bytes=data["array_bytes"], shape=data["shape"], chunks=data["chunks"])
         report.setdefault("stored_bytes", {})[codec] = data["stored_bytes"]
         report["ceilings"][codec] = ceilings(data, args)
         print(json.dumps({codec: report["ceilings"][codec]}), flush=True)
-        for decoder in (args.decoders if codec == "zstd" else ["-"]):
+        for decoder in args.decoders if codec == "zstd" else ["-"]:
             report["rows"] += run_case(args, codec, decoder, root, data)
             report["summary"] = summarize(report["rows"], report["ceilings"])
             with open(json_path, "w") as f:  # after every case: a cut-short run keeps it

@@ -59,8 +59,9 @@ def make_chunk(index: int, count: int, kind: str, seed: int) -> np.ndarray:
     return quantized.astype(np.float32)
 
 
-def timed(fn: Callable[[], Any], repeats: int, sync: Callable[[], None] | None = None
-          ) -> list[float]:
+def timed(
+    fn: Callable[[], Any], repeats: int, sync: Callable[[], None] | None = None
+) -> list[float]:
     """Seconds of ``repeats`` runs; GPU runs (with a ``sync``) after a warm-up run."""
     if sync is not None:
         fn()  # warm-up: kernels compiled, nvCOMP's scratch space allocated
@@ -101,18 +102,23 @@ def versions(cupy: Any, nvcomp: Any) -> dict[str, str | None]:
     import numcodecs
     import zarr
 
-    return {"python": platform.python_version(), "numpy": np.__version__,
-            "zarr": zarr.__version__, "numcodecs": numcodecs.__version__,
-            "cupy": getattr(cupy, "__version__", None),
-            "nvcomp": getattr(nvcomp, "__version__", None)}
+    return {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "zarr": zarr.__version__,
+        "numcodecs": numcodecs.__version__,
+        "cupy": getattr(cupy, "__version__", None),
+        "nvcomp": getattr(nvcomp, "__version__", None),
+    }
 
 
 def machine(cupy: Any) -> dict[str, Any]:
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f
-                        if line.startswith("model name")), cpu)
+            cpu = next(
+                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu
+            )
     except OSError:
         pass
     gpu = None
@@ -121,8 +127,13 @@ def machine(cupy: Any) -> dict[str, Any]:
     return {"host": platform.node(), "cpu": cpu, "cpus": os.cpu_count(), "gpu": gpu}
 
 
-def bench_chunk_size(chunk_bytes: int, args: argparse.Namespace, cupy: Any, nvcomp: Any,
-                     pool: concurrent.futures.ThreadPoolExecutor) -> dict[str, Any]:
+def bench_chunk_size(
+    chunk_bytes: int,
+    args: argparse.Namespace,
+    cupy: Any,
+    nvcomp: Any,
+    pool: concurrent.futures.ThreadPoolExecutor,
+) -> dict[str, Any]:
     from numcodecs import Zstd
     from zarr.codecs import ZstdCodec as ZarrZstdCodec
     from zarr.core.array_spec import ArrayConfig, ArraySpec
@@ -133,20 +144,32 @@ def bench_chunk_size(chunk_bytes: int, args: argparse.Namespace, cupy: Any, nvco
 
     count = chunk_bytes // 4
     n_chunks = max(1, int(args.gib * (1 << 30)) // chunk_bytes)
-    chunks = list(pool.map(lambda i: make_chunk(i, count, args.data, args.seed),
-                           range(n_chunks)))
+    chunks = list(pool.map(lambda i: make_chunk(i, count, args.data, args.seed), range(n_chunks)))
     nbytes = n_chunks * chunk_bytes
     zstd = Zstd(level=args.level)
     frames = list(pool.map(zstd.encode, chunks))
     compressed = sum(len(f) for f in frames)
-    row: dict[str, Any] = {"chunk_bytes": chunk_bytes, "chunks": n_chunks, "bytes": nbytes,
-                           "compressed_bytes": compressed, "ratio": nbytes / compressed}
-    print(f"chunks of {chunk_bytes / MiB:g} MiB: {n_chunks} chunks, {nbytes / 1e9:.2f} GB, "
-          f"zstd level {args.level} ratio {nbytes / compressed:.2f}", flush=True)
+    row: dict[str, Any] = {
+        "chunk_bytes": chunk_bytes,
+        "chunks": n_chunks,
+        "bytes": nbytes,
+        "compressed_bytes": compressed,
+        "ratio": nbytes / compressed,
+    }
+    print(
+        f"chunks of {chunk_bytes / MiB:g} MiB: {n_chunks} chunks, {nbytes / 1e9:.2f} GB, "
+        f"zstd level {args.level} ratio {nbytes / compressed:.2f}",
+        flush=True,
+    )
 
     def spec(prototype: Any) -> Any:
-        return ArraySpec(shape=(count,), dtype=get_data_type_from_native_dtype(np.float32),
-                         fill_value=0, config=ArrayConfig.from_dict({}), prototype=prototype)
+        return ArraySpec(
+            shape=(count,),
+            dtype=get_data_type_from_native_dtype(np.float32),
+            fill_value=0,
+            config=ArrayConfig.from_dict({}),
+            prototype=prototype,
+        )
 
     host = default_buffer_prototype()
     host_items = [(host.buffer.from_bytes(f), spec(host)) for f in frames]
@@ -154,16 +177,18 @@ def bench_chunk_size(chunk_bytes: int, args: argparse.Namespace, cupy: Any, nvco
     few = max(1, min(n_chunks, int(args.one_thread_gib * (1 << 30)) // chunk_bytes))
     row["one_thread_chunks"] = few
     decode: dict[str, list[float] | None] = {
-        "numcodecs_1_thread": timed(lambda: [zstd.decode(f) for f in frames[:few]],
-                                    args.repeats),
+        "numcodecs_1_thread": timed(lambda: [zstd.decode(f) for f in frames[:few]], args.repeats),
         "numcodecs_threads": timed(lambda: list(pool.map(zstd.decode, frames)), args.repeats),
         "zarr_codec": timed(lambda: asyncio.run(zarr_codec.decode(host_items)), args.repeats),
-        "arrayio_gpu": None, "nvcomp_raw": None}
+        "arrayio_gpu": None,
+        "nvcomp_raw": None,
+    }
     encode: dict[str, list[float] | None] = {
-        "numcodecs_1_thread": timed(lambda: [zstd.encode(c) for c in chunks[:few]],
-                                    args.repeats),
+        "numcodecs_1_thread": timed(lambda: [zstd.encode(c) for c in chunks[:few]], args.repeats),
         "numcodecs_threads": timed(lambda: list(pool.map(zstd.encode, chunks)), args.repeats),
-        "arrayio_gpu": None, "nvcomp_raw": None}
+        "arrayio_gpu": None,
+        "nvcomp_raw": None,
+    }
     assert all(zstd.decode(f) == c.tobytes() for f, c in zip(frames[:4], chunks, strict=False))
 
     if cupy is not None:
@@ -172,40 +197,51 @@ def bench_chunk_size(chunk_bytes: int, args: argparse.Namespace, cupy: Any, nvco
         sync = cupy.cuda.Device().synchronize
         device_frames = [cupy.asarray(np.frombuffer(f, dtype=np.uint8)) for f in frames]
         device_chunks = [cupy.asarray(c.view(np.uint8)) for c in chunks]
-        gpu_items = [(gpu.Buffer.from_array_like(f), spec(gpu.buffer_prototype))
-                     for f in device_frames]
+        gpu_items = [
+            (gpu.Buffer.from_array_like(f), spec(gpu.buffer_prototype)) for f in device_frames
+        ]
         ours = ZstdCodec(level=args.level)
         decoded = asyncio.run(ours.decode(gpu_items))
-        assert all(bool((d.as_array_like() == c).all())
-                   for d, c in zip(decoded, device_chunks, strict=True)), "GPU decode differs"
+        assert all(
+            bool((d.as_array_like() == c).all())
+            for d, c in zip(decoded, device_chunks, strict=True)
+        ), "GPU decode differs"
         del decoded
-        decode["arrayio_gpu"] = timed(lambda: asyncio.run(ours.decode(gpu_items)),
-                                      args.repeats, sync)
+        decode["arrayio_gpu"] = timed(
+            lambda: asyncio.run(ours.decode(gpu_items)), args.repeats, sync
+        )
 
         stream = cupy.cuda.Stream(non_blocking=False)
-        raw = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
-                           cuda_stream=stream.ptr)
+        raw = nvcomp.Codec(
+            algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW, cuda_stream=stream.ptr
+        )
         outs = [cupy.empty(chunk_bytes, dtype=np.uint8) for _ in range(n_chunks)]
 
         def raw_decode() -> None:
             with stream:
-                raw.decode(nvcomp.as_arrays(device_frames, cuda_stream=stream.ptr),
-                           out=nvcomp.as_arrays(outs, cuda_stream=stream.ptr))
+                raw.decode(
+                    nvcomp.as_arrays(device_frames, cuda_stream=stream.ptr),
+                    out=nvcomp.as_arrays(outs, cuda_stream=stream.ptr),
+                )
                 stream.synchronize()
 
         decode["nvcomp_raw"] = timed(raw_decode, args.repeats, sync)
         del outs
 
-        chunk_items = [(gpu.Buffer.from_array_like(c), spec(gpu.buffer_prototype))
-                       for c in device_chunks]
+        chunk_items = [
+            (gpu.Buffer.from_array_like(c), spec(gpu.buffer_prototype)) for c in device_chunks
+        ]
         gpu_frames = asyncio.run(ours.encode(chunk_items))
         gpu_compressed = sum(f.as_array_like().size for f in gpu_frames)
         row["gpu_ratio"] = nbytes / gpu_compressed
-        assert all(zstd.decode(f.to_bytes()) == c.tobytes()
-                   for f, c in zip(gpu_frames[:4], chunks, strict=False)), "GPU frames differ"
+        assert all(
+            zstd.decode(f.to_bytes()) == c.tobytes()
+            for f, c in zip(gpu_frames[:4], chunks, strict=False)
+        ), "GPU frames differ"
         del gpu_frames
-        encode["arrayio_gpu"] = timed(lambda: asyncio.run(ours.encode(chunk_items)),
-                                      args.repeats, sync)
+        encode["arrayio_gpu"] = timed(
+            lambda: asyncio.run(ours.encode(chunk_items)), args.repeats, sync
+        )
 
         def raw_encode() -> None:
             with stream:
@@ -218,23 +254,41 @@ def bench_chunk_size(chunk_bytes: int, args: argparse.Namespace, cupy: Any, nvco
         cupy.get_default_memory_pool().free_all_blocks()
 
     def rates(seconds: dict[str, list[float] | None]) -> dict[str, float | None]:
-        return {name: rate(few * chunk_bytes if name == "numcodecs_1_thread" else nbytes, s)
-                for name, s in seconds.items()}
+        return {
+            name: rate(few * chunk_bytes if name == "numcodecs_1_thread" else nbytes, s)
+            for name, s in seconds.items()
+        }
 
     row["decode_GBps"], row["encode_GBps"] = rates(decode), rates(encode)
     row["seconds"] = {"decode": decode, "encode": encode}
     gpu_rate = row["decode_GBps"]["arrayio_gpu"]
-    row["decode_speedup"] = None if gpu_rate is None else {
-        f"arrayio_gpu_vs_{name}": gpu_rate / row["decode_GBps"][name]
-        for name in ("numcodecs_1_thread", "numcodecs_threads", "zarr_codec")}
+    row["decode_speedup"] = (
+        None
+        if gpu_rate is None
+        else {
+            f"arrayio_gpu_vs_{name}": gpu_rate / row["decode_GBps"][name]
+            for name in ("numcodecs_1_thread", "numcodecs_threads", "zarr_codec")
+        }
+    )
     for kind in ("decode", "encode"):
-        print(f"  {kind}: " + "  ".join(
-            f"{name} {value:.2f}" if value is not None else f"{name} -"
-            for name, value in row[f"{kind}_GBps"].items()) + "  GB/s", flush=True)
+        print(
+            f"  {kind}: "
+            + "  ".join(
+                f"{name} {value:.2f}" if value is not None else f"{name} -"
+                for name, value in row[f"{kind}_GBps"].items()
+            )
+            + "  GB/s",
+            flush=True,
+        )
     if row["decode_speedup"]:
-        print("  decode speedup: " + "  ".join(
-            f"{k.removeprefix('arrayio_gpu_vs_')} {v:.1f}x"
-            for k, v in row["decode_speedup"].items()), flush=True)
+        print(
+            "  decode speedup: "
+            + "  ".join(
+                f"{k.removeprefix('arrayio_gpu_vs_')} {v:.1f}x"
+                for k, v in row["decode_speedup"].items()
+            ),
+            flush=True,
+        )
     return row
 
 
@@ -247,8 +301,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--level", type=int, default=0, help="zstd level (zarr's default: 0)")
     parser.add_argument("--data", choices=["quantized", "walk"], default="quantized")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--one-thread-gib", type=float, default=0.25,
-                        help="data timed by the single-thread CPU rows")
+    parser.add_argument(
+        "--one-thread-gib",
+        type=float,
+        default=0.25,
+        help="data timed by the single-thread CPU rows",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-gpu", action="store_true", help="measure the CPU rows only")
     args = parser.parse_args(argv)
@@ -260,18 +318,31 @@ def main(argv: list[str] | None = None) -> None:
     if skipped:
         print(f"GPU rows skipped: {skipped}", flush=True)
     with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
-        rows = [bench_chunk_size(int(mib * MiB) // 4 * 4, args, cupy, nvcomp, pool)
-                for mib in args.chunk_mib]
+        rows = [
+            bench_chunk_size(int(mib * MiB) // 4 * 4, args, cupy, nvcomp, pool)
+            for mib in args.chunk_mib
+        ]
 
     report = {
         "benchmark": "zstd_decode",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable), "-m", "benchmarks.zstd_decode",
-                             *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(
+            [
+                os.path.basename(sys.executable),
+                "-m",
+                "benchmarks.zstd_decode",
+                *(argv if argv is not None else sys.argv[1:]),
+            ]
+        ),
         "machine": machine(cupy),
         "versions": versions(cupy, nvcomp),
-        "data": args.data, "dtype": "float32", "level": args.level, "repeats": args.repeats,
-        "threads": args.threads, "gib": args.gib, "one_thread_gib": args.one_thread_gib,
+        "data": args.data,
+        "dtype": "float32",
+        "level": args.level,
+        "repeats": args.repeats,
+        "threads": args.threads,
+        "gib": args.gib,
+        "one_thread_gib": args.one_thread_gib,
         "gpu_skipped": skipped,
         "target": "arrayio_gpu decode >= 5x zarr's CPU zstd decode on the same chunks",
         "rows": rows,

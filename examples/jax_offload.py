@@ -83,8 +83,9 @@ def train_step(params, x, off=None, *, prefetch=2):
     for k in reversed(range(len(params))):
         saved = inputs.pop()
         if off is not None:
-            off.prefetch([h for h in inputs[-prefetch:][::-1]
-                          if isinstance(h, arrayio.offload.Handle)])
+            off.prefetch(
+                [h for h in inputs[-prefetch:][::-1] if isinstance(h, arrayio.offload.Handle)]
+            )
             if isinstance(saved, arrayio.offload.Handle):
                 saved = off.get(saved)  # the handle dies here: its file is removed
         grads[k], g = stage_vjp(params[k], saved, g)
@@ -105,27 +106,38 @@ def main() -> None:
     params = []
     for _ in range(args.depth):
         key, k1, k2 = jax.random.split(key, 3)
-        params.append((jax.random.normal(k1, (args.width, 4 * args.width)) / args.width**0.5,
-                       jax.random.normal(k2, (4 * args.width, args.width))
-                       / (4 * args.width * args.depth) ** 0.5))
+        params.append(
+            (
+                jax.random.normal(k1, (args.width, 4 * args.width)) / args.width**0.5,
+                jax.random.normal(k2, (4 * args.width, args.width))
+                / (4 * args.width * args.depth) ** 0.5,
+            )
+        )
     x = jax.random.normal(key, (args.batch, args.width))
 
     reference = train_step(params, x)  # also compiles
     jax.block_until_ready(reference)
-    with tempfile.TemporaryDirectory() as scratch, arrayio.Offloader(
-            args.dir or scratch, device_budget_bytes=int(args.budget_mib * 2**20)) as off:
+    with (
+        tempfile.TemporaryDirectory() as scratch,
+        arrayio.Offloader(
+            args.dir or scratch, device_budget_bytes=int(args.budget_mib * 2**20)
+        ) as off,
+    ):
         for step in range(args.steps):
             start = time.perf_counter()
             loss, grads = train_step(params, x, off)
             jax.block_until_ready(grads)
             print(f"step {step}: loss {float(loss):.6f} in {time.perf_counter() - start:.3f} s")
         stats = off.stats()
-        print(f"offloader: budget {stats.budget_bytes / 2**20:.1f} MiB, peak held "
-              f"{stats.peak_resident_bytes / 2**20:.1f} MiB, written "
-              f"{stats.bytes_written / 2**20:.1f} MiB, read {stats.bytes_read / 2**20:.1f} MiB")
+        print(
+            f"offloader: budget {stats.budget_bytes / 2**20:.1f} MiB, peak held "
+            f"{stats.peak_resident_bytes / 2**20:.1f} MiB, written "
+            f"{stats.bytes_written / 2**20:.1f} MiB, read {stats.bytes_read / 2**20:.1f} MiB"
+        )
     same = float(loss) == float(reference[0]) and all(
         np.array_equal(np.asarray(a), np.asarray(b))
-        for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(reference[1]), strict=True))
+        for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(reference[1]), strict=True)
+    )
     print("gradients identical to the run without offloading:", same)
     if not same:
         raise SystemExit(1)

@@ -101,8 +101,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     left = sorted(name for name in os.listdir(root) if name.startswith("arrayio-"))
     if left:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        message = (f"temporary files or directories left behind by the tests (now "
-                   f"removed): {', '.join(left)}")
+        message = (
+            f"temporary files or directories left behind by the tests (now "
+            f"removed): {', '.join(left)}"
+        )
         if reporter is not None:
             reporter.ensure_newline()
             reporter.write_line(message, red=True, bold=True)
@@ -135,14 +137,20 @@ def run_module():
     cache under ``tmp_path``; the test fails with the output if the module does."""
     root = Path(__file__).resolve().parents[1]
 
-    def run(module: str, *args: str, tmp_path: Path, timeout: float = 240
-            ) -> subprocess.CompletedProcess[str]:
-        env = {name: value for name, value in os.environ.items()
-               if not name.startswith("ARRAYIO_")}
-        env.update(ARRAYIO_CACHE_DIR="none", MPLBACKEND="Agg",
-                   MPLCONFIGDIR=str(tmp_path / "mpl"))
-        result = subprocess.run([sys.executable, "-m", module, *args], cwd=root, env=env,
-                                capture_output=True, text=True, timeout=timeout, check=False)
+    def run(
+        module: str, *args: str, tmp_path: Path, timeout: float = 240
+    ) -> subprocess.CompletedProcess[str]:
+        env = {name: value for name, value in os.environ.items() if not name.startswith("ARRAYIO_")}
+        env.update(ARRAYIO_CACHE_DIR="none", MPLBACKEND="Agg", MPLCONFIGDIR=str(tmp_path / "mpl"))
+        result = subprocess.run(
+            [sys.executable, "-m", module, *args],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         assert result.returncode == 0, f"{module} failed:\n{result.stdout}\n{result.stderr}"
         return result
 

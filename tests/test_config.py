@@ -27,29 +27,37 @@ def run_python(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """``python ARGS`` in a fresh interpreter (settings are read at import), with ``env``
     added to an environment free of the caller's ``ARRAYIO_*`` settings."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ARRAYIO_")}
-    return subprocess.run([sys.executable, *args], env={**clean, **env,
-                          "ARRAYIO_CACHE_DIR": "none"}, capture_output=True, text=True,
-                          timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, *args],
+        env={**clean, **env, "ARRAYIO_CACHE_DIR": "none"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 # --------------------------------------------------------------------------- tool specs
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("direct(threads=four)", "threads must be a whole number"),
-    ("posix(threads=1.5)", "threads must be a whole number"),
-    ("posix(threads=true)", "threads must be a whole number"),
-    ("staged(direct=maybe)", "direct must be true or false"),
-    ("direct(bogus=1)", "no parameter 'bogus'"),
-    ("posix(mode=fast)", "no parameter 'mode'"),
-    ("direct(threads=4))", "NAME(key=value,...)"),
-    ("direct((threads=4)", "NAME(key=value,...)"),
-    ("direct(threads=4", "NAME(key=value,...)"),
-    ("posix(threads)", "expected key=value"),
-    ("posix(threads=1,threads=2)", "'threads' twice"),
-    ("posix(threads=-1)", "must be positive"),
-    ("direct(task_size=0)", "must be positive"),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("direct(threads=four)", "threads must be a whole number"),
+        ("posix(threads=1.5)", "threads must be a whole number"),
+        ("posix(threads=true)", "threads must be a whole number"),
+        ("staged(direct=maybe)", "direct must be true or false"),
+        ("direct(bogus=1)", "no parameter 'bogus'"),
+        ("posix(mode=fast)", "no parameter 'mode'"),
+        ("direct(threads=4))", "NAME(key=value,...)"),
+        ("direct((threads=4)", "NAME(key=value,...)"),
+        ("direct(threads=4", "NAME(key=value,...)"),
+        ("posix(threads)", "expected key=value"),
+        ("posix(threads=1,threads=2)", "'threads' twice"),
+        ("posix(threads=-1)", "must be positive"),
+        ("direct(task_size=0)", "must be positive"),
+    ],
+)
 def test_a_malformed_tool_spec_is_a_config_error(small, spec, expected):
     with pytest.raises(ConfigError, match="tool ") as caught:
         arrayio.load(small, tool=spec)
@@ -76,8 +84,9 @@ def test_valid_specs_keep_their_types():
 
 
 def test_arrayio_tool_is_checked_where_it_is_used(small):
-    result = run_python("-c", f"import arrayio; arrayio.load({str(small)!r})",
-                        ARRAYIO_TOOL="direct(threads=four)")
+    result = run_python(
+        "-c", f"import arrayio; arrayio.load({str(small)!r})", ARRAYIO_TOOL="direct(threads=four)"
+    )
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("arrayio.errors.ConfigError: ")
@@ -85,8 +94,7 @@ def test_arrayio_tool_is_checked_where_it_is_used(small):
 
 
 def test_the_cli_reports_a_bad_arrayio_tool_as_a_usage_error(small):
-    result = run_python("-m", "arrayio", "verify", str(small),
-                        ARRAYIO_TOOL="posix(threads=zero)")
+    result = run_python("-m", "arrayio", "verify", str(small), ARRAYIO_TOOL="posix(threads=zero)")
     assert result.returncode == 2, result.stderr
     assert "ARRAYIO_TOOL" in result.stderr and "Traceback" not in result.stderr
 
@@ -94,21 +102,23 @@ def test_the_cli_reports_a_bad_arrayio_tool_as_a_usage_error(small):
 # --------------------------------------------------------------------------- environment
 
 
-@pytest.mark.parametrize("variable, value, accepted", [
-    ("ARRAYIO_VERIFY_CHECKSUMS", "maybe", "1, true, yes, on, 0, false, no or off"),
-    ("ARRAYIO_VERIFY_CHECKSUMS", "2", "1, true, yes, on, 0, false, no or off"),
-    ("ARRAYIO_GC_PAUSE", "enabled", "1, true, yes, on, 0, false, no or off"),
-    ("ARRAYIO_PROGRESS", "sometimes", "auto, 1, true, yes, on, 0, false, no or off"),
-    ("ARRAYIO_ALIGNMENT", "abc", "a whole number"),
-    ("ARRAYIO_ALIGNMENT", "4k", "a whole number"),
-    ("ARRAYIO_ALIGNMENT", "1000", "power of two"),
-    ("ARRAYIO_STAGING_BYTES", "lots", "a whole number"),
-    ("ARRAYIO_STAGING_BYTES", "100", "at least 4096"),
-    ("ARRAYIO_ASYNC_WORKERS", "0", "at least 1"),
-    ("ARRAYIO_ASYNC_WORKERS", "1.5", "a whole number"),
-])
-def test_a_variable_that_cannot_be_read_is_a_config_error(monkeypatch, variable, value,
-                                                          accepted):
+@pytest.mark.parametrize(
+    "variable, value, accepted",
+    [
+        ("ARRAYIO_VERIFY_CHECKSUMS", "maybe", "1, true, yes, on, 0, false, no or off"),
+        ("ARRAYIO_VERIFY_CHECKSUMS", "2", "1, true, yes, on, 0, false, no or off"),
+        ("ARRAYIO_GC_PAUSE", "enabled", "1, true, yes, on, 0, false, no or off"),
+        ("ARRAYIO_PROGRESS", "sometimes", "auto, 1, true, yes, on, 0, false, no or off"),
+        ("ARRAYIO_ALIGNMENT", "abc", "a whole number"),
+        ("ARRAYIO_ALIGNMENT", "4k", "a whole number"),
+        ("ARRAYIO_ALIGNMENT", "1000", "power of two"),
+        ("ARRAYIO_STAGING_BYTES", "lots", "a whole number"),
+        ("ARRAYIO_STAGING_BYTES", "100", "at least 4096"),
+        ("ARRAYIO_ASYNC_WORKERS", "0", "at least 1"),
+        ("ARRAYIO_ASYNC_WORKERS", "1.5", "a whole number"),
+    ],
+)
+def test_a_variable_that_cannot_be_read_is_a_config_error(monkeypatch, variable, value, accepted):
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigError) as caught:
         config._from_environment()
@@ -116,11 +126,21 @@ def test_a_variable_that_cannot_be_read_is_a_config_error(monkeypatch, variable,
     assert message.startswith(f"{variable}={value!r}: ") and accepted in message
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("1", True), ("true", True), (" Yes ", True), ("ON", True),
-    ("0", False), ("false", False), ("no", False), ("Off", False),
-    ("", True), (None, True),  # unset or empty: the default
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("1", True),
+        ("true", True),
+        (" Yes ", True),
+        ("ON", True),
+        ("0", False),
+        ("false", False),
+        ("no", False),
+        ("Off", False),
+        ("", True),
+        (None, True),  # unset or empty: the default
+    ],
+)
 def test_boolean_spellings(monkeypatch, value, expected):
     for variable in ("ARRAYIO_VERIFY_CHECKSUMS", "ARRAYIO_GC_PAUSE"):
         if value is None:
@@ -137,7 +157,10 @@ def test_integer_spellings(monkeypatch):
     monkeypatch.setenv("ARRAYIO_ASYNC_WORKERS", "2")
     settings = config._from_environment()
     assert (settings.alignment, settings.staging_bytes, settings.async_workers) == (
-        8192, 64 << 20, 2)
+        8192,
+        64 << 20,
+        2,
+    )
 
 
 def test_import_never_raises_the_first_use_does(small):

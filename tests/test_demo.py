@@ -10,10 +10,19 @@ import sys
 def run_demo(tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
     temp = tmp_path / "tmp"
     temp.mkdir(exist_ok=True)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ARRAYIO_")},
-           "TMPDIR": str(temp), "ARRAYIO_CACHE_DIR": "none"}
-    result = subprocess.run([sys.executable, "-m", "arrayio.demo", *args], env=env,
-                            capture_output=True, text=True, timeout=300, check=False)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("ARRAYIO_")},
+        "TMPDIR": str(temp),
+        "ARRAYIO_CACHE_DIR": "none",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "arrayio.demo", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     return result
 

@@ -25,11 +25,17 @@ OPTIONAL = ("jax", "torch", "zarr", "dask", "cupy")
 def _blocks() -> list:
     params = []
     for page in PAGES:
-        for number, code in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(),
-                                                 flags=re.S), 1):
+        for number, code in enumerate(
+            re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S), 1
+        ):
             gpu = any(word in code for word in ("cuda", "cupy", "enable_gpu"))
-            params.append(pytest.param(code, id=f"{page.relative_to(ROOT)}-{number}",
-                                       marks=[pytest.mark.gpu] if gpu else []))
+            params.append(
+                pytest.param(
+                    code,
+                    id=f"{page.relative_to(ROOT)}-{number}",
+                    marks=[pytest.mark.gpu] if gpu else [],
+                )
+            )
     return params
 
 
@@ -39,10 +45,18 @@ def test_the_block_runs_as_pasted(tmp_path: pathlib.Path, code: str) -> None:
     if any(w in code for w in ("cuda", "cupy", "enable_gpu")) and not gpu_available():
         pytest.skip("needs a CUDA GPU")
     for name in OPTIONAL:
-        if re.search(rf"^\s*(import|from) {name}\b", code, flags=re.M) and \
-                importlib.util.find_spec(name) is None:
+        if (
+            re.search(rf"^\s*(import|from) {name}\b", code, flags=re.M)
+            and importlib.util.find_spec(name) is None
+        ):
             pytest.skip(f"needs {name}")
     env = {**os.environ, "ARRAYIO_CACHE_DIR": str(tmp_path / "cache"), "ARRAYIO_PROGRESS": "0"}
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]

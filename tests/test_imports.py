@@ -25,7 +25,11 @@ def imported_after(code: str, tmp_path) -> dict[str, bool]:
     )
     result = subprocess.run(
         [sys.executable, "-W", "error", "-c", script],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])

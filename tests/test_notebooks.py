@@ -22,8 +22,13 @@ CPU_NOTEBOOKS = ["01-quickstart-cpu.ipynb", "04-dispatcher.ipynb"]
 
 
 def outputs(notebook, output_type: str) -> list:
-    return [out for cell in notebook.cells if cell.cell_type == "code"
-            for out in cell.outputs if out.output_type == output_type]
+    return [
+        out
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for out in cell.outputs
+        if out.output_type == output_type
+    ]
 
 
 @pytest.mark.parametrize("name", CPU_NOTEBOOKS)
@@ -33,12 +38,15 @@ def test_a_cpu_notebook_runs(name, tmp_path, monkeypatch):
     monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
     committed = (NOTEBOOKS / name).read_bytes()
     notebook = nbformat.reads(committed.decode(), as_version=4)
-    client = nbclient.NotebookClient(notebook, timeout=240, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        notebook,
+        timeout=240,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
     client.execute()  # raises CellExecutionError, with the cell and traceback, on failure
     assert outputs(notebook, "error") == []
-    rich = [out for kind in ("display_data", "execute_result")
-            for out in outputs(notebook, kind)]
+    rich = [out for kind in ("display_data", "execute_result") for out in outputs(notebook, kind)]
     assert any("text/html" in out.data for out in rich)  # the Reader's or report's table
     if name == "04-dispatcher.ipynb":
         assert sum("image/png" in out.data for out in rich) == 2

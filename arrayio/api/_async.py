@@ -186,8 +186,9 @@ class _Scheduler:
 
     def _spawn_locked(self) -> None:
         # Threads busy with an operation cannot take a ready one: count only the others.
-        while (len(self._threads) < config.get().async_workers
-               and len(self._threads) - self._busy < len(self._ready)):
+        while len(self._threads) < config.get().async_workers and len(
+            self._threads
+        ) - self._busy < len(self._ready):
             thread = threading.Thread(target=self._work, name="arrayio-async")
             try:
                 thread.start()
@@ -302,8 +303,9 @@ def wait(timeout: float | None = None) -> bool:
     if failures:
         error = failures[0].exception()
         for other in failures[1:]:
-            error.add_note(f"arrayio: save_async of {other.path} also failed: "
-                           f"{_describe(other.exception())}")
+            error.add_note(
+                f"arrayio: save_async of {other.path} also failed: {_describe(other.exception())}"
+            )
         raise error
     return True
 
@@ -319,11 +321,16 @@ def _drain_at_exit() -> None:
         _scheduler.wait_idle()
     except KeyboardInterrupt:
         cancelled = _scheduler.cancel_queued()
-        print(f"arrayio: interrupted at exit; {cancelled} queued save(s) or load(s) "
-              "cancelled (files they would have replaced are intact)", file=sys.stderr)
+        print(
+            f"arrayio: interrupted at exit; {cancelled} queued save(s) or load(s) "
+            "cancelled (files they would have replaced are intact)",
+            file=sys.stderr,
+        )
     for future in _scheduler.unseen_failures():
-        print(f"arrayio: save_async of {future.path} failed: {_describe(future.exception())}",
-              file=sys.stderr)
+        print(
+            f"arrayio: save_async of {future.path} failed: {_describe(future.exception())}",
+            file=sys.stderr,
+        )
 
 
 # Before concurrent.futures' own exit hook (the hooks run in reverse order of registration),
@@ -354,7 +361,11 @@ def _snapshot(exported: Exported) -> Exported:
 
 
 def save_async(
-    path: str | os.PathLike[str], obj: Any, *, metadata: Any = None, tool: Any = None,
+    path: str | os.PathLike[str],
+    obj: Any,
+    *,
+    metadata: Any = None,
+    tool: Any = None,
     progress: bool | None = False,
 ) -> AsyncFuture:
     """Save like :func:`arrayio.save`, writing in the background.
@@ -428,8 +439,16 @@ def load_async(
 
     def run(checkpoint: Callable[[bool], None]) -> Any:
         checkpoint(False)
-        result = _load.load(path, like=like, device=device, keys=keys, structure=structure,
-                            verify=verify, tool=tool, progress=progress)
+        result = _load.load(
+            path,
+            like=like,
+            device=device,
+            keys=keys,
+            structure=structure,
+            verify=verify,
+            tool=tool,
+            progress=progress,
+        )
         checkpoint(True)
         return result
 

@@ -24,25 +24,32 @@ __all__ = ["dispatch_report_html", "reader_html"]
 
 MAX_ROWS = 200  # a file with thousands of arrays shows the first ones and a count
 
-_STYLE = ("<style>.arrayio-repr table{border-collapse:collapse;margin:4px 0}"
-          ".arrayio-repr th,.arrayio-repr td{padding:2px 8px;text-align:left;"
-          "border-bottom:1px solid #ddd;font-family:monospace}"
-          ".arrayio-repr td.num{text-align:right}"
-          ".arrayio-repr tr.chosen td{font-weight:bold}</style>")
+_STYLE = (
+    "<style>.arrayio-repr table{border-collapse:collapse;margin:4px 0}"
+    ".arrayio-repr th,.arrayio-repr td{padding:2px 8px;text-align:left;"
+    "border-bottom:1px solid #ddd;font-family:monospace}"
+    ".arrayio-repr td.num{text-align:right}"
+    ".arrayio-repr tr.chosen td{font-weight:bold}</style>"
+)
 
 
 def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: frozenset[int] =
-           frozenset(), row_classes: Sequence[str] | None = None) -> str:
+def _table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    numeric: frozenset[int] = frozenset(),
+    row_classes: Sequence[str] | None = None,
+) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in headers)
     body = []
     for i, row in enumerate(rows):
         cells = "".join(
             f'<td class="num">{_e(c)}</td>' if j in numeric else f"<td>{_e(c)}</td>"
-            for j, c in enumerate(row))
+            for j, c in enumerate(row)
+        )
         css = f' class="{_e(row_classes[i])}"' if row_classes and row_classes[i] else ""
         body.append(f"<tr{css}>{cells}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
@@ -60,25 +67,43 @@ def reader_html(reader: Reader) -> str:
     with_crc = sum(reader[k].crc32c is not None for k in keys)
     framework = f", saved from {reader.framework}" if reader.framework else ""
     state = " (closed)" if reader.closed else ""
-    title = (f"<b>arrayio.Reader</b> <code>{_e(reader.path)}</code>{state}<br>"
-             f"{_e(reader.format)}, {format_count(len(keys), 'array')}, "
-             f"{_e(format_bytes(reader.nbytes))}"
-             f"{_e(framework)}; checksums: {with_crc} of {len(keys)}")
+    title = (
+        f"<b>arrayio.Reader</b> <code>{_e(reader.path)}</code>{state}<br>"
+        f"{_e(reader.format)}, {format_count(len(keys), 'array')}, "
+        f"{_e(format_bytes(reader.nbytes))}"
+        f"{_e(framework)}; checksums: {with_crc} of {len(keys)}"
+    )
     rows = []
     for key in keys[:MAX_ROWS]:
         info = reader[key]
-        rows.append((key, info.dtype, "(" + ", ".join(map(str, info.shape)) +
-                     ("," if len(info.shape) == 1 else "") + ")",
-                     format_bytes(info.nbytes), info.file_offset, info.crc32c or "none"))
-    parts = [_STYLE, '<div class="arrayio-repr">', title,
-             _table(("key", "dtype", "shape", "size", "offset", "crc32c"), rows,
-                    numeric=frozenset({3, 4}))]
+        rows.append(
+            (
+                key,
+                info.dtype,
+                "(" + ", ".join(map(str, info.shape)) + ("," if len(info.shape) == 1 else "") + ")",
+                format_bytes(info.nbytes),
+                info.file_offset,
+                info.crc32c or "none",
+            )
+        )
+    parts = [
+        _STYLE,
+        '<div class="arrayio-repr">',
+        title,
+        _table(
+            ("key", "dtype", "shape", "size", "offset", "crc32c"), rows, numeric=frozenset({3, 4})
+        ),
+    ]
     if len(keys) > MAX_ROWS:
         parts.append(f"<i>... and {format_count(len(keys) - MAX_ROWS, 'more array')}</i>")
     if reader.metadata:
         parts.append("<b>metadata</b>")
-        parts.append(_table(("name", "value"), ((name, _metadata_value(value))
-                                                for name, value in reader.metadata.items())))
+        parts.append(
+            _table(
+                ("name", "value"),
+                ((name, _metadata_value(value)) for name, value in reader.metadata.items()),
+            )
+        )
     parts.append("</div>")
     return "".join(parts)
 
@@ -92,8 +117,15 @@ def _context_columns(key: str) -> tuple[str, ...] | None:
     if match is None:
         return None
     direction, memory, power, storage, cache, load, crc = match.groups()
-    return (direction, memory, "<= " + format_bytes(1 << int(power)), storage, cache, load,
-            "yes" if crc else "no")
+    return (
+        direction,
+        memory,
+        "<= " + format_bytes(1 << int(power)),
+        storage,
+        cache,
+        load,
+        "yes" if crc else "no",
+    )
 
 
 def _sort_key(explanation: Explanation) -> tuple[Any, ...]:
@@ -112,36 +144,78 @@ def dispatch_report_html(report: DispatchReport) -> str:
     """An HTML view of a :class:`~arrayio.DispatchReport`: the tools, one summary row per
     context (what it chose and how fast), and each context's arms in a collapsible table."""
     available = [name for name, reason in report.tools.items() if reason is None]
-    unavailable = [f"{name} ({reason})" for name, reason in report.tools.items()
-                   if reason is not None]
-    parts = [_STYLE, '<div class="arrayio-repr">',
-             f"<b>arrayio dispatch table</b> <code>{_e(report.table_path or 'in memory only')}"
-             f"</code><br>tools available: {_e(', '.join(available) or 'none')}"]
+    unavailable = [
+        f"{name} ({reason})" for name, reason in report.tools.items() if reason is not None
+    ]
+    parts = [
+        _STYLE,
+        '<div class="arrayio-repr">',
+        f"<b>arrayio dispatch table</b> <code>{_e(report.table_path or 'in memory only')}"
+        f"</code><br>tools available: {_e(', '.join(available) or 'none')}",
+    ]
     if unavailable:
         parts.append(f"<br>unavailable: {_e('; '.join(unavailable))}")
     explanations = sorted(report.explanations, key=_sort_key)
     if not explanations:
-        parts.append("<p>Nothing learned yet: transfers (or <code>arrayio.tune</code>) "
-                     "teach it.</p></div>")
+        parts.append(
+            "<p>Nothing learned yet: transfers (or <code>arrayio.tune</code>) teach it.</p></div>"
+        )
         return "".join(parts)
     summary = []
     for explanation in explanations:
         columns = _context_columns(explanation.key) or (explanation.key, "", "", "", "", "", "")
-        chosen = next((arm for arm in explanation.arms if arm.label == explanation.chosen),
-                      None)
-        summary.append((*columns, explanation.phase, explanation.chosen or "-",
-                        _gbps(chosen.gbps if chosen is not None else None)))
-    parts.append(_table(("direction", "memory", "size", "storage", "cache", "load", "crc",
-                         "phase", "chosen", "GB/s"), summary, numeric=frozenset({9})))
+        chosen = next((arm for arm in explanation.arms if arm.label == explanation.chosen), None)
+        summary.append(
+            (
+                *columns,
+                explanation.phase,
+                explanation.chosen or "-",
+                _gbps(chosen.gbps if chosen is not None else None),
+            )
+        )
+    parts.append(
+        _table(
+            (
+                "direction",
+                "memory",
+                "size",
+                "storage",
+                "cache",
+                "load",
+                "crc",
+                "phase",
+                "chosen",
+                "GB/s",
+            ),
+            summary,
+            numeric=frozenset({9}),
+        )
+    )
     for explanation in explanations:
-        rows = [(arm.label, arm.state, _gbps(arm.gbps), _gbps(arm.best_gbps), arm.samples,
-                 arm.count, arm.failures, arm.reason or "") for arm in explanation.arms]
+        rows = [
+            (
+                arm.label,
+                arm.state,
+                _gbps(arm.gbps),
+                _gbps(arm.best_gbps),
+                arm.samples,
+                arm.count,
+                arm.failures,
+                arm.reason or "",
+            )
+            for arm in explanation.arms
+        ]
         classes = ["chosen" if arm.state == "chosen" else "" for arm in explanation.arms]
         parts.append(
             f"<details><summary><code>{_e(explanation.key)}</code>: "
             f"{_e(explanation.chosen or '-')} [{_e(explanation.reason)}]</summary>"
-            + _table(("arm", "state", "GB/s", "best GB/s", "samples", "calls", "failures",
-                      "note"), rows, numeric=frozenset({2, 3, 4, 5, 6}), row_classes=classes)
-            + "</details>")
+            + _table(
+                ("arm", "state", "GB/s", "best GB/s", "samples", "calls", "failures", "note"),
+                rows,
+                numeric=frozenset({2, 3, 4, 5, 6}),
+                row_classes=classes,
+            )
+            + "</details>"
+        )
     parts.append("</div>")
     return "".join(parts)

@@ -89,12 +89,17 @@ def load(
     KeyNotFoundError, ChecksumError, FormatError, UnsupportedDtypeError, DeviceError
     """
     with Reader(path, verify=verify, tool=tool) as reader:
-        return reader.load(keys=keys, like=like, device=device, structure=structure,
-                           progress=progress)
+        return reader.load(
+            keys=keys, like=like, device=device, structure=structure, progress=progress
+        )
 
 
 def read_into(
-    path: PathLike, out: Any, *, key: str | None = None, verify: bool | None = None,
+    path: PathLike,
+    out: Any,
+    *,
+    key: str | None = None,
+    verify: bool | None = None,
     tool: Any = None,
 ) -> Any:
     """Fill ``out``, an array the caller allocated (NumPy, CuPy or torch), in place.

@@ -97,8 +97,9 @@ class Reader:
 
     _fd: int | None = None  # until opened: __del__ of a Reader whose open failed is a no-op
 
-    def __init__(self, path: str | os.PathLike[str], *, verify: bool | None = None,
-                 tool: Any = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, verify: bool | None = None, tool: Any = None
+    ) -> None:
         self.path = os.fspath(path)
         self._verify = config.get().verify_checksums if verify is None else verify
         self._tool = tool
@@ -108,8 +109,10 @@ class Reader:
             kind = stat.S_IFMT(os.fstat(self._fd).st_mode)
             if kind != stat.S_IFREG:
                 what = "a directory" if kind == stat.S_IFDIR else "not a regular file"
-                raise FormatError(f"{self.path}: is {what}; arrayio reads .safetensors and .npy "
-                                  "files (a Zarr store opens with arrayio.zarr)")
+                raise FormatError(
+                    f"{self.path}: is {what}; arrayio reads .safetensors and .npy "
+                    "files (a Zarr store opens with arrayio.zarr)"
+                )
             self.format = formats.sniff(self._fd, self.path)
             if self.format == "npy":
                 self._open_npy(self._fd)
@@ -125,8 +128,11 @@ class Reader:
     def _open_npy(self, fd: int) -> None:
         header = formats.npy.read_header(fd, self.path)
         key = _pytree.SINGLE_ARRAY_KEY
-        self._stored = {key: _Stored(key, header.dtype, header.shape, header.data_start, None,
-                                     header.fortran_order)}
+        self._stored = {
+            key: _Stored(
+                key, header.dtype, header.shape, header.data_start, None, header.fortran_order
+            )
+        }
         self._tree: dict[str, Any] = {"leaf": key}
         self._order = [key]
         self._leaf_keys = [key]
@@ -137,9 +143,15 @@ class Reader:
         self._stored = {}
         for member in formats.npz.read_members(fd, self.path):
             header = member.header
-            self._stored[member.key] = _Stored(member.key, header.dtype, header.shape,
-                                               header.data_start, None, header.fortran_order,
-                                               member if member.compressed else None)
+            self._stored[member.key] = _Stored(
+                member.key,
+                header.dtype,
+                header.shape,
+                header.data_start,
+                None,
+                header.fortran_order,
+                member if member.compressed else None,
+            )
         self._order = self._leaf_keys = list(self._stored)
         self._tree = {"dict": [[key, {"leaf": key}] for key in self._order]}
         self.metadata = {}
@@ -181,8 +193,9 @@ class Reader:
             listed = set(leaf_keys)  # then any tensor the structure does not name
             self._order = leaf_keys + [key for key in self._stored if key not in listed]
             if missing:
-                raise FormatError(f"{self.path}: structure names tensors the file lacks: "
-                                  f"{sorted(missing)[:5]}")
+                raise FormatError(
+                    f"{self.path}: structure names tensors the file lacks: {sorted(missing)[:5]}"
+                )
         self.metadata = metadata
         self.header_checked = header.header_checked
 
@@ -224,8 +237,11 @@ class Reader:
     def __repr__(self) -> str:
         from ..runtime._units import format_count
 
-        state = "closed" if self._fd is None else (
-            f"{format_count(len(self), 'array')}, {format_count(self.nbytes, 'byte')}")
+        state = (
+            "closed"
+            if self._fd is None
+            else (f"{format_count(len(self), 'array')}, {format_count(self.nbytes, 'byte')}")
+        )
         return f"<arrayio.Reader {self.path!r} ({self.format}, {state})>"
 
     def _repr_html_(self) -> str:
@@ -260,7 +276,12 @@ class Reader:
         return self._fd
 
     def read(
-        self, key: str | None = None, index: Any = None, *, like: Any = None, device: Any = None,
+        self,
+        key: str | None = None,
+        index: Any = None,
+        *,
+        like: Any = None,
+        device: Any = None,
     ) -> Any:
         """Read one array, or only the rows ``index`` selects along its leading axis.
 
@@ -301,8 +322,9 @@ class Reader:
                 data.copy_from_host(0, host)
             return
         check = self._verify and stored.crc32c is not None
-        crc = _transfer.read_into(self.fd, stored.start, data, path=self.path,
-                                  with_checksum=check, tool=self._tool)
+        crc = _transfer.read_into(
+            self.fd, stored.start, data, path=self.path, with_checksum=check, tool=self._tool
+        )
         if check:
             self._check(stored, crc)
 
@@ -328,8 +350,9 @@ class Reader:
                     return results
                 self._read_batch(batch, results, advance)
 
-    def _allocate_batch(self, keys: Iterator[str], request: Request
-                        ) -> list[tuple[_Stored, Target]]:
+    def _allocate_batch(
+        self, keys: Iterator[str], request: Request
+    ) -> list[tuple[_Stored, Target]]:
         """Allocate the next arrays of ``keys``: all of them, or up to
         :data:`COPY_BATCH_BYTES` of those whose finishing copies."""
         batch: list[tuple[_Stored, Target]] = []
@@ -352,7 +375,8 @@ class Reader:
                 raise
             raise OutOfMemoryError(
                 f"{self.path}: no memory for array {stored.key!r} "
-                f"({format_bytes(stored.nbytes)} on {request.placement}): {error}") from None
+                f"({format_bytes(stored.nbytes)} on {request.placement}): {error}"
+            ) from None
 
     def _check_memory(self, nbytes: int, count: int, request: Request) -> None:
         """Refuse, before allocating anything, a load whose results cannot fit in the host
@@ -363,17 +387,22 @@ class Reader:
         available = _memory.available_host_bytes()
         if available is None or needed <= available:
             return
-        message = (f"{self.path}: loading needs {format_bytes(needed)} of memory and "
-                   f"{format_bytes(available)} is available")
+        message = (
+            f"{self.path}: loading needs {format_bytes(needed)} of memory and "
+            f"{format_bytes(available)} is available"
+        )
         status = os.fstat(self.fd)
         stored_bytes = status.st_blocks * 512
         if stored_bytes < nbytes // 2:
-            message += (f"; the file stores only {format_bytes(stored_bytes)} on disk (a "
-                        "sparse file, or a header that claims more than was written)")
+            message += (
+                f"; the file stores only {format_bytes(stored_bytes)} on disk (a "
+                "sparse file, or a header that claims more than was written)"
+            )
         raise OutOfMemoryError(message + "; read fewer arrays (keys=) or rows (Reader.read)")
 
-    def _read_batch(self, batch: list[tuple[_Stored, Target]], results: dict[str, Any],
-                    advance: Any) -> None:
+    def _read_batch(
+        self, batch: list[tuple[_Stored, Target]], results: dict[str, Any], advance: Any
+    ) -> None:
         for stored, target in batch:  # inflated one by one, not moved by a tool
             if stored.compressed is not None:
                 self._fill(stored, target.data)
@@ -382,8 +411,13 @@ class Reader:
         checks = [self._verify and stored.crc32c is not None for stored, _ in moved]
         transfers = [(stored.start, target.data) for stored, target in moved]
         crcs = _transfer.read_many(
-            self.fd, transfers, path=self.path, with_checksum=any(checks), tool=self._tool,
-            done=lambda i: advance(moved[i][0].nbytes))
+            self.fd,
+            transfers,
+            path=self.path,
+            with_checksum=any(checks),
+            tool=self._tool,
+            done=lambda i: advance(moved[i][0].nbytes),
+        )
         for (stored, _), check, crc in zip(moved, checks, crcs, strict=True):
             if check:
                 self._check(stored, crc)
@@ -400,7 +434,9 @@ class Reader:
         first = rows.start if len(rows) else 0
         span = (rows[-1] - rows.start + 1) if len(rows) else 0
         piece = dataclasses.replace(
-            stored, shape=(span, *stored.shape[1:]), start=stored.start + first * row_bytes,
+            stored,
+            shape=(span, *stored.shape[1:]),
+            start=stored.start + first * row_bytes,
             crc32c=None,
         )
         result = self._read_whole(piece, request)
@@ -424,26 +460,37 @@ class Reader:
                 f"out is {dtype.name}{list(shape)}"
             )
         if stored.fortran_order:
-            raise MismatchError(f"{self.path}: Fortran-ordered .npy data cannot fill a C-ordered "
-                                "array in place; use read() or load()")
+            raise MismatchError(
+                f"{self.path}: Fortran-ordered .npy data cannot fill a C-ordered "
+                "array in place; use read() or load()"
+            )
         self._fill(stored, data)
         return out
 
     def load(
-        self, *, keys: str | Sequence[str] | None = None, like: Any = None, device: Any = None,
-        structure: Any = None, progress: bool | None = None,
+        self,
+        *,
+        keys: str | Sequence[str] | None = None,
+        like: Any = None,
+        device: Any = None,
+        structure: Any = None,
+        progress: bool | None = None,
     ) -> Any:
         """Read arrays into the saved structure; see :func:`arrayio.load`."""
-        chosen = list(self._stored) if keys is None else self._select(
-            [keys] if isinstance(keys, str) else keys)
+        chosen = (
+            list(self._stored)
+            if keys is None
+            else self._select([keys] if isinstance(keys, str) else keys)
+        )
         total = sum(self._stored[key].nbytes for key in chosen)
         request = parse_target(like, device)
         self._check_memory(total, len(chosen), request)
         with _progress.bar(total, desc=f"loading {self.path}", progress=progress) as advance:
             return self._load(keys, request, structure, advance)
 
-    def _load(self, keys: str | Sequence[str] | None, request: Request, structure: Any,
-              advance: Any) -> Any:
+    def _load(
+        self, keys: str | Sequence[str] | None, request: Request, structure: Any, advance: Any
+    ) -> Any:
         if keys is not None:
             if isinstance(keys, str):
                 if keys in self._stored:
@@ -454,15 +501,22 @@ class Reader:
         if structure is not None:
             constants = _pytree.leaves_by_key(_pytree.unflatten(self._tree, lambda key: _ARRAY))
             wanted = _pytree.example_keys(structure)
-            missing = [key for key in wanted if key not in self._stored
-                       and constants.get(key, _ARRAY) is _ARRAY]
+            missing = [
+                key
+                for key in wanted
+                if key not in self._stored and constants.get(key, _ARRAY) is _ARRAY
+            ]
             if missing:  # before reading anything
-                raise KeyNotFoundError(f"{self.path}: the structure asks for {missing[0]!r}, "
-                                       f"which the file lacks (keys: {self.keys()[:5]}...)")
-            arrays = self._read_all([key for key in wanted if key in self._stored], request,
-                                    advance)
+                raise KeyNotFoundError(
+                    f"{self.path}: the structure asks for {missing[0]!r}, "
+                    f"which the file lacks (keys: {self.keys()[:5]}...)"
+                )
+            arrays = self._read_all(
+                [key for key in wanted if key in self._stored], request, advance
+            )
             return _pytree.rebuild_like(
-                structure, lambda key: arrays[key] if key in arrays else constants[key])
+                structure, lambda key: arrays[key] if key in arrays else constants[key]
+            )
         arrays = self._read_all(self._leaf_keys, request, advance)
         return _pytree.unflatten(self._tree, arrays.__getitem__, where=f"{self.path}: ")
 

@@ -27,7 +27,11 @@ PathLike = str | os.PathLike[str]
 
 
 def save(
-    path: PathLike, obj: Any, *, metadata: Mapping[str, Any] | None = None, tool: Any = None,
+    path: PathLike,
+    obj: Any,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    tool: Any = None,
     progress: bool | None = None,
 ) -> None:
     """Save an array, or a pytree of arrays, atomically.
@@ -117,7 +121,9 @@ def prepare_save(path: PathLike, obj: Any, metadata: Mapping[str, Any] | None) -
         arrayio["json_metadata"] = json_keys
     layout = safetensors.plan(
         [(key, e.dtype, e.shape) for key, e in arrays.items()],
-        metadata=stored_metadata, arrayio=arrayio, alignment=config.get().alignment,
+        metadata=stored_metadata,
+        arrayio=arrayio,
+        alignment=config.get().alignment,
         checksums=True,
     )
     return PreparedSave(path, arrays, layout)
@@ -126,11 +132,24 @@ def prepare_save(path: PathLike, obj: Any, metadata: Mapping[str, Any] | None) -
 # Extensions of formats arrayio does not write, and what their users would load them with:
 # a safetensors container under such a name would only make that loader fail.
 _FOREIGN_EXTENSIONS = {
-    ".pt": "torch.load", ".pth": "torch.load", ".bin": "torch.load", ".ckpt": "torch.load",
-    ".pkl": "pickle", ".pickle": "pickle", ".joblib": "joblib",
-    ".h5": "h5py", ".hdf5": "h5py", ".nc": "netCDF", ".mat": "scipy.io.loadmat",
-    ".msgpack": "flax.serialization", ".gguf": "gguf", ".onnx": "onnx",
-    ".zarr": "zarr", ".zip": "zipfile", ".tar": "tarfile", ".json": "json",
+    ".pt": "torch.load",
+    ".pth": "torch.load",
+    ".bin": "torch.load",
+    ".ckpt": "torch.load",
+    ".pkl": "pickle",
+    ".pickle": "pickle",
+    ".joblib": "joblib",
+    ".h5": "h5py",
+    ".hdf5": "h5py",
+    ".nc": "netCDF",
+    ".mat": "scipy.io.loadmat",
+    ".msgpack": "flax.serialization",
+    ".gguf": "gguf",
+    ".onnx": "onnx",
+    ".zarr": "zarr",
+    ".zip": "zipfile",
+    ".tar": "tarfile",
+    ".json": "json",
 }
 
 
@@ -140,12 +159,18 @@ def _refuse_foreign_extension(path: str) -> None:
     if reader is None:
         return
     stem = os.path.splitext(os.path.basename(path))[0]
-    hint = ("; for Zarr use arrayio.zarr.NVMeStore" if extension == ".zarr" else
-            f"; convert a saved file with: arrayio convert {stem}.safetensors "
-            f"{os.path.basename(path)}" if extension in (".pt", ".pth") else "")
+    hint = (
+        "; for Zarr use arrayio.zarr.NVMeStore"
+        if extension == ".zarr"
+        else f"; convert a saved file with: arrayio convert {stem}.safetensors "
+        f"{os.path.basename(path)}"
+        if extension in (".pt", ".pth")
+        else ""
+    )
     raise UnsupportedFormatError(
         f"{path}: arrayio does not write the {extension} format, which {reader} would expect "
-        f"to read; save to {stem}.safetensors (or .npy, .npz){hint}")
+        f"to read; save to {stem}.safetensors (or .npy, .npz){hint}"
+    )
 
 
 def prepare_npz(path: str, obj: Any, metadata: Mapping[str, Any] | None) -> PreparedSave:
@@ -153,22 +178,29 @@ def prepare_npz(path: str, obj: Any, metadata: Mapping[str, Any] | None) -> Prep
     if metadata:
         raise UnsupportedObjectError(".npz cannot hold metadata; use a .safetensors container")
     if not isinstance(obj, Mapping) or not all(
-            isinstance(key, str) and is_array(value) for key, value in obj.items()):
+        isinstance(key, str) and is_array(value) for key, value in obj.items()
+    ):
         raise UnsupportedObjectError(
             f"{path}: .npz holds a flat dict of names to arrays, as numpy.savez takes; save "
-            "other structures (nesting, constants, None) to a .safetensors container")
+            "other structures (nesting, constants, None) to a .safetensors container"
+        )
     arrays = {key: export(value) for key, value in obj.items()}
     for key, exported in arrays.items():
         if not exported.dtype.numpy_native:
             raise UnsupportedDtypeError(
                 f"{path}: .npz cannot record {exported.dtype.name} (array {key!r}; NumPy would "
-                "read opaque bytes); save it to a .safetensors container instead")
+                "read opaque bytes); save it to a .safetensors container instead"
+            )
     return PreparedSave(path, arrays, None)
 
 
-def write_prepared(prepared: PreparedSave, *, tool: Any = None,
-                   checkpoint: Callable[[bool], None] | None = None,
-                   progress: bool | None = None) -> None:
+def write_prepared(
+    prepared: PreparedSave,
+    *,
+    tool: Any = None,
+    checkpoint: Callable[[bool], None] | None = None,
+    progress: bool | None = None,
+) -> None:
     """Write a :class:`PreparedSave` atomically.
 
     ``checkpoint(False)`` is called before the first array and as each array but the last is
@@ -177,14 +209,16 @@ def write_prepared(prepared: PreparedSave, *, tool: Any = None,
     file intact (how a running :func:`arrayio.save_async` is cancelled).
     """
     total = sum(exported.data.nbytes for exported in prepared.arrays.values())
-    with _gcpause.paused(across_transfers=True), atomic_write(prepared.path) as fd, _progress.bar(
-            total, desc=f"saving {prepared.path}", progress=progress) as advance:
+    with (
+        _gcpause.paused(across_transfers=True),
+        atomic_write(prepared.path) as fd,
+        _progress.bar(total, desc=f"saving {prepared.path}", progress=progress) as advance,
+    ):
         if prepared.npy_header is None and prepared.layout is None:  # .npz
             if checkpoint is not None:
                 checkpoint(False)
             with os.fdopen(os.dup(fd), "wb") as file:
-                npz.write(file, {key: _on_host(e) for key, e in prepared.arrays.items()},
-                          advance)
+                npz.write(file, {key: _on_host(e) for key, e in prepared.arrays.items()}, advance)
         elif prepared.layout is None:  # .npy: one array after its header
             exported = next(iter(prepared.arrays.values()))
             if checkpoint is not None:
@@ -205,11 +239,16 @@ def write_prepared(prepared: PreparedSave, *, tool: Any = None,
                 checkpoint(False)
             # One batch: every array's write in flight at once (see Dispatcher.write_many).
             crcs = _transfer.write_many(
-                fd, [(entry.start, prepared.arrays[entry.key].data) for entry in entries],
-                with_checksum=True, tool=tool, done=done)
+                fd,
+                [(entry.start, prepared.arrays[entry.key].data) for entry in entries],
+                with_checksum=True,
+                tool=tool,
+                done=done,
+            )
             # None only from a forced tool that cannot checksum
-            checksums = {entry.key: crc for entry, crc in zip(entries, crcs, strict=True)
-                         if crc is not None}
+            checksums = {
+                entry.key: crc for entry, crc in zip(entries, crcs, strict=True) if crc is not None
+            }
             _write_all(fd, layout.header(checksums), 0)
             if os.fstat(fd).st_size < layout.file_size:  # only an empty last tensor does this
                 os.ftruncate(fd, layout.file_size)

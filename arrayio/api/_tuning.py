@@ -43,8 +43,11 @@ class DispatchReport:
     table_path: str | None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"table_path": self.table_path, "tools": dict(self.tools),
-                "contexts": [e.as_dict() for e in self.explanations]}
+        return {
+            "table_path": self.table_path,
+            "tools": dict(self.tools),
+            "contexts": [e.as_dict() for e in self.explanations],
+        }
 
     def __str__(self) -> str:
         lines = [f"arrayio dispatch table: {self.table_path or '(in memory only)'}"]
@@ -54,12 +57,14 @@ class DispatchReport:
             lines.append("  nothing learned yet: transfers (or arrayio.tune) teach it")
         for explanation in self.explanations:
             lines.append("")
-            lines.append(f"{explanation.key}: {explanation.chosen or '-'}  "
-                         f"[{explanation.reason}]")
+            lines.append(f"{explanation.key}: {explanation.chosen or '-'}  [{explanation.reason}]")
             for arm in explanation.arms:
-                figure = (f"{arm.gbps:8.2f} GB/s" if arm.gbps is not None else " " * 13)
-                extra = (f" ({format_count(arm.samples, 'sample')}, "
-                         f"{format_count(arm.count, 'call')})" if arm.count else "")
+                figure = f"{arm.gbps:8.2f} GB/s" if arm.gbps is not None else " " * 13
+                extra = (
+                    f" ({format_count(arm.samples, 'sample')}, {format_count(arm.count, 'call')})"
+                    if arm.count
+                    else ""
+                )
                 reason = f"  {arm.reason}" if arm.reason else ""
                 lines.append(f"    {arm.label:44s} {arm.state:12s}{figure}{extra}{reason}")
         return "\n".join(lines)
@@ -139,13 +144,20 @@ def explain(
             # What load() does: the arrays it learns for (1 MiB and more, or all of them
             # under a forced tool) move as one batch, in the batch's context.
             forced = active.forced_arm(None)
-            infos = [info for info in every if info.nbytes and (
-                forced is not None or info.nbytes >= dispatch.SMALL_TRANSFER)]
+            infos = [
+                info
+                for info in every
+                if info.nbytes and (forced is not None or info.nbytes >= dispatch.SMALL_TRANSFER)
+            ]
             if infos:  # verified if any array of the load is (as Reader._read_batch does)
                 checksum = check and any(info.crc32c is not None for info in every)
                 context = active.batch_context(
-                    "read", reader.fd, [(info.file_offset, info.nbytes) for info in infos],
-                    memory, checksum)
+                    "read",
+                    reader.fd,
+                    [(info.file_offset, info.nbytes) for info in infos],
+                    memory,
+                    checksum,
+                )
                 explanations.append(active.policy.explain(context, force=forced))
     return DispatchReport(tuple(explanations), _tool_availability(), active.table_path)
 
@@ -206,19 +218,32 @@ def tune(
     tuned: dict[str, Context] = {}
     with config.set(tool=None):  # tuning learns what the dispatcher would choose
         if sizes:
-            _tune_sizes(active, directory, device, sizes, directions, caches, check,
-                        max_calls, tuned)
+            _tune_sizes(
+                active, directory, device, sizes, directions, caches, check, max_calls, tuned
+            )
         if arrays is not None:
-            _tune_arrays(active, directory, device, arrays, directions, caches, check,
-                         max_calls, tuned)
+            _tune_arrays(
+                active, directory, device, arrays, directions, caches, check, max_calls, tuned
+            )
     active.save()
-    return DispatchReport(tuple(active.policy.explain(c) for c in tuned.values()),
-                          _tool_availability(), active.table_path)
+    return DispatchReport(
+        tuple(active.policy.explain(c) for c in tuned.values()),
+        _tool_availability(),
+        active.table_path,
+    )
 
 
-def _tune_sizes(active: dispatch.Dispatcher, directory: str | os.PathLike[str], device: Any,
-                sizes: list[int], directions: Sequence[str], caches: Sequence[str],
-                check: bool, max_calls: int, tuned: dict[str, Context]) -> None:
+def _tune_sizes(
+    active: dispatch.Dispatcher,
+    directory: str | os.PathLike[str],
+    device: Any,
+    sizes: list[int],
+    directions: Sequence[str],
+    caches: Sequence[str],
+    check: bool,
+    max_calls: int,
+    tuned: dict[str, Context],
+) -> None:
     request = parse_target("cupy" if _is_gpu(device) else None, device)
     uint8 = _dtypes.by_name("uint8")
     fd_data, data_path = tempfile.mkstemp(prefix=".arrayio-tune-", dir=directory)
@@ -231,9 +256,10 @@ def _tune_sizes(active: dispatch.Dispatcher, directory: str | os.PathLike[str], 
         for nbytes in sizes:
             buffer = allocate(request, uint8, (nbytes,)).data
             for direction in directions:
-                for cache in (caches if direction == "read" else ("-",)):
-                    context = _tune_one(active, direction, cache, fd_data, write_path,
-                                        buffer, check, max_calls)
+                for cache in caches if direction == "read" else ("-",):
+                    context = _tune_one(
+                        active, direction, cache, fd_data, write_path, buffer, check, max_calls
+                    )
                     if context is not None:
                         tuned[context.key()] = context
     finally:
@@ -243,16 +269,23 @@ def _tune_sizes(active: dispatch.Dispatcher, directory: str | os.PathLike[str], 
                 os.unlink(name)
 
 
-def _tune_arrays(active: dispatch.Dispatcher, directory: str | os.PathLike[str],
-                 device: Any, arrays: Any, directions: Sequence[str], caches: Sequence[str],
-                 check: bool, max_calls: int, tuned: dict[str, Context]) -> None:
+def _tune_arrays(
+    active: dispatch.Dispatcher,
+    directory: str | os.PathLike[str],
+    device: Any,
+    arrays: Any,
+    directions: Sequence[str],
+    caches: Sequence[str],
+    check: bool,
+    max_calls: int,
+    tuned: dict[str, Context],
+) -> None:
     """Save ``arrays``, then load them in each cache state of ``caches``, until each of
     their batches' contexts stops exploring."""
     from ._load import load
     from ._save import save
 
-    fd, path = tempfile.mkstemp(prefix=".arrayio-tune-", suffix=".safetensors",
-                                dir=directory)
+    fd, path = tempfile.mkstemp(prefix=".arrayio-tune-", suffix=".safetensors", dir=directory)
     os.close(fd)
 
     def steps() -> Iterable[tuple[Callable[[], None], Callable[[], Any]]]:
@@ -261,8 +294,10 @@ def _tune_arrays(active: dispatch.Dispatcher, directory: str | os.PathLike[str],
             yield (lambda: None), (lambda: save(path, arrays))
         if "read" in directions:
             for cache in caches:
-                yield (functools.partial(_evict if cache == "cold" else _warm, path),
-                       lambda: load(path, device=device, verify=check))
+                yield (
+                    functools.partial(_evict if cache == "cold" else _warm, path),
+                    lambda: load(path, device=device, verify=check),
+                )
 
     def batch_of(prepare: Callable[[], None], call: Callable[[], Any]) -> Context | None:
         prepare()
@@ -274,8 +309,7 @@ def _tune_arrays(active: dispatch.Dispatcher, directory: str | os.PathLike[str],
     try:
         save(path, arrays)  # the file the loads read
         for prepare, call in steps():
-            context = _until_learned(active, functools.partial(batch_of, prepare, call),
-                                     max_calls)
+            context = _until_learned(active, functools.partial(batch_of, prepare, call), max_calls)
             if context is not None:
                 tuned[context.key()] = context
     finally:
@@ -305,8 +339,16 @@ def _is_gpu(device: Any) -> bool:
     return device is not None and parse_target(None, device).placement.is_cuda
 
 
-def _tune_one(active: dispatch.Dispatcher, direction: str, cache: str, fd_data: int,
-              write_path: str, buffer: Any, check: bool, max_calls: int) -> Context | None:
+def _tune_one(
+    active: dispatch.Dispatcher,
+    direction: str,
+    cache: str,
+    fd_data: int,
+    write_path: str,
+    buffer: Any,
+    check: bool,
+    max_calls: int,
+) -> Context | None:
     def transfer() -> Context | None:
         if direction == "read":
             if cache == "cold":
@@ -324,8 +366,9 @@ def _tune_one(active: dispatch.Dispatcher, direction: str, cache: str, fd_data: 
     return _until_learned(active, transfer, max_calls)
 
 
-def _until_learned(active: dispatch.Dispatcher, call: Callable[[], Context | None],
-                   max_calls: int) -> Context | None:
+def _until_learned(
+    active: dispatch.Dispatcher, call: Callable[[], Context | None], max_calls: int
+) -> Context | None:
     """Repeat ``call`` (which returns the context it ran in, or None where nothing is
     learned) until its context stops exploring, at most ``max_calls`` times."""
     context = None

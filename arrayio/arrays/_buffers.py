@@ -13,8 +13,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["HOST_ALIGNMENT", "CupyDeviceBuffer", "DeviceBuffer", "TorchDeviceBuffer",
-           "aligned_empty", "result_empty", "scatter_from_host", "synchronize_device"]
+__all__ = [
+    "HOST_ALIGNMENT",
+    "CupyDeviceBuffer",
+    "DeviceBuffer",
+    "TorchDeviceBuffer",
+    "aligned_empty",
+    "result_empty",
+    "scatter_from_host",
+    "synchronize_device",
+]
 
 # Host buffers are aligned for O_DIRECT (4096) and, as a by-product, for JAX's zero-copy
 # import of host memory (which needs 64).
@@ -185,8 +193,9 @@ def scatter_from_host(span: np.ndarray, pieces: Sequence[tuple[int, DeviceBuffer
             _scatter_cupy(span[first:end], device, [(s - first, b) for s, b in group])
 
 
-def _scatter_torch(span: np.ndarray, device: int,
-                   group: list[tuple[int, TorchDeviceBuffer]]) -> None:
+def _scatter_torch(
+    span: np.ndarray, device: int, group: list[tuple[int, TorchDeviceBuffer]]
+) -> None:
     import torch
 
     with torch.cuda.device(device):
@@ -196,8 +205,7 @@ def _scatter_torch(span: np.ndarray, device: int,
         torch.cuda.current_stream().synchronize()
 
 
-def _scatter_cupy(span: np.ndarray, device: int,
-                  group: list[tuple[int, CupyDeviceBuffer]]) -> None:
+def _scatter_cupy(span: np.ndarray, device: int, group: list[tuple[int, CupyDeviceBuffer]]) -> None:
     import cupy
 
     with cupy.cuda.Device(device):
@@ -206,6 +214,10 @@ def _scatter_cupy(span: np.ndarray, device: int,
         staged.set(span, stream=stream)
         for start, buffer in group:
             cupy.cuda.runtime.memcpyAsync(
-                buffer.data_ptr, staged.data.ptr + start, buffer.nbytes,
-                cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+                buffer.data_ptr,
+                staged.data.ptr + start,
+                buffer.nbytes,
+                cupy.cuda.runtime.memcpyDeviceToDevice,
+                stream.ptr,
+            )
         stream.synchronize()

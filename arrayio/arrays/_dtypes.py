@@ -92,9 +92,7 @@ def by_code(code: object, *, where: str = "") -> DType:
         return _BY_CODE[code]
     known = isinstance(code, str) and code in _KNOWN_UNSUPPORTED_CODES
     what = "a safetensors dtype arrayio does not handle" if known else "an unknown dtype"
-    raise UnsupportedDtypeError(
-        f"{where}{code!r} is {what}; supported: {sorted(_BY_CODE)}"
-    )
+    raise UnsupportedDtypeError(f"{where}{code!r} is {what}; supported: {sorted(_BY_CODE)}")
 
 
 def dtype_of(dtype: Any, *, where: str = "") -> DType:

@@ -190,8 +190,9 @@ def parse_target(like: Any, device: Any) -> Request:
             if framework == "jax":
                 jax_device = next(iter(like.devices()))
     if framework == "numpy" and placement.is_cuda:
-        raise DeviceError(f"NumPy arrays live on the CPU; device={device!r} needs like='cupy', "
-                          "'jax' or 'torch'")
+        raise DeviceError(
+            f"NumPy arrays live on the CPU; device={device!r} needs like='cupy', 'jax' or 'torch'"
+        )
     if framework == "cupy" and not placement.is_cuda:
         raise DeviceError("CuPy arrays live on a GPU: pass device='cuda' (or 'cuda:N')")
     if placement.is_cuda:
@@ -206,18 +207,23 @@ def _check_cuda(framework: str, placement: Placement, jax_device: Any) -> Any:
     JAX device to use, if JAX."""
     count, problem = _cuda_driver()
     if problem is not None:
-        raise DeviceError(f"cannot use {placement}: this machine has no usable CUDA GPU "
-                          f"({problem}); arrays can go to the CPU (device='cpu')")
+        raise DeviceError(
+            f"cannot use {placement}: this machine has no usable CUDA GPU "
+            f"({problem}); arrays can go to the CPU (device='cpu')"
+        )
     if placement.index >= count:
-        raise DeviceError(f"cannot use {placement}: this machine has "
-                          f"{format_count(count, 'CUDA GPU')} (cuda:0 to cuda:{count - 1})")
+        raise DeviceError(
+            f"cannot use {placement}: this machine has "
+            f"{format_count(count, 'CUDA GPU')} (cuda:0 to cuda:{count - 1})"
+        )
     if framework == "torch":
         torch = _require("torch")
         if torch.version.cuda is None:
             raise DeviceError(
                 f"cannot use {placement}: this is a CPU-only build of torch "
                 f"({torch.__version__}); install a CUDA build "
-                "(https://pytorch.org/get-started/locally/)")
+                "(https://pytorch.org/get-started/locally/)"
+            )
     if framework == "jax" and jax_device is None:
         return _jax_device(_require("jax"), placement)
     return jax_device
@@ -364,8 +370,7 @@ def _export_jax(x: Any) -> Exported:
         import jax
 
         x = jax.lax.bitcast_convert_type(x, np.uint8)
-        return Exported(dtype, tuple(x.shape), _export_cupy(cupy.from_dlpack(x), "jax").data,
-                        "jax")
+        return Exported(dtype, tuple(x.shape), _export_cupy(cupy.from_dlpack(x), "jax").data, "jax")
     return _export_cupy(cupy.from_dlpack(x), "jax", dtype)
 
 

@@ -63,8 +63,11 @@ def _convert(jax: Any, array: Any, device: Any) -> Any:
 
 
 def _same_array(result: Any, array: Any) -> bool:
-    return (tuple(result.shape) == tuple(array.shape) and result.dtype == array.dtype
-            and result.unsafe_buffer_pointer() == array.data.ptr)
+    return (
+        tuple(result.shape) == tuple(array.shape)
+        and result.dtype == array.dtype
+        and result.unsafe_buffer_pointer() == array.data.ptr
+    )
 
 
 def reset() -> None:

@@ -159,9 +159,11 @@ def _namedtuple_class(path: str, fields: list[str]) -> type:
     found: Any = sys.modules.get(module_name)
     for part in qualname.split("."):
         found = getattr(found, part, None)
-    if isinstance(found, type) and issubclass(found, tuple) and list(
-        getattr(found, "_fields", ())
-    ) == fields:
+    if (
+        isinstance(found, type)
+        and issubclass(found, tuple)
+        and list(getattr(found, "_fields", ())) == fields
+    ):
         return found
     name = qualname.rpartition(".")[2]
     return collections.namedtuple(name if name.isidentifier() else "Record", fields)
@@ -180,8 +182,9 @@ def unflatten(tree: Node, leaf: Callable[[str], Any], *, where: str = "") -> Any
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as error:
         if isinstance(error, ArrayioError):  # raised reading a leaf: not a structure problem
             raise
-        raise FormatError(f"{where}malformed pytree structure in arrayio metadata: "
-                          f"{error!r}") from None
+        raise FormatError(
+            f"{where}malformed pytree structure in arrayio metadata: {error!r}"
+        ) from None
 
 
 def validate(tree: Node, *, where: str = "") -> list[str]:

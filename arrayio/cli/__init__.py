@@ -58,8 +58,15 @@ from ._common import (
     needs,
 )
 
-__all__ = ["EXIT_DATA", "EXIT_DEPENDENCY", "EXIT_ENVIRONMENT", "EXIT_OK", "EXIT_USAGE",
-           "CommandError", "main"]
+__all__ = [
+    "EXIT_DATA",
+    "EXIT_DEPENDENCY",
+    "EXIT_ENVIRONMENT",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "CommandError",
+    "main",
+]
 
 # In the order ``arrayio --help`` lists them.
 _COMMANDS = (_info, _verify, _clean, _convert, _bench, _tune, _explain)
@@ -70,9 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
     parser = argparse.ArgumentParser(
-        prog="arrayio", description="Look into, check and convert array files; measure and "
-        "tune this machine's transfer tools.", epilog=EPILOG,
-        formatter_class=Formatter)
+        prog="arrayio",
+        description="Look into, check and convert array files; measure and "
+        "tune this machine's transfer tools.",
+        epilog=EPILOG,
+        formatter_class=Formatter,
+    )
     parser.add_argument("--version", action="version", version=f"arrayio {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in _COMMANDS:
@@ -103,8 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.progress:
             needs("tqdm", "progress", "--progress")
-        with config.set(progress=args.progress) if args.progress is not None else \
-                contextlib.nullcontext():
+        with (
+            config.set(progress=args.progress)
+            if args.progress is not None
+            else contextlib.nullcontext()
+        ):
             return args.run(args)
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
@@ -119,7 +132,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # and its traceback is what a bug report needs.
         if args.debug:
             raise
-        subject = next((getattr(args, attribute) for attribute in ("file", "src", "directory")
-                        if getattr(args, attribute, None) is not None), None)
+        subject = next(
+            (
+                getattr(args, attribute)
+                for attribute in ("file", "src", "directory")
+                if getattr(args, attribute, None) is not None
+            ),
+            None,
+        )
         print(f"{name}: {_failures.message(error, subject)}", file=sys.stderr)
         return _failures.exit_code(error)

@@ -55,16 +55,21 @@ class CommandError(Exception):
 def _shared_options() -> argparse.ArgumentParser:
     """The options every subcommand takes; :func:`arrayio.cli.main` acts on them."""
     shared = argparse.ArgumentParser(add_help=False)
-    shared.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="show progress bars (default: on a terminal, for long work; "
-                        "also ARRAYIO_PROGRESS)")
-    shared.add_argument("--debug", action="store_true",
-                        help="on error, show the traceback instead of one line")
+    shared.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show progress bars (default: on a terminal, for long work; also ARRAYIO_PROGRESS)",
+    )
+    shared.add_argument(
+        "--debug", action="store_true", help="on error, show the traceback instead of one line"
+    )
     return shared
 
 
-def add_command(commands: argparse._SubParsersAction, name: str, help_text: str,
-                description: str) -> argparse.ArgumentParser:
+def add_command(
+    commands: argparse._SubParsersAction, name: str, help_text: str, description: str
+) -> argparse.ArgumentParser:
     """Add the subcommand ``name`` to ``commands``, with the shared options and epilog.
 
     Parameters
@@ -79,9 +84,14 @@ def add_command(commands: argparse._SubParsersAction, name: str, help_text: str,
     argparse.ArgumentParser
         The subcommand's parser, for its own arguments.
     """
-    return commands.add_parser(name, help=help_text, description=description,
-                               parents=[_shared_options()], epilog=EPILOG,
-                               formatter_class=Formatter)
+    return commands.add_parser(
+        name,
+        help=help_text,
+        description=description,
+        parents=[_shared_options()],
+        epilog=EPILOG,
+        formatter_class=Formatter,
+    )
 
 
 def size_list(text: str) -> list[int]:
@@ -105,8 +115,9 @@ def needs(module: str, extra: str, what: str) -> Any:
     try:
         return __import__(module)
     except ImportError:
-        raise CommandError(f"{what} needs {module}: pip install 'arrayio[{extra}]'",
-                           EXIT_DEPENDENCY) from None
+        raise CommandError(
+            f"{what} needs {module}: pip install 'arrayio[{extra}]'", EXIT_DEPENDENCY
+        ) from None
 
 
 # --------------------------------------------------------------------------- formats
@@ -127,8 +138,9 @@ def format_of(path: str, given: str | None) -> str:
 
 
 def zarr_store_at(path: str) -> bool:
-    return any(os.path.exists(os.path.join(path, name))
-               for name in ("zarr.json", ".zgroup", ".zarray"))
+    return any(
+        os.path.exists(os.path.join(path, name)) for name in ("zarr.json", ".zgroup", ".zarray")
+    )
 
 
 def readable(path: str, command: str) -> str:
@@ -142,5 +154,6 @@ def readable(path: str, command: str) -> str:
         raise CommandError(
             f"{path} is {what}; arrayio {command} reads arrayio / safetensors containers, "
             f".npy and .npz files: convert it first (arrayio convert {path} "
-            f"{os.path.splitext(path.rstrip('/'))[0]}.safetensors)")
+            f"{os.path.splitext(path.rstrip('/'))[0]}.safetensors)"
+        )
     return path

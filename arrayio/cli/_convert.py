@@ -23,19 +23,27 @@ from ._convert_formats import Source, read_source, write_target
 
 def register(commands: argparse._SubParsersAction) -> None:
     convert = add_command(
-        commands, "convert", "convert between .npy, .npz, .safetensors, .pt, Zarr and arrayio",
+        commands,
+        "convert",
+        "convert between .npy, .npz, .safetensors, .pt, Zarr and arrayio",
         "Convert SRC to DST, formats told by extension (.npy, .npz, .pt/.pth, a directory "
         "or .zarr for Zarr, anything else an arrayio container, which is a safetensors "
         "file) or by --from/--to. dtypes are kept (bfloat16 and float8 need ml_dtypes, "
         "and .npy, .npz and Zarr cannot hold them); the pytree structure and metadata are "
         "kept where the target can hold them. .pt files are read with "
-        "torch.load(weights_only=True). Arrays are held in memory.")
+        "torch.load(weights_only=True). Arrays are held in memory.",
+    )
     convert.add_argument("src", metavar="SRC")
     convert.add_argument("dst", metavar="DST")
-    convert.add_argument("--from", dest="source_format", choices=[*FORMATS, *ALIASES],
-                         help="the source format (default: from SRC's name)")
-    convert.add_argument("--to", choices=[*FORMATS, *ALIASES],
-                         help="the target format (default: from DST's name)")
+    convert.add_argument(
+        "--from",
+        dest="source_format",
+        choices=[*FORMATS, *ALIASES],
+        help="the source format (default: from SRC's name)",
+    )
+    convert.add_argument(
+        "--to", choices=[*FORMATS, *ALIASES], help="the target format (default: from DST's name)"
+    )
     convert.add_argument("--key", help="convert only this array (e.g. into a .npy)")
     convert.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     convert.set_defaults(run=_cmd_convert)
@@ -52,8 +60,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     source = read_source(src, source_kind, progress, "torch" if target_kind == "pt" else None)
     if args.key is not None:
         if args.key not in source.arrays:
-            raise errors.KeyNotFoundError(f"{src}: no array {args.key!r} (arrays: "
-                                          f"{', '.join(list(source.arrays)[:8])})")
+            raise errors.KeyNotFoundError(
+                f"{src}: no array {args.key!r} (arrays: {', '.join(list(source.arrays)[:8])})"
+            )
         source = Source({args.key: source.arrays[args.key]}, source.metadata)
 
     try:
@@ -66,8 +75,10 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         if error.errno is None or error.strerror is None:
             raise
         raise OSError(error.errno, error.strerror, dst) from error
-    print(f"{src} ({source_kind}) -> {dst} ({target_kind}): "
-          f"{format_count(len(source.arrays), 'array')}")
+    print(
+        f"{src} ({source_kind}) -> {dst} ({target_kind}): "
+        f"{format_count(len(source.arrays), 'array')}"
+    )
     return EXIT_OK
 
 
@@ -80,9 +91,7 @@ def _check_paths(src: str, dst: str, target_kind: str, overwrite: bool) -> None:
         raise CommandError(f"{src}: no such file or directory")
     if os.path.exists(dst) and not overwrite:
         raise CommandError(f"{dst} exists: pass --overwrite to replace it")
-    if target_kind == "zarr" and os.path.isdir(dst) and os.listdir(dst) and not zarr_store_at(
-            dst):
-        raise CommandError(f"{dst} is a directory that is not a Zarr store: refusing to "
-                           "replace it")
+    if target_kind == "zarr" and os.path.isdir(dst) and os.listdir(dst) and not zarr_store_at(dst):
+        raise CommandError(f"{dst} is a directory that is not a Zarr store: refusing to replace it")
     if target_kind != "zarr" and os.path.isdir(dst):
         raise CommandError(f"{dst} is a directory")

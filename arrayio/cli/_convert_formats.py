@@ -61,8 +61,9 @@ def read_source(path: str, kind: str, progress: bool | None, like: str | None) -
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as error:  # noqa: BLE001 - torch raises many kinds (pickle, zip...)
-            raise errors.FormatError(f"{path}: torch.load(weights_only=True) failed: "
-                                     f"{str(error).splitlines()[0]}") from None
+            raise errors.FormatError(
+                f"{path}: torch.load(weights_only=True) failed: {str(error).splitlines()[0]}"
+            ) from None
         return Source(_map_arrays(obj, _detached), {})
     if kind == "zarr":
         zarr = needs("zarr", "zarr", "reading Zarr")
@@ -117,8 +118,7 @@ def _map_arrays(tree: Any, function: Callable[[Any], Any]) -> Any:
 # --------------------------------------------------------------------------- writing
 
 
-def write_target(source: Source, src: str, dst: str, kind: str, progress: bool | None
-                 ) -> None:
+def write_target(source: Source, src: str, dst: str, kind: str, progress: bool | None) -> None:
     """Write ``source`` (read from ``src``, named in messages) to ``dst`` in format ``kind``,
     atomically: a failure leaves no half-written output."""
     import arrayio
@@ -127,7 +127,8 @@ def write_target(source: Source, src: str, dst: str, kind: str, progress: bool |
         if len(source.arrays) != 1:
             raise CommandError(
                 f"{dst}: .npy holds one array and {src} has {len(source.arrays)}; pick one "
-                f"with --key (arrays: {', '.join(list(source.arrays)[:8])})")
+                f"with --key (arrays: {', '.join(list(source.arrays)[:8])})"
+            )
         arrayio.save(dst, next(iter(_arrays_only(source, "npy").values())), progress=progress)
     elif kind == "arrayio":
         arrayio.save(dst, source.tree, metadata=source.metadata or None, progress=progress)
@@ -145,8 +146,10 @@ def _arrays_only(source: Source, kind: str) -> dict[str, Any]:
     """The source's arrays by key, with a note on stderr for what ``kind`` cannot hold."""
     if source.constants:
         names = ", ".join(source.constants[:5]) + (", ..." if len(source.constants) > 5 else "")
-        print(f"arrayio convert: note: {kind} holds arrays only; not converted: {names}",
-              file=sys.stderr)
+        print(
+            f"arrayio convert: note: {kind} holds arrays only; not converted: {names}",
+            file=sys.stderr,
+        )
     if kind in ("npz", "npy"):
         _note_metadata(source, kind)
     return source.arrays
@@ -155,8 +158,11 @@ def _arrays_only(source: Source, kind: str) -> dict[str, Any]:
 def _note_metadata(source: Source, kind: str) -> None:
     """A note on stderr naming the metadata that ``kind`` has no place for."""
     if source.metadata:
-        print(f"arrayio convert: note: {kind} holds no metadata; not converted: "
-              f"{', '.join(source.metadata)}", file=sys.stderr)
+        print(
+            f"arrayio convert: note: {kind} holds no metadata; not converted: "
+            f"{', '.join(source.metadata)}",
+            file=sys.stderr,
+        )
 
 
 def _host_numpy(array: Any) -> np.ndarray:
@@ -203,8 +209,10 @@ def _write_zarr(source: Source, dst: str, progress: bool | None) -> None:
 
     arrays = {key: _host_numpy(a) for key, a in _arrays_only(source, "zarr").items()}
     total = sum(a.nbytes for a in arrays.values())
-    with _atomic_directory(dst) as temporary, _progress.bar(
-            total, desc=f"writing {dst}", progress=progress) as advance:
+    with (
+        _atomic_directory(dst) as temporary,
+        _progress.bar(total, desc=f"writing {dst}", progress=progress) as advance,
+    ):
         if is_array(source.tree):  # one array: a Zarr array, not a group
             nodes = [("", next(iter(arrays.values())))]
             create = functools.partial(zarr.create_array, temporary)
@@ -224,7 +232,8 @@ def _write_zarr(source: Source, dst: str, progress: bool | None) -> None:
                 # ContainsArrayError for a key that is also a group...
                 what = f"array {key!r} ({array.dtype})" if key else str(array.dtype)
                 raise errors.UnsupportedDtypeError(
-                    f"{dst}: Zarr cannot store {what}: {error}") from None
+                    f"{dst}: Zarr cannot store {what}: {error}"
+                ) from None
             advance(array.nbytes)
 
 

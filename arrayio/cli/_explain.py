@@ -9,10 +9,13 @@ from ._common import EXIT_OK, CommandError, add_command, print_json, readable
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    explain = add_command(commands, "explain",
-                          "what the dispatcher learned, or would do for a file",
-                          "Without FILE: every learned context, its chosen tool and each "
-                          "tool's measured bandwidth. With FILE: what loading it would use.")
+    explain = add_command(
+        commands,
+        "explain",
+        "what the dispatcher learned, or would do for a file",
+        "Without FILE: every learned context, its chosen tool and each "
+        "tool's measured bandwidth. With FILE: what loading it would use.",
+    )
     explain.add_argument("file", metavar="FILE", nargs="?")
     explain.add_argument("--key", help="with FILE: only this array")
     explain.add_argument("--device", help="with FILE: where the load would go (cpu, cuda:0)")

@@ -11,8 +11,9 @@ from ._common import EXIT_DATA, EXIT_DEPENDENCY, EXIT_ENVIRONMENT, EXIT_USAGE, C
 
 # What the machine refuses, whatever the file holds: permissions, a read-only file system,
 # no space (or quota) left.
-_ENVIRONMENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
-                                 errno.EDQUOT})
+_ENVIRONMENT_ERRNOS = frozenset(
+    {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
+)
 
 
 def exit_code(error: BaseException) -> int:
@@ -22,11 +23,20 @@ def exit_code(error: BaseException) -> int:
     if isinstance(error, errors.FrameworkNotAvailableError | ImportError):
         return EXIT_DEPENDENCY
     if isinstance(error, errors.DiskFullError) or (
-            isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS):
+        isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS
+    ):
         return EXIT_ENVIRONMENT
-    if isinstance(error, errors.KeyNotFoundError | errors.UnknownToolError |
-                  errors.DeviceError | errors.ConfigError | FileNotFoundError | IsADirectoryError |
-                  NotADirectoryError | FileExistsError):
+    if isinstance(
+        error,
+        errors.KeyNotFoundError
+        | errors.UnknownToolError
+        | errors.DeviceError
+        | errors.ConfigError
+        | FileNotFoundError
+        | IsADirectoryError
+        | NotADirectoryError
+        | FileExistsError,
+    ):
         return EXIT_USAGE
     return EXIT_DATA  # FormatError (checksum, truncation), UnsupportedDtypeError, OSError...
 
@@ -41,8 +51,11 @@ def message(error: BaseException, subject: str | None) -> str:
     text = str(error) or type(error).__name__
     if isinstance(error, ImportError):
         text = text.splitlines()[0]
-    if subject and subject not in text and not isinstance(
-            error, CommandError | ImportError | errors.ConfigError):  # not about the file
+    if (
+        subject
+        and subject not in text
+        and not isinstance(error, CommandError | ImportError | errors.ConfigError)
+    ):  # not about the file
         text = f"{subject}: {text}"
     return text
 

@@ -86,9 +86,13 @@ class BenchResult:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data for JSON."""
-        return {"directory": self.directory, "checksum": self.checksum,
-                "repeats": self.repeats, "skipped": dict(self.skipped),
-                "rows": [dataclasses.asdict(row) for row in self.rows]}
+        return {
+            "directory": self.directory,
+            "checksum": self.checksum,
+            "repeats": self.repeats,
+            "skipped": dict(self.skipped),
+            "rows": [dataclasses.asdict(row) for row in self.rows],
+        }
 
     def table(self) -> str:
         """One text table per case: arms down, sizes across, GB/s in the cells."""
@@ -109,11 +113,15 @@ class BenchResult:
                 figures = []
                 for nbytes in sizes:
                     row = cell.get((arm, nbytes))
-                    figures.append("" if row is None else "failed" if row.gbps is None
-                                   else f"{row.gbps:.2f}")
+                    figures.append(
+                        "" if row is None else "failed" if row.gbps is None else f"{row.gbps:.2f}"
+                    )
                 lines.append(f"{arm:<{width}}" + "".join(f"{f:>11}" for f in figures))
-            used = [f"{format_bytes(row.nbytes)}: {row.chosen}" for row in rows
-                    if row.arm == DISPATCHER and row.chosen]
+            used = [
+                f"{format_bytes(row.nbytes)}: {row.chosen}"
+                for row in rows
+                if row.arm == DISPATCHER and row.chosen
+            ]
             if used:
                 lines.append("dispatcher used: " + "; ".join(used))
             failures = {row.arm: row.error for row in rows if row.error}
@@ -145,7 +153,8 @@ class BenchResult:
             from ..errors import FrameworkNotAvailableError
 
             raise FrameworkNotAvailableError(
-                "plots need matplotlib: pip install 'arrayio[bench]'") from None
+                "plots need matplotlib: pip install 'arrayio[bench]'"
+            ) from None
         panels = self.panels()
         if figure is None:
             figure = Figure(figsize=(5 * max(1, len(panels)), 4), layout="constrained")
@@ -154,10 +163,14 @@ class BenchResult:
             rows = [row for row in self.rows if row.panel == panel and row.gbps is not None]
             for arm in dict.fromkeys(row.arm for row in rows):
                 points = sorted((row.nbytes, row.gbps) for row in rows if row.arm == arm)
-                style = ({"color": "black", "linewidth": 2.5, "linestyle": "--", "zorder": 3}
-                         if arm == DISPATCHER else {"alpha": 0.85})
-                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
-                        label=arm, **style)
+                style = (
+                    {"color": "black", "linewidth": 2.5, "linestyle": "--", "zorder": 3}
+                    if arm == DISPATCHER
+                    else {"alpha": 0.85}
+                )
+                ax.plot(
+                    [p[0] for p in points], [p[1] for p in points], marker="o", label=arm, **style
+                )
             direction, cache, memory = panel
             ax.set_title(f"{direction}{' ' + cache if cache != '-' else ''}, {memory}")
             ax.set_xscale("log", base=2)
@@ -166,8 +179,10 @@ class BenchResult:
             ax.set_ylabel("GB/s")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize="small")
-        figure.suptitle(f"arrayio bench: {self.directory} (checksums "
-                        f"{'on' if self.checksum else 'off'}, median of {self.repeats})")
+        figure.suptitle(
+            f"arrayio bench: {self.directory} (checksums "
+            f"{'on' if self.checksum else 'off'}, median of {self.repeats})"
+        )
         return figure
 
 
@@ -186,8 +201,16 @@ def _device_buffer(nbytes: int, device: str) -> Any:
 class _Case:
     """The files and buffer of one (memory, size): ``time(call)`` gives median seconds."""
 
-    def __init__(self, data_path: str, write_path: str, buffer: Any, nbytes: int,
-                 cache: str, direction: str, repeats: int) -> None:
+    def __init__(
+        self,
+        data_path: str,
+        write_path: str,
+        buffer: Any,
+        nbytes: int,
+        cache: str,
+        direction: str,
+        repeats: int,
+    ) -> None:
         self.data_path, self.write_path = data_path, write_path
         self.buffer, self.nbytes = buffer, nbytes
         self.cache, self.direction, self.repeats = cache, direction, repeats
@@ -265,8 +288,9 @@ def _learn(case: _Case, call: Callable[[int], None]) -> None:
         os.close(fd)
 
 
-def _candidates(memory: str, direction: str, checksum: bool, only: Iterable[str] | None,
-                skipped: dict[str, str]) -> list[str]:
+def _candidates(
+    memory: str, direction: str, checksum: bool, only: Iterable[str] | None, skipped: dict[str, str]
+) -> list[str]:
     names = []
     for name in tools.names() if only is None else only:
         try:
@@ -341,9 +365,11 @@ def run(
     sizes = sorted({int(n) for n in sizes})
     if not sizes or sizes[0] <= 0:
         raise ValueError(f"sizes must be positive byte counts, got {sizes}")
-    for name, given, known in (("memory", memory, {"host", "cuda"}),
-                               ("directions", directions, {"read", "write"}),
-                               ("caches", caches, {"warm", "cold"})):
+    for name, given, known in (
+        ("memory", memory, {"host", "cuda"}),
+        ("directions", directions, {"read", "write"}),
+        ("caches", caches, {"warm", "cold"}),
+    ):
         if not given or not set(given) <= known:
             raise ValueError(f"{name} must be among {sorted(known)}, got {list(given)}")
     if repeats < 1:
@@ -354,9 +380,10 @@ def run(
         for direction in directions:
             names = _candidates(kind, direction, checksum, tool_names, skipped)
             arms = names + ([DISPATCHER] if dispatcher else [])
-            for cache in (caches if direction == "read" else ("-",)):
-                plan.extend((kind, direction, cache, nbytes, arm)
-                            for nbytes in sizes for arm in arms)
+            for cache in caches if direction == "read" else ("-",):
+                plan.extend(
+                    (kind, direction, cache, nbytes, arm) for nbytes in sizes for arm in arms
+                )
 
     scratch = tempfile.mkdtemp(prefix=".arrayio-bench-", dir=directory)
     data_path, write_path = os.path.join(scratch, "data"), os.path.join(scratch, "write")
@@ -369,14 +396,19 @@ def run(
                 f.write(pattern[: min(pattern.nbytes, sizes[-1] - start)])
             os.fsync(f.fileno())
         buffers: dict[tuple[str, int], Any] = {}
-        with _progress.bar(len(plan), desc="arrayio bench", unit="case",
-                           progress=progress) as advance:
+        with _progress.bar(
+            len(plan), desc="arrayio bench", unit="case", progress=progress
+        ) as advance:
             for kind, direction, cache, nbytes, arm in plan:
                 if (kind, nbytes) not in buffers:
-                    buffers = {(kind, nbytes): _host_buffer(nbytes) if kind == "host"
-                               else _device_buffer(nbytes, device)}
-                case = _Case(data_path, write_path, buffers[kind, nbytes], nbytes, cache,
-                             direction, repeats)
+                    buffers = {
+                        (kind, nbytes): _host_buffer(nbytes)
+                        if kind == "host"
+                        else _device_buffer(nbytes, device)
+                    }
+                case = _Case(
+                    data_path, write_path, buffers[kind, nbytes], nbytes, cache, direction, repeats
+                )
                 rows.append(_measure(arm, case, kind, checksum, made))
                 advance(1)
     finally:
@@ -386,8 +418,9 @@ def run(
     return BenchResult(tuple(rows), os.path.abspath(directory), checksum, repeats, skipped)
 
 
-def _measure(arm: str, case: _Case, memory: str, checksum: bool,
-             made: dict[str, tools.Tool]) -> BenchRow:
+def _measure(
+    arm: str, case: _Case, memory: str, checksum: bool, made: dict[str, tools.Tool]
+) -> BenchRow:
     chosen = None
     try:
         if arm == DISPATCHER:
@@ -401,10 +434,24 @@ def _measure(arm: str, case: _Case, memory: str, checksum: bool,
                 made[arm] = tools.make(arm)
             seconds = case.time(_tool_call(made[arm], case, checksum))
         label = arm if arm == DISPATCHER else made[arm].label
-        return BenchRow(label, case.direction, case.cache, memory, case.nbytes,
-                        case.nbytes / seconds / 1e9, chosen=chosen)
+        return BenchRow(
+            label,
+            case.direction,
+            case.cache,
+            memory,
+            case.nbytes,
+            case.nbytes / seconds / 1e9,
+            chosen=chosen,
+        )
     except Exception as error:  # noqa: BLE001 - a tool refused here (O_DIRECT on tmpfs...) is
         # reported in its row and the sweep goes on
         label = made[arm].label if arm in made else arm
-        return BenchRow(label, case.direction, case.cache, memory, case.nbytes, None,
-                        error=f"{type(error).__name__}: {error}")
+        return BenchRow(
+            label,
+            case.direction,
+            case.cache,
+            memory,
+            case.nbytes,
+            None,
+            error=f"{type(error).__name__}: {error}",
+        )

@@ -62,11 +62,12 @@ class Exploration:
 
     def __post_init__(self) -> None:
         if not 1 <= self.explore_samples <= WINDOW:
-            raise ValueError(f"explore_samples must be in 1..{WINDOW}, got "
-                             f"{self.explore_samples}")
+            raise ValueError(f"explore_samples must be in 1..{WINDOW}, got {self.explore_samples}")
         if not self.explore_samples <= self.contend_samples <= WINDOW:
-            raise ValueError(f"contend_samples must be in {self.explore_samples}..{WINDOW}, "
-                             f"got {self.contend_samples}")
+            raise ValueError(
+                f"contend_samples must be in {self.explore_samples}..{WINDOW}, "
+                f"got {self.contend_samples}"
+            )
         if not 0 < self.contend_ratio <= 1:
             raise ValueError(f"contend_ratio must be in (0, 1], got {self.contend_ratio}")
         if not 0 <= self.prune_ratio < 1:
@@ -87,8 +88,7 @@ class Exploration:
                 best, best_rate = arm, stats.estimate
         return eligible, best, Bars(self.prune_ratio * best_rate, self.contend_ratio * best_rate)
 
-    def needs_samples(self, stats: ArmStats | None, bars: Bars, *,
-                      contending: bool = True) -> bool:
+    def needs_samples(self, stats: ArmStats | None, bars: Bars, *, contending: bool = True) -> bool:
         """Whether an arm needs another sample; ``contending``: counting the close
         contenders' extra ones, which only an exploration asks for (an estimate moving
         while the context exploits does not send it back to exploring)."""
@@ -96,11 +96,17 @@ class Exploration:
             return True
         if stats.samples < self.explore_samples and stats.estimate >= bars.prune:
             return True
-        return (contending and stats.samples < self.contend_samples
-                and stats.estimate >= bars.contend)
+        return (
+            contending and stats.samples < self.contend_samples and stats.estimate >= bars.contend
+        )
 
-    def pick(self, entry: ContextEntry, candidates: Candidates, exclude: Iterable[Arm],
-             busy: Callable[[Arm], int] | None = None) -> Arm | None:
+    def pick(
+        self,
+        entry: ContextEntry,
+        candidates: Candidates,
+        exclude: Iterable[Arm],
+        busy: Callable[[Arm], int] | None = None,
+    ) -> Arm | None:
         """The arm with the fewest samples (``busy`` adds the calls measuring it now), in
         order; or, when none needs more, the best."""
         eligible, best, bars = self.scan(entry, candidates)
@@ -126,7 +132,8 @@ class Exploration:
         eligible, best, bars = self.scan(entry, candidates)
         contending = entry.phase == EXPLORING
         exploring = best is None or any(
-            self.needs_samples(stats, bars, contending=contending) for _, stats in eligible)
+            self.needs_samples(stats, bars, contending=contending) for _, stats in eligible
+        )
         entry.phase = EXPLORING if exploring else EXPLOITING
         chosen = best.label if best is not None else None
         if chosen != entry.chosen:
@@ -156,8 +163,11 @@ def order(candidates: Sequence[Arm], seed: str | None) -> Candidates:
 
 def attributes(context: Context) -> dict[str, Any]:
     """The context's fields, as stored in its table entry."""
-    return {field.name: getattr(context, field.name) for field in dataclasses.fields(context)
-            if field.init}
+    return {
+        field.name: getattr(context, field.name)
+        for field in dataclasses.fields(context)
+        if field.init
+    }
 
 
 def nearest_winner(table: Table, context: Context, key: str) -> str | None:
@@ -179,8 +189,11 @@ def nearest_winner(table: Table, context: Context, key: str) -> str | None:
         size_class = known.get("size_class")
         if not isinstance(size_class, int):
             continue
-        others = sum(known.get(name) != value for name, value in wanted.items()
-                     if name not in _SEED_FIELDS and name != "size_class")
+        others = sum(
+            known.get(name) != value
+            for name, value in wanted.items()
+            if name not in _SEED_FIELDS and name != "size_class"
+        )
         distance = (abs(size_class - context.size_class), others, other_key)
         if best is None or distance < best:
             best, winner = distance, other.chosen

@@ -43,11 +43,13 @@ class Measures:
         if self.drift_patience < 1:
             raise ValueError(f"drift_patience must be at least 1, got {self.drift_patience}")
         if self.min_bytes_to_learn < 0:
-            raise ValueError(f"min_bytes_to_learn must not be negative, got "
-                             f"{self.min_bytes_to_learn}")
+            raise ValueError(
+                f"min_bytes_to_learn must not be negative, got {self.min_bytes_to_learn}"
+            )
         if self.unavailable_ttl is not None and self.unavailable_ttl <= 0:
-            raise ValueError(f"unavailable_ttl must be positive or None, got "
-                             f"{self.unavailable_ttl}")
+            raise ValueError(
+                f"unavailable_ttl must be positive or None, got {self.unavailable_ttl}"
+            )
 
     def bandwidth(self, stats: ArmStats, nbytes: int, seconds: float) -> float | None:
         """The bandwidth of a call of ``nbytes`` (at least one) in ``seconds``; None while
@@ -62,8 +64,9 @@ class Measures:
             stats.pending_bytes, stats.pending_seconds = 0, 0.0
         return nbytes / seconds
 
-    def learn(self, key: str, entry: ContextEntry, label: str, bandwidth: float,
-              now: float) -> bool:
+    def learn(
+        self, key: str, entry: ContextEntry, label: str, bandwidth: float, now: float
+    ) -> bool:
         """Record that arm ``label`` moved ``bandwidth`` bytes/s in the context ``key``;
         return whether the context's phase and choice must be derived again.
 
@@ -81,8 +84,13 @@ class Measures:
             entry.drift += 1
             if entry.drift < self.drift_patience:
                 return False
-            logger.info("%s: %s drifted to %.3g GB/s (learned %.3g GB/s); re-exploring",
-                        key, label, bandwidth / 1e9, estimate / 1e9)
+            logger.info(
+                "%s: %s drifted to %.3g GB/s (learned %.3g GB/s); re-exploring",
+                key,
+                label,
+                bandwidth / 1e9,
+                estimate / 1e9,
+            )
             reexplore(entry)
             return True
         if watched and entry.drift:
@@ -93,8 +101,12 @@ class Measures:
         before = stats.estimate
         stats.add(bandwidth, now)
         # The winner held its place: nothing else can have changed.
-        held_place = (watched and before is not None and stats.estimate is not None
-                      and stats.estimate >= before)
+        held_place = (
+            watched
+            and before is not None
+            and stats.estimate is not None
+            and stats.estimate >= before
+        )
         return not (held_place and now - entry.refreshed < _RECHECK_SECONDS)
 
     @staticmethod
@@ -122,8 +134,11 @@ class Measures:
         if self.unavailable_ttl is None:
             return
         for label, stats in entry.arms.items():
-            if (stats.unavailable is not None and stats.failed_at is not None
-                    and now - stats.failed_at >= self.unavailable_ttl):
+            if (
+                stats.unavailable is not None
+                and stats.failed_at is not None
+                and now - stats.failed_at >= self.unavailable_ttl
+            ):
                 logger.info("trying %s again (marked unavailable: %s)", label, stats.unavailable)
                 stats.unavailable = None
 

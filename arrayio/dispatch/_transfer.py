@@ -24,8 +24,15 @@ if TYPE_CHECKING:
 __all__ = ["read_into", "read_many", "write_from", "write_many"]
 
 
-def read_into(fd: int, file_offset: int, dest: np.ndarray | DeviceBuffer, *,
-              path: str = "<file>", with_checksum: bool = False, tool: Any = None) -> int | None:
+def read_into(
+    fd: int,
+    file_offset: int,
+    dest: np.ndarray | DeviceBuffer,
+    *,
+    path: str = "<file>",
+    with_checksum: bool = False,
+    tool: Any = None,
+) -> int | None:
     """Fill ``dest`` from ``fd`` at ``file_offset``; return the bytes' CRC-32C if asked.
 
     Raises
@@ -33,20 +40,33 @@ def read_into(fd: int, file_offset: int, dest: np.ndarray | DeviceBuffer, *,
     TruncatedFileError
         If the file ends before ``dest`` is full.
     """
-    return dispatcher.get().read(fd, dest, file_offset, path=path,
-                                 with_checksum=with_checksum, tool=tool)
+    return dispatcher.get().read(
+        fd, dest, file_offset, path=path, with_checksum=with_checksum, tool=tool
+    )
 
 
-def write_from(fd: int, file_offset: int, src: np.ndarray | DeviceBuffer, *,
-               with_checksum: bool = False, tool: Any = None) -> int | None:
+def write_from(
+    fd: int,
+    file_offset: int,
+    src: np.ndarray | DeviceBuffer,
+    *,
+    with_checksum: bool = False,
+    tool: Any = None,
+) -> int | None:
     """Write all of ``src`` to ``fd`` at ``file_offset``; return its CRC-32C if asked (None
     if a forced tool cannot compute it)."""
     return dispatcher.get().write(fd, src, file_offset, with_checksum=with_checksum, tool=tool)
 
 
-def read_many(fd: int, requests: Sequence[tuple[int, Any]], *, path: str = "<file>",
-              with_checksum: bool = False, tool: Any = None,
-              done: Callable[[int], None] | None = None) -> list[int | None]:
+def read_many(
+    fd: int,
+    requests: Sequence[tuple[int, Any]],
+    *,
+    path: str = "<file>",
+    with_checksum: bool = False,
+    tool: Any = None,
+    done: Callable[[int], None] | None = None,
+) -> list[int | None]:
     """Fill each ``(file_offset, buffer)`` as one batch, every transfer in flight at once;
     return their CRC-32Cs if asked. ``done(i)`` is called as request ``i`` completes.
 
@@ -55,14 +75,21 @@ def read_many(fd: int, requests: Sequence[tuple[int, Any]], *, path: str = "<fil
     TruncatedFileError
         If the file ends before a buffer is full.
     """
-    return dispatcher.get().read_many(fd, requests, path=path, with_checksum=with_checksum,
-                                      tool=tool, done=done)
+    return dispatcher.get().read_many(
+        fd, requests, path=path, with_checksum=with_checksum, tool=tool, done=done
+    )
 
 
-def write_many(fd: int, requests: Sequence[tuple[int, Any]], *, with_checksum: bool = False,
-               tool: Any = None, done: Callable[[int], None] | None = None
-               ) -> list[int | None]:
+def write_many(
+    fd: int,
+    requests: Sequence[tuple[int, Any]],
+    *,
+    with_checksum: bool = False,
+    tool: Any = None,
+    done: Callable[[int], None] | None = None,
+) -> list[int | None]:
     """Write each ``(file_offset, buffer)`` as one batch; return their CRC-32Cs if asked
     (None for a forced tool that cannot compute them)."""
-    return dispatcher.get().write_many(fd, requests, with_checksum=with_checksum, tool=tool,
-                                       done=done)
+    return dispatcher.get().write_many(
+        fd, requests, with_checksum=with_checksum, tool=tool, done=done
+    )

@@ -27,8 +27,9 @@ class Arm:
 
     def __post_init__(self) -> None:
         items = self.params.items() if isinstance(self.params, Mapping) else self.params
-        params = tuple(sorted(((str(key), value) for key, value in items),
-                              key=lambda item: item[0]))
+        params = tuple(
+            sorted(((str(key), value) for key, value in items), key=lambda item: item[0])
+        )
         if len({key for key, _ in params}) != len(params):
             raise ValueError(f"repeated parameter in {params!r}")
         object.__setattr__(self, "params", params)

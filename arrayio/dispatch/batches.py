@@ -25,9 +25,23 @@ from ..integrity._checksum import ChecksumParts
 from ..tools import Buffer, IOFuture, Tool
 from ..tools._io import flush_range, in_batch
 
-__all__ = ["BATCH_WINDOW", "GATHER_BYTES", "GPU_CHECKSUM_MIN_BYTES", "RUN_BYTES", "RUN_GAP",
-           "Request", "cannot_checksum", "checksum_on_gpu", "extent", "read_batch", "runs", "span",
-           "submit_windowed", "truncated", "write_batch"]
+__all__ = [
+    "BATCH_WINDOW",
+    "GATHER_BYTES",
+    "GPU_CHECKSUM_MIN_BYTES",
+    "RUN_BYTES",
+    "RUN_GAP",
+    "Request",
+    "cannot_checksum",
+    "checksum_on_gpu",
+    "extent",
+    "read_batch",
+    "runs",
+    "span",
+    "submit_windowed",
+    "truncated",
+    "write_batch",
+]
 
 # A batch keeps at most this many of its transfers submitted at once: enough to keep every
 # worker of any tool busy, few enough to bound what they hold (O_DIRECT and KvikIO open a
@@ -64,8 +78,9 @@ RUN_BYTES = 4 << 20
 GATHER_BYTES = 1 << 30
 
 
-def runs(requests: Sequence[Request], indices: Sequence[int], gap: int,
-         limit: int = RUN_BYTES) -> list[list[int]]:
+def runs(
+    requests: Sequence[Request], indices: Sequence[int], gap: int, limit: int = RUN_BYTES
+) -> list[list[int]]:
     """Group ``indices`` into runs of requests that are neighbours in the file (at most
     ``gap`` bytes apart), of at most ``limit`` bytes (a larger request alone), in file
     order; requests that overlap start runs of their own."""
@@ -85,25 +100,36 @@ def runs(requests: Sequence[Request], indices: Sequence[int], gap: int,
 
 def extent(requests: Sequence[Request]) -> tuple[int, int]:
     """The file range ``requests`` cover together: their first byte, and the end of the last."""
-    return (min(offset for offset, _ in requests),
-            max(offset + buffer.nbytes for offset, buffer in requests))
+    return (
+        min(offset for offset, _ in requests),
+        max(offset + buffer.nbytes for offset, buffer in requests),
+    )
 
 
-def span(requests: Sequence[Request], run: list[int]
-          ) -> tuple[int, np.ndarray, list[tuple[int, np.ndarray, Buffer]]]:
+def span(
+    requests: Sequence[Request], run: list[int]
+) -> tuple[int, np.ndarray, list[tuple[int, np.ndarray, Buffer]]]:
     """A host buffer covering a run's bytes in the file: its file offset, the buffer, and
     each request's piece of it."""
     start = requests[run[0]][0]
     end = max(requests[i][0] + requests[i][1].nbytes for i in run)
     span = aligned_empty(end - start)
-    pieces = [(i, span[requests[i][0] - start : requests[i][0] - start + requests[i][1].nbytes],
-               requests[i][1]) for i in run]
+    pieces = [
+        (
+            i,
+            span[requests[i][0] - start : requests[i][0] - start + requests[i][1].nbytes],
+            requests[i][1],
+        )
+        for i in run
+    ]
     return start, span, pieces
 
 
-def submit_windowed(starts: Sequence[Callable[[], IOFuture[int]]],
-                     report: Callable[[int], None],
-                     meanwhile: Callable[[], None] | None = None) -> list[int]:
+def submit_windowed(
+    starts: Sequence[Callable[[], IOFuture[int]]],
+    report: Callable[[int], None],
+    meanwhile: Callable[[], None] | None = None,
+) -> list[int]:
     """Start each transfer, keeping at most :data:`BATCH_WINDOW` in flight; return their byte
     counts. ``meanwhile`` runs once the window is full (or every transfer started), while
     they move. After a failure nothing more starts, and every started transfer is waited
@@ -155,30 +181,39 @@ def cannot_checksum(t: Tool) -> ToolUnavailableError:
     """The failure of a tool asked to verify a read it cannot checksum (so that the
     dispatcher falls back to one that can)."""
     return ToolUnavailableError(
-        f"{t.name} cannot checksum what it reads: load with verify=False to use it")
+        f"{t.name} cannot checksum what it reads: load with verify=False to use it"
+    )
 
 
 def truncated(path: str, file_offset: int, nbytes: int, got: int) -> TruncatedFileError:
     """The data error of a read that found ``got`` of ``nbytes`` bytes before the end."""
     return TruncatedFileError(
         f"{path}: file ends at byte {file_offset + got}, {nbytes - got} bytes short of the "
-        "array (truncated while reading?)")
+        "array (truncated while reading?)"
+    )
 
 
-def read_batch(t: Tool, fd: int, batch: list[Request], path: str, with_checksum: bool,
-               report: Callable[[int], None], meanwhile: Callable[[], None] | None = None
-               ) -> list[int | None]:
+def read_batch(
+    t: Tool,
+    fd: int,
+    batch: list[Request],
+    path: str,
+    with_checksum: bool,
+    report: Callable[[int], None],
+    meanwhile: Callable[[], None] | None = None,
+) -> list[int | None]:
     # The single-transfer twin is Dispatcher.read's operation, kept apart: a batch's lists,
     # partials and window cost microseconds that small transfers cannot spare.
     on_gpu = [with_checksum and checksum_on_gpu(buffer, t) for _, buffer in batch]
     if with_checksum and not t.capabilities.checksums and not all(on_gpu):
         raise cannot_checksum(t)
-    parts = [ChecksumParts(buffer.nbytes) if with_checksum and not gpu else None
-             for (_, buffer), gpu in zip(batch, on_gpu, strict=True)]
+    parts = [
+        ChecksumParts(buffer.nbytes) if with_checksum and not gpu else None
+        for (_, buffer), gpu in zip(batch, on_gpu, strict=True)
+    ]
     gpu = [i for i, flag in enumerate(on_gpu) if flag]
     kernel_of = {i: k for k, i in enumerate(gpu)}
-    with _device_checksum.DeviceChecksums(_on_device(batch, gpu),
-                                          own_stream=True) as device_crcs:
+    with _device_checksum.DeviceChecksums(_on_device(batch, gpu), own_stream=True) as device_crcs:
 
         def landed(index: int) -> None:
             # Checksum the arrays on the GPU as they are read (in groups, see
@@ -189,23 +224,31 @@ def read_batch(t: Tool, fd: int, batch: list[Request], path: str, with_checksum:
             report(index)
 
         counts = submit_windowed(
-            [functools.partial(t.pread, fd, buffer, offset, checksum=part)
-             for (offset, buffer), part in zip(batch, parts, strict=True)], landed, meanwhile)
+            [
+                functools.partial(t.pread, fd, buffer, offset, checksum=part)
+                for (offset, buffer), part in zip(batch, parts, strict=True)
+            ],
+            landed,
+            meanwhile,
+        )
         for (offset, buffer), got in zip(batch, counts, strict=True):
             if got != buffer.nbytes:
                 raise truncated(path, offset, buffer.nbytes, got)
         return _merged(parts, gpu, device_crcs)
 
 
-def write_batch(t: Tool, fd: int, batch: list[Request], with_checksum: bool,
-                report: Callable[[int], None]) -> list[int | None]:
+def write_batch(
+    t: Tool, fd: int, batch: list[Request], with_checksum: bool, report: Callable[[int], None]
+) -> list[int | None]:
     on_gpu = [with_checksum and checksum_on_gpu(buffer, t) for _, buffer in batch]
     gpu = [i for i, flag in enumerate(on_gpu) if flag]
-    parts = [ChecksumParts(buffer.nbytes)
-             if with_checksum and not gpu_crc and t.capabilities.checksums else None
-             for (_, buffer), gpu_crc in zip(batch, on_gpu, strict=True)]
-    with _device_checksum.DeviceChecksums(_on_device(batch, gpu),
-                                          own_stream=True) as device_crcs:
+    parts = [
+        ChecksumParts(buffer.nbytes)
+        if with_checksum and not gpu_crc and t.capabilities.checksums
+        else None
+        for (_, buffer), gpu_crc in zip(batch, on_gpu, strict=True)
+    ]
+    with _device_checksum.DeviceChecksums(_on_device(batch, gpu), own_stream=True) as device_crcs:
         if gpu:
             synchronize_device(_on_device(batch, gpu[:1])[0])  # one device
             for k in range(len(gpu)):  # the kernels read the arrays while the tool writes
@@ -213,8 +256,12 @@ def write_batch(t: Tool, fd: int, batch: list[Request], with_checksum: bool,
         gather = getattr(t, "pwritev", None)
         if gather is None or len(batch) < 2:
             submit_windowed(
-                [functools.partial(t.pwrite, fd, buffer, offset, checksum=part)
-                 for (offset, buffer), part in zip(batch, parts, strict=True)], report)
+                [
+                    functools.partial(t.pwrite, fd, buffer, offset, checksum=part)
+                    for (offset, buffer), part in zip(batch, parts, strict=True)
+                ],
+                report,
+            )
         else:
             # Neighbours in the file as one range each: a checkpoint's 16 MiB tensors reach
             # the disk in whole chunks, as one large array does.
@@ -225,9 +272,18 @@ def write_batch(t: Tool, fd: int, batch: list[Request], with_checksum: bool,
                     report(i)
 
             submit_windowed(
-                [functools.partial(gather, fd, [batch[i][1] for i in group], batch[group[0]][0],
-                                   checksums=[parts[i] for i in group])
-                 for group in groups], report_group)
+                [
+                    functools.partial(
+                        gather,
+                        fd,
+                        [batch[i][1] for i in group],
+                        batch[group[0]][0],
+                        checksums=[parts[i] for i in group],
+                    )
+                    for group in groups
+                ],
+                report_group,
+            )
         first, end = extent(batch)
         flush_range(fd, first, end - first)  # as for one transfer: durable, honestly timed
         return _merged(parts, gpu, device_crcs)
@@ -238,8 +294,9 @@ def _on_device(batch: list[Request], indices: list[int]) -> list[DeviceBuffer]:
     return [cast(DeviceBuffer, batch[i][1]) for i in indices]
 
 
-def _merged(parts: list[ChecksumParts | None], gpu: list[int],
-            device_crcs: _device_checksum.DeviceChecksums) -> list[int | None]:
+def _merged(
+    parts: list[ChecksumParts | None], gpu: list[int], device_crcs: _device_checksum.DeviceChecksums
+) -> list[int | None]:
     """Each request's CRC: from its host parts, or (at the indices ``gpu``) from the GPU."""
     crcs = [part.value() if part is not None else None for part in parts]
     for i, crc in zip(gpu, device_crcs.results(), strict=True):

@@ -29,8 +29,11 @@ class Sizes:
     last: int | None = None
 
     def __contains__(self, size_class: object) -> bool:
-        return (isinstance(size_class, int) and self.first <= size_class
-                and (self.last is None or size_class <= self.last))
+        return (
+            isinstance(size_class, int)
+            and self.first <= size_class
+            and (self.last is None or size_class <= self.last)
+        )
 
 
 UP_TO_1_MIB = Sizes(last=20)
@@ -62,9 +65,13 @@ class Row:
     pieces: bool | None = None
 
     def covers(self, context: Context) -> bool:
-        return (context.direction == self.direction and context.memory == self.memory
-                and context.size_class in self.sizes and context.cache in self.cache
-                and (self.pieces is None or self.pieces == bool(context.pieces)))
+        return (
+            context.direction == self.direction
+            and context.memory == self.memory
+            and context.size_class in self.sizes
+            and context.cache in self.cache
+            and (self.pieces is None or self.pieces == bool(context.pieces))
+        )
 
 
 def _posix(threads: int, task_mib: int) -> Arm:
@@ -95,56 +102,161 @@ BLIND_TO_HOST = frozenset({"kvikio"})
 # costs exploration. It serves the reads that name it.
 CANDIDATES: tuple[Row, ...] = (
     # ---- host memory ----------------------------------------------------------------------
-    Row("read", "host", UP_TO_1_MIB, cache=ON_DISK,
-        arms=(NAIVE, _posix(1, 4), _direct(1, 4))),
-    Row("read", "host", UP_TO_1_MIB,
-        arms=(NAIVE, _posix(1, 4))),
-    Row("read", "host", OVER_1_MIB, cache=ON_DISK,
-        arms=(_direct(4, 8), _direct(16, 8), _posix(16, 4), _posix(4, 8), NAIVE, KVIKIO)),
-    Row("read", "host", OVER_1_MIB, cache=CACHED,
-        arms=(_posix(16, 4), _posix(4, 8), NAIVE, KVIKIO)),
-    Row("read", "host", OVER_1_MIB, cache=UNKNOWN,
-        arms=(_posix(16, 4), _posix(4, 8), _direct(4, 8), _direct(16, 8), NAIVE, KVIKIO)),
-    Row("write", "host", UP_TO_1_MIB,
-        arms=(NAIVE, _posix(1, 4), _direct(1, 4))),
-    Row("write", "host", OVER_1_MIB_TO_128_MIB,
-        arms=(_posix(4, 8), _posix(16, 4), _direct(4, 8), NAIVE, KVIKIO)),
-    Row("write", "host", OVER_128_MIB,
-        arms=(_posix(4, 8), _posix(16, 4), _direct(4, 8), _direct(4, 64), NAIVE, KVIKIO)),
+    Row("read", "host", UP_TO_1_MIB, cache=ON_DISK, arms=(NAIVE, _posix(1, 4), _direct(1, 4))),
+    Row("read", "host", UP_TO_1_MIB, arms=(NAIVE, _posix(1, 4))),
+    Row(
+        "read",
+        "host",
+        OVER_1_MIB,
+        cache=ON_DISK,
+        arms=(_direct(4, 8), _direct(16, 8), _posix(16, 4), _posix(4, 8), NAIVE, KVIKIO),
+    ),
+    Row(
+        "read", "host", OVER_1_MIB, cache=CACHED, arms=(_posix(16, 4), _posix(4, 8), NAIVE, KVIKIO)
+    ),
+    Row(
+        "read",
+        "host",
+        OVER_1_MIB,
+        cache=UNKNOWN,
+        arms=(_posix(16, 4), _posix(4, 8), _direct(4, 8), _direct(16, 8), NAIVE, KVIKIO),
+    ),
+    Row("write", "host", UP_TO_1_MIB, arms=(NAIVE, _posix(1, 4), _direct(1, 4))),
+    Row(
+        "write",
+        "host",
+        OVER_1_MIB_TO_128_MIB,
+        arms=(_posix(4, 8), _posix(16, 4), _direct(4, 8), NAIVE, KVIKIO),
+    ),
+    Row(
+        "write",
+        "host",
+        OVER_128_MIB,
+        arms=(_posix(4, 8), _posix(16, 4), _direct(4, 8), _direct(4, 64), NAIVE, KVIKIO),
+    ),
     # ---- device memory --------------------------------------------------------------------
-    Row("read", "cuda", UP_TO_1_MIB, cache=ON_DISK,
-        arms=(NAIVE, _staged(1, 4, direct=True), _staged(8, 8, direct=True), KVIKIO)),
-    Row("read", "cuda", UP_TO_1_MIB,
-        arms=(NAIVE, _staged(1, 4, direct=False), KVIKIO)),
-    Row("read", "cuda", OVER_1_MIB_TO_128_MIB, cache=ON_DISK,
-        arms=(_staged(16, 8, direct=True), _staged(4, 16, direct=True), _staged(16, 8),
-              NAIVE, KVIKIO)),
-    Row("read", "cuda", OVER_128_MIB, cache=ON_DISK,
-        arms=(_staged(16, 8, direct=True), _staged(4, 16, direct=True),
-              _staged(16, 16, direct=True), _staged(16, 8), NAIVE, KVIKIO)),
-    Row("read", "cuda", OVER_1_MIB, cache=CACHED,
-        arms=(_staged(16, 8), NAIVE, KVIKIO)),
-    Row("read", "cuda", OVER_1_MIB_TO_128_MIB, cache=UNKNOWN,
-        arms=(_staged(16, 8), _staged(16, 8, direct=True), _staged(4, 16, direct=True),
-              NAIVE, KVIKIO)),
-    Row("read", "cuda", OVER_128_MIB, cache=UNKNOWN,
-        arms=(_staged(16, 8), _staged(16, 8, direct=True), _staged(4, 16, direct=True),
-              _staged(16, 16, direct=True), NAIVE, KVIKIO)),
-    Row("write", "cuda", UP_TO_1_MIB,
-        arms=(NAIVE, _staged(1, 4, direct=True), _staged(8, 8, direct=True), KVIKIO)),
-    Row("write", "cuda", OVER_1_MIB_TO_64_MIB,
-        arms=(_staged(4, 16, direct=True), _staged(8, 8, direct=True), _staged(4, 16),
-              NAIVE, KVIKIO)),
-    Row("write", "cuda", OVER_64_MIB_TO_128_MIB,
-        arms=(_staged(4, 16, direct=True), _staged(8, 32, direct=True), _staged(4, 16),
-              NAIVE, KVIKIO)),
-    Row("write", "cuda", OVER_128_MIB, pieces=True,
-        arms=(_staged(4, 16, direct=True), _staged(8, 32, direct=True),
-              _staged(8, 64, direct=True), _staged(16, 16, direct=True),
-              _staged(4, 64, direct=True), _staged(4, 16), NAIVE, KVIKIO)),
-    Row("write", "cuda", OVER_128_MIB,
-        arms=(_staged(4, 16, direct=True), _staged(8, 32, direct=True),
-              _staged(4, 64, direct=True), _staged(4, 16), NAIVE, KVIKIO)),
+    Row(
+        "read",
+        "cuda",
+        UP_TO_1_MIB,
+        cache=ON_DISK,
+        arms=(NAIVE, _staged(1, 4, direct=True), _staged(8, 8, direct=True), KVIKIO),
+    ),
+    Row("read", "cuda", UP_TO_1_MIB, arms=(NAIVE, _staged(1, 4, direct=False), KVIKIO)),
+    Row(
+        "read",
+        "cuda",
+        OVER_1_MIB_TO_128_MIB,
+        cache=ON_DISK,
+        arms=(
+            _staged(16, 8, direct=True),
+            _staged(4, 16, direct=True),
+            _staged(16, 8),
+            NAIVE,
+            KVIKIO,
+        ),
+    ),
+    Row(
+        "read",
+        "cuda",
+        OVER_128_MIB,
+        cache=ON_DISK,
+        arms=(
+            _staged(16, 8, direct=True),
+            _staged(4, 16, direct=True),
+            _staged(16, 16, direct=True),
+            _staged(16, 8),
+            NAIVE,
+            KVIKIO,
+        ),
+    ),
+    Row("read", "cuda", OVER_1_MIB, cache=CACHED, arms=(_staged(16, 8), NAIVE, KVIKIO)),
+    Row(
+        "read",
+        "cuda",
+        OVER_1_MIB_TO_128_MIB,
+        cache=UNKNOWN,
+        arms=(
+            _staged(16, 8),
+            _staged(16, 8, direct=True),
+            _staged(4, 16, direct=True),
+            NAIVE,
+            KVIKIO,
+        ),
+    ),
+    Row(
+        "read",
+        "cuda",
+        OVER_128_MIB,
+        cache=UNKNOWN,
+        arms=(
+            _staged(16, 8),
+            _staged(16, 8, direct=True),
+            _staged(4, 16, direct=True),
+            _staged(16, 16, direct=True),
+            NAIVE,
+            KVIKIO,
+        ),
+    ),
+    Row(
+        "write",
+        "cuda",
+        UP_TO_1_MIB,
+        arms=(NAIVE, _staged(1, 4, direct=True), _staged(8, 8, direct=True), KVIKIO),
+    ),
+    Row(
+        "write",
+        "cuda",
+        OVER_1_MIB_TO_64_MIB,
+        arms=(
+            _staged(4, 16, direct=True),
+            _staged(8, 8, direct=True),
+            _staged(4, 16),
+            NAIVE,
+            KVIKIO,
+        ),
+    ),
+    Row(
+        "write",
+        "cuda",
+        OVER_64_MIB_TO_128_MIB,
+        arms=(
+            _staged(4, 16, direct=True),
+            _staged(8, 32, direct=True),
+            _staged(4, 16),
+            NAIVE,
+            KVIKIO,
+        ),
+    ),
+    Row(
+        "write",
+        "cuda",
+        OVER_128_MIB,
+        pieces=True,
+        arms=(
+            _staged(4, 16, direct=True),
+            _staged(8, 32, direct=True),
+            _staged(8, 64, direct=True),
+            _staged(16, 16, direct=True),
+            _staged(4, 64, direct=True),
+            _staged(4, 16),
+            NAIVE,
+            KVIKIO,
+        ),
+    ),
+    Row(
+        "write",
+        "cuda",
+        OVER_128_MIB,
+        arms=(
+            _staged(4, 16, direct=True),
+            _staged(8, 32, direct=True),
+            _staged(4, 64, direct=True),
+            _staged(4, 16),
+            NAIVE,
+            KVIKIO,
+        ),
+    ),
 )
 
 

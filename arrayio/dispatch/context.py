@@ -51,10 +51,16 @@ class Context:
 
     def __post_init__(self) -> None:
         # The key is asked for several times a call: build the string once.
-        object.__setattr__(self, "_key", (
-            f"{self.direction}/{self.memory}/2^{self.size_class}/{self.storage}/"
-            f"{self.cache}/x{self.load}" + ("/crc" if self.checksum else "")
-            + (f"/of2^{self.pieces}" if self.pieces else "")))
+        object.__setattr__(
+            self,
+            "_key",
+            (
+                f"{self.direction}/{self.memory}/2^{self.size_class}/{self.storage}/"
+                f"{self.cache}/x{self.load}"
+                + ("/crc" if self.checksum else "")
+                + (f"/of2^{self.pieces}" if self.pieces else "")
+            ),
+        )
 
     def key(self) -> str:
         return self._key
@@ -112,8 +118,10 @@ class _CacheStatRange(ctypes.Structure):
 
 
 class _CacheStat(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64) for name in (
-        "nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")
+    ]
 
 
 _SYS_CACHESTAT = {"x86_64": 451, "aarch64": 451}.get(platform.machine())
@@ -185,8 +193,9 @@ def _cached_fraction_mincore(fd: int, file_offset: int, nbytes: int) -> float | 
         return None
     pages = [page for page in _sample_pages(file_offset, nbytes) if page <= last]
     try:
-        mapping = mmap.mmap(fd, (last - first + 1) * _PAGE, offset=first * _PAGE,
-                            access=mmap.ACCESS_COPY)  # private: writable for ctypes, untouched
+        mapping = mmap.mmap(
+            fd, (last - first + 1) * _PAGE, offset=first * _PAGE, access=mmap.ACCESS_COPY
+        )  # private: writable for ctypes, untouched
     except (OSError, ValueError):
         return None
     try:
@@ -194,8 +203,14 @@ def _cached_fraction_mincore(fd: int, file_offset: int, nbytes: int) -> float | 
         vector = ctypes.c_ubyte()
         hits = 0
         for page in pages:
-            if libc.mincore(ctypes.c_void_p(base + (page - first) * _PAGE),
-                            ctypes.c_size_t(_PAGE), ctypes.byref(vector)) != 0:
+            if (
+                libc.mincore(
+                    ctypes.c_void_p(base + (page - first) * _PAGE),
+                    ctypes.c_size_t(_PAGE),
+                    ctypes.byref(vector),
+                )
+                != 0
+            ):
                 return None
             hits += vector.value & 1
         del vector

@@ -155,8 +155,9 @@ def _parse_spec(spec: str) -> Arm:
             raise ConfigError(f"tool {spec!r} gives {key!r} twice")
         if key not in accepted:
             known = ", ".join(accepted) or "none"
-            raise ConfigError(f"tool {spec!r}: {name} has no parameter {key!r} "
-                              f"(its parameters: {known})")
+            raise ConfigError(
+                f"tool {spec!r}: {name} has no parameter {key!r} (its parameters: {known})"
+            )
         params[key] = _parameter_value(spec, key, value, accepted[key])
     arm = Arm.of(name, **params)
     if params:  # the tool's own checks of its values (positive sizes...)
@@ -179,8 +180,11 @@ def _tool_parameters(cls: type[Tool]) -> dict[str, type | None]:
             if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
                 continue
             default, annotation = parameter.default, parameter.annotation
-            kind = (type(default) if isinstance(default, bool | int) else
-                    {"int": int, "bool": bool, int: int, bool: bool}.get(annotation))
+            kind = (
+                type(default)
+                if isinstance(default, bool | int)
+                else {"int": int, "bool": bool, int: int, bool: bool}.get(annotation)
+            )
             found.setdefault(parameter.name, kind)
     return found
 
@@ -220,8 +224,9 @@ class Dispatcher:
         Monotonic seconds, for timing transfers (tests pass a fake one).
     """
 
-    def __init__(self, table_path: str | None, *,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self, table_path: str | None, *, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         self.table_path = table_path
         self.table = Table.load(table_path) if table_path else Table()
         self.policy = Policy(self.candidates, self.table, clock=clock, sample_every=4)
@@ -239,17 +244,40 @@ class Dispatcher:
         """The available arms for ``context``, best guess first."""
         return [arm for arm in candidate_arms(context) if _available(arm)]
 
-    def context(self, direction: str, fd: int, file_offset: int, nbytes: int, memory: str,
-                checksum: bool, span: int | None = None, pieces: int = 0) -> Context:
+    def context(
+        self,
+        direction: str,
+        fd: int,
+        file_offset: int,
+        nbytes: int,
+        memory: str,
+        checksum: bool,
+        span: int | None = None,
+        pieces: int = 0,
+    ) -> Context:
         """Describe a transfer of ``nbytes`` whose bytes lie within ``span`` bytes (default
         ``nbytes``) from ``file_offset``."""
         span = nbytes if span is None else span
         cache = cache_state(fd, file_offset, span) if direction == "read" else "-"
-        return Context(direction, memory, size_class(nbytes), storage_of(fd), cache,
-                       self.in_flight.bucket(), checksum, pieces)
+        return Context(
+            direction,
+            memory,
+            size_class(nbytes),
+            storage_of(fd),
+            cache,
+            self.in_flight.bucket(),
+            checksum,
+            pieces,
+        )
 
-    def batch_context(self, direction: str, fd: int, ranges: Sequence[tuple[int, int]],
-                      memory: str, checksum: bool) -> Context:
+    def batch_context(
+        self,
+        direction: str,
+        fd: int,
+        ranges: Sequence[tuple[int, int]],
+        memory: str,
+        checksum: bool,
+    ) -> Context:
         """Describe a batch of transfers, ``(file_offset, nbytes)`` each: the context of
         their total size, over the span of the file they cover, and of their typical piece
         (:func:`~arrayio.dispatch.context.piece_class`). A 1 GiB checkpoint of 16 and 32 MiB
@@ -258,16 +286,32 @@ class Dispatcher:
         sizes = [size for _, size in ranges]
         first = min(offset for offset, _ in ranges)
         end = max(offset + size for offset, size in ranges)
-        return self.context(direction, fd, first, sum(sizes), memory, checksum,
-                            span=end - first, pieces=piece_class(sizes))
+        return self.context(
+            direction,
+            fd,
+            first,
+            sum(sizes),
+            memory,
+            checksum,
+            span=end - first,
+            pieces=piece_class(sizes),
+        )
 
     def forced_arm(self, tool: str | Arm | Tool | None) -> Arm | None:
         """The arm ``tool`` (or, if None, ``ARRAYIO_TOOL``) forces, or None."""
         spec = tool if tool is not None else config.get().tool
         return None if spec is None else parse_arm(spec)
 
-    def read(self, fd: int, buffer: Buffer, file_offset: int, *, path: str = "<file>",
-             with_checksum: bool = False, tool: str | Arm | Tool | None = None) -> int | None:
+    def read(
+        self,
+        fd: int,
+        buffer: Buffer,
+        file_offset: int,
+        *,
+        path: str = "<file>",
+        with_checksum: bool = False,
+        tool: str | Arm | Tool | None = None,
+    ) -> int | None:
         """Fill ``buffer`` from ``fd`` at ``file_offset``; return its CRC-32C if asked.
 
         Raises
@@ -294,8 +338,15 @@ class Dispatcher:
 
         return self._dispatch("read", fd, buffer, file_offset, with_checksum, forced, operation)
 
-    def write(self, fd: int, buffer: Buffer, file_offset: int, *,
-              with_checksum: bool = False, tool: str | Arm | Tool | None = None) -> int | None:
+    def write(
+        self,
+        fd: int,
+        buffer: Buffer,
+        file_offset: int,
+        *,
+        with_checksum: bool = False,
+        tool: str | Arm | Tool | None = None,
+    ) -> int | None:
         """Write all of ``buffer`` at ``file_offset``; return its CRC-32C if asked and the
         tool could compute one (a forced tool without checksums gives None)."""
         nbytes = buffer.nbytes
@@ -314,8 +365,7 @@ class Dispatcher:
                 if flush:
                     flush_range(fd, file_offset, nbytes)
                 return crc
-            parts = (ChecksumParts(nbytes) if with_checksum and t.capabilities.checksums
-                     else None)
+            parts = ChecksumParts(nbytes) if with_checksum and t.capabilities.checksums else None
             t.write(fd, buffer, file_offset, checksum=parts)
             # arrayio's writes are durable (saves fsync before renaming). Flushing the range
             # here makes the timing honest (a tool that only fills the page cache would
@@ -326,12 +376,18 @@ class Dispatcher:
                 flush_range(fd, file_offset, nbytes)
             return parts.value() if parts is not None else None
 
-        return self._dispatch("write", fd, buffer, file_offset, with_checksum, forced,
-                              operation)
+        return self._dispatch("write", fd, buffer, file_offset, with_checksum, forced, operation)
 
-    def _dispatch(self, direction: str, fd: int, buffer: Buffer, file_offset: int,
-                  with_checksum: bool, forced: Arm | None,
-                  operation: Callable[[Tool], int | None]) -> int | None:
+    def _dispatch(
+        self,
+        direction: str,
+        fd: int,
+        buffer: Buffer,
+        file_offset: int,
+        with_checksum: bool,
+        forced: Arm | None,
+        operation: Callable[[Tool], int | None],
+    ) -> int | None:
         """Run ``operation`` with the naive tool (small transfers), the forced arm, or the
         arm the policy chooses in this transfer's context."""
         nbytes = buffer.nbytes
@@ -339,8 +395,9 @@ class Dispatcher:
             self.last = _SMALL_CHOICE
             return operation(self._naive)
         with self.in_flight:
-            context = self.context(direction, fd, file_offset, nbytes, buffer_kind(buffer),
-                                   with_checksum)
+            context = self.context(
+                direction, fd, file_offset, nbytes, buffer_kind(buffer), with_checksum
+            )
             result, arm = self.policy.run(context, nbytes, operation, force=forced)
         self.last = (context, arm)
         self._maybe_save()
@@ -348,9 +405,16 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ batches
 
-    def read_many(self, fd: int, requests: Sequence[Request], *, path: str = "<file>",
-                  with_checksum: bool = False, tool: str | Arm | Tool | None = None,
-                  done: Callable[[int], None] | None = None) -> list[int | None]:
+    def read_many(
+        self,
+        fd: int,
+        requests: Sequence[Request],
+        *,
+        path: str = "<file>",
+        with_checksum: bool = False,
+        tool: str | Arm | Tool | None = None,
+        done: Callable[[int], None] | None = None,
+    ) -> list[int | None]:
         """Fill each ``(file_offset, buffer)`` of ``requests``; return their CRC-32Cs if asked.
 
         The transfers of one memory kind and device run as one: one tool, every transfer in
@@ -372,17 +436,30 @@ class Dispatcher:
         """
         return self._many("read", fd, requests, path, with_checksum, tool, done)
 
-    def write_many(self, fd: int, requests: Sequence[Request], *,
-                   with_checksum: bool = False, tool: str | Arm | Tool | None = None,
-                   done: Callable[[int], None] | None = None) -> list[int | None]:
+    def write_many(
+        self,
+        fd: int,
+        requests: Sequence[Request],
+        *,
+        with_checksum: bool = False,
+        tool: str | Arm | Tool | None = None,
+        done: Callable[[int], None] | None = None,
+    ) -> list[int | None]:
         """Write each ``(file_offset, buffer)`` of ``requests`` as one batch (see
         :meth:`read_many`); return their CRC-32Cs if asked (None for a forced tool that
         cannot compute them)."""
         return self._many("write", fd, requests, "<file>", with_checksum, tool, done)
 
-    def _many(self, direction: str, fd: int, requests: Sequence[Request], path: str,
-              with_checksum: bool, tool: str | Arm | Tool | None,
-              done: Callable[[int], None] | None) -> list[int | None]:
+    def _many(
+        self,
+        direction: str,
+        fd: int,
+        requests: Sequence[Request],
+        path: str,
+        with_checksum: bool,
+        tool: str | Arm | Tool | None,
+        done: Callable[[int], None] | None,
+    ) -> list[int | None]:
         forced = self.forced_arm(tool)
         if direction == "write":
             _preallocate_span(fd, requests)
@@ -411,8 +488,9 @@ class Dispatcher:
                     self._write_run(fd, requests, run, with_checksum, results)
                 else:
                     offset, buffer = requests[run[0]]
-                    results[run[0]] = self._one(direction, fd, offset, buffer, path,
-                                                with_checksum, tool)
+                    results[run[0]] = self._one(
+                        direction, fd, offset, buffer, path, with_checksum, tool
+                    )
                 if done is not None:
                     for i in run:
                         done(i)
@@ -420,22 +498,25 @@ class Dispatcher:
         # A read's small arrays move while its first batch's transfers do (see
         # batches.submit_windowed): a checkpoint's hundreds of biases and norms would
         # otherwise hold the main thread for milliseconds before the batch starts.
-        side = (_Once(move_small) if runs and direction == "read"
-                and any(len(indices) > 1 for indices in groups.values()) else None)
+        side = (
+            _Once(move_small)
+            if runs and direction == "read" and any(len(indices) > 1 for indices in groups.values())
+            else None
+        )
         if side is None:
             move_small()
         for indices in groups.values():
             if len(indices) == 1:  # alone, a batch is just a transfer
                 offset, buffer = requests[indices[0]]
-                results[indices[0]] = self._one(direction, fd, offset, buffer, path,
-                                                with_checksum, tool)
+                results[indices[0]] = self._one(
+                    direction, fd, offset, buffer, path, with_checksum, tool
+                )
                 if done is not None:
                     done(indices[0])
                 continue
             reported: set[int] = set()
 
-            def report(k: int, indices: list[int] = indices, reported: set[int] = reported
-                       ) -> None:
+            def report(k: int, indices: list[int] = indices, reported: set[int] = reported) -> None:
                 # Once per request, even when a failing tool's batch is redone by another.
                 if done is not None and indices[k] not in reported:
                     reported.add(indices[k])
@@ -446,8 +527,7 @@ class Dispatcher:
 
             batch = [requests[i] for i in indices]
             try:
-                crcs = self._batch(direction, fd, batch, path, with_checksum, forced, report,
-                                   side)
+                crcs = self._batch(direction, fd, batch, path, with_checksum, forced, report, side)
             except _Abandoned as abandoned:
                 raise abandoned.error from None
             side = None  # ran in that batch, once even if another tool redid it
@@ -455,8 +535,15 @@ class Dispatcher:
                 results[i] = crc
         return results
 
-    def _read_run(self, fd: int, requests: Sequence[Request], run: list[int], path: str,
-                  with_checksum: bool, results: list[int | None]) -> None:
+    def _read_run(
+        self,
+        fd: int,
+        requests: Sequence[Request],
+        run: list[int],
+        path: str,
+        with_checksum: bool,
+        results: list[int | None],
+    ) -> None:
         """Read small requests that are neighbours in the file with one read into host
         memory, then checksum each piece and copy it (device pieces through
         :func:`~arrayio.arrays._buffers.scatter_from_host`): a cold 4 KiB read costs a whole
@@ -470,8 +557,7 @@ class Dispatcher:
             # Say which array is short: read them one by one.
             for i in run:
                 offset, buffer = requests[i]
-                results[i] = self.read(fd, buffer, offset, path=path,
-                                       with_checksum=with_checksum)
+                results[i] = self.read(fd, buffer, offset, path=path, with_checksum=with_checksum)
             return
         on_device = []
         for i, piece, buffer in pieces:
@@ -482,8 +568,14 @@ class Dispatcher:
             results[i] = checksum(piece) if with_checksum else None
         scatter_from_host(span, on_device)
 
-    def _write_run(self, fd: int, requests: Sequence[Request], run: list[int],
-                   with_checksum: bool, results: list[int | None]) -> None:
+    def _write_run(
+        self,
+        fd: int,
+        requests: Sequence[Request],
+        run: list[int],
+        with_checksum: bool,
+        results: list[int | None],
+    ) -> None:
         """Gather small requests that follow each other in the file into host memory (and
         checksum each piece there), then write them with one write: thousands of small
         arrays cost thousands of system calls otherwise."""
@@ -496,29 +588,43 @@ class Dispatcher:
             results[i] = checksum(piece) if with_checksum else None
         self.write(fd, span, start)
 
-    def _one(self, direction: str, fd: int, offset: int, buffer: Buffer, path: str,
-             with_checksum: bool, tool: str | Arm | Tool | None) -> int | None:
+    def _one(
+        self,
+        direction: str,
+        fd: int,
+        offset: int,
+        buffer: Buffer,
+        path: str,
+        with_checksum: bool,
+        tool: str | Arm | Tool | None,
+    ) -> int | None:
         if direction == "read":
-            return self.read(fd, buffer, offset, path=path, with_checksum=with_checksum,
-                             tool=tool)
+            return self.read(fd, buffer, offset, path=path, with_checksum=with_checksum, tool=tool)
         return self.write(fd, buffer, offset, with_checksum=with_checksum, tool=tool)
 
-    def _batch(self, direction: str, fd: int, batch: list[Request], path: str,
-               with_checksum: bool, forced: Arm | None,
-               report: Callable[[int], None], meanwhile: _Once | None = None
-               ) -> list[int | None]:
+    def _batch(
+        self,
+        direction: str,
+        fd: int,
+        batch: list[Request],
+        path: str,
+        with_checksum: bool,
+        forced: Arm | None,
+        report: Callable[[int], None],
+        meanwhile: _Once | None = None,
+    ) -> list[int | None]:
         ranges = [(offset, buffer.nbytes) for offset, buffer in batch]
         nbytes = sum(size for _, size in ranges)
 
         def operation(t: Tool) -> list[int | None]:
             if direction == "read":
-                return batches.read_batch(t, fd, batch, path, with_checksum, report,
-                                          meanwhile)
+                return batches.read_batch(t, fd, batch, path, with_checksum, report, meanwhile)
             return batches.write_batch(t, fd, batch, with_checksum, report)
 
         with self.in_flight:
-            context = self.batch_context(direction, fd, ranges, buffer_kind(batch[0][1]),
-                                         with_checksum)
+            context = self.batch_context(
+                direction, fd, ranges, buffer_kind(batch[0][1]), with_checksum
+            )
             result, arm = self.policy.run(context, nbytes, operation, force=forced)
         self.last = self.last_batch = (context, arm)
         self._maybe_save()
@@ -537,8 +643,9 @@ class Dispatcher:
                 # save or load, and a table lost in a crash only costs a new exploration.
                 self.table.save(self.table_path, durable=force)
             except OSError as error:
-                logger.warning("arrayio could not save its dispatch table to %s: %s",
-                               self.table_path, error)
+                logger.warning(
+                    "arrayio could not save its dispatch table to %s: %s", self.table_path, error
+                )
 
     def save(self) -> None:
         """Save what was learned now."""

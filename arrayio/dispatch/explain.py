@@ -68,8 +68,11 @@ class Explanation:
     @property
     def unavailable(self) -> dict[str, str]:
         """Label to reason, for the arms that may not be used here."""
-        return {arm.label: arm.reason for arm in self.arms
-                if arm.state == "unavailable" and arm.reason is not None}
+        return {
+            arm.label: arm.reason
+            for arm in self.arms
+            if arm.state == "unavailable" and arm.reason is not None
+        }
 
     def as_dict(self) -> dict[str, Any]:
         """The explanation as plain dictionaries and lists (JSON-compatible)."""
@@ -79,14 +82,22 @@ class Explanation:
         return data
 
 
-def explanation(key: str, entry: ContextEntry, candidates: Candidates, seed: str | None,
-                exploration: Exploration, force: Arm | None = None) -> Explanation:
+def explanation(
+    key: str,
+    entry: ContextEntry,
+    candidates: Candidates,
+    seed: str | None,
+    exploration: Exploration,
+    force: Arm | None = None,
+) -> Explanation:
     """What the next call in the context ``key`` would use and why, from its entry and
     candidates (``force``: the arm it is forced to use); changes nothing. Hold the table's
     lock."""
     eligible, _, bars = exploration.scan(entry, candidates)
-    left = sum(exploration.needs_samples(stats, bars, contending=entry.phase == EXPLORING)
-               for _, stats in eligible)
+    left = sum(
+        exploration.needs_samples(stats, bars, contending=entry.phase == EXPLORING)
+        for _, stats in eligible
+    )
     measured = sum(stats is not None and stats.estimate is not None for _, stats in eligible)
     if force is not None:
         phase, chosen, reason = "forced", force.label, "forced"
@@ -104,18 +115,42 @@ def explanation(key: str, entry: ContextEntry, candidates: Candidates, seed: str
         if seed is not None:
             reason += f", seeded with {seed}"
     shown = chosen if phase != "forced" else None
-    reports = [_report(arm.label, entry.arms.get(arm.label), shown, bars.prune,
-                       exploration.explore_samples, candidate=True)
-               for arm in candidates.order]
-    reports += [_report(label, stats, shown, bars.prune, exploration.explore_samples,
-                        candidate=False)
-                for label, stats in entry.arms.items() if label not in candidates.by_label]
-    return Explanation(key=key, phase=phase, chosen=chosen, reason=reason, arms=tuple(reports),
-                       seed=seed, reexplorations=entry.reexplorations)
+    reports = [
+        _report(
+            arm.label,
+            entry.arms.get(arm.label),
+            shown,
+            bars.prune,
+            exploration.explore_samples,
+            candidate=True,
+        )
+        for arm in candidates.order
+    ]
+    reports += [
+        _report(label, stats, shown, bars.prune, exploration.explore_samples, candidate=False)
+        for label, stats in entry.arms.items()
+        if label not in candidates.by_label
+    ]
+    return Explanation(
+        key=key,
+        phase=phase,
+        chosen=chosen,
+        reason=reason,
+        arms=tuple(reports),
+        seed=seed,
+        reexplorations=entry.reexplorations,
+    )
 
 
-def _report(label: str, stats: ArmStats | None, chosen: str | None, floor: float,
-            explore_samples: int, *, candidate: bool) -> ArmReport:
+def _report(
+    label: str,
+    stats: ArmStats | None,
+    chosen: str | None,
+    floor: float,
+    explore_samples: int,
+    *,
+    candidate: bool,
+) -> ArmReport:
     if stats is None:
         return ArmReport(label, "unmeasured", None, None, None, 0, 0, 0)
     if stats.unavailable is not None:
@@ -134,5 +169,14 @@ def _report(label: str, stats: ArmStats | None, chosen: str | None, floor: float
     def gbps(rate: float | None) -> float | None:
         return None if rate is None or (rate == 0 and stats.count == 0) else rate / 1e9
 
-    return ArmReport(label, state, gbps(stats.estimate), gbps(stats.best), gbps(stats.last),
-                     stats.samples, stats.count, stats.failures, stats.unavailable)
+    return ArmReport(
+        label,
+        state,
+        gbps(stats.estimate),
+        gbps(stats.best),
+        gbps(stats.last),
+        stats.samples,
+        stats.count,
+        stats.failures,
+        stats.unavailable,
+    )

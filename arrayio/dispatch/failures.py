@@ -16,7 +16,8 @@ __all__ = ["chain", "is_tool_failure"]
 
 # OSErrors about the file system, not the tool: no room, no quota, too large, read-only.
 _ENVIRONMENT_ERRNOS = frozenset(
-    code for code in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG, errno.EROFS)
+    code
+    for code in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EFBIG, errno.EROFS)
     if code is not None
 )
 

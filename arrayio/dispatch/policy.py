@@ -99,9 +99,10 @@ class Policy:
         self.exploration = Exploration(
             explore_samples,
             contend_samples if contend_samples is not None else max(explore_samples, 4),
-            contend_ratio, prune_ratio)
-        self.measures = Measures(drift_ratio, drift_patience, min_bytes_to_learn,
-                                 unavailable_ttl)
+            contend_ratio,
+            prune_ratio,
+        )
+        self.measures = Measures(drift_ratio, drift_patience, min_bytes_to_learn, unavailable_ttl)
         if sample_every < 1:
             raise ValueError(f"sample_every must be at least 1, got {sample_every}")
         self._candidates = candidates
@@ -174,7 +175,8 @@ class Policy:
                 if not availability:
                     tool.close()
                     raise ToolUnavailableError(
-                        f"{arm.label} cannot run here: {availability.reason}")
+                        f"{arm.label} cannot run here: {availability.reason}"
+                    )
                 self._tools[arm] = tool
             return tool
 
@@ -212,8 +214,9 @@ class Policy:
                 raise self._nothing_available(key)
             return arm
 
-    def _choose(self, context: Context, key: str, exclude: Iterable[Arm], *,
-                reserve: bool) -> Arm | None:
+    def _choose(
+        self, context: Context, key: str, exclude: Iterable[Arm], *, reserve: bool
+    ) -> Arm | None:
         """The arm for the next call; with ``reserve``, counted in flight until released:
         while several threads explore one context, each takes an arm no other is measuring."""
         entry, candidates = self._known(context, key)
@@ -223,8 +226,7 @@ class Policy:
             if arm is not None and arm in exclude:
                 arm = None
         if arm is None:
-            busy = ((lambda arm: self._in_flight.get((key, arm.label), 0)) if reserve
-                    else None)
+            busy = (lambda arm: self._in_flight.get((key, arm.label), 0)) if reserve else None
             arm = self.exploration.pick(entry, candidates, exclude, busy)
         if arm is not None and reserve:
             slot = (key, arm.label)
@@ -267,8 +269,7 @@ class Policy:
         """
         self._record(context, context.key(), arm, nbytes, seconds)
 
-    def _record(self, context: Context, key: str, arm: Arm, nbytes: int,
-                seconds: float) -> None:
+    def _record(self, context: Context, key: str, arm: Arm, nbytes: int, seconds: float) -> None:
         if nbytes <= 0:
             return
         with self._lock:
@@ -306,8 +307,14 @@ class Policy:
 
     # -- running ----------------------------------------------------------------------------
 
-    def run(self, context: Context, nbytes: int, operation: Callable[[Tool], R], *,
-            force: Arm | None = None) -> tuple[R, Arm]:
+    def run(
+        self,
+        context: Context,
+        nbytes: int,
+        operation: Callable[[Tool], R],
+        *,
+        force: Arm | None = None,
+    ) -> tuple[R, Arm]:
         """Run ``operation`` with the chosen tool, falling back to others when tools fail.
 
         Parameters
@@ -381,12 +388,13 @@ class Policy:
                 raise self._nothing_available(key)
         self._withdraw(context, marks)
         if hasattr(last_error, "add_note"):  # Python 3.11+
-            last_error.add_note(f"arrayio: every transfer tool failed for {key}: "
-                                f"{', '.join(arm.label for arm in tried)}")
+            last_error.add_note(
+                f"arrayio: every transfer tool failed for {key}: "
+                f"{', '.join(arm.label for arm in tried)}"
+            )
         raise last_error
 
-    def _exploit_untimed(self, key: str, operation: Callable[[Tool], R]
-                         ) -> tuple[R, Arm] | None:
+    def _exploit_untimed(self, key: str, operation: Callable[[Tool], R]) -> tuple[R, Arm] | None:
         """Run a call of an exploiting, steady context on its chosen tool without the
         bookkeeping (no timing, no locks), unless this call is the one in ``sample_every``
         that is timed. None: take the full path (that call, or any tool failure, which the
@@ -415,9 +423,11 @@ class Policy:
         candidates = self._arms.get(key)
         if entry is None or candidates is None or not candidates.order:
             return ToolUnavailableError(f"no transfer tool is a candidate for {key}")
-        reasons = "; ".join(f"{label}: {stats.unavailable}"
-                            for label, stats in entry.arms.items()
-                            if label in candidates.by_label and stats.unavailable is not None)
+        reasons = "; ".join(
+            f"{label}: {stats.unavailable}"
+            for label, stats in entry.arms.items()
+            if label in candidates.by_label and stats.unavailable is not None
+        )
         return ToolUnavailableError(f"no transfer tool is available for {key} ({reasons})")
 
     # -- explaining -------------------------------------------------------------------------
@@ -431,5 +441,11 @@ class Policy:
             seed = entry.seed if entry is not None else nearest_winner(self.table, context, key)
             if candidates is None:
                 candidates = order(self._candidates(context), seed)
-            return explanation(key, entry if entry is not None else ContextEntry(), candidates,
-                               seed, self.exploration, force)
+            return explanation(
+                key,
+                entry if entry is not None else ContextEntry(),
+                candidates,
+                seed,
+                self.exploration,
+                force,
+            )

@@ -242,8 +242,10 @@ class ContextEntry:
             reexplorations=_count(data.get("reexplorations", 0), "reexplorations"),
             created=_time(data.get("created", 0.0), "created") or 0.0,
             updated=_time(data.get("updated", 0.0), "updated") or 0.0,
-            arms={_expect(label, str, "arm label"): ArmStats.from_json(stats)
-                  for label, stats in arms.items()},
+            arms={
+                _expect(label, str, "arm label"): ArmStats.from_json(stats)
+                for label, stats in arms.items()
+            },
         )
 
 
@@ -284,7 +286,8 @@ class Table:
         if entry is None:
             now = self.clock()
             entry = self._entries[key] = ContextEntry(
-                attributes=dict(attributes or {}), created=now, updated=now)
+                attributes=dict(attributes or {}), created=now, updated=now
+            )
         return entry
 
     def items(self) -> list[tuple[str, ContextEntry]]:
@@ -323,13 +326,14 @@ class Table:
             For a foreign object, a newer version (the message says so), or bad values.
         """
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ValueError(f"not an arrayio dispatch table (no \"format\": {FORMAT!r})")
+            raise ValueError(f'not an arrayio dispatch table (no "format": {FORMAT!r})')
         version = data.get("version")
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise ValueError(f"bad version {version!r}")
         if version > VERSION:
-            raise _NewerVersion(f"written by a newer arrayio (version {version}, this one "
-                                f"reads {VERSION})")
+            raise _NewerVersion(
+                f"written by a newer arrayio (version {version}, this one reads {VERSION})"
+            )
         contexts = _expect(data.get("contexts"), dict, "contexts")
         table = cls(clock=clock)
         for key, entry in contexts.items():
@@ -352,11 +356,10 @@ class Table:
         with atomic_write(path, durable=durable) as fd:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], *,
-             clock: Callable[[], float] = time.time) -> Table:
+    def load(cls, path: str | os.PathLike[str], *, clock: Callable[[], float] = time.time) -> Table:
         """The table saved at ``path``; an empty one if there is none or it cannot be used.
 
         A missing file is silent; a file that cannot be read, is not valid JSON, is not an
@@ -378,8 +381,9 @@ class Table:
             logger.warning("ignoring the dispatch table %s: %s", path, error)
         except (ValueError, TypeError, KeyError, RecursionError) as error:
             # json.JSONDecodeError and UnicodeDecodeError are ValueErrors.
-            logger.warning("ignoring the dispatch table %s: damaged or foreign file (%s)",
-                           path, error)
+            logger.warning(
+                "ignoring the dispatch table %s: damaged or foreign file (%s)", path, error
+            )
         return cls(clock=clock)
 
 

@@ -59,8 +59,11 @@ def encode_header(dtype: DType, shape: tuple[int, ...], alignment: int) -> bytes
             f".npy cannot record {dtype.name} (NumPy would read opaque bytes); save it to a "
             ".safetensors container instead"
         )
-    descr = np.dtype(dtype.name).newbyteorder("<").str if dtype.itemsize > 1 else np.dtype(
-        dtype.name).str
+    descr = (
+        np.dtype(dtype.name).newbyteorder("<").str
+        if dtype.itemsize > 1
+        else np.dtype(dtype.name).str
+    )
     text = f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': {tuple(shape)!r}, }}"
     for version, length_format in (((1, 0), "<H"), ((2, 0), "<I")):
         prefix = len(MAGIC) + 2 + struct.calcsize(length_format)
@@ -107,11 +110,13 @@ def read_header(fd: int, path: str, *, offset: int = 0, size: int | None = None)
     if header_len > MAX_HEADER_BYTES:
         raise HeaderTooLargeError(
             f"{path}: .npy header claims {header_len} bytes, more than the "
-            f"{MAX_HEADER_BYTES} arrayio (and NumPy) accept")
+            f"{MAX_HEADER_BYTES} arrayio (and NumPy) accept"
+        )
     if data_start > file_size:
         raise TruncatedFileError(
             f"{path}: the .npy header claims {header_len} bytes but the file ends after "
-            f"{file_size - prefix}")
+            f"{file_size - prefix}"
+        )
     raw = os.pread(fd, header_len, offset + prefix)
     dtype, shape, fortran = parse_header_text(raw, major, path)
     header = NpyHeader(dtype, shape, fortran, offset + data_start)
@@ -133,12 +138,16 @@ def _descr_dtype(descr: object, path: str) -> DType:
     booleans (objects, records, strings, dates) is refused anyway."""
     match = _SIMPLE_DESCR.fullmatch(descr) if isinstance(descr, str) else None
     if match is None:
-        raise UnsupportedDtypeError(f"{path}: .npy descr {descr!r} is not a dtype arrayio "
-                                    "reads (object, structured, string and date dtypes are not)")
+        raise UnsupportedDtypeError(
+            f"{path}: .npy descr {descr!r} is not a dtype arrayio "
+            "reads (object, structured, string and date dtypes are not)"
+        )
     order, kind, size = match.groups()
     if order == ">" and size != "1":
-        raise UnsupportedDtypeError(f"{path}: big-endian .npy data ({descr!r}) is not "
-                                    "supported: convert it with numpy first")
+        raise UnsupportedDtypeError(
+            f"{path}: big-endian .npy data ({descr!r}) is not "
+            "supported: convert it with numpy first"
+        )
     try:
         np_dtype = np.dtype(kind + size)
     except TypeError:  # a size the kind does not have ("f3")
@@ -146,8 +155,7 @@ def _descr_dtype(descr: object, path: str) -> DType:
     return _dtypes.dtype_of(np_dtype, where=f"{path}: ")
 
 
-def parse_header_text(raw: bytes, major: int, path: str
-                      ) -> tuple[DType, tuple[int, ...], bool]:
+def parse_header_text(raw: bytes, major: int, path: str) -> tuple[DType, tuple[int, ...], bool]:
     """The dtype, shape and Fortran order that the text of a ``.npy`` header of version
     ``major`` describes, checked as :func:`read_header` says."""
     try:
@@ -156,20 +164,20 @@ def parse_header_text(raw: bytes, major: int, path: str
         raise FormatError(f"{path}: .npy header is not valid UTF-8") from None
     body = text.rstrip(" \t\r\n")
     if not (body.startswith("{") and body.endswith("}")):
-        raise FormatError(f"{path}: malformed .npy header: a dict literal followed by "
-                          "padding was expected")
+        raise FormatError(
+            f"{path}: malformed .npy header: a dict literal followed by padding was expected"
+        )
     try:
         fields = ast.literal_eval(body)
     except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as error:
         raise FormatError(f"{path}: malformed .npy header ({type(error).__name__})") from None
     if not isinstance(fields, dict) or fields.keys() != {"descr", "fortran_order", "shape"}:
-        raise FormatError(f"{path}: .npy header must hold exactly 'descr', 'fortran_order' "
-                          "and 'shape'")
+        raise FormatError(
+            f"{path}: .npy header must hold exactly 'descr', 'fortran_order' and 'shape'"
+        )
     shape, fortran = fields["shape"], fields["fortran_order"]
-    if not isinstance(shape, tuple) or not all(
-            type(n) is int and n >= 0 for n in shape):
-        raise FormatError(f"{path}: .npy shape {shape!r} is not a tuple of non-negative "
-                          "integers")
+    if not isinstance(shape, tuple) or not all(type(n) is int and n >= 0 for n in shape):
+        raise FormatError(f"{path}: .npy shape {shape!r} is not a tuple of non-negative integers")
     if not isinstance(fortran, bool):
         raise FormatError(f"{path}: .npy fortran_order {fortran!r} is not a bool")
     dtype = _descr_dtype(fields["descr"], path)

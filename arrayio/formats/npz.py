@@ -29,8 +29,18 @@ __all__ = ["MAGIC", "Member", "read_members", "read_compressed", "write"]
 MAGIC = b"PK\x03\x04"
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... name length, extra length
 # What zipfile and zlib raise for a damaged or hostile archive.
-_ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, OSError,
-               ValueError, struct.error, OverflowError, NotImplementedError, RuntimeError)
+_ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    zlib.error,
+    EOFError,
+    OSError,
+    ValueError,
+    struct.error,
+    OverflowError,
+    NotImplementedError,
+    RuntimeError,
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -42,8 +52,9 @@ class Member:
     compressed: zipfile.ZipInfo | None
 
 
-def write(file: IO[bytes], arrays: Mapping[str, np.ndarray],
-          advance: Callable[[int], None] | None = None) -> None:
+def write(
+    file: IO[bytes], arrays: Mapping[str, np.ndarray], advance: Callable[[int], None] | None = None
+) -> None:
     """Write ``arrays`` (host arrays of dtypes ``.npy`` records) as an ``.npz`` to ``file``."""
     with zipfile.ZipFile(file, "w") as archive:
         for key, array in arrays.items():
@@ -79,14 +90,17 @@ def read_members(fd: int, path: str) -> list[Member]:
         members = []
         for info in archive.infolist():
             if not info.filename.endswith(".npy") or info.is_dir():
-                raise FormatError(f"{path}: member {info.filename!r} is not an array "
-                                  "(.npz members are .npy files)")
+                raise FormatError(
+                    f"{path}: member {info.filename!r} is not an array "
+                    "(.npz members are .npy files)"
+                )
             key = info.filename.removesuffix(".npy")
             where = f"{path}[{key}]"
             try:
                 if info.compress_type == zipfile.ZIP_STORED:
-                    header = npy.read_header(fd, where, offset=_data_offset(fd, info, path),
-                                             size=info.file_size)
+                    header = npy.read_header(
+                        fd, where, offset=_data_offset(fd, info, path), size=info.file_size
+                    )
                     members.append(Member(key, header, None))
                 else:
                     members.append(Member(key, _compressed_header(archive, info, where), info))
@@ -111,8 +125,9 @@ def _data_offset(fd: int, info: zipfile.ZipInfo, path: str) -> int:
     return info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
 
 
-def _compressed_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo,
-                       where: str) -> npy.NpyHeader:
+def _compressed_header(
+    archive: zipfile.ZipFile, info: zipfile.ZipInfo, where: str
+) -> npy.NpyHeader:
     with archive.open(info) as member:
         head = member.read(12)
         if not head.startswith(npy.MAGIC) or len(head) < 10:
@@ -126,8 +141,10 @@ def _compressed_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo,
         dtype, shape, fortran = npy.parse_header_text(raw, head[6], where)
     header = npy.NpyHeader(dtype, shape, fortran, prefix + header_len)
     if header.data_start + header.nbytes != info.file_size:
-        raise FormatError(f"{where}: {header.nbytes} bytes of data expected, the member holds "
-                          f"{info.file_size - header.data_start}")
+        raise FormatError(
+            f"{where}: {header.nbytes} bytes of data expected, the member holds "
+            f"{info.file_size - header.data_start}"
+        )
     return header
 
 

@@ -108,9 +108,12 @@ class Layout:
 def seal(head: bytes) -> bytes:
     """Write the CRC-32C of ``head`` (length prefix and header, as arrayio encodes them) into
     its place in ``head``."""
-    unsealed = head[:_HEADER_CRC_AT] + _UNSEALED + head[_HEADER_CRC_AT + len(_UNSEALED):]
-    return (unsealed[:_HEADER_CRC_AT] + f"{crc32c.crc32c(unsealed):08x}".encode()
-            + unsealed[_HEADER_CRC_AT + len(_UNSEALED):])
+    unsealed = head[:_HEADER_CRC_AT] + _UNSEALED + head[_HEADER_CRC_AT + len(_UNSEALED) :]
+    return (
+        unsealed[:_HEADER_CRC_AT]
+        + f"{crc32c.crc32c(unsealed):08x}".encode()
+        + unsealed[_HEADER_CRC_AT + len(_UNSEALED) :]
+    )
 
 
 def _header_crc(prefix: bytes, raw: bytes) -> tuple[int, int] | None:
@@ -123,7 +126,7 @@ def _header_crc(prefix: bytes, raw: bytes) -> tuple[int, int] | None:
         recorded = int(digits.decode("ascii"), 16) if len(digits) == len(_UNSEALED) else -1
     except ValueError:
         recorded = -1  # not hex: damaged, and then no CRC matches it
-    unsealed = prefix + raw[:at] + _UNSEALED + raw[at + len(_UNSEALED):]
+    unsealed = prefix + raw[:at] + _UNSEALED + raw[at + len(_UNSEALED) :]
     return recorded, crc32c.crc32c(unsealed)
 
 
@@ -139,8 +142,11 @@ def _encode(
         # a tensor without one (written by a tool that cannot checksum) only shortens it.
         arrayio = {**arrayio, "crc32c": {key: f"{crc:08x}" for key, crc in checksums.items()}}
     # The header's CRC first, where readers look for it (see the module docstring).
-    metadata = {HEADER_CRC_KEY: _UNSEALED.decode(), **header["__metadata__"],
-                ARRAYIO_KEY: _dumps(arrayio)}
+    metadata = {
+        HEADER_CRC_KEY: _UNSEALED.decode(),
+        **header["__metadata__"],
+        ARRAYIO_KEY: _dumps(arrayio),
+    }
     return _dumps({**header, "__metadata__": metadata}).encode()  # still the first entry
 
 
@@ -173,8 +179,11 @@ def plan(
     for i in order:
         key, dtype, shape = tensors[i]
         stored_shape = list(shape) + ([dtype.storage_lanes] if dtype.storage_lanes > 1 else [])
-        header[key] = {"dtype": dtype.storage_code, "shape": stored_shape,
-                       "data_offsets": list(offsets[i])}
+        header[key] = {
+            "dtype": dtype.storage_code,
+            "shape": stored_shape,
+            "data_offsets": list(offsets[i]),
+        }
         if dtype.code is None:
             real_dtypes[key] = dtype.name
     full_arrayio = {"version": FORMAT_VERSION, **arrayio}
@@ -186,12 +195,16 @@ def plan(
     data_start = _round_up(_PREFIX.size + unpadded, alignment)
     header_bytes = data_start - _PREFIX.size
     entries = [
-        Entry(tensors[i][0], tensors[i][1], tensors[i][2], data_start + offsets[i][0],
-              data_start + offsets[i][1])
+        Entry(
+            tensors[i][0],
+            tensors[i][1],
+            tensors[i][2],
+            data_start + offsets[i][0],
+            data_start + offsets[i][1],
+        )
         for i in order
     ]
-    return Layout(entries, data_start, data_start + data_bytes, header, full_arrayio,
-                  header_bytes)
+    return Layout(entries, data_start, data_start + data_bytes, header, full_arrayio, header_bytes)
 
 
 def _nbytes(tensor: tuple[str, DType, tuple[int, ...]]) -> int:
@@ -227,9 +240,11 @@ def read_header(fd: int, path: str, *, verify: bool = True) -> Header:
     """
     file_size = os.fstat(fd).st_size
     head = os.pread(fd, _PREFIX.size + 1, 0)
-    if len(head) > _PREFIX.size and head[_PREFIX.size:] not in b"{ \t\r\n":
-        raise FormatError(f"{path}: not a safetensors or .npy file (a safetensors header is "
-                          f"a JSON object; this file begins {head[:16]!r})")
+    if len(head) > _PREFIX.size and head[_PREFIX.size :] not in b"{ \t\r\n":
+        raise FormatError(
+            f"{path}: not a safetensors or .npy file (a safetensors header is "
+            f"a JSON object; this file begins {head[:16]!r})"
+        )
     if file_size < _PREFIX.size:
         raise TruncatedFileError(f"{path}: {file_size} bytes is too short for a safetensors file")
     (header_bytes,) = _PREFIX.unpack(head[: _PREFIX.size])
@@ -251,13 +266,15 @@ def read_header(fd: int, path: str, *, verify: bool = True) -> Header:
         raise ChecksumError(
             f"{path}: the header has CRC-32C {sealed[1]:08x}, the file recorded "
             f"{max(sealed[0], 0):08x}: the description of the arrays is damaged "
-            "(verify=False skips this check)")
+            "(verify=False skips this check)"
+        )
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
     except _DuplicateKey as duplicate:
-        raise FormatError(f"{path}: the header names {duplicate.args[0]!r} twice (the "
-                          "safetensors format forbids it; which one is meant is unknown)"
-                          ) from None
+        raise FormatError(
+            f"{path}: the header names {duplicate.args[0]!r} twice (the "
+            "safetensors format forbids it; which one is meant is unknown)"
+        ) from None
     except (ValueError, RecursionError) as error:  # bad UTF-8 or JSON, huge ints, deep nesting
         raise FormatError(f"{path}: header is not valid UTF-8 JSON ({error})") from None
     if not isinstance(header, dict):
@@ -271,18 +288,25 @@ def read_header(fd: int, path: str, *, verify: bool = True) -> Header:
     ):
         raise FormatError(f"{path}: __metadata__ must map strings to strings")
     arrayio = _parse_arrayio(metadata.get(ARRAYIO_KEY), path)
-    if (verify and sealed is None and arrayio is not None
-            and arrayio["version"] >= _FIRST_CHECKED_VERSION):
-        raise ChecksumError(f"{path}: the header lacks the CRC-32C that arrayio format "
-                            f"{arrayio['version']} records: it is damaged (verify=False skips "
-                            "this check)")
+    if (
+        verify
+        and sealed is None
+        and arrayio is not None
+        and arrayio["version"] >= _FIRST_CHECKED_VERSION
+    ):
+        raise ChecksumError(
+            f"{path}: the header lacks the CRC-32C that arrayio format "
+            f"{arrayio['version']} records: it is damaged (verify=False skips "
+            "this check)"
+        )
     real_dtypes = arrayio.get("dtypes", {}) if arrayio else {}
     checksums = arrayio.get("crc32c", {}) if arrayio else {}
 
     entries: dict[str, Entry] = {}
     for key, info in header.items():
-        entries[key] = _parse_entry(key, info, path, data_start, data_bytes,
-                                    real_dtypes.get(key), checksums.get(key))
+        entries[key] = _parse_entry(
+            key, info, path, data_start, data_bytes, real_dtypes.get(key), checksums.get(key)
+        )
     _check_overlaps(entries.values(), path)
     if arrayio is not None:
         _check_arrayio_keys(arrayio, entries, path)
@@ -309,8 +333,9 @@ def _parse_arrayio(text: str | None, path: str) -> dict[str, Any] | None:
     try:
         arrayio = json.loads(text, object_pairs_hook=_unique_keys)
     except _DuplicateKey as duplicate:
-        raise FormatError(f"{path}: __metadata__[{ARRAYIO_KEY!r}] names "
-                          f"{duplicate.args[0]!r} twice") from None
+        raise FormatError(
+            f"{path}: __metadata__[{ARRAYIO_KEY!r}] names {duplicate.args[0]!r} twice"
+        ) from None
     except (ValueError, RecursionError) as error:
         raise FormatError(f"{path}: __metadata__[{ARRAYIO_KEY!r}] is not JSON ({error})") from None
     version = arrayio.get("version") if isinstance(arrayio, dict) else None
@@ -332,8 +357,13 @@ def _parse_arrayio(text: str | None, path: str) -> dict[str, Any] | None:
 
 
 def _parse_entry(
-    key: str, info: Any, path: str, data_start: int, data_bytes: int,
-    real_dtype: str | None, crc: str | None,
+    key: str,
+    info: Any,
+    path: str,
+    data_start: int,
+    data_bytes: int,
+    real_dtype: str | None,
+    crc: str | None,
 ) -> Entry:
     # Called once per tensor (a million in a hostile file): the checks are plain comparisons,
     # and the message's prefix is made only for an error.
@@ -348,12 +378,16 @@ def _parse_entry(
     if stored is None:
         stored = _dtypes.by_code(code, where=f"{_where(path, key)}dtype ")  # raises
     if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
-        raise FormatError(f"{_where(path, key)}shape {shape!r} is not a list of non-negative "
-                          "integers")
-    if not (type(offsets) is list and len(offsets) == 2
-            and type(offsets[0]) is int and type(offsets[1]) is int):
-        raise FormatError(f"{_where(path, key)}data_offsets {offsets!r} is not a pair of "
-                          "integers")
+        raise FormatError(
+            f"{_where(path, key)}shape {shape!r} is not a list of non-negative integers"
+        )
+    if not (
+        type(offsets) is list
+        and len(offsets) == 2
+        and type(offsets[0]) is int
+        and type(offsets[1]) is int
+    ):
+        raise FormatError(f"{_where(path, key)}data_offsets {offsets!r} is not a pair of integers")
     begin, end = offsets
     if not 0 <= begin <= end:
         raise FormatError(f"{_where(path, key)}data_offsets {offsets!r} out of order or negative")
@@ -371,10 +405,19 @@ def _parse_entry(
             f"{_where(path, key)}data_offsets {offsets} reach past the end of the data "
             f"({data_bytes} bytes)"
         )
-    dtype, dims = (stored, tuple(shape)) if real_dtype is None else _real_dtype(
-        stored, tuple(shape), real_dtype, _where(path, key))
-    return Entry(key, dtype, dims, data_start + begin, data_start + end,
-                 int(crc, 16) if crc is not None else None)
+    dtype, dims = (
+        (stored, tuple(shape))
+        if real_dtype is None
+        else _real_dtype(stored, tuple(shape), real_dtype, _where(path, key))
+    )
+    return Entry(
+        key,
+        dtype,
+        dims,
+        data_start + begin,
+        data_start + end,
+        int(crc, 16) if crc is not None else None,
+    )
 
 
 def _where(path: str, key: str) -> str:
@@ -390,8 +433,10 @@ def _real_dtype(
     if dtype.storage_code != stored.code or dtype.storage_lanes == 1:
         raise UnsupportedDtypeError(f"{where}cannot be {real} when stored as {stored.code}")
     if not shape or shape[-1] != dtype.storage_lanes:
-        raise FormatError(f"{where}{real} stored as {stored.code} needs a last axis of "
-                          f"{dtype.storage_lanes}, shape is {list(shape)}")
+        raise FormatError(
+            f"{where}{real} stored as {stored.code} needs a last axis of "
+            f"{dtype.storage_lanes}, shape is {list(shape)}"
+        )
     return dtype, shape[:-1]
 
 
@@ -409,5 +454,6 @@ def _check_arrayio_keys(arrayio: dict[str, Any], entries: dict[str, Entry], path
     for field in ("dtypes", "crc32c"):
         unknown = set(arrayio.get(field, {})) - entries.keys()
         if unknown:
-            raise FormatError(f"{path}: arrayio metadata {field!r} names unknown tensors "
-                              f"{sorted(unknown)[:5]}")
+            raise FormatError(
+                f"{path}: arrayio metadata {field!r} names unknown tensors {sorted(unknown)[:5]}"
+            )

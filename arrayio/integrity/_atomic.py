@@ -21,15 +21,23 @@ from typing import NoReturn
 
 from ..errors import DiskFullError
 
-__all__ = ["TEMP_MARKER", "atomic_write", "create_temporary", "describe_write_error",
-           "is_temporary", "raise_described", "remove_stale_temporaries",
-           "remove_stale_temporaries_below"]
+__all__ = [
+    "TEMP_MARKER",
+    "atomic_write",
+    "create_temporary",
+    "describe_write_error",
+    "is_temporary",
+    "raise_described",
+    "remove_stale_temporaries",
+    "remove_stale_temporaries_below",
+]
 
 TEMP_MARKER = ".arrayio-tmp-"
 # Longest file name most file systems take (NAME_MAX); a temporary's name must fit too.
 _NAME_MAX = 255
-_SPACE_ERRNOS = frozenset(code for code in (errno.ENOSPC, getattr(errno, "EDQUOT", None))
-                          if code is not None)
+_SPACE_ERRNOS = frozenset(
+    code for code in (errno.ENOSPC, getattr(errno, "EDQUOT", None)) if code is not None
+)
 
 
 def is_temporary(name: str) -> bool:
@@ -55,8 +63,9 @@ def create_temporary(path: str, *, dir_fd: int | None = None) -> tuple[str, int]
     while True:
         name = _temporary_name(path)
         # 0o666 filtered by the umask, as for any new file (mkstemp would give 0o600).
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666,
-                     dir_fd=dir_fd)
+        fd = os.open(
+            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666, dir_fd=dir_fd
+        )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # a cleaner took it between our open and our lock
@@ -99,8 +108,9 @@ def remove_stale_temporaries(directory: str | os.PathLike[str] | int) -> list[st
     return removed
 
 
-def remove_stale_temporaries_below(root: str | os.PathLike[str], *,
-                                   dry_run: bool = False) -> list[str]:
+def remove_stale_temporaries_below(
+    root: str | os.PathLike[str], *, dry_run: bool = False
+) -> list[str]:
     """:func:`remove_stale_temporaries` in ``root`` and every directory below it (symbolic
     links are not followed); with ``dry_run``, only list what would be removed."""
     found: list[str] = []
@@ -110,8 +120,11 @@ def remove_stale_temporaries_below(root: str | os.PathLike[str], *,
         if not dry_run:
             found += remove_stale_temporaries(directory)
             continue
-        found += [os.path.join(directory, name) for name in names
-                  if is_temporary(name) and _is_stale(os.path.join(directory, name))]
+        found += [
+            os.path.join(directory, name)
+            for name in names
+            if is_temporary(name) and _is_stale(os.path.join(directory, name))
+        ]
     return found
 
 
@@ -121,8 +134,9 @@ def _is_stale(path: str) -> bool:
 
 def _remove_if_stale(path: str, dir_fd: int | None, *, remove: bool = True) -> bool:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                     dir_fd=dir_fd)
+        fd = os.open(
+            path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd
+        )
     except OSError:
         return False
     try:
@@ -176,8 +190,13 @@ def _keep_mode_and_owner(fd: int, target: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike[str], *, durable: bool = True,
-                 exclusive: bool = False, clean: bool = True) -> Iterator[int]:
+def atomic_write(
+    path: str | os.PathLike[str],
+    *,
+    durable: bool = True,
+    exclusive: bool = False,
+    clean: bool = True,
+) -> Iterator[int]:
     """Yield a writable file descriptor whose content replaces ``path`` on success.
 
     On an exception inside the block the target is left as it was and the partial file is
@@ -248,11 +267,15 @@ def describe_write_error(error: OSError, path: str, temporary: str | None) -> OS
     :class:`DiskFullError` for a full disk or quota, else ``error`` itself, made to name
     ``path`` (the user's file) rather than the temporary one, or none."""
     if error.errno in _SPACE_ERRNOS and not isinstance(error, DiskFullError):
-        return DiskFullError(error.errno, f"{error.strerror} while saving (the previous file, "
-                             "if any, is intact)", path)
+        return DiskFullError(
+            error.errno,
+            f"{error.strerror} while saving (the previous file, if any, is intact)",
+            path,
+        )
     named = error.filename
-    if error.errno is not None and (named is None or named == temporary or is_temporary(
-            os.path.basename(os.fsdecode(named)))):
+    if error.errno is not None and (
+        named is None or named == temporary or is_temporary(os.path.basename(os.fsdecode(named)))
+    ):
         error.filename = path
         error.filename2 = None
     return error

@@ -30,9 +30,21 @@ from ._checksum import _POLY, _x8n, combine
 if TYPE_CHECKING:
     from ..arrays._buffers import DeviceBuffer
 
-__all__ = ["GROUP_BUFFERS", "GROUP_BYTES", "SEGMENT_BYTES", "DeviceChecksums", "available",
-           "checksum_anywhere", "checksums_anywhere", "device_checksum", "device_checksums",
-           "host_checksum", "segment_for", "segment_powers", "slicing_tables"]
+__all__ = [
+    "GROUP_BUFFERS",
+    "GROUP_BYTES",
+    "SEGMENT_BYTES",
+    "DeviceChecksums",
+    "available",
+    "checksum_anywhere",
+    "checksums_anywhere",
+    "device_checksum",
+    "device_checksums",
+    "host_checksum",
+    "segment_for",
+    "segment_powers",
+    "slicing_tables",
+]
 
 logger = logging.getLogger("arrayio")
 
@@ -185,14 +197,18 @@ def _made_once(cupy: Any, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
 
 def _kernel(cupy: Any, device_index: int) -> tuple[Any, Any]:
     """The compiled kernel and its tables on ``device_index`` (current)."""
-    return _made_once(cupy, ("kernel", device_index), lambda: (
-        cupy.RawKernel(_SOURCE, "crc32c_group"), cupy.asarray(slicing_tables())))
+    return _made_once(
+        cupy,
+        ("kernel", device_index),
+        lambda: (cupy.RawKernel(_SOURCE, "crc32c_group"), cupy.asarray(slicing_tables())),
+    )
 
 
 def _segment_powers_on(cupy: Any, device_index: int, segment: int) -> int:
     """The address of ``segment_powers(segment)`` on ``device_index`` (current)."""
-    return _made_once(cupy, ("powers", device_index, segment),
-                      lambda: cupy.asarray(segment_powers(segment))).data.ptr
+    return _made_once(
+        cupy, ("powers", device_index, segment), lambda: cupy.asarray(segment_powers(segment))
+    ).data.ptr
 
 
 # Why the kernel cannot run here (no CuPy, or it failed once: no NVRTC, say); None: it can.
@@ -287,8 +303,13 @@ class DeviceChecksums:
     batch must not leave kernels reading buffers that a fallback tool refills.
     """
 
-    def __init__(self, buffers: Sequence[DeviceBuffer], segment: int | None = None, *,
-                 own_stream: bool = False) -> None:
+    def __init__(
+        self,
+        buffers: Sequence[DeviceBuffer],
+        segment: int | None = None,
+        *,
+        own_stream: bool = False,
+    ) -> None:
         self.buffers = list(buffers)
         self._segment = segment
         self._own_stream = own_stream
@@ -382,8 +403,14 @@ class DeviceChecksums:
                 segments = -(-nbytes // per_thread)
                 # The address as a number, not a CuPy view of the buffer: a view of a torch
                 # tensor costs tens of microseconds.
-                meta[k] = (buffer.data_ptr, nbytes, per_thread, total, self._rows[index][1],
-                           _segment_powers_on(cupy, device, per_thread))
+                meta[k] = (
+                    buffer.data_ptr,
+                    nbytes,
+                    per_thread,
+                    total,
+                    self._rows[index][1],
+                    _segment_powers_on(cupy, device, per_thread),
+                )
                 self._shapes[index] = (nbytes, per_thread, segments)
                 total += segments
             out = self._out.get(device)
@@ -392,8 +419,11 @@ class DeviceChecksums:
             kernel, tables = _kernel(cupy, device)
             on_device = cupy.asarray(meta)  # on this stream, before the kernel
             self._metas.append(on_device)
-            kernel((-(-total // _THREADS),), (_THREADS,),
-                   (on_device, np.int32(len(group)), np.uint64(total), tables, out))
+            kernel(
+                (-(-total // _THREADS),),
+                (_THREADS,),
+                (on_device, np.int32(len(group)), np.uint64(total), tables, out),
+            )
 
     def _collect(self, cupy: Any) -> list[int]:
         values = {}
@@ -417,8 +447,7 @@ class DeviceChecksums:
         self.abandon()
         self._on_gpu = False
         _unavailable = f"{type(error).__name__}: {error}"
-        logger.warning("arrayio: checksums of GPU memory fall back to the host: %s",
-                       _unavailable)
+        logger.warning("arrayio: checksums of GPU memory fall back to the host: %s", _unavailable)
 
 
 _streams: dict[int, Any] = {}

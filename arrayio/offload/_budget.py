@@ -102,8 +102,7 @@ class Residents:
         """The least recently used resident entry that may be spilled and fits
         ``predicate``."""
         for entry in self.lru.values():
-            if (entry.hint != "keep" and entry.nbytes and not entry.waiters
-                    and predicate(entry)):
+            if entry.hint != "keep" and entry.nbytes and not entry.waiters and predicate(entry):
                 return entry
         return None
 
@@ -120,8 +119,7 @@ class Residents:
         OffloadBudgetError
             If nothing in flight can make room: arrays put with ``hint="keep"`` fill it.
         """
-        victim = (self.first(lambda e: e.clean and not e.prefetched)
-                  or self.first(lambda e: e.clean))
+        victim = self.first(lambda e: e.clean and not e.prefetched) or self.first(lambda e: e.clean)
         if victim is not None:
             return Step.DROP, victim
         leaving = sum(e.nbytes for e in self.lru.values() if e.writing and e.evict)
@@ -139,7 +137,8 @@ class Residents:
                 kept = sum(e.nbytes for e in self.lru.values() if e.hint == "keep")
                 raise OffloadBudgetError(
                     f"cannot fit {need} more bytes in a budget of {self.limit}: "
-                    f"{self.held} bytes are held, {kept} of them put with hint='keep'")
+                    f"{self.held} bytes are held, {kept} of them put with hint='keep'"
+                )
         return None
 
     def prefetch_victim(self) -> Entry | None:

@@ -93,7 +93,8 @@ class SpillDirectory:
         # a .lock nobody holds.
         temporary = os.path.join(self.path, LOCK_NAME + ".new")
         self._lock_fd: int | None = os.open(
-            temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
+        )
         try:
             if not _try_lock(self._lock_fd):
                 raise OSError(f"cannot lock {temporary}")

@@ -52,8 +52,9 @@ class Handle:
             offloader._release(self.id)
 
     def __repr__(self) -> str:
-        return (f"<arrayio.offload.Handle #{self.id} {self.framework} "
-                f"{self.dtype}{list(self.shape)}>")
+        return (
+            f"<arrayio.offload.Handle #{self.id} {self.framework} {self.dtype}{list(self.shape)}>"
+        )
 
 
 @dataclasses.dataclass(eq=False, repr=False)
@@ -114,8 +115,9 @@ def describe(array: Any) -> tuple[Any, Request, _dtypes.DType, tuple[int, ...]]:
     if framework == "jax":
         devices = array.devices()
         if len(devices) != 1:
-            raise UnsupportedObjectError("the offloader takes arrays on one device; this "
-                                         f"JAX array spans {len(devices)}")
+            raise UnsupportedObjectError(
+                f"the offloader takes arrays on one device; this JAX array spans {len(devices)}"
+            )
         jax_device = next(iter(devices)) if placement.is_cuda else None
     return array, Request(framework, placement, jax_device), dtype, shape  # type: ignore[arg-type]
 

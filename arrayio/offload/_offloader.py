@@ -129,10 +129,12 @@ class Offloader:
         if device_budget_bytes < 0:
             raise ValueError(f"device_budget_bytes must be >= 0, got {device_budget_bytes}")
         self.budget = int(device_budget_bytes)
-        self.writeback_bytes = (0 if writeback_bytes is None
-                                else min(int(writeback_bytes), self.budget))
+        self.writeback_bytes = (
+            0 if writeback_bytes is None else min(int(writeback_bytes), self.budget)
+        )
         self._spills = SpillFiles(
-            verify=config.get().verify_checksums if verify is None else verify, tool=tool)
+            verify=config.get().verify_checksums if verify is None else verify, tool=tool
+        )
         self._directory = SpillDirectory(directory)
         self.directory = self._directory.path
         self._lock = threading.Lock()
@@ -147,11 +149,14 @@ class Offloader:
         self._closed = False
         self._close_done = threading.Event()
         self._writers = concurrent.futures.ThreadPoolExecutor(
-            write_workers, thread_name_prefix="arrayio-offload-write")
+            write_workers, thread_name_prefix="arrayio-offload-write"
+        )
         self._readers = concurrent.futures.ThreadPoolExecutor(
-            read_workers, thread_name_prefix="arrayio-offload-read")
-        self._finalizer = weakref.finalize(self, _finalize, self._writers, self._readers,
-                                           self._directory)
+            read_workers, thread_name_prefix="arrayio-offload-read"
+        )
+        self._finalizer = weakref.finalize(
+            self, _finalize, self._writers, self._readers, self._directory
+        )
 
     # ------------------------------------------------------------------ public API
 
@@ -186,10 +191,18 @@ class Offloader:
         ready = record_ready(array, request.framework, request.placement.is_cuda)
         with self._locked():
             self._check_open()
-            entry = Entry(self._next_id, dtype.itemsize * math.prod(shape), dtype, shape,
-                          request.framework, request, hint,
-                          self._directory.file(f"{self._next_id}.bin"), array=array,
-                          ready=ready)
+            entry = Entry(
+                self._next_id,
+                dtype.itemsize * math.prod(shape),
+                dtype,
+                shape,
+                request.framework,
+                request,
+                hint,
+                self._directory.file(f"{self._next_id}.bin"),
+                array=array,
+                ready=ready,
+            )
             self._next_id += 1
             self._entries[entry.id] = entry
             self._residents.hold(entry)
@@ -285,13 +298,20 @@ class Offloader:
     def stats(self) -> OffloadStats:
         """A snapshot of what is held and what was moved."""
         with self._locked():
-            spilled = sum(e.nbytes for e in self._entries.values()
-                          if e.array is None and e.on_disk)
+            spilled = sum(e.nbytes for e in self._entries.values() if e.array is None and e.on_disk)
             disk = sum(e.nbytes for e in self._entries.values() if e.on_disk)
-            return OffloadStats(self.budget, self._residents.held, self._residents.peak,
-                                spilled, disk,
-                                self._written, self._read, self._writes, self._reads,
-                                len(self._entries))
+            return OffloadStats(
+                self.budget,
+                self._residents.held,
+                self._residents.peak,
+                spilled,
+                disk,
+                self._written,
+                self._read,
+                self._writes,
+                self._reads,
+                len(self._entries),
+            )
 
     def peek(self, handle: Handle) -> Any:
         """The handle's array if it is resident now, else None; reads nothing, and does
@@ -315,8 +335,7 @@ class Offloader:
             If a background write failed since the last call.
         """
         with self._locked():
-            while not self._closed and any(e.writing or e.reading
-                                           for e in self._entries.values()):
+            while not self._closed and any(e.writing or e.reading for e in self._entries.values()):
                 self._process_releases()
                 self._cond.wait()
             self._raise_write_error()
@@ -361,9 +380,14 @@ class Offloader:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else (
-            f"{format_count(len(self._entries), 'array')}, "
-            f"{self._residents.held}/{self.budget} bytes held")
+        state = (
+            "closed"
+            if self._closed
+            else (
+                f"{format_count(len(self._entries), 'array')}, "
+                f"{self._residents.held}/{self.budget} bytes held"
+            )
+        )
         return f"<arrayio.Offloader {self.directory!r} ({state})>"
 
     # ------------------------------------------------------------------ bookkeeping
@@ -568,4 +592,3 @@ def _finalize(writers: Any, readers: Any, directory: SpillDirectory) -> None:
     writers.shutdown(wait=not own, cancel_futures=True)
     readers.shutdown(wait=not own, cancel_futures=True)
     directory.close()
-

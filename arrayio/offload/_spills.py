@@ -75,13 +75,16 @@ class SpillFiles:
         fd = os.open(entry.file, os.O_RDONLY | os.O_CLOEXEC)
         try:
             check = self.verify and entry.crc is not None
-            crc = _transfer.read_into(fd, 0, target.data, path=entry.file,
-                                      with_checksum=check, tool=self.tool)
+            crc = _transfer.read_into(
+                fd, 0, target.data, path=entry.file, with_checksum=check, tool=self.tool
+            )
         finally:
             os.close(fd)
         if check and crc != entry.crc:
-            raise ChecksumError(f"{entry.file}: spilled array #{entry.id} has CRC-32C "
-                                f"{crc:08x}, {entry.crc:08x} was written: the disk damaged it")
+            raise ChecksumError(
+                f"{entry.file}: spilled array #{entry.id} has CRC-32C "
+                f"{crc:08x}, {entry.crc:08x} was written: the disk damaged it"
+            )
         if to_jax_device:
             import jax
 

@@ -84,8 +84,9 @@ class _Hooks:
             return packed
         if self.prefetch:
             with self.lock:
-                previous = [ref() for ref in self.order[max(0, packed.index - self.prefetch):
-                                                        packed.index]]
+                previous = [
+                    ref() for ref in self.order[max(0, packed.index - self.prefetch) : packed.index]
+                ]
             handles = [saved.handle for saved in reversed(previous) if saved is not None]
             if handles:
                 self.offloader.prefetch(handles)
@@ -102,9 +103,14 @@ def _same(held: Any, tensor: Any, version: int) -> bool:
     version recorded at put: the alias shares ``tensor``'s version counter, so comparing
     the two tensors' versions could never tell.
     """
-    return (held is not None and held.data_ptr() == tensor.data_ptr()
-            and held.shape == tensor.shape and held.stride() == tensor.stride()
-            and held.dtype == tensor.dtype and tensor._version == version)
+    return (
+        held is not None
+        and held.data_ptr() == tensor.data_ptr()
+        and held.shape == tensor.shape
+        and held.stride() == tensor.stride()
+        and held.dtype == tensor.dtype
+        and tensor._version == version
+    )
 
 
 def _is_leaf_data(tensor: Any) -> bool:
@@ -116,8 +122,9 @@ def _is_leaf_data(tensor: Any) -> bool:
 
 
 @contextlib.contextmanager
-def activations(offloader: Offloader, *, min_bytes: int = 1 << 20,
-                prefetch: int = 2) -> Iterator[None]:
+def activations(
+    offloader: Offloader, *, min_bytes: int = 1 << 20, prefetch: int = 2
+) -> Iterator[None]:
     """Offload the tensors autograd saves for backward while in this block.
 
     Parameters

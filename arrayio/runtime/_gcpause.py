@@ -43,8 +43,7 @@ def paused(*, across_transfers: bool = False) -> Iterator[None]:
     marked :func:`in_background`.
     """
     global _depth, _restore
-    if not config.get().gc_pause or (across_transfers
-                                      and getattr(_thread, "background", False)):
+    if not config.get().gc_pause or (across_transfers and getattr(_thread, "background", False)):
         yield
         return
     with _lock:

@@ -15,16 +15,20 @@ __all__ = ["available_host_bytes"]
 
 # Where cgroup v2 and v1 keep a container's memory limit and use (the process's own cgroup
 # under a cgroup namespace, as containers have).
-_CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                 ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                  "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+_CGROUP_FILES = (
+    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+    ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+)
 
 
 def _meminfo_bytes(*fields: str) -> int | None:
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
-            values = {name: int(rest.split()[0]) * 1024 for name, _, rest in (
-                line.partition(":") for line in meminfo) if name in fields}
+            values = {
+                name: int(rest.split()[0]) * 1024
+                for name, _, rest in (line.partition(":") for line in meminfo)
+                if name in fields
+            }
     except (OSError, ValueError, IndexError):
         return None
     return sum(values.values()) if values else None

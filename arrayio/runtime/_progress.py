@@ -102,8 +102,9 @@ def _tqdm_class(asked: bool, from_setting: bool) -> Any:
             raise FrameworkNotAvailableError(_INSTALL_HINT) from None
         if asked and not _warned_missing:
             _warned_missing = True
-            warnings.warn(f"ARRAYIO_PROGRESS is on but {_INSTALL_HINT}", RuntimeWarning,
-                          stacklevel=4)
+            warnings.warn(
+                f"ARRAYIO_PROGRESS is on but {_INSTALL_HINT}", RuntimeWarning, stacklevel=4
+            )
         return None
     if in_jupyter():
         # What tqdm.auto does, without its warning when ipywidgets is missing: text bars
@@ -118,8 +119,9 @@ def _tqdm_class(asked: bool, from_setting: bool) -> Any:
 
 
 @contextlib.contextmanager
-def bar(total: int, *, desc: str, unit: str = "B", progress: bool | None = None
-        ) -> Iterator[Callable[[int], None]]:
+def bar(
+    total: int, *, desc: str, unit: str = "B", progress: bool | None = None
+) -> Iterator[Callable[[int], None]]:
     """A progress bar for an operation of ``total`` units; yields ``advance(n)``.
 
     Parameters
@@ -148,13 +150,22 @@ def bar(total: int, *, desc: str, unit: str = "B", progress: bool | None = None
     if delay is None:
         yield _noop
         return
-    tqdm = _tqdm_class(True if progress else config.get().progress is True,
-                       from_setting=progress is None)
+    tqdm = _tqdm_class(
+        True if progress else config.get().progress is True, from_setting=progress is None
+    )
     if tqdm is None:
         yield _noop
         return
     scaled = {"unit_scale": True, "unit_divisor": 1024} if unit == "B" else {}
     # A finished bar stays in a notebook's output; on a terminal it makes room again.
-    with tqdm(total=total, desc=desc, unit=unit, delay=delay, leave=in_jupyter(),
-              file=sys.stderr, dynamic_ncols=True, **scaled) as progress_bar:
+    with tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        delay=delay,
+        leave=in_jupyter(),
+        file=sys.stderr,
+        dynamic_ncols=True,
+        **scaled,
+    ) as progress_bar:
         yield progress_bar.update

@@ -9,5 +9,13 @@ from __future__ import annotations
 from .damage import damage_array, flip_byte, seal_header
 from .frameworks import FRAMEWORK_PARAMS, Framework, gpu_available, random_array, supports
 
-__all__ = ["FRAMEWORK_PARAMS", "Framework", "damage_array", "flip_byte", "gpu_available",
-           "random_array", "seal_header", "supports"]
+__all__ = [
+    "FRAMEWORK_PARAMS",
+    "Framework",
+    "damage_array",
+    "flip_byte",
+    "gpu_available",
+    "random_array",
+    "seal_header",
+    "supports",
+]

@@ -20,8 +20,9 @@ def flip_byte(path: str | os.PathLike[str], offset: int, mask: int = 0xFF) -> by
     return byte
 
 
-def damage_array(path: str | os.PathLike[str], key: str, at: int = 10,
-                 mask: int = 0xFF) -> tuple[int, bytes]:
+def damage_array(
+    path: str | os.PathLike[str], key: str, at: int = 10, mask: int = 0xFF
+) -> tuple[int, bytes]:
     """Flip the bits ``mask`` of the byte ``at`` bytes into array ``key`` of an arrayio or
     safetensors file; return that byte's offset in the file and what it held."""
     from .. import open as open_file

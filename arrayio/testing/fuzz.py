@@ -118,8 +118,16 @@ _limits = {"slow": SLOW_SECONDS}
 
 OPERATIONS = ("open", "load", "read-slice", "read_into", "cli-info", "cli-verify")
 # Severity, worst first: a case's outcome is its worst operation's.
-_SEVERITY = ("signal", "slow", "memory", "other-exception", "silent-change", "ok-changed",
-             "clean-error", "ok-identical")
+_SEVERITY = (
+    "signal",
+    "slow",
+    "memory",
+    "other-exception",
+    "silent-change",
+    "ok-changed",
+    "clean-error",
+    "ok-identical",
+)
 
 
 # --------------------------------------------------------------------------- seeds
@@ -170,8 +178,7 @@ SEEDS = (
     Seed("foreign", "safetensors", ".safetensors"),
 )
 # How often each format is fuzzed: arrayio's containers carry the guarantee.
-_FORMAT_WEIGHTS = {"arrayio": 0.5, "arrayio-npy": 0.125, "numpy-npy": 0.125,
-                   "safetensors": 0.25}
+_FORMAT_WEIGHTS = {"arrayio": 0.5, "arrayio-npy": 0.125, "numpy-npy": 0.125, "safetensors": 0.25}
 
 
 def _ml_dtypes() -> Any:
@@ -193,12 +200,22 @@ def seed_object(name: str) -> Any:
                 "mask": np.array([True, False, True]),
                 "q": np.arange(-4, 4, dtype=np.int8).reshape(2, 4),
             },
-            "stats": [np.array([1.5, -0.0, np.inf, np.nan]), np.array(7, dtype=np.int64),
-                      np.empty((0, 3), np.float32)],
+            "stats": [
+                np.array([1.5, -0.0, np.inf, np.nan]),
+                np.array(7, dtype=np.int64),
+                np.empty((0, 3), np.float32),
+            ],
             "z": (np.array([1 + 2j, -3.5 - 0.25j], np.complex128), Pair(2, "two")),
-            "consts": {"int": 2**70, "neg": -3, "float": -0.0, "nan": float("nan"),
-                       "complex": 1.5 - 2j, "str": "h\u00e9llo \"q\"", "true": True,
-                       "none": None},
+            "consts": {
+                "int": 2**70,
+                "neg": -3,
+                "float": -0.0,
+                "nan": float("nan"),
+                "complex": 1.5 - 2j,
+                "str": 'h\u00e9llo "q"',
+                "true": True,
+                "none": None,
+            },
             "u": np.array([0, 255, 7], np.uint8),
         }
     if name == "small":
@@ -206,9 +223,11 @@ def seed_object(name: str) -> Any:
     if name == "ml-dtypes":
         ml = _ml_dtypes()
         assert ml is not None
-        return {"bf": np.array([[1.0, -2.5], [0.125, 3.0]], ml.bfloat16),
-                "f8": np.array([0.5, 1.0, -2.0], ml.float8_e4m3fn),
-                "i32": np.arange(6, dtype=np.int32)}
+        return {
+            "bf": np.array([[1.0, -2.5], [0.125, 3.0]], ml.bfloat16),
+            "f8": np.array([0.5, 1.0, -2.0], ml.float8_e4m3fn),
+            "i32": np.arange(6, dtype=np.int32),
+        }
     if name == "arrayio":
         return np.arange(20, dtype=np.float32).reshape(4, 5)
     if name == "numpy":
@@ -216,9 +235,11 @@ def seed_object(name: str) -> Any:
     if name == "numpy-fortran":
         return np.asfortranarray(np.arange(12, dtype=np.int16).reshape(3, 4))
     if name == "foreign":
-        return {"a": np.arange(6, dtype=np.float32).reshape(2, 3),
-                "b": np.array([1, -1, 2], np.int64),
-                "c": np.array([True, False])}
+        return {
+            "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+            "b": np.array([1, -1, 2], np.int64),
+            "c": np.array([True, False]),
+        }
     raise KeyError(name)
 
 
@@ -262,8 +283,9 @@ def write_seeds(directory: str | os.PathLike[str]) -> list[Seed]:
         path = os.path.join(directory, seed.filename)
         obj = seed_object(seed.name)
         if seed.format == "arrayio":
-            arrayio.save(path, obj, metadata=SEED_METADATA if seed.name == "tree" else None,
-                         progress=False)
+            arrayio.save(
+                path, obj, metadata=SEED_METADATA if seed.name == "tree" else None, progress=False
+            )
         elif seed.format == "arrayio-npy":
             arrayio.save(path, obj, progress=False)
         elif seed.format == "numpy-npy":
@@ -276,8 +298,7 @@ def write_seeds(directory: str | os.PathLike[str]) -> list[Seed]:
             got = _fingerprint(arrayio.load(path))
             want = _fingerprint(obj)
             if got != want:
-                raise AssertionError(f"seed {seed.name} does not round-trip: "
-                                     f"{_diff(want, got)}")
+                raise AssertionError(f"seed {seed.name} does not round-trip: {_diff(want, got)}")
     return seeds
 
 
@@ -289,8 +310,9 @@ def read_seeds(directory: str | os.PathLike[str]) -> tuple[list[Seed], dict[str,
     seeds, blobs
         The seeds found in ``directory``, and their bytes by seed name.
     """
-    seeds = [seed for seed in available_seeds()
-             if os.path.exists(os.path.join(directory, seed.filename))]
+    seeds = [
+        seed for seed in available_seeds() if os.path.exists(os.path.join(directory, seed.filename))
+    ]
     blobs = {}
     for seed in seeds:
         with open(os.path.join(directory, seed.filename), "rb") as file:
@@ -325,12 +347,12 @@ class _Layout:
 def _layout(blob: bytes, suffix: str) -> _Layout:
     if suffix == ".npy":
         length_size = 2 if blob[6] == 1 else 4
-        (header_len,) = struct.unpack("<H" if length_size == 2 else "<I",
-                                      blob[8 : 8 + length_size])
+        (header_len,) = struct.unpack("<H" if length_size == 2 else "<I", blob[8 : 8 + length_size])
         start = 8 + length_size
         text = blob[start : start + header_len]
-        return _Layout("npy", start, start + len(text.rstrip(b" \n")), start + header_len,
-                       len(blob))
+        return _Layout(
+            "npy", start, start + len(text.rstrip(b" \n")), start + header_len, len(blob)
+        )
     (header_len,) = struct.unpack("<Q", blob[:8])
     text = blob[8 : 8 + header_len]
     return _Layout("safetensors", 8, 8 + len(text.rstrip(b" ")), 8 + header_len, len(blob))
@@ -354,22 +376,105 @@ class Case:
 
 INTERESTING_BYTES = (0x00, 0xFF, ord('"'), ord("{"), ord("9"), ord("-"), ord(" "), 0x80)
 HOSTILE_NUMBERS: tuple[Any, ...] = (
-    2**63, 2**64, 2**64 + 1, 10**30, -1, -(2**63), 0, 1.0, 1.5, -0.0, 1e308,
-    float("inf"), float("nan"), True, False, None, "1", [1], {},
+    2**63,
+    2**64,
+    2**64 + 1,
+    10**30,
+    -1,
+    -(2**63),
+    0,
+    1.0,
+    1.5,
+    -0.0,
+    1e308,
+    float("inf"),
+    float("nan"),
+    True,
+    False,
+    None,
+    "1",
+    [1],
+    {},
 )
 HOSTILE_VALUES: tuple[Any, ...] = (
-    None, True, 0, -1, 2**64, 1.5, "", "x", "F32", "BOOL", "C64", [], {}, [0, 4],
-    {"leaf": "w"}, {"dict": []}, {"none": None},
+    None,
+    True,
+    0,
+    -1,
+    2**64,
+    1.5,
+    "",
+    "x",
+    "F32",
+    "BOOL",
+    "C64",
+    [],
+    {},
+    [0, 4],
+    {"leaf": "w"},
+    {"dict": []},
+    {"none": None},
 )
-DTYPE_CODES = ("F16", "F32", "F64", "BF16", "I8", "U8", "I16", "I32", "U32", "I64", "U64",
-               "BOOL", "C64", "F8_E4M3", "F8_E5M2", "F4", "", "f32")
+DTYPE_CODES = (
+    "F16",
+    "F32",
+    "F64",
+    "BF16",
+    "I8",
+    "U8",
+    "I16",
+    "I32",
+    "U32",
+    "I64",
+    "U64",
+    "BOOL",
+    "C64",
+    "F8_E4M3",
+    "F8_E5M2",
+    "F4",
+    "",
+    "f32",
+)
 NPY_SHAPES: tuple[Any, ...] = (
-    (2**62,), (2**63,), (2**64,), (10**30,), (10**6, 10**6), (-1,), (1.5,), ("a",), (True,),
-    ((1,),), (1,) * 66, (1,) * 65, (1,) * 64, (0,) * 66, (), (0,), None, [1],
+    (2**62,),
+    (2**63,),
+    (2**64,),
+    (10**30,),
+    (10**6, 10**6),
+    (-1,),
+    (1.5,),
+    ("a",),
+    (True,),
+    ((1,),),
+    (1,) * 66,
+    (1,) * 65,
+    (1,) * 64,
+    (0,) * 66,
+    (),
+    (0,),
+    None,
+    [1],
 )
 NPY_DESCRS: tuple[Any, ...] = (
-    "<f2", "|b1", ">f8", "|O", "<U4", "|V4", "<c16", "<M8[s]", "<m8[s]", "<f4", "<i8",
-    "bfloat16", "", 5, None, [("a", "<f4")], "<f16", "|S4", "<g",
+    "<f2",
+    "|b1",
+    ">f8",
+    "|O",
+    "<U4",
+    "|V4",
+    "<c16",
+    "<M8[s]",
+    "<m8[s]",
+    "<f4",
+    "<i8",
+    "bfloat16",
+    "",
+    5,
+    None,
+    [("a", "<f4")],
+    "<f16",
+    "|S4",
+    "<g",
 )
 _DUP = "@@arrayio-fuzz-duplicate@@"
 _BIG = "@@arrayio-fuzz-big@@"
@@ -399,8 +504,11 @@ def _bit_flip(rng: random.Random, blob: bytes, layout: _Layout) -> tuple[bytes, 
     offset, bit = _pick_offset(rng, layout), rng.randrange(8)
     out = bytearray(blob)
     out[offset] ^= 1 << bit
-    return (bytes(out), f"flip bit {bit} of byte {offset} ({layout.region(offset)}: "
-            f"{_context(blob, offset)})", offset >= layout.data_start)
+    return (
+        bytes(out),
+        f"flip bit {bit} of byte {offset} ({layout.region(offset)}: {_context(blob, offset)})",
+        offset >= layout.data_start,
+    )
 
 
 def _overwrite(rng: random.Random, blob: bytes, layout: _Layout) -> tuple[bytes, str, bool]:
@@ -409,9 +517,12 @@ def _overwrite(rng: random.Random, blob: bytes, layout: _Layout) -> tuple[bytes,
     count = min(count, layout.size - offset)
     out = bytearray(blob)
     out[offset : offset + count] = bytes([value]) * count
-    return (bytes(out), f"overwrite {count} byte(s) at {offset} with {value:#04x} "
-            f"({layout.region(offset)}: {_context(blob, offset)})",
-            offset + count > layout.data_start)
+    return (
+        bytes(out),
+        f"overwrite {count} byte(s) at {offset} with {value:#04x} "
+        f"({layout.region(offset)}: {_context(blob, offset)})",
+        offset + count > layout.data_start,
+    )
 
 
 def _truncate(rng: random.Random, blob: bytes, layout: _Layout) -> tuple[bytes, str, bool]:
@@ -437,8 +548,23 @@ def _length_field(rng: random.Random, blob: bytes, layout: _Layout) -> tuple[byt
     if layout.kind == "safetensors":
         (old,) = struct.unpack("<Q", blob[:8])
         fmt, start, limit = "<Q", 0, 2**64
-        specials = [0, 1, 2, old - 1, old + 1, old - 8, old + 8, old * 2, layout.size - 8,
-                    layout.size, 2**32, 2**63, 2**64 - 1, 100_000_000, 100_000_001]
+        specials = [
+            0,
+            1,
+            2,
+            old - 1,
+            old + 1,
+            old - 8,
+            old + 8,
+            old * 2,
+            layout.size - 8,
+            layout.size,
+            2**32,
+            2**63,
+            2**64 - 1,
+            100_000_000,
+            100_000_001,
+        ]
     else:
         fmt = "<H" if blob[6] == 1 else "<I"
         start, limit = 8, 2 ** (8 * struct.calcsize(fmt))
@@ -480,8 +606,9 @@ def _set(doc: Any, path: Sequence[Any], value: Any) -> None:
     _get(doc, path[:-1])[path[-1]] = value
 
 
-def _replace_key(mapping: dict[str, Any], old: str, new: str, value: Any = None,
-                 *, keep: bool = False) -> dict[str, Any]:
+def _replace_key(
+    mapping: dict[str, Any], old: str, new: str, value: Any = None, *, keep: bool = False
+) -> dict[str, Any]:
     """``mapping`` with ``old`` renamed ``new`` in place (order kept); with ``keep``, ``new``
     is inserted before ``old`` with ``value``."""
     out: dict[str, Any] = {}
@@ -524,8 +651,9 @@ class _Document:
     def header(self) -> Any:
         return self.root["header"]
 
-    def nodes(self, kind: type | tuple[type, ...] | None = None
-              ) -> list[tuple[tuple[Any, ...], Any]]:
+    def nodes(
+        self, kind: type | tuple[type, ...] | None = None
+    ) -> list[tuple[tuple[Any, ...], Any]]:
         found = []
         for part in ("header", "arrayio"):
             if self.root[part] is None:
@@ -565,8 +693,11 @@ class _Document:
 def _entry_keys(doc: _Document) -> list[str]:
     if not isinstance(doc.header, dict):
         return []
-    return [key for key, value in doc.header.items()
-            if key != "__metadata__" and isinstance(value, dict)]
+    return [
+        key
+        for key, value in doc.header.items()
+        if key != "__metadata__" and isinstance(value, dict)
+    ]
 
 
 def _json_numbers(rng: random.Random, doc: _Document) -> str:
@@ -643,8 +774,7 @@ def _json_duplicate(rng: random.Random, doc: _Document) -> str:
     path, mapping = rng.choice(objects)
     key = rng.choice(list(mapping))
     siblings = [v for k, v in mapping.items() if k != key]
-    value = rng.choice(siblings) if siblings and rng.random() < 0.5 else rng.choice(
-        HOSTILE_VALUES)
+    value = rng.choice(siblings) if siblings and rng.random() < 0.5 else rng.choice(HOSTILE_VALUES)
     after = rng.random() < 0.5
     if after:
         new = dict(mapping)
@@ -654,14 +784,19 @@ def _json_duplicate(rng: random.Random, doc: _Document) -> str:
     doc.set(path, new)
     doc.replacements[path[0]][json.dumps(_DUP)] = json.dumps(key, ensure_ascii=False)
     where = "after" if after else "before"
-    return (f"duplicate key {key!r} in {_path_text(path)} ({where} it, value "
-            f"{json.dumps(value)[:40]})")
+    return (
+        f"duplicate key {key!r} in {_path_text(path)} ({where} it, value {json.dumps(value)[:40]})"
+    )
 
 
 def _json_deep(rng: random.Random, doc: _Document) -> str:
     depth = rng.choice([64, 500, 990, 5000, 100_000])
-    tree = doc.root["arrayio"] is not None and isinstance(doc.root["arrayio"], dict) and \
-        "tree" in doc.root["arrayio"] and rng.random() < 0.5
+    tree = (
+        doc.root["arrayio"] is not None
+        and isinstance(doc.root["arrayio"], dict)
+        and "tree" in doc.root["arrayio"]
+        and rng.random() < 0.5
+    )
     if tree:
         path: tuple[Any, ...] = ("arrayio", "tree")
         text = '{"list":[' * depth + '{"none":null}' + "]}" * depth
@@ -684,8 +819,7 @@ def _json_huge_list(rng: random.Random, doc: _Document) -> str:
         key = rng.choice(keys)
         path: tuple[Any, ...] = ("header", key, "shape")
         text, what = "[" + ",".join(["1"] * million) + "]", "a million 1s"
-    elif doc.root["arrayio"] is not None and isinstance(doc.root["arrayio"], dict) and \
-            choice < 0.7:
+    elif doc.root["arrayio"] is not None and isinstance(doc.root["arrayio"], dict) and choice < 0.7:
         path = ("arrayio", "tree")
         text, what = '{"list":[' + ",".join(["0"] * million) + "]}", "a list of a million 0s"
     else:
@@ -697,8 +831,13 @@ def _json_huge_list(rng: random.Random, doc: _Document) -> str:
 
 # (edit, weight): the deep and huge ones cost up to a second a case, so they are rarer.
 _JSON_EDITS: tuple[tuple[Callable[[random.Random, _Document], str], float], ...] = (
-    (_json_numbers, 0.20), (_json_dtype, 0.10), (_json_rename, 0.20), (_json_drop, 0.10),
-    (_json_replace, 0.15), (_json_duplicate, 0.12), (_json_deep, 0.08),
+    (_json_numbers, 0.20),
+    (_json_dtype, 0.10),
+    (_json_rename, 0.20),
+    (_json_drop, 0.10),
+    (_json_replace, 0.15),
+    (_json_duplicate, 0.12),
+    (_json_deep, 0.08),
     (_json_huge_list, 0.04),
 )
 
@@ -742,7 +881,7 @@ def _npy_encode(blob: bytes, layout: _Layout, text: str) -> bytes:
     fmt = "<H" if blob[6] == 1 else "<I"
     if fmt == "<H" and len(raw) >= 1 << 16:
         raw = raw[: (1 << 16) - 1]
-    return (blob[:8] + struct.pack(fmt, len(raw)) + raw + blob[layout.data_start :])
+    return blob[:8] + struct.pack(fmt, len(raw)) + raw + blob[layout.data_start :]
 
 
 def _npy_text(fields: dict[str, Any]) -> str:
@@ -767,13 +906,19 @@ def _npy_edit(rng: random.Random, blob: bytes, layout: _Layout) -> tuple[bytes, 
         spots = [i for i, c in enumerate(body) if c in "')},"]
         at = rng.choice(spots)
         new = body[:at] + body[at + 1 :]
-        return (_npy_encode(blob, layout, new), f".npy: remove {body[at]!r} at {at} of the "
-                "header", False)
+        return (
+            _npy_encode(blob, layout, new),
+            f".npy: remove {body[at]!r} at {at} of the header",
+            False,
+        )
     if kind == 2:
         value = rng.choice(NPY_SHAPES)
         fields["shape"] = value
-        what = f"shape = {value!r}" if not isinstance(value, tuple) or len(value) < 8 else \
-            f"shape = {len(value)} dimensions of {value[0]}"
+        what = (
+            f"shape = {value!r}"
+            if not isinstance(value, tuple) or len(value) < 8
+            else f"shape = {len(value)} dimensions of {value[0]}"
+        )
     elif kind == 3:
         value = rng.choice(NPY_DESCRS)
         fields["descr"] = value
@@ -795,8 +940,11 @@ def _npy_edit(rng: random.Random, blob: bytes, layout: _Layout) -> tuple[bytes, 
         key = rng.choice(list(fields))
         value = rng.choice([*NPY_SHAPES[:6], "<f8", True])
         new_text = _npy_text(fields)[:-1] + f"{key!r}: {value!r}, }}"
-        return (_npy_encode(blob, layout, new_text), f".npy: duplicate key {key!r} = "
-                f"{value!r} at the end", False)
+        return (
+            _npy_encode(blob, layout, new_text),
+            f".npy: duplicate key {key!r} = {value!r} at the end",
+            False,
+        )
     else:
         fields["extra"] = rng.choice([1, "x", None, (1, 2)])
         what = f"extra key 'extra' = {fields['extra']!r}"
@@ -870,8 +1018,7 @@ def _fingerprint(x: Any) -> Any:
     if isinstance(x, dict):
         return ("dict", [((type(k).__name__, k), _fingerprint(v)) for k, v in x.items()])
     if isinstance(x, tuple) and hasattr(type(x), "_fields"):
-        return ("namedtuple", type(x).__name__, tuple(x._fields),
-                [_fingerprint(v) for v in x])
+        return ("namedtuple", type(x).__name__, tuple(x._fields), [_fingerprint(v) for v in x])
     if isinstance(x, list | tuple):
         return (type(x).__name__, [_fingerprint(v) for v in x])
     if isinstance(x, bool) or x is None or isinstance(x, str):
@@ -885,8 +1032,7 @@ def _fingerprint(x: Any) -> Any:
     return ("other", type(x).__name__, repr(x))
 
 
-_OPEN_FIELDS = ("format", "keys", "arrays", "metadata", "framework", "structure", "len",
-                "nbytes")
+_OPEN_FIELDS = ("format", "keys", "arrays", "metadata", "framework", "structure", "len", "nbytes")
 
 
 def _describe(fp: Any) -> str:
@@ -898,8 +1044,12 @@ def _describe_long(fp: Any) -> str:
         return f"{fp[1]}{list(fp[3])}"
     if isinstance(fp, tuple) and fp and fp[0] == "info":
         return f"ArrayInfo({fp[1]!r}, {fp[2]}{list(fp[3])}, crc32c={fp[5]})"
-    if isinstance(fp, tuple) and len(fp) == 2 and isinstance(fp[0], str) and \
-            not isinstance(fp[1], list):
+    if (
+        isinstance(fp, tuple)
+        and len(fp) == 2
+        and isinstance(fp[0], str)
+        and not isinstance(fp[1], list)
+    ):
         value = fp[1]
         if fp[0] == "float":
             value = struct.unpack("<d", value)[0]
@@ -914,16 +1064,19 @@ def _describe_long(fp: Any) -> str:
 def _diff(want: Any, got: Any, path: str = "") -> str:
     """Where two fingerprints (see :func:`_fingerprint`) first differ, in words."""
     here = path or "(the result)"
-    same_kind = (isinstance(want, tuple) and isinstance(got, tuple) and want and got
-                 and want[0] == got[0])
+    same_kind = (
+        isinstance(want, tuple) and isinstance(got, tuple) and want and got and want[0] == got[0]
+    )
     if not same_kind:
         return f"{here}: {_describe(want)} became {_describe(got)}"
     kind = want[0]
     if kind == "dict":
         wkeys, gkeys = [k for k, _ in want[1]], [k for k, _ in got[1]]
         if wkeys != gkeys:
-            return (f"{here}: keys {_short([k for _, k in wkeys])} became "
-                    f"{_short([k for _, k in gkeys])}")
+            return (
+                f"{here}: keys {_short([k for _, k in wkeys])} became "
+                f"{_short([k for _, k in gkeys])}"
+            )
         for (key, a), (_, b) in zip(want[1], got[1], strict=True):
             if a != b:
                 return _diff(a, b, f"{path}[{key[1]!r}]")
@@ -977,7 +1130,7 @@ def _cli(argv: list[str]) -> Any:
     if not isinstance(code, int) or isinstance(code, bool):
         raise _Traceback(f"returned {code!r} rather than an exit code")
     if "Traceback (most recent call last)" in text:
-        raise _Traceback("printed a traceback: " + text[text.index("Traceback"):][-300:])
+        raise _Traceback("printed a traceback: " + text[text.index("Traceback") :][-300:])
     if code != 0:
         last = text.strip().splitlines()[-1][:200] if text.strip() else ""
         raise _CleanExit(f"exit code {code}: {last}")
@@ -992,8 +1145,7 @@ class _CleanExit(Exception):
     """The CLI refused the file with a message and a non-zero exit code."""
 
 
-def _operations(path: str, stall: float = 0.0, hog: int = 0
-                ) -> list[tuple[str, Callable[[], Any]]]:
+def _operations(path: str, stall: float = 0.0, hog: int = 0) -> list[tuple[str, Callable[[], Any]]]:
     """The readings of ``path``, in order: each returns a fingerprint or raises. To test the
     runner, ``stall`` makes the first one sleep that long first, and ``hog`` makes it touch
     that many bytes of memory."""
@@ -1008,9 +1160,17 @@ def _operations(path: str, stall: float = 0.0, hog: int = 0
         with arrayio.open(path) as reader:
             arrays = reader.arrays
             state["arrays"] = arrays
-            return ("open", reader.format, reader.keys(), _fingerprint(arrays),
-                    _fingerprint(reader.metadata), reader.framework,
-                    _fingerprint(reader.structure), len(reader), reader.nbytes)
+            return (
+                "open",
+                reader.format,
+                reader.keys(),
+                _fingerprint(arrays),
+                _fingerprint(reader.metadata),
+                reader.framework,
+                _fingerprint(reader.structure),
+                len(reader),
+                reader.nbytes,
+            )
 
     def do_load() -> Any:
         return _fingerprint(arrayio.load(path))
@@ -1037,9 +1197,14 @@ def _operations(path: str, stall: float = 0.0, hog: int = 0
             results[key] = arrayio.read_into(path, out, key=key)
         return _fingerprint(results)
 
-    return [("open", do_open), ("load", do_load), ("read-slice", do_read_slice),
-            ("read_into", do_read_into), ("cli-info", lambda: _cli(["info", path])),
-            ("cli-verify", lambda: _cli(["verify", path]))]
+    return [
+        ("open", do_open),
+        ("load", do_load),
+        ("read-slice", do_read_slice),
+        ("read_into", do_read_into),
+        ("cli-info", lambda: _cli(["info", path])),
+        ("cli-verify", lambda: _cli(["verify", path])),
+    ]
 
 
 class _Timeout(BaseException):
@@ -1090,8 +1255,9 @@ def _on_alarm(signum: int, frame: Any) -> None:
     raise _Timeout
 
 
-def _run_operations(path: str, *, interruptible: bool = False, stall: float = 0.0,
-                    hog: int = 0) -> dict[str, _OpResult]:
+def _run_operations(
+    path: str, *, interruptible: bool = False, stall: float = 0.0, hog: int = 0
+) -> dict[str, _OpResult]:
     """Run every reading of ``path``. With ``interruptible``, a case still running after
     :data:`SLOW_SECONDS` raises :class:`_Timeout` out of the reading it is in (the
     readings not run are missing from the result)."""
@@ -1115,15 +1281,21 @@ def _run_operations(path: str, *, interruptible: bool = False, stall: float = 0.
             except SystemExit as error:  # a library that exits is a finding too
                 result = _OpResult("exception", exception="SystemExit", detail=str(error))
             except _Timeout:
-                results[name] = _OpResult("slow", seconds=time.perf_counter() - start,
-                                          detail="interrupted")
+                results[name] = _OpResult(
+                    "slow", seconds=time.perf_counter() - start, detail="interrupted"
+                )
                 break
             except Exception as error:  # noqa: BLE001 - every other exception is a finding
                 kind = "traceback" if isinstance(error, _Traceback) else type(error).__name__
                 where = traceback.extract_tb(error.__traceback__)[-1]
-                result = _OpResult("exception", exception=kind, detail=(
-                    f"{str(error)[:240]} (at {os.path.basename(where.filename)}:"
-                    f"{where.lineno} in {where.name})"))
+                result = _OpResult(
+                    "exception",
+                    exception=kind,
+                    detail=(
+                        f"{str(error)[:240]} (at {os.path.basename(where.filename)}:"
+                        f"{where.lineno} in {where.name})"
+                    ),
+                )
             else:
                 result = _OpResult("ok", value)
             result.seconds = time.perf_counter() - start
@@ -1135,8 +1307,9 @@ def _run_operations(path: str, *, interruptible: bool = False, stall: float = 0.
     return results
 
 
-def _judge(case: Case, results: dict[str, _OpResult], reference: dict[str, _OpResult],
-           size: int) -> dict[str, Any]:
+def _judge(
+    case: Case, results: dict[str, _OpResult], reference: dict[str, _OpResult], size: int
+) -> dict[str, Any]:
     """The case's record: its outcome, its failures by kind, each reading's outcome."""
     failures: dict[str, dict[str, str]] = {}
     kinds: dict[str, str] = {}
@@ -1149,8 +1322,13 @@ def _judge(case: Case, results: dict[str, _OpResult], reference: dict[str, _OpRe
         if result.outcome == "slow":
             kinds[op] = "slow"
         elif result.outcome == "memory" or result.peak > bound:
-            fail("memory", op, result.detail or f"peak resident memory grew by {result.peak} "
-                 f"bytes for a file of {size} (bound {bound})")
+            fail(
+                "memory",
+                op,
+                result.detail
+                or f"peak resident memory grew by {result.peak} "
+                f"bytes for a file of {size} (bound {bound})",
+            )
             kinds[op] = "memory"
         elif result.outcome == "exception":
             fail("other-exception", op, f"{result.exception}: {result.detail}")
@@ -1173,15 +1351,27 @@ def _judge(case: Case, results: dict[str, _OpResult], reference: dict[str, _OpRe
     if total > _limits["slow"] or len(results) < len(OPERATIONS):
         slowest = max(results, key=lambda op: results[op].seconds)
         interrupted = " (interrupted)" if len(results) < len(OPERATIONS) else ""
-        fail("slow", slowest, f"{total:.1f} s for the case{interrupted}, {slowest} "
-             f"{results[slowest].seconds:.1f} s")
+        fail(
+            "slow",
+            slowest,
+            f"{total:.1f} s for the case{interrupted}, {slowest} {results[slowest].seconds:.1f} s",
+        )
         kinds[slowest] = "slow"
     outcome = min(kinds.values(), key=_SEVERITY.index)
-    return {"case": case.id, "seed": case.seed.name, "format": case.seed.format,
-            "mutation": case.mutation, "outcome": outcome, "failures": failures,
-            "ops": {op: (kinds[op] + (f" ({r.exception})" if r.exception else ""))
-                    for op, r in results.items()},
-            "seconds": round(total, 4), "peak": max(r.peak for r in results.values())}
+    return {
+        "case": case.id,
+        "seed": case.seed.name,
+        "format": case.seed.format,
+        "mutation": case.mutation,
+        "outcome": outcome,
+        "failures": failures,
+        "ops": {
+            op: (kinds[op] + (f" ({r.exception})" if r.exception else ""))
+            for op, r in results.items()
+        },
+        "seconds": round(total, 4),
+        "peak": max(r.peak for r in results.values()),
+    }
 
 
 def _without_bytes(value: Any) -> Any:
@@ -1200,8 +1390,11 @@ def _limit_address_space() -> None:
         import resource
 
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        limit = ADDRESS_SPACE_LIMIT if hard == resource.RLIM_INFINITY else min(
-            hard, ADDRESS_SPACE_LIMIT)
+        limit = (
+            ADDRESS_SPACE_LIMIT
+            if hard == resource.RLIM_INFINITY
+            else min(hard, ADDRESS_SPACE_LIMIT)
+        )
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     except (ImportError, ValueError, OSError):
         pass
@@ -1330,8 +1523,9 @@ class _Runner:
             alone, _, death_alone = self._child([current])
             if alone:
                 record = alone[0]
-                record["failures"].setdefault("signal", {
-                    "op": "?", "detail": f"{death} in a batch, not when run alone"})
+                record["failures"].setdefault(
+                    "signal", {"op": "?", "detail": f"{death} in a batch, not when run alone"}
+                )
                 record["outcome"] = "signal"
                 records.append(record)
             else:
@@ -1341,23 +1535,52 @@ class _Runner:
 
     def _failure(self, number: int, kind: str, detail: str) -> dict[str, Any]:
         case = make_case(f"{self.seed}:{number}", *read_seeds(self.seeds_dir))
-        return {"case": case.id, "seed": case.seed.name, "format": case.seed.format,
-                "mutation": case.mutation, "outcome": kind,
-                "failures": {kind: {"op": "?", "detail": detail}}, "ops": {},
-                "seconds": None, "peak": None}
+        return {
+            "case": case.id,
+            "seed": case.seed.name,
+            "format": case.seed.format,
+            "mutation": case.mutation,
+            "outcome": kind,
+            "failures": {kind: {"op": "?", "detail": detail}},
+            "ops": {},
+            "seconds": None,
+            "peak": None,
+        }
 
     def _child(self, numbers: list[int]) -> tuple[list[dict[str, Any]], int | None, str]:
         """Run ``numbers`` in one child; return the records, the case it was on when it
         died or hung (None if it ended normally), and how it died."""
-        command = [sys.executable, "-W", "error", "-m", "arrayio.testing.fuzz", "--child",
-                   "--seed", str(self.seed), "--seeds-dir", self.seeds_dir,
-                   "--work-dir", self.work_dir, "--slow-seconds", repr(self.slow_seconds),
-                   "--sabotage", ",".join(f"{n}:{what}" for n, what in self.sabotage.items())]
+        command = [
+            sys.executable,
+            "-W",
+            "error",
+            "-m",
+            "arrayio.testing.fuzz",
+            "--child",
+            "--seed",
+            str(self.seed),
+            "--seeds-dir",
+            self.seeds_dir,
+            "--work-dir",
+            self.work_dir,
+            "--slow-seconds",
+            repr(self.slow_seconds),
+            "--sabotage",
+            ",".join(f"{n}:{what}" for n, what in self.sabotage.items()),
+        ]
         if self.deadline:
             command += ["--deadline", repr(self.deadline)]
-        with tempfile.TemporaryFile(dir=self.work_dir) as stderr, subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                env=_child_environment(self.tool), text=True) as process:
+        with (
+            tempfile.TemporaryFile(dir=self.work_dir) as stderr,
+            subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env=_child_environment(self.tool),
+                text=True,
+            ) as process,
+        ):
             lines: queue.Queue[str | None] = queue.Queue()
 
             def pump() -> None:
@@ -1391,8 +1614,9 @@ class _Runner:
                     process.kill()
                     process.wait()
                     reader.join()
-                    raise RuntimeError(f"the fuzzer failed on case {self.seed}:{current}:\n"
-                                       f"{message['error']}")
+                    raise RuntimeError(
+                        f"the fuzzer failed on case {self.seed}:{current}:\n{message['error']}"
+                    )
                 if "start" in message:
                     current = message["start"]
                 else:
@@ -1407,7 +1631,7 @@ class _Runner:
             stderr.seek(0)
             text = stderr.read().decode("utf-8", "replace").strip()
         code = process.returncode
-        how = (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}")
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         if current is None:
             raise RuntimeError(f"a fuzz child failed outside any case ({how}): {text[-2000:]}")
         return records, current, f"{how} ({_crash_site(text)})"
@@ -1417,8 +1641,7 @@ def _crash_site(stderr: str) -> str:
     """faulthandler's report in brief: what happened, and where the crashing thread was."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     fatal = next((line for line in lines if line.startswith("Fatal Python error")), "")
-    current = next((i for i, line in enumerate(lines) if line.startswith("Current thread")),
-                   0)
+    current = next((i for i, line in enumerate(lines) if line.startswith("Current thread")), 0)
     where = next((line for line in lines[current:] if line.startswith("File ")), "")
     return "; ".join(filter(None, [fatal, where])) or (lines[-1] if lines else "no stderr")
 
@@ -1460,21 +1683,32 @@ class Campaign:
             counts["cases"] += 1
             counts[record["outcome"]] += 1
             counts["failures"] += bool(record["failures"])
-        failures = {kind: {"count": len(records), "example": _example(records[0], kind)}
-                    for kind, records in self.failures().items() if records}
-        exceptions = {kind: {"count": len(records),
-                             "example": _example(records[0], "other-exception")}
-                      for kind, records in self.exception_types().items()}
-        return {"seed": self.seed, "cases": len(self.records),
-                "seconds": round(self.seconds, 1), "workers": self.workers,
-                "by_format": {fmt: dict(counts) for fmt, counts in sorted(by_format.items())},
-                "failures": failures, "other_exception_types": exceptions}
+        failures = {
+            kind: {"count": len(records), "example": _example(records[0], kind)}
+            for kind, records in self.failures().items()
+            if records
+        }
+        exceptions = {
+            kind: {"count": len(records), "example": _example(records[0], "other-exception")}
+            for kind, records in self.exception_types().items()
+        }
+        return {
+            "seed": self.seed,
+            "cases": len(self.records),
+            "seconds": round(self.seconds, 1),
+            "workers": self.workers,
+            "by_format": {fmt: dict(counts) for fmt, counts in sorted(by_format.items())},
+            "failures": failures,
+            "other_exception_types": exceptions,
+        }
 
     def table(self) -> str:
         """The summary as text."""
         summary = self.summary()
-        lines = [f"arrayio fuzz: {summary['cases']} cases, seed {self.seed}, "
-                 f"{self.seconds:.1f} s, {self.workers} workers"]
+        lines = [
+            f"arrayio fuzz: {summary['cases']} cases, seed {self.seed}, "
+            f"{self.seconds:.1f} s, {self.workers} workers"
+        ]
         columns = ("cases", *OK_KINDS, "failures")
         lines.append(f"{'format':<13}" + "".join(f"{c:>14}" for c in columns))
         for fmt, counts in summary["by_format"].items():
@@ -1485,31 +1719,47 @@ class Campaign:
         lines.append("failures (replay one with: python -m arrayio.testing.fuzz --replay CASE)")
         for kind, info in summary["failures"].items():
             example = info["example"]
-            lines.append(f"  {kind:<16} {info['count']:>6}  e.g. {example['case']} "
-                         f"[{example['seed']}] {example['mutation']}")
+            lines.append(
+                f"  {kind:<16} {info['count']:>6}  e.g. {example['case']} "
+                f"[{example['seed']}] {example['mutation']}"
+            )
             lines.append(f"  {'':<23}  -> {example['op']}: {example['detail'][:160]}")
         if summary["other_exception_types"]:
             lines.append("other exceptions by type:")
             for kind, info in summary["other_exception_types"].items():
                 example = info["example"]
-                lines.append(f"  {kind:<24} {info['count']:>6}  e.g. {example['case']} "
-                             f"[{example['seed']}] {example['mutation'][:90]}")
+                lines.append(
+                    f"  {kind:<24} {info['count']:>6}  e.g. {example['case']} "
+                    f"[{example['seed']}] {example['mutation'][:90]}"
+                )
                 lines.append(f"  {'':<31}  -> {example['op']}: {example['detail'][:150]}")
         return "\n".join(lines)
 
 
 def _example(record: dict[str, Any], kind: str) -> dict[str, Any]:
     failure = record["failures"][kind]
-    return {"case": record["case"], "seed": record["seed"], "mutation": record["mutation"],
-            "op": failure["op"], "detail": failure["detail"]}
+    return {
+        "case": record["case"],
+        "seed": record["seed"],
+        "mutation": record["mutation"],
+        "op": failure["op"],
+        "detail": failure["detail"],
+    }
 
 
-def run_campaign(cases: int, seed: int = 0, *, seconds: float | None = None,
-                 workers: int | None = None, tool: str | None = None,
-                 batch: int | None = None, hang_seconds: float = HANG_SECONDS,
-                 slow_seconds: float = SLOW_SECONDS,
-                 sabotage: dict[int, str] | None = None,
-                 directory: str | os.PathLike[str] | None = None) -> Campaign:
+def run_campaign(
+    cases: int,
+    seed: int = 0,
+    *,
+    seconds: float | None = None,
+    workers: int | None = None,
+    tool: str | None = None,
+    batch: int | None = None,
+    hang_seconds: float = HANG_SECONDS,
+    slow_seconds: float = SLOW_SECONDS,
+    sabotage: dict[int, str] | None = None,
+    directory: str | os.PathLike[str] | None = None,
+) -> Campaign:
     """Run cases ``seed:0`` to ``seed:cases-1`` (fewer if ``seconds`` run out first).
 
     Parameters
@@ -1548,8 +1798,9 @@ def run_campaign(cases: int, seed: int = 0, *, seconds: float | None = None,
         seeds_dir = os.path.join(work, "seeds")
         os.mkdir(seeds_dir)
         write_seeds(seeds_dir)
-        runner = _Runner(seed, seeds_dir, work, tool, deadline, hang_seconds, slow_seconds,
-                         sabotage or {})
+        runner = _Runner(
+            seed, seeds_dir, work, tool, deadline, hang_seconds, slow_seconds, sabotage or {}
+        )
         size = batch or max(10, min(1000, -(-cases // (workers * 3))))
         batches = [list(range(i, min(i + size, cases))) for i in range(0, cases, size)]
         records: list[dict[str, Any]] = []
@@ -1560,8 +1811,7 @@ def run_campaign(cases: int, seed: int = 0, *, seconds: float | None = None,
     return Campaign(seed, records, time.monotonic() - started, workers)
 
 
-def replay(case_id: str, *, keep: str | None = None, tool: str | None = None
-           ) -> dict[str, Any]:
+def replay(case_id: str, *, keep: str | None = None, tool: str | None = None) -> dict[str, Any]:
     """Run one case again in a child process, as a campaign would.
 
     Parameters
@@ -1596,7 +1846,8 @@ def replay(case_id: str, *, keep: str | None = None, tool: str | None = None
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m arrayio.testing.fuzz",
-        description="Mutation fuzzing of arrayio's readers (see the module docstring).")
+        description="Mutation fuzzing of arrayio's readers (see the module docstring).",
+    )
     parser.add_argument("--cases", type=int, default=1000, help="cases to run (default 1000)")
     parser.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
     parser.add_argument("--seconds", type=float, help="stop starting cases after this long")
@@ -1610,8 +1861,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds-dir", help=argparse.SUPPRESS)
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
     parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
-    parser.add_argument("--slow-seconds", type=float, default=SLOW_SECONDS,
-                        help=argparse.SUPPRESS)
+    parser.add_argument("--slow-seconds", type=float, default=SLOW_SECONDS, help=argparse.SUPPRESS)
     parser.add_argument("--sabotage", default="", help=argparse.SUPPRESS)
     return parser
 
@@ -1631,14 +1881,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         record = replay(args.replay, keep=args.keep, tool=args.tool)
         print(json.dumps(record, indent=2))
         return 1 if record["failures"] else 0
-    campaign = run_campaign(args.cases, args.seed, seconds=args.seconds, workers=args.workers,
-                            tool=args.tool, batch=args.batch)
+    campaign = run_campaign(
+        args.cases,
+        args.seed,
+        seconds=args.seconds,
+        workers=args.workers,
+        tool=args.tool,
+        batch=args.batch,
+    )
     print(campaign.table())
     if args.json:
         with open(args.json, "w", encoding="utf-8") as file:
-            json.dump({**campaign.summary(),
-                       "failed_cases": [r for r in campaign.records if r["failures"]]},
-                      file, indent=1)
+            json.dump(
+                {
+                    **campaign.summary(),
+                    "failed_cases": [r for r in campaign.records if r["failures"]],
+                },
+                file,
+                indent=1,
+            )
     return 1 if campaign.failed else 0
 
 

@@ -22,8 +22,12 @@ def shapes(max_dims: int = 3, max_side: int = 6) -> st.SearchStrategy[tuple[int,
 
 
 @st.composite
-def arrays(draw: st.DrawFn, dtype: DType | None = None, shape: tuple[int, ...] | None = None,
-           layouts: tuple[str, ...] = ("C", "F", "strided")) -> np.ndarray:
+def arrays(
+    draw: st.DrawFn,
+    dtype: DType | None = None,
+    shape: tuple[int, ...] | None = None,
+    layouts: tuple[str, ...] = ("C", "F", "strided"),
+) -> np.ndarray:
     """A NumPy array of ``dtype`` with arbitrary bytes (booleans are 0 or 1) in a layout."""
     dtype = dtype or draw(dtypes())
     shape = shape if shape is not None else draw(shapes())

@@ -114,8 +114,9 @@ class ScratchFiles:
 
     def __call__(self, content: bytes | np.ndarray) -> int:
         path = self.directory / f"data-{len(self.paths)}.bin"
-        path.write_bytes(content if isinstance(content, bytes)
-                         else memoryview(np.ascontiguousarray(content)))
+        path.write_bytes(
+            content if isinstance(content, bytes) else memoryview(np.ascontiguousarray(content))
+        )
         fd = os.open(path, os.O_RDWR)
         self.paths[fd] = path
         return fd
@@ -263,8 +264,9 @@ class ToolConformance:
             assert tool.read(fd, back, offset) == size
             _assert_same_bytes(back, buffer)
 
-    @pytest.mark.parametrize(("offset", "shift"), [(0, 0), (4097, 0), (4097, 1)],
-                             ids=["aligned", "offset", "congruent"])
+    @pytest.mark.parametrize(
+        ("offset", "shift"), [(0, 0), (4097, 0), (4097, 1)], ids=["aligned", "offset", "congruent"]
+    )
     def test_read_large(self, tool: Tool, open_file, offset: int, shift: int) -> None:
         self.require(tool, "read")
         data = random_bytes(offset + LARGE_SIZE + 100)
@@ -275,8 +277,9 @@ class ToolConformance:
         _assert_same_bytes(buffer, data[offset : offset + LARGE_SIZE])
         self.check_checksum(parts, buffer)
 
-    @pytest.mark.parametrize(("offset", "shift"), [(0, 0), (4097, 0), (4097, 1)],
-                             ids=["aligned", "offset", "congruent"])
+    @pytest.mark.parametrize(
+        ("offset", "shift"), [(0, 0), (4097, 0), (4097, 1)], ids=["aligned", "offset", "congruent"]
+    )
     def test_write_large(self, tool: Tool, open_file, offset: int, shift: int) -> None:
         self.require(tool, "write")
         fd = open_file(random_bytes(100, seed=1))
@@ -291,8 +294,9 @@ class ToolConformance:
         self.check_checksum(parts, buffer)
 
     @pytest.mark.parametrize(("file_size", "offset", "size"), EOF_CASES)
-    def test_read_past_end(self, tool: Tool, open_file, file_size: int, offset: int,
-                           size: int) -> None:
+    def test_read_past_end(
+        self, tool: Tool, open_file, file_size: int, offset: int, size: int
+    ) -> None:
         self.require(tool, "read")
         data = random_bytes(file_size)
         fd = open_file(data)
@@ -339,8 +343,10 @@ class ToolConformance:
         fd = open_file(data)
         ranges = [(i * (512 << 10) + i, (256 << 10) + 7 * i) for i in range(8)]  # disjoint
         buffers = [host_buffer(size, i % 2) for i, (_, size) in enumerate(ranges)]
-        futures = [tool.pread(fd, buffer, offset)
-                   for buffer, (offset, _) in zip(buffers, ranges, strict=True)]
+        futures = [
+            tool.pread(fd, buffer, offset)
+            for buffer, (offset, _) in zip(buffers, ranges, strict=True)
+        ]
         assert [future.get() for future in futures] == [size for _, size in ranges]
         for buffer, (offset, size) in zip(buffers, ranges, strict=True):
             _assert_same_bytes(buffer, data[offset : offset + size])
@@ -355,14 +361,15 @@ class ToolConformance:
             buffers.append(host_buffer(size, i % 2))
             buffers[-1][...] = random_bytes(offset + size, seed=2)[offset:]
             expected[offset : offset + size] = buffers[-1]
-        futures = [tool.pwrite(fd, buffer, offset)
-                   for buffer, (offset, _) in zip(buffers, ranges, strict=True)]
+        futures = [
+            tool.pwrite(fd, buffer, offset)
+            for buffer, (offset, _) in zip(buffers, ranges, strict=True)
+        ]
         assert [future.get() for future in futures] == [size for _, size in ranges]
         _assert_same_bytes(_contents(fd), expected)
 
     @pytest.mark.parametrize("memory", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
-    def test_calls_from_many_threads_do_not_mix(self, tool: Tool, open_file,
-                                                memory: str) -> None:
+    def test_calls_from_many_threads_do_not_mix(self, tool: Tool, open_file, memory: str) -> None:
         """One tool is shared by every thread: concurrent calls (each on a disjoint range, into
         its own buffer) must never share a staging buffer."""
         cupy = self.require_gpu(tool, "read") if memory == "cuda" else None
@@ -467,8 +474,9 @@ class ToolConformance:
 
     @pytest.mark.gpu
     @pytest.mark.parametrize(("offset", "sizes"), GATHERED_CASES)
-    def test_device_gathered_write(self, tool: Tool, open_file, offset: int,
-                                   sizes: list[int]) -> None:
+    def test_device_gathered_write(
+        self, tool: Tool, open_file, offset: int, sizes: list[int]
+    ) -> None:
         if not callable(getattr(tool, "pwritev", None)):
             pytest.skip(f"{tool.label} has no pwritev")
         cupy = self.require_gpu(tool, "write")

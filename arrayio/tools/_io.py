@@ -20,9 +20,22 @@ import numpy as np
 from ..errors import ToolUnavailableError
 from ..integrity._checksum import checksum
 
-__all__ = ["BLOCK", "align_down", "align_up", "batched", "flush_range", "in_batch",
-           "open_direct", "pread_checksummed", "pread_direct", "pread_full", "preallocate",
-           "pwrite_direct", "pwrite_full", "task_bytes"]
+__all__ = [
+    "BLOCK",
+    "align_down",
+    "align_up",
+    "batched",
+    "flush_range",
+    "in_batch",
+    "open_direct",
+    "pread_checksummed",
+    "pread_direct",
+    "pread_full",
+    "preallocate",
+    "pwrite_direct",
+    "pwrite_full",
+    "task_bytes",
+]
 
 BLOCK = 4096
 """What ``O_DIRECT`` needs file offsets, lengths and memory addresses to be multiples of:
@@ -50,8 +63,7 @@ def pread_full(fd: int, view: np.ndarray, file_offset: int) -> int:
 _CHECKSUM_PIECE = 8 << 20
 
 
-def pread_checksummed(fd: int, view: np.ndarray, file_offset: int, crc: int = 0
-                      ) -> tuple[int, int]:
+def pread_checksummed(fd: int, view: np.ndarray, file_offset: int, crc: int = 0) -> tuple[int, int]:
     """:func:`pread_full` that also extends the CRC-32C ``crc`` with the bytes read, piece
     by piece while each piece is in cache; returns (bytes read, CRC)."""
     done = 0
@@ -125,13 +137,13 @@ def libc_function(name: str, *argtypes: Any, restype: Any = ctypes.c_int) -> Any
 
 
 def _sync_file_range() -> Any:
-    return libc_function("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
-                          ctypes.c_uint)
+    return libc_function(
+        "sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint
+    )
 
 
 def _fallocate() -> Any:
-    return libc_function("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int64,
-                          ctypes.c_int64)
+    return libc_function("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
 
 
 _NO_ROOM = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}

@@ -30,8 +30,9 @@ class BufferPool:
         _pools.add(self)
 
     @contextlib.contextmanager
-    def lend(self, key: Any, make: Callable[[], B],
-             fits: Callable[[B], bool] = lambda _: True) -> Iterator[B]:
+    def lend(
+        self, key: Any, make: Callable[[], B], fits: Callable[[B], bool] = lambda _: True
+    ) -> Iterator[B]:
         """A buffer for ``key`` that ``fits``, made by ``make`` if no spare one does."""
         buffer = None
         with self._lock:

@@ -60,8 +60,9 @@ class _Pool(concurrent.futures.ThreadPoolExecutor):
     each task in the submitting thread instead of failing it: a save still running then
     finishes (serially), and no tool is blamed for the interpreter's state."""
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any,
-               **kwargs: Any) -> concurrent.futures.Future[Any]:
+    def submit(
+        self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[Any]:
         try:
             return super().submit(fn, *args, **kwargs)
         except RuntimeError:

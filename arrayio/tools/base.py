@@ -61,8 +61,9 @@ class IOFuture(Generic[T]):
         return cls(None, value)
 
     @classmethod
-    def gather(cls, futures: list[IOFuture[int]], finish: Callable[[int], T] | None = None
-               ) -> IOFuture[Any]:
+    def gather(
+        cls, futures: list[IOFuture[int]], finish: Callable[[int], T] | None = None
+    ) -> IOFuture[Any]:
         """A future for the sum of several byte counts (and an optional final step)."""
         return _Gathered(futures, finish)
 

@@ -63,8 +63,11 @@ def _whole_blocks(start: int, end: int) -> bool:
     return start % BLOCK == 0 and end % BLOCK == 0
 
 
-def _fan_out(pool: concurrent.futures.Executor, jobs: Sequence[Callable[[], int]],
-             cleanup: Callable[[], None]) -> concurrent.futures.Future[int]:
+def _fan_out(
+    pool: concurrent.futures.Executor,
+    jobs: Sequence[Callable[[], int]],
+    cleanup: Callable[[], None],
+) -> concurrent.futures.Future[int]:
     """Run ``jobs`` (at least one) on ``pool``; a future for the sum of their counts that
     completes only after every job has ended and ``cleanup`` has run, whatever failed."""
     outcome: concurrent.futures.Future[int] = concurrent.futures.Future()
@@ -141,11 +144,15 @@ class DirectTool(ThreadedTool):
 
     def _bounce(self) -> Any:
         """Lend an aligned buffer of ``task_size`` (at least two blocks) to one task."""
-        return self._spare.lend(None, lambda: aligned_empty(max(self.task_size, 2 * BLOCK),
-                                                            BLOCK))
+        return self._spare.lend(None, lambda: aligned_empty(max(self.task_size, 2 * BLOCK), BLOCK))
 
-    def _run(self, task: Callable[[int, int], int], pieces: list[tuple[int, int]],
-             nbytes: int, direct_fd: int | None) -> IOFuture[int]:
+    def _run(
+        self,
+        task: Callable[[int, int], int],
+        pieces: list[tuple[int, int]],
+        nbytes: int,
+        direct_fd: int | None,
+    ) -> IOFuture[int]:
         def cleanup() -> None:
             if direct_fd is not None:
                 os.close(direct_fd)
@@ -163,8 +170,9 @@ class DirectTool(ThreadedTool):
         jobs = [functools.partial(task, start, end) for start, end in pieces]
         return IOFuture(_fan_out(pool, jobs, cleanup))
 
-    def pread(self, fd: int, buffer: Buffer, file_offset: int, *,
-              checksum: ChecksumParts | None = None) -> IOFuture[int]:
+    def pread(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> IOFuture[int]:
         if not isinstance(buffer, np.ndarray):
             raise TypeError(f"{self.name} reads into host memory only")
         if buffer.nbytes == 0:
@@ -189,8 +197,9 @@ class DirectTool(ThreadedTool):
 
         return self._run(task, pieces, buffer.nbytes, direct_fd)
 
-    def pwrite(self, fd: int, buffer: Buffer, file_offset: int, *,
-               checksum: ChecksumParts | None = None) -> IOFuture[int]:
+    def pwrite(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> IOFuture[int]:
         if not isinstance(buffer, np.ndarray):
             raise TypeError(f"{self.name} writes from host memory only")
         if buffer.nbytes == 0:

@@ -110,8 +110,9 @@ class KvikioTool(Tool):
     def _target(buffer: Buffer) -> Any:
         return buffer if isinstance(buffer, np.ndarray) else buffer.cuda_array
 
-    def pread(self, fd: int, buffer: Buffer, file_offset: int, *,
-              checksum: ChecksumParts | None = None) -> IOFuture[int]:
+    def pread(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> IOFuture[int]:
         if checksum is not None:
             raise ToolUnavailableError("kvikio cannot checksum the bytes it moves")
         # KvikIO does not report a short read at the end of the file in every mode: clamp the
@@ -127,8 +128,9 @@ class KvikioTool(Tool):
             raise
         return _Future(future, handle)
 
-    def pwrite(self, fd: int, buffer: Buffer, file_offset: int, *,
-               checksum: ChecksumParts | None = None) -> IOFuture[int]:
+    def pwrite(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> IOFuture[int]:
         if checksum is not None:
             raise ToolUnavailableError("kvikio cannot checksum the bytes it moves")
         if buffer.nbytes == 0:
@@ -137,8 +139,7 @@ class KvikioTool(Tool):
             synchronize_device(buffer)  # the producer's kernels must be done
         handle = self._open(fd, "r+")
         try:
-            future = handle.pwrite(self._target(buffer), buffer.nbytes, file_offset,
-                                   self.task_size)
+            future = handle.pwrite(self._target(buffer), buffer.nbytes, file_offset, self.task_size)
         except BaseException:
             handle.close()
             raise

@@ -29,8 +29,9 @@ from .base import Buffer, Capabilities, IOFuture
 __all__ = ["MmapTool"]
 
 _CHUNK = 8 << 20
-_ADVICE = [getattr(mmap, name) for name in ("MADV_SEQUENTIAL", "MADV_WILLNEED")
-           if hasattr(mmap, name)]
+_ADVICE = [
+    getattr(mmap, name) for name in ("MADV_SEQUENTIAL", "MADV_WILLNEED") if hasattr(mmap, name)
+]
 
 
 class _IoVec(ctypes.Structure):
@@ -44,9 +45,16 @@ def _kernel_copy(destination: int, source: int, nbytes: int) -> int | None:
     """Copy ``nbytes`` from address ``source`` to ``destination`` of this process through the
     kernel, which turns a fault into a short count instead of a signal; None if refused."""
     global _refused
-    function = libc_function("process_vm_readv", ctypes.c_int, ctypes.POINTER(_IoVec),
-                             ctypes.c_ulong, ctypes.POINTER(_IoVec), ctypes.c_ulong,
-                             ctypes.c_ulong, restype=ctypes.c_ssize_t)
+    function = libc_function(
+        "process_vm_readv",
+        ctypes.c_int,
+        ctypes.POINTER(_IoVec),
+        ctypes.c_ulong,
+        ctypes.POINTER(_IoVec),
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+        restype=ctypes.c_ssize_t,
+    )
     if function is None or _refused:
         return None
     local, remote = _IoVec(destination, nbytes), _IoVec(source, nbytes)
@@ -67,8 +75,9 @@ def _copy_mapped(fd: int, view: np.ndarray, file_offset: int) -> int:
         raise ValueError("assignment destination is read-only")
     base = file_offset - file_offset % mmap.ALLOCATIONGRANULARITY
     try:
-        mapped = mmap.mmap(fd, file_offset + view.nbytes - base, offset=base,
-                           access=mmap.ACCESS_READ)
+        mapped = mmap.mmap(
+            fd, file_offset + view.nbytes - base, offset=base, access=mmap.ACCESS_READ
+        )
     except ValueError:  # "mmap length is greater than file size": it shrank since fstat
         return 0
     try:
@@ -108,8 +117,9 @@ class MmapTool(ThreadedTool):
     def __init__(self, threads: int = 4, **params: Any) -> None:
         super().__init__(threads, **params)
 
-    def pread(self, fd: int, buffer: Buffer, file_offset: int, *,
-              checksum: ChecksumParts | None = None) -> IOFuture[int]:
+    def pread(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> IOFuture[int]:
         if not isinstance(buffer, np.ndarray):
             raise TypeError(f"{self.name} reads into host memory only")
         # Never map past the end of the file: touching such a page raises SIGBUS.
@@ -128,8 +138,9 @@ class MmapTool(ThreadedTool):
         pool = self._executor()
         return IOFuture.gather([IOFuture(pool.submit(task, start)) for start in starts])
 
-    def pwrite(self, fd: int, buffer: Buffer, file_offset: int, *,
-               checksum: ChecksumParts | None = None) -> IOFuture[int]:
+    def pwrite(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> IOFuture[int]:
         """Not supported: the capabilities say reads only, so the dispatcher never asks.
 
         Raises

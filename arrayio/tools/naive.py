@@ -41,11 +41,15 @@ class NaiveTool(Tool):
         # of two, 1 MiB at least) so that one spare fits any small array that comes next,
         # rather than growing a few kilobytes at a time as larger ones arrive.
         size = min(config.get().staging_bytes, max(_MIN_STAGING, 1 << (need - 1).bit_length()))
-        return self._staging.lend(device.device_index, lambda: device.pinned_empty(size),
-                                  fits=lambda buffer: buffer.nbytes >= need)
+        return self._staging.lend(
+            device.device_index,
+            lambda: device.pinned_empty(size),
+            fits=lambda buffer: buffer.nbytes >= need,
+        )
 
-    def pread(self, fd: int, buffer: Buffer, file_offset: int, *,
-              checksum: ChecksumParts | None = None) -> IOFuture[int]:
+    def pread(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> IOFuture[int]:
         if isinstance(buffer, np.ndarray):
             return IOFuture.completed(self._read_host(fd, buffer, file_offset, checksum))
         done = 0
@@ -64,16 +68,18 @@ class NaiveTool(Tool):
         return IOFuture.completed(done)
 
     @staticmethod
-    def _read_host(fd: int, buffer: np.ndarray, file_offset: int,
-                   checksum: ChecksumParts | None) -> int:
+    def _read_host(
+        fd: int, buffer: np.ndarray, file_offset: int, checksum: ChecksumParts | None
+    ) -> int:
         if checksum is None:
             return pread_full(fd, buffer, file_offset)
         got, crc = pread_checksummed(fd, buffer, file_offset)
         checksum.add(0, got, crc)
         return got
 
-    def pwrite(self, fd: int, buffer: Buffer, file_offset: int, *,
-               checksum: ChecksumParts | None = None) -> IOFuture[int]:
+    def pwrite(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> IOFuture[int]:
         if isinstance(buffer, np.ndarray):
             for start in range(0, buffer.nbytes, _HOST_CHUNK):
                 chunk = buffer[start : start + _HOST_CHUNK]

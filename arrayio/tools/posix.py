@@ -42,16 +42,16 @@ class PosixTool(ThreadedTool):
         super().__init__(threads, task_size=task_size, **params)
         self.task_size = task_size
 
-    def _run(self, task: Callable[[int], int], buffer: np.ndarray, size: int
-             ) -> IOFuture[int]:
+    def _run(self, task: Callable[[int], int], buffer: np.ndarray, size: int) -> IOFuture[int]:
         starts = range(0, buffer.nbytes, size)
         if self.threads == 1 or (len(starts) <= 1 and not batched()):
             return IOFuture.completed(sum(task(start) for start in starts))
         pool = self._executor()
         return IOFuture.gather([IOFuture(pool.submit(task, start)) for start in starts])
 
-    def pread(self, fd: int, buffer: Buffer, file_offset: int, *,
-              checksum: ChecksumParts | None = None) -> IOFuture[int]:
+    def pread(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> IOFuture[int]:
         if not isinstance(buffer, np.ndarray):
             raise TypeError(f"{self.name} reads into host memory only")
 
@@ -67,8 +67,9 @@ class PosixTool(ThreadedTool):
 
         return self._run(task, buffer, size)
 
-    def pwrite(self, fd: int, buffer: Buffer, file_offset: int, *,
-               checksum: ChecksumParts | None = None) -> IOFuture[int]:
+    def pwrite(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> IOFuture[int]:
         if not isinstance(buffer, np.ndarray):
             raise TypeError(f"{self.name} writes from host memory only")
 
@@ -81,4 +82,3 @@ class PosixTool(ThreadedTool):
             return pwrite_full(fd, view, file_offset + start)
 
         return self._run(task, buffer, size)
-

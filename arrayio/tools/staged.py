@@ -50,6 +50,7 @@ from .base import Availability, Buffer, Capabilities, IOFuture
 
 __all__ = ["StagedTool"]
 
+
 class StagedTool(ThreadedTool):
     """Pinned-buffer pipeline for device memory; see the module docstring.
 
@@ -66,8 +67,9 @@ class StagedTool(ThreadedTool):
     name = "staged"
     capabilities = Capabilities(frozenset({"cuda"}), alignment=BLOCK)
 
-    def __init__(self, threads: int = 4, chunk_size: int = 16 << 20, direct: bool = False,
-                 **params: Any) -> None:
+    def __init__(
+        self, threads: int = 4, chunk_size: int = 16 << 20, direct: bool = False, **params: Any
+    ) -> None:
         if threads < 1 or chunk_size < 1:
             raise ValueError(f"threads and chunk_size must be positive: {threads}, {chunk_size}")
         chunk_size = align_up(chunk_size)
@@ -125,8 +127,13 @@ class StagedTool(ThreadedTool):
 
         return cupy.asarray(buffer.cuda_array).reshape(-1).view(cupy.uint8)
 
-    def _fan_out(self, pool: concurrent.futures.ThreadPoolExecutor, worker: Any, count: int,
-                 own_fd: int | None) -> IOFuture[int]:
+    def _fan_out(
+        self,
+        pool: concurrent.futures.ThreadPoolExecutor,
+        worker: Any,
+        count: int,
+        own_fd: int | None,
+    ) -> IOFuture[int]:
         """Run ``worker(k)`` for the first ``count`` (at most ``threads``) workers; the future
         sums their byte counts and closes ``own_fd`` (an O_DIRECT descriptor) when done."""
 
@@ -142,8 +149,9 @@ class StagedTool(ThreadedTool):
             raise
         return IOFuture.gather(futures, finish)
 
-    def pread(self, fd: int, buffer: Buffer, file_offset: int, *,
-              checksum: ChecksumParts | None = None) -> IOFuture[int]:
+    def pread(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> IOFuture[int]:
         if isinstance(buffer, np.ndarray):
             raise TypeError("staged moves device memory; use another tool for host memory")
         if buffer.nbytes == 0:
@@ -194,12 +202,19 @@ class StagedTool(ThreadedTool):
 
         return self._fan_out(pool, worker, len(chunks), read_fd if read_fd != fd else None)
 
-    def pwrite(self, fd: int, buffer: Buffer, file_offset: int, *,
-               checksum: ChecksumParts | None = None) -> IOFuture[int]:
+    def pwrite(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> IOFuture[int]:
         return self.pwritev(fd, [buffer], file_offset, checksums=[checksum])  # checks it
 
-    def pwritev(self, fd: int, buffers: Sequence[Buffer], file_offset: int, *,
-                checksums: Sequence[ChecksumParts | None] | None = None) -> IOFuture[int]:
+    def pwritev(
+        self,
+        fd: int,
+        buffers: Sequence[Buffer],
+        file_offset: int,
+        *,
+        checksums: Sequence[ChecksumParts | None] | None = None,
+    ) -> IOFuture[int]:
         """Start writing ``buffers`` (device memory, one GPU) back to back from
         ``file_offset``, as one range: its chunks are cut across the buffers' boundaries,
         several buffers copied into one pinned buffer, so that many small arrays go to the
@@ -275,8 +290,9 @@ class _Pieces:
     """Device buffers laid end to end as one range of bytes: copies a span of the range to
     host memory, and checksums a span into each buffer's own CRC."""
 
-    def __init__(self, buffers: Sequence[DeviceBuffer],
-                 checksums: Sequence[ChecksumParts | None] | None) -> None:
+    def __init__(
+        self, buffers: Sequence[DeviceBuffer], checksums: Sequence[ChecksumParts | None] | None
+    ) -> None:
         self.starts: list[int] = []
         self.views: list[Any] = []
         self.checksums: list[ChecksumParts | None] = []

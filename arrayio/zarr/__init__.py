@@ -19,12 +19,14 @@ try:
 except ImportError as error:
     raise ImportError(
         "arrayio.zarr requires the optional zarr-python >= 3.1 dependency: "
-        "pip install 'arrayio[zarr]'") from error
+        "pip install 'arrayio[zarr]'"
+    ) from error
 
 if int(zarr.__version__.split(".")[0]) < 3 or zarr.__version__.startswith("3.0."):
     raise ImportError(
         f"arrayio.zarr requires zarr-python >= 3.1, found {zarr.__version__}: "
-        "pip install 'arrayio[zarr]'")
+        "pip install 'arrayio[zarr]'"
+    )
 
 from ._keys import InvalidKeyError
 from ._read import read

@@ -53,12 +53,14 @@ def scan_frames(data: bytes | bytearray | memoryview | np.ndarray) -> list[Frame
 
     def need(at: int, count: int, what: str) -> None:
         if at + count > size:
-            raise FormatError(f"zstd chunk of {size} bytes is cut short: its {what} at byte "
-                              f"{at} needs {count} bytes")
+            raise FormatError(
+                f"zstd chunk of {size} bytes is cut short: its {what} at byte "
+                f"{at} needs {count} bytes"
+            )
 
     def read(at: int, count: int, what: str) -> int:
         need(at, count, what)
-        return int.from_bytes(view[at:at + count], "little")
+        return int.from_bytes(view[at : at + count], "little")
 
     frames: list[Frame] = []
     pos = 0
@@ -72,7 +74,8 @@ def scan_frames(data: bytes | bytearray | memoryview | np.ndarray) -> list[Frame
         if magic != _MAGIC:
             raise FormatError(
                 f"not a zstd frame at byte {pos} of a {size}-byte chunk: magic number "
-                f"0x{magic:08X}, expected 0x{_MAGIC:08X}")
+                f"0x{magic:08X}, expected 0x{_MAGIC:08X}"
+            )
         descriptor = read(pos + 4, 1, "frame header")
         if descriptor & 0x08:
             raise FormatError(f"zstd frame at byte {pos} sets the reserved header bit")
@@ -94,8 +97,10 @@ def scan_frames(data: bytes | bytearray | memoryview | np.ndarray) -> list[Frame
             if kind == 3:
                 raise FormatError(f"zstd block at byte {cursor} has the reserved block type")
             if block_size > _BLOCK_MAX:
-                raise FormatError(f"zstd block at byte {cursor} declares {block_size} bytes; "
-                                  f"zstd blocks hold at most {_BLOCK_MAX}")
+                raise FormatError(
+                    f"zstd block at byte {cursor} declares {block_size} bytes; "
+                    f"zstd blocks hold at most {_BLOCK_MAX}"
+                )
             stored = 1 if kind == 1 else block_size  # an RLE block stores one byte
             need(cursor + 3, stored, "block")
             cursor += 3 + stored
@@ -108,7 +113,8 @@ def scan_frames(data: bytes | bytearray | memoryview | np.ndarray) -> list[Frame
         if content_size is not None and not least <= content_size <= most:
             raise FormatError(
                 f"zstd frame at byte {pos} declares {content_size} content bytes, but its "
-                f"blocks hold between {least} and {most}")
+                f"blocks hold between {least} and {most}"
+            )
         frames.append(Frame(pos, cursor, content_size, checksum, dictionary_id))
         pos = cursor
     return frames
@@ -121,15 +127,18 @@ def decode_on_host(zstd: Any, data: np.ndarray) -> bytes | np.ndarray:
         if frame.dictionary_id:
             raise FormatError(
                 f"zstd frame at byte {frame.start} needs dictionary {frame.dictionary_id}; "
-                "zarr's zstd codec has no dictionaries")
+                "zarr's zstd codec has no dictionaries"
+            )
     if all(frame.content_size == 0 for frame in frames):
         # Empty content (or skippable frames only), which libzstd's one-shot decoder, hence
         # numcodecs, refuses although it writes such frames itself.
         for frame in frames:
-            stored = bytes(data[frame.end - 4:frame.end])
+            stored = bytes(data[frame.end - 4 : frame.end])
             if frame.checksum and stored != _EMPTY_CHECKSUM:
-                raise ChecksumError(f"empty zstd frame at byte {frame.start} has content "
-                                    f"checksum {stored.hex()}, expected {_EMPTY_CHECKSUM.hex()}")
+                raise ChecksumError(
+                    f"empty zstd frame at byte {frame.start} has content "
+                    f"checksum {stored.hex()}, expected {_EMPTY_CHECKSUM.hex()}"
+                )
         return b""
     try:
         return zstd.decode(data)

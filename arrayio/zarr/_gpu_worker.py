@@ -32,8 +32,7 @@ class Job:
     kind: str  # "decode" or "encode"
     arrays: list[Any]
     zstd: Any  # numcodecs' Zstd with the codec's level and checksum, for the host fallback
-    future: concurrent.futures.Future = dataclasses.field(
-        default_factory=concurrent.futures.Future)
+    future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
 
     @property
     def group(self) -> tuple[str, int, bool]:
@@ -56,13 +55,15 @@ class DeviceWorker:
     def __init__(self, device_id: int) -> None:
         self.device_id = device_id
         self.jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._serve, daemon=True,
-                                       name=f"arrayio-zstd-cuda{device_id}")
+        self.thread = threading.Thread(
+            target=self._serve, daemon=True, name=f"arrayio-zstd-cuda{device_id}"
+        )
         self.thread.start()
 
     @classmethod
-    def submit(cls, device_id: int, kind: str, arrays: list[Any], zstd: Any
-               ) -> concurrent.futures.Future:
+    def submit(
+        cls, device_id: int, kind: str, arrays: list[Any], zstd: Any
+    ) -> concurrent.futures.Future:
         """Queue chunks for the device's worker; the future gives one CuPy array each."""
         with cls._lock:
             worker = cls._workers.get(device_id)
@@ -112,7 +113,7 @@ class DeviceWorker:
             return
         start = 0
         for job in jobs:
-            mine = results[start:start + len(job.arrays)]
+            mine = results[start : start + len(job.arrays)]
             start += len(job.arrays)
             failed = [r for r in mine if isinstance(r, BaseException)]
             if failed:

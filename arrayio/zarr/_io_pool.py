@@ -30,7 +30,8 @@ def executor() -> concurrent.futures.ThreadPoolExecutor:
     with _pool_lock:
         if _pool is None:
             _pool = concurrent.futures.ThreadPoolExecutor(
-                IO_THREADS, thread_name_prefix="arrayio-zarr")
+                IO_THREADS, thread_name_prefix="arrayio-zarr"
+            )
         return _pool
 
 
@@ -47,4 +48,3 @@ if hasattr(os, "register_at_fork"):
 async def in_pool(function: Callable[..., T], *args: Any) -> T:
     """Await ``function(*args)`` run on the pool."""
     return await asyncio.get_running_loop().run_in_executor(executor(), function, *args)
-

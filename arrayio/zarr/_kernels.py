@@ -152,8 +152,10 @@ def kernels() -> tuple[Any, Any]:
     """The frame scan and XXH64 kernels, compiled once per process."""
     import cupy
 
-    return (cupy.RawKernel(CUDA_SOURCE, "arrayio_zstd_scan"),
-            cupy.RawKernel(CUDA_SOURCE, "arrayio_xxh64"))
+    return (
+        cupy.RawKernel(CUDA_SOURCE, "arrayio_zstd_scan"),
+        cupy.RawKernel(CUDA_SOURCE, "arrayio_xxh64"),
+    )
 
 
 def launch(kernel: Any, n: int, *args: Any) -> None:
@@ -161,8 +163,7 @@ def launch(kernel: Any, n: int, *args: Any) -> None:
     kernel(((n + THREADS - 1) // THREADS,), (THREADS,), (*args, np.int32(n)))
 
 
-def pointer_array(cupy: Any, arrays: Sequence[Any], offsets: Sequence[int] | None = None
-                  ) -> Any:
+def pointer_array(cupy: Any, arrays: Sequence[Any], offsets: Sequence[int] | None = None) -> Any:
     """The device addresses of ``arrays`` (plus ``offsets`` bytes), as a device array."""
     ptrs = np.fromiter((a.data.ptr for a in arrays), dtype=np.uint64, count=len(arrays))
     if offsets is not None:

@@ -20,8 +20,17 @@ from typing import Any, NamedTuple
 from ..errors import ArrayioError
 from ..integrity import _atomic
 
-__all__ = ["CLOEXEC", "DIRECTORY", "LOOKUP", "MISSING", "Boundary", "InvalidKeyError",
-           "check_key", "files_below", "split_key"]
+__all__ = [
+    "CLOEXEC",
+    "DIRECTORY",
+    "LOOKUP",
+    "MISSING",
+    "Boundary",
+    "InvalidKeyError",
+    "check_key",
+    "files_below",
+    "split_key",
+]
 
 MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -46,7 +55,8 @@ def check_key(key: object, *, what: str = "key") -> str:
     parts = key.split("/")
     if any(part in ("..", ".") for part in parts):
         raise InvalidKeyError(
-            f"store {what} {key!r} has a '.' or '..' component; keys cannot leave the root")
+            f"store {what} {key!r} has a '.' or '..' component; keys cannot leave the root"
+        )
     return key
 
 
@@ -65,8 +75,7 @@ _RESOLVE_NO_SYMLINKS = 0x04
 
 
 class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
-                ("resolve", ctypes.c_uint64)]
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
 @functools.cache
@@ -88,8 +97,11 @@ def _openat2() -> Callable[[bytes, Any], int] | None:
     except (OSError, AttributeError):
         return None
     # syscall() takes variadic longs: the arguments go typed, as argtypes cannot say so.
-    number, here, size = (ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(-100),  # -100: AT_FDCWD
-                          ctypes.c_size_t(ctypes.sizeof(_OpenHow)))
+    number, here, size = (
+        ctypes.c_long(_SYS_OPENAT2),
+        ctypes.c_int(-100),  # -100: AT_FDCWD
+        ctypes.c_size_t(ctypes.sizeof(_OpenHow)),
+    )
 
     def openat2(path: bytes, how: Any) -> int:
         return syscall(number, here, path, how, size)
@@ -210,18 +222,20 @@ class Boundary:
         raise InvalidKeyError(
             f"store key {name!r} leads out of the store through a symbolic link: it resolves "
             f"to {where!r}, outside the root {os.path.realpath(self.root)!r}; "
-            f"NVMeStore(..., follow_symlinks=True) follows links out of the root")
+            f"NVMeStore(..., follow_symlinks=True) follows links out of the root"
+        )
 
     def leads_inside(self, real_directory: str, link: str) -> bool:
         """Whether the link named ``link`` in the directory whose real path is
         ``real_directory`` resolves inside the root (always, when following links)."""
         return self.follow_symlinks or self.holds(
-            os.path.realpath(os.path.join(real_directory, link)))
+            os.path.realpath(os.path.join(real_directory, link))
+        )
 
 
-
-def files_below(directory_fd: int, real_directory: str, prefix: str, boundary: Boundary
-                ) -> Iterator[tuple[str, os.DirEntry[str]]]:
+def files_below(
+    directory_fd: int, real_directory: str, prefix: str, boundary: Boundary
+) -> Iterator[tuple[str, os.DirEntry[str]]]:
     """The keys below an open directory (``prefix`` is its key prefix) with their entries,
     which can be stat'ed until the next key is asked for.
 
@@ -237,8 +251,11 @@ def files_below(directory_fd: int, real_directory: str, prefix: str, boundary: B
         entries = list(scan)
     for entry in entries:
         if entry.is_symlink():
-            if (not _atomic.is_temporary(entry.name)
-                    and boundary.leads_inside(real_directory, entry.name) and entry.is_file()):
+            if (
+                not _atomic.is_temporary(entry.name)
+                and boundary.leads_inside(real_directory, entry.name)
+                and entry.is_file()
+            ):
                 yield prefix + entry.name, entry
         elif entry.is_dir(follow_symlinks=False):
             try:
@@ -248,10 +265,13 @@ def files_below(directory_fd: int, real_directory: str, prefix: str, boundary: B
                     continue  # gone, or replaced by a file or a link since the scan
                 raise
             try:
-                yield from files_below(child, os.path.join(real_directory, entry.name),
-                                       f"{prefix}{entry.name}/", boundary)
+                yield from files_below(
+                    child,
+                    os.path.join(real_directory, entry.name),
+                    f"{prefix}{entry.name}/",
+                    boundary,
+                )
             finally:
                 os.close(child)
         elif entry.is_file(follow_symlinks=False) and not _atomic.is_temporary(entry.name):
             yield prefix + entry.name, entry
-

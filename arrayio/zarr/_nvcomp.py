@@ -32,11 +32,18 @@ class NvcompZstd:
         with cupy.cuda.Device(device_id):
             self.stream = cupy.cuda.Stream(non_blocking=False)
             # nvCOMP's ExecutionPolicy.LATENCY measured no faster, at any batch size.
-            self.codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
-                                      device_id=device_id, cuda_stream=self.stream.ptr)
+            self.codec = nvcomp.Codec(
+                algorithm="Zstd",
+                bitstream_kind=nvcomp.BitstreamKind.RAW,
+                device_id=device_id,
+                cuda_stream=self.stream.ptr,
+            )
             self.scan, self.xxh64 = kernels()
-        self.alignment = max(8, int(self.codec.get_required_decompression_alignment()),
-                             int(self.codec.get_required_compression_alignment()))
+        self.alignment = max(
+            8,
+            int(self.codec.get_required_decompression_alignment()),
+            int(self.codec.get_required_compression_alignment()),
+        )
         self.carve = True  # whether nvcomp.as_arrays takes (buffer, offsets, sizes)
 
     def aligned(self, array: Any) -> Any:
@@ -53,12 +60,15 @@ class NvcompZstd:
         offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum((np.asarray(sizes, dtype=np.int64) + 255) // 256 * 256, out=offsets[1:])
         whole = cupy.empty(int(offsets[-1]), dtype=np.uint8)
-        arrays = [whole[start:start + size]
-                  for start, size in zip(offsets.tolist(), sizes, strict=False)]
+        arrays = [
+            whole[start : start + size]
+            for start, size in zip(offsets.tolist(), sizes, strict=False)
+        ]
         if self.carve:
             try:
-                return arrays, self.nvcomp.as_arrays(whole, offsets[:-1].tolist(), list(sizes),
-                                                     cuda_stream=self.stream.ptr)
+                return arrays, self.nvcomp.as_arrays(
+                    whole, offsets[:-1].tolist(), list(sizes), cuda_stream=self.stream.ptr
+                )
             except Exception:  # noqa: BLE001 - an nvCOMP without it: one array per entry
                 self.carve = False
         return arrays, self.batch(arrays)
@@ -71,8 +81,7 @@ class NvcompZstd:
         offset or -1)."""
         cupy = self.cupy
         info = cupy.empty((len(arrays), 3), dtype=np.int64)
-        launch(self.scan, len(arrays), pointer_array(cupy, arrays), size_array(cupy, sizes),
-               info)
+        launch(self.scan, len(arrays), pointer_array(cupy, arrays), size_array(cupy, sizes), info)
         return info.get()
 
     # ------------------------------------------------------------------ decode
@@ -91,8 +100,7 @@ class NvcompZstd:
                 for i, array in zip(on_gpu, arrays, strict=True):
                     out[i] = array
                 try:
-                    result = self.codec.decode(self.batch([sources[i] for i in on_gpu]),
-                                               out=batch)
+                    result = self.codec.decode(self.batch([sources[i] for i in on_gpu]), out=batch)
                     decoded_sizes = list(result.buffer_sizes)
                 except Exception:  # noqa: BLE001 - the host decodes them, or says what is wrong
                     decoded_sizes = [-1] * len(on_gpu)
@@ -102,17 +110,24 @@ class NvcompZstd:
                 checked = [i for i in on_gpu if out[i] is not None and info[i, 2] >= 0]
                 if checked:
                     ok = cupy.zeros(len(checked), dtype=np.int32)
-                    launch(self.xxh64, len(checked),
-                           pointer_array(cupy, [out[i] for i in checked]),
-                           size_array(cupy, [out[i].size for i in checked]),
-                           pointer_array(cupy, [sources[i] for i in checked],
-                                         [int(info[i, 2]) for i in checked]),
-                           pointer_array(cupy, [sources[i] for i in checked]), np.int32(0), ok)
+                    launch(
+                        self.xxh64,
+                        len(checked),
+                        pointer_array(cupy, [out[i] for i in checked]),
+                        size_array(cupy, [out[i].size for i in checked]),
+                        pointer_array(
+                            cupy, [sources[i] for i in checked], [int(info[i, 2]) for i in checked]
+                        ),
+                        pointer_array(cupy, [sources[i] for i in checked]),
+                        np.int32(0),
+                        ok,
+                    )
                     for i, good in zip(checked, ok.get(), strict=True):
                         if not good:
                             out[i] = ChecksumError(
                                 f"zstd chunk of {sources[i].size} bytes decoded on the GPU to "
-                                f"{out[i].size} bytes that do not match its content checksum")
+                                f"{out[i].size} bytes that do not match its content checksum"
+                            )
             for i in range(len(sources)):
                 if out[i] is None:
                     out[i] = _on_host(host_decode, sources[i])
@@ -133,8 +148,7 @@ class NvcompZstd:
             if on_gpu:
                 try:
                     result = self.codec.encode(self.batch([sources[i] for i in on_gpu]))
-                    for j, (i, size) in enumerate(zip(on_gpu, result.buffer_sizes,
-                                                      strict=True)):
+                    for j, (i, size) in enumerate(zip(on_gpu, result.buffer_sizes, strict=True)):
                         frame = cupy.empty(size + tail, dtype=np.uint8)
                         frame[:size] = cupy.asarray(result[j])[:size]
                         out[i] = frame
@@ -152,13 +166,18 @@ class NvcompZstd:
                         out[i] = None
                 patch = [i for i in on_gpu if out[i] is not None]
                 if checksum and patch:
-                    launch(self.xxh64, len(patch),
-                           pointer_array(cupy, [sources[i] for i in patch]),
-                           size_array(cupy, [sources[i].size for i in patch]),
-                           pointer_array(cupy, [out[i] for i in patch],
-                                         [out[i].size - 4 for i in patch]),
-                           pointer_array(cupy, [out[i] for i in patch], [4] * len(patch)),
-                           np.int32(1), cupy.zeros(1, dtype=np.int32))
+                    launch(
+                        self.xxh64,
+                        len(patch),
+                        pointer_array(cupy, [sources[i] for i in patch]),
+                        size_array(cupy, [sources[i].size for i in patch]),
+                        pointer_array(
+                            cupy, [out[i] for i in patch], [out[i].size - 4 for i in patch]
+                        ),
+                        pointer_array(cupy, [out[i] for i in patch], [4] * len(patch)),
+                        np.int32(1),
+                        cupy.zeros(1, dtype=np.int32),
+                    )
             for i in range(len(sources)):
                 if out[i] is None:
                     out[i] = _on_host(host_encode, sources[i])

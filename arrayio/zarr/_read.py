@@ -26,19 +26,27 @@ __all__ = ["read"]
 def _open(source: Any, path: str | None) -> zarr.Array:
     if isinstance(source, zarr.Array):
         if path is not None:
-            raise ValueError("path= names an array inside a store or directory, not inside "
-                             "a zarr.Array")
+            raise ValueError(
+                "path= names an array inside a store or directory, not inside a zarr.Array"
+            )
         return source
     if isinstance(source, str | os.PathLike):
         source = NVMeStore(source, read_only=True)
     if isinstance(source, zarr.abc.store.Store):
         return zarr.open_array(store=source, path=path or "", mode="r")
-    raise TypeError(f"read() takes a zarr.Array, a zarr store or a directory, got "
-                    f"{type(source).__name__}")
+    raise TypeError(
+        f"read() takes a zarr.Array, a zarr store or a directory, got {type(source).__name__}"
+    )
 
 
-def read(source: Any, selection: Any = Ellipsis, *, like: Any = None, device: Any = None,
-         path: str | None = None) -> Any:
+def read(
+    source: Any,
+    selection: Any = Ellipsis,
+    *,
+    like: Any = None,
+    device: Any = None,
+    path: str | None = None,
+) -> Any:
     """Read a Zarr array, or a region of it, as a NumPy, JAX, CuPy or torch array.
 
     Parameters
@@ -95,8 +103,7 @@ def read(source: Any, selection: Any = Ellipsis, *, like: Any = None, device: An
     np_dtype = _dtypes.numpy_dtype(dtype)
     if not request.placement.is_cuda:
         out = target.data.view(np_dtype).reshape(shape)
-        array.get_basic_selection(selection, out=cpu.NDBuffer(out),
-                                  prototype=cpu.buffer_prototype)
+        array.get_basic_selection(selection, out=cpu.NDBuffer(out), prototype=cpu.buffer_prototype)
         return target.finish()
 
     import cupy
@@ -105,8 +112,7 @@ def read(source: Any, selection: Any = Ellipsis, *, like: Any = None, device: An
     with cupy.cuda.Device(request.placement.index), zarr.config.enable_gpu():
         flat = cupy.asarray(target.data.cuda_array).reshape(-1).view(cupy.uint8)
         out = flat.view(np_dtype).reshape(shape)
-        array.get_basic_selection(selection, out=gpu.NDBuffer(out),
-                                  prototype=gpu.buffer_prototype)
+        array.get_basic_selection(selection, out=gpu.NDBuffer(out), prototype=gpu.buffer_prototype)
         # zarr scattered the chunks with CuPy from its own threads, on their streams; the
         # framework that takes the memory may read it on yet another.
         cupy.cuda.Device().synchronize()

@@ -81,8 +81,9 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_reads_after_fork)
 
 
-def _read_host(fd: int, file_offset: int, host: np.ndarray, path: str, crowded: bool,
-               file_system: int) -> None:
+def _read_host(
+    fd: int, file_offset: int, host: np.ndarray, path: str, crowded: bool, file_system: int
+) -> None:
     """Fill ``host`` from the file through the dispatcher.
 
     Alone, the dispatcher chooses the tool. In a crowd (and unless the user forced a tool),
@@ -91,8 +92,7 @@ def _read_host(fd: int, file_offset: int, host: np.ndarray, path: str, crowded: 
     ``pread`` for cached bytes; the measurement is still recorded.
     """
     if crowded and host.nbytes >= SMALL_TRANSFER and config.get().tool is None:
-        cold = (file_system not in _no_direct
-                and cache_state(fd, file_offset, host.nbytes) == "cold")
+        cold = file_system not in _no_direct and cache_state(fd, file_offset, host.nbytes) == "cold"
         if cold:
             try:
                 _transfer.read_into(fd, file_offset, host, path=path, tool=_ONE_DIRECT)
@@ -138,7 +138,6 @@ def byte_span(byte_range: ByteRequest | None, size: int) -> tuple[int, int]:
     raise TypeError(f"Unexpected byte_range, got {byte_range!r}")
 
 
-
 def _memory_of(prototype: BufferPrototype) -> str:
     """``"cuda"`` for zarr's GPU buffers, ``"host"`` for its CPU buffers, else ``"other"``."""
     buffer_class = prototype.buffer
@@ -159,8 +158,9 @@ def _host_for(file_offset: int, nbytes: int) -> np.ndarray:
     return aligned_empty(nbytes + skew)[skew:]
 
 
-def _read_device(fd: int, file_offset: int, nbytes: int, path: str, crowded: bool,
-                 file_system: int) -> Any:
+def _read_device(
+    fd: int, file_offset: int, nbytes: int, path: str, crowded: bool, file_system: int
+) -> Any:
     """Read ``nbytes`` at ``file_offset`` into a new CuPy ``uint8`` array on the current
     device.
 
@@ -184,15 +184,17 @@ def _read_device(fd: int, file_offset: int, nbytes: int, path: str, crowded: boo
         if tool is not _PIECES:
             stream.synchronize()  # memory the legacy stream freed is free of its kernels
             try:
-                _transfer.read_into(fd, file_offset, CupyDeviceBuffer(out), path=path,
-                                    tool=tool)
+                _transfer.read_into(fd, file_offset, CupyDeviceBuffer(out), path=path, tool=tool)
                 return out
             except Exception as error:
                 if tool is None or not is_tool_failure(error):  # the dispatcher fell back
-                    raise                                        # already, or a data error
+                    raise  # already, or a data error
                 _no_kvikio.set()
-                logger.warning("arrayio: NVMeStore reads cached chunks through its pinned "
-                               "pieces from now on: KvikIO failed (%s)", error)
+                logger.warning(
+                    "arrayio: NVMeStore reads cached chunks through its pinned "
+                    "pieces from now on: KvikIO failed (%s)",
+                    error,
+                )
             # Into new memory: a failed KvikIO read may still have tasks writing into the
             # old one (KvikIO reports the first failed task without waiting for the others).
             with stream:
@@ -211,8 +213,9 @@ def _kvikio_usable() -> bool:
     return not _no_kvikio.is_set() and bool(KvikioTool.availability())
 
 
-def _read_pieces(fd: int, file_offset: int, out: Any, path: str, crowded: bool,
-                 file_system: int, stream: Any) -> Any:
+def _read_pieces(
+    fd: int, file_offset: int, out: Any, path: str, crowded: bool, file_system: int, stream: Any
+) -> Any:
     """Fill ``out`` through this thread's two pinned pieces; each thread has its own, so any
     number of chunks move at once, and the dispatcher still chooses how each piece leaves
     the file."""
@@ -232,13 +235,21 @@ def _read_pieces(fd: int, file_offset: int, out: Any, path: str, crowded: bool,
     return out
 
 
-def _fill(fd: int, file_offset: int, nbytes: int, prototype: BufferPrototype, path: str,
-          crowded: bool, file_system: int) -> Buffer:
+def _fill(
+    fd: int,
+    file_offset: int,
+    nbytes: int,
+    prototype: BufferPrototype,
+    path: str,
+    crowded: bool,
+    file_system: int,
+) -> Buffer:
     """Read ``nbytes`` at ``file_offset`` into a new buffer of ``prototype``."""
     memory = _memory_of(prototype)
     if memory == "cuda":
         return prototype.buffer.from_array_like(
-            _read_device(fd, file_offset, nbytes, path, crowded, file_system))
+            _read_device(fd, file_offset, nbytes, path, crowded, file_system)
+        )
     host = _host_for(file_offset, nbytes)
     _read_host(fd, file_offset, host, path, crowded, file_system)
     if memory == "host":
@@ -246,8 +257,13 @@ def _fill(fd: int, file_offset: int, nbytes: int, prototype: BufferPrototype, pa
     return prototype.buffer.from_bytes(host)  # a buffer class we do not know: its own copy
 
 
-def read_value(path: str, prototype: BufferPrototype, byte_range: ByteRequest | None,
-               boundary: Boundary, key: str) -> Buffer | None:
+def read_value(
+    path: str,
+    prototype: BufferPrototype,
+    byte_range: ByteRequest | None,
+    boundary: Boundary,
+    key: str,
+) -> Buffer | None:
     """The value at ``path`` (or part of it), or None if there is no such file.
 
     Raises
@@ -266,8 +282,8 @@ def read_value(path: str, prototype: BufferPrototype, byte_range: ByteRequest | 
             return None  # a directory: a prefix, not a key
         file_offset, nbytes = byte_span(byte_range, status.st_size)
         with _counted() as in_flight:
-            return _fill(fd, file_offset, nbytes, prototype, path, in_flight >= CROWD,
-                         status.st_dev)
+            return _fill(
+                fd, file_offset, nbytes, prototype, path, in_flight >= CROWD, status.st_dev
+            )
     finally:
         os.close(fd)
-

@@ -96,8 +96,13 @@ class NVMeStore(Store):
 
     root: Path
 
-    def __init__(self, root: str | os.PathLike[str], *, read_only: bool = False,
-                 follow_symlinks: bool = False) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        read_only: bool = False,
+        follow_symlinks: bool = False,
+    ) -> None:
         super().__init__(read_only=read_only)
         if isinstance(root, str | os.PathLike):
             root = Path(root)
@@ -112,8 +117,11 @@ class NVMeStore(Store):
     # -- identity ---------------------------------------------------------------------------
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, type(self)) and self.root == other.root
-                and self.follow_symlinks == other.follow_symlinks)
+        return (
+            isinstance(other, type(self))
+            and self.root == other.root
+            and self.follow_symlinks == other.follow_symlinks
+        )
 
     __hash__ = None  # type: ignore[assignment]  # mutable open state, like LocalStore
 
@@ -125,12 +133,18 @@ class NVMeStore(Store):
         return f"{type(self).__name__}('{self}'{following})"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"root": self.root, "read_only": self.read_only,
-                "follow_symlinks": self.follow_symlinks}
+        return {
+            "root": self.root,
+            "read_only": self.read_only,
+            "follow_symlinks": self.follow_symlinks,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["root"], read_only=state["read_only"],  # type: ignore[misc]
-                      follow_symlinks=state.get("follow_symlinks", False))
+        self.__init__(
+            state["root"],
+            read_only=state["read_only"],  # type: ignore[misc]
+            follow_symlinks=state.get("follow_symlinks", False),
+        )
 
     def with_read_only(self, read_only: bool = False) -> Self:
         """A new, unopened store on the same root with this ``read_only``.
@@ -144,8 +158,14 @@ class NVMeStore(Store):
     # -- opening ----------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, root: str | os.PathLike[str], *, read_only: bool = False,
-                   mode: str | None = None, follow_symlinks: bool = False) -> Self:
+    async def open(
+        cls,
+        root: str | os.PathLike[str],
+        *,
+        read_only: bool = False,
+        mode: str | None = None,
+        follow_symlinks: bool = False,
+    ) -> Self:
         """Create and open a store (as :meth:`zarr.storage.LocalStore.open`).
 
         Parameters
@@ -204,8 +224,7 @@ class NVMeStore(Store):
         if not check_key(key) or key.endswith("/"):
             raise InvalidKeyError(f"cannot write or delete key {key!r}: it names a directory")
 
-    def _open_directory(self, relative: str, *, name: str, create: bool = False
-                        ) -> tuple[int, str]:
+    def _open_directory(self, relative: str, *, name: str, create: bool = False) -> tuple[int, str]:
         """A descriptor of the directory ``relative`` (``"a/b"``; ``""``: the root), checked
         to be inside the root, and its real path.
 
@@ -236,8 +255,12 @@ class NVMeStore(Store):
 
     # -- reads ------------------------------------------------------------------------------
 
-    async def get(self, key: str, prototype: BufferPrototype | None = None,
-                  byte_range: ByteRequest | None = None) -> Buffer | None:
+    async def get(
+        self,
+        key: str,
+        prototype: BufferPrototype | None = None,
+        byte_range: ByteRequest | None = None,
+    ) -> Buffer | None:
         """The value of ``key`` (or the part ``byte_range`` selects), or None if missing.
 
         Parameters
@@ -261,21 +284,33 @@ class NVMeStore(Store):
         path = self._path(key)
         byte_span(byte_range, 0)  # a malformed byte range fails here, present key or not
         await self._ensure_open()
-        return await in_pool(read_value, path, prototype or default_buffer_prototype(),
-                             byte_range, self._boundary, key)
+        return await in_pool(
+            read_value,
+            path,
+            prototype or default_buffer_prototype(),
+            byte_range,
+            self._boundary,
+            key,
+        )
 
-    def get_sync(self, key: str, *, prototype: BufferPrototype | None = None,
-                 byte_range: ByteRequest | None = None) -> Buffer | None:
+    def get_sync(
+        self,
+        key: str,
+        *,
+        prototype: BufferPrototype | None = None,
+        byte_range: ByteRequest | None = None,
+    ) -> Buffer | None:
         """Synchronous :meth:`get`, in the calling thread (zarr's fused pipeline calls it
         from its own thread pool)."""
         path = self._path(key)
         self._ensure_open_sync()
-        return read_value(path, prototype or default_buffer_prototype(), byte_range,
-                          self._boundary, key)
+        return read_value(
+            path, prototype or default_buffer_prototype(), byte_range, self._boundary, key
+        )
 
-    async def get_partial_values(self, prototype: BufferPrototype,
-                                 key_ranges: Iterable[tuple[str, ByteRequest | None]]
-                                 ) -> list[Buffer | None]:
+    async def get_partial_values(
+        self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
+    ) -> list[Buffer | None]:
         """Every ``(key, byte_range)`` at once on the I/O pool; None for missing keys.
 
         Returns
@@ -286,33 +321,47 @@ class NVMeStore(Store):
         requests = [(self._path(key), byte_range, key) for key, byte_range in key_ranges]
         await self._ensure_open()
         loop, pool = asyncio.get_running_loop(), executor()
-        return list(await asyncio.gather(*(
-            loop.run_in_executor(pool, read_value, path, prototype, byte_range, self._boundary,
-                                 key)
-            for path, byte_range, key in requests)))
+        return list(
+            await asyncio.gather(
+                *(
+                    loop.run_in_executor(
+                        pool, read_value, path, prototype, byte_range, self._boundary, key
+                    )
+                    for path, byte_range, key in requests
+                )
+            )
+        )
 
-    async def _get_many(self, requests: Iterable[tuple[str, BufferPrototype,
-                                                       ByteRequest | None]]
-                        ) -> AsyncGenerator[tuple[str, Buffer | None], None]:
+    async def _get_many(
+        self, requests: Iterable[tuple[str, BufferPrototype, ByteRequest | None]]
+    ) -> AsyncGenerator[tuple[str, Buffer | None], None]:
         # All submitted at once, yielded as they complete (the base class awaits each get
         # before starting the next).
-        jobs = [(key, self._path(key), prototype, byte_range)
-                for key, prototype, byte_range in requests]
+        jobs = [
+            (key, self._path(key), prototype, byte_range) for key, prototype, byte_range in requests
+        ]
         await self._ensure_open()
         loop, pool = asyncio.get_running_loop(), executor()
 
-        async def one(key: str, path: str, prototype: BufferPrototype,
-                      byte_range: ByteRequest | None) -> tuple[str, Buffer | None]:
-            return key, await loop.run_in_executor(pool, read_value, path, prototype,
-                                                   byte_range, self._boundary, key)
+        async def one(
+            key: str, path: str, prototype: BufferPrototype, byte_range: ByteRequest | None
+        ) -> tuple[str, Buffer | None]:
+            return key, await loop.run_in_executor(
+                pool, read_value, path, prototype, byte_range, self._boundary, key
+            )
 
         for done in asyncio.as_completed([one(*job) for job in jobs]):
             yield await done
 
-    def get_ranges_sync(self, key: str, byte_ranges: Sequence[ByteRequest | None], *,
-                        prototype: BufferPrototype, max_gap_bytes: int = 1 << 20,
-                        max_coalesced_bytes: int = 16 << 20
-                        ) -> Sequence[tuple[int, Buffer | None]]:
+    def get_ranges_sync(
+        self,
+        key: str,
+        byte_ranges: Sequence[ByteRequest | None],
+        *,
+        prototype: BufferPrototype,
+        max_gap_bytes: int = 1 << 20,
+        max_coalesced_bytes: int = 16 << 20,
+    ) -> Sequence[tuple[int, Buffer | None]]:
         """Many byte ranges of one key (zarr >= 3.4's sharded reads), ranges near each other
         merged as zarr merges them, and the merged reads run at once on the I/O pool.
 
@@ -336,21 +385,25 @@ class NVMeStore(Store):
             groups: list[list[tuple[int, RangeByteRequest]]] = []
             alone: list[tuple[int, ByteRequest | None]] = list(enumerate(byte_ranges))
         else:
-            groups, alone = coalesce_ranges(byte_ranges, max_gap_bytes=max_gap_bytes,
-                                            max_coalesced_bytes=max_coalesced_bytes)
+            groups, alone = coalesce_ranges(
+                byte_ranges, max_gap_bytes=max_gap_bytes, max_coalesced_bytes=max_coalesced_bytes
+            )
         fetches: list[tuple[list[tuple[int, Any]], ByteRequest | None]] = [
-            ([(index, request)], request) for index, request in alone]
+            ([(index, request)], request) for index, request in alone
+        ]
         for members in groups:
             if len(members) == 1:
                 fetches.append((list(members), members[0][1]))
             else:
                 # Not members[0]: nothing here relies on the order of a group's members.
                 start = min(r.start for _, r in members)
-                fetches.append((list(members),
-                                RangeByteRequest(start, max(r.end for _, r in members))))
+                fetches.append(
+                    (list(members), RangeByteRequest(start, max(r.end for _, r in members)))
+                )
 
-        def fetch(job: tuple[list[tuple[int, Any]], ByteRequest | None]
-                  ) -> list[tuple[int, Buffer]]:
+        def fetch(
+            job: tuple[list[tuple[int, Any]], ByteRequest | None],
+        ) -> list[tuple[int, Buffer]]:
             members, request = job
             buffer = read_value(path, prototype, request, self._boundary, key)
             if buffer is None:
@@ -374,7 +427,8 @@ class NVMeStore(Store):
         if errors:
             # zarr 3 needs Python 3.11, which has exception groups.
             raise BaseExceptionGroup(  # noqa: F821
-                f"reading ranges of {key!r} failed", errors)
+                f"reading ranges of {key!r} failed", errors
+            )
         return results
 
     async def exists(self, key: str) -> bool:
@@ -442,8 +496,7 @@ class NVMeStore(Store):
         folder = check_key(prefix, what="prefix").rstrip("/")
 
         def total() -> int:
-            return sum(entry.stat().st_size
-                       for _, entry in self._keys_below(folder, name=prefix))
+            return sum(entry.stat().st_size for _, entry in self._keys_below(folder, name=prefix))
 
         return await in_pool(total)
 
@@ -481,15 +534,18 @@ class NVMeStore(Store):
     def _prepare_write(self, key: str, value: Buffer) -> None:
         self._check_writable_key(key)
         if not isinstance(value, Buffer):
-            raise TypeError(f"{type(self).__name__}.set(): value must be a zarr Buffer, got "
-                            f"{type(value).__name__}")
+            raise TypeError(
+                f"{type(self).__name__}.set(): value must be a zarr Buffer, got "
+                f"{type(value).__name__}"
+            )
 
     def _write(self, key: str, value: Buffer, exclusive: bool) -> None:
         folder, name = split_key(key)
         directory, _ = self._open_directory(folder, name=key, create=True)
         try:
-            write_at(directory, name, value, exclusive, self._cleaned,
-                     os.path.join(self._root, key))
+            write_at(
+                directory, name, value, exclusive, self._cleaned, os.path.join(self._root, key)
+            )
         finally:
             os.close(directory)
 
@@ -559,8 +615,9 @@ class NVMeStore(Store):
 
     # -- listing ----------------------------------------------------------------------------
 
-    def _keys_below(self, folder: str, *, name: str | None = None
-                    ) -> Iterator[tuple[str, os.DirEntry[str]]]:
+    def _keys_below(
+        self, folder: str, *, name: str | None = None
+    ) -> Iterator[tuple[str, os.DirEntry[str]]]:
         """The keys below the directory ``folder`` (``""``: the root) with their entries; no
         keys if it is missing or a file.
 
@@ -574,8 +631,7 @@ class NVMeStore(Store):
         except MISSING:
             return
         try:
-            yield from files_below(directory, real, f"{folder}/" if folder else "",
-                                   self._boundary)
+            yield from files_below(directory, real, f"{folder}/" if folder else "", self._boundary)
         finally:
             os.close(directory)
 
@@ -621,9 +677,14 @@ class NVMeStore(Store):
                 return []
             try:
                 with os.scandir(directory) as entries:
-                    return [entry.name for entry in entries if not _atomic.is_temporary(entry.name)
-                            and (not entry.is_symlink()
-                                 or self._boundary.leads_inside(real, entry.name))]
+                    return [
+                        entry.name
+                        for entry in entries
+                        if not _atomic.is_temporary(entry.name)
+                        and (
+                            not entry.is_symlink() or self._boundary.leads_inside(real, entry.name)
+                        )
+                    ]
             finally:
                 os.close(directory)
 

@@ -59,8 +59,14 @@ def _write_device(fd: int, data: Any) -> None:
             _transfer.write_from(fd, start, host)
 
 
-def write_at(directory_fd: int, name: str, value: Buffer, exclusive: bool,
-             cleaned: set[tuple[int, int]], path: str) -> None:
+def write_at(
+    directory_fd: int,
+    name: str,
+    value: Buffer,
+    exclusive: bool,
+    cleaned: set[tuple[int, int]],
+    path: str,
+) -> None:
     """Store ``value`` as ``name`` in the open directory, atomically and durably.
 
     As :func:`arrayio.integrity._atomic.atomic_write` does by path, but relative to the directory's
@@ -82,7 +88,7 @@ def write_at(directory_fd: int, name: str, value: Buffer, exclusive: bool,
             os.replace(temporary, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
             temporary = None
         with contextlib.suppress(OSError):  # some file systems cannot fsync a directory; the
-            os.fsync(directory_fd)           # rename is atomic all the same
+            os.fsync(directory_fd)  # rename is atomic all the same
     except OSError as error:  # a full disk, and errors naming the key's file
         _atomic.raise_described(error, path, temporary)
     finally:
@@ -125,4 +131,3 @@ def is_file_at(directory_fd: int, name: str) -> bool:
         return stat.S_ISREG(os.stat(name, dir_fd=directory_fd, follow_symlinks=False).st_mode)
     except FileNotFoundError:
         return False
-

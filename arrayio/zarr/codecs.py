@@ -113,8 +113,9 @@ class ZstdCodec(_ZarrZstdCodec):
         """Encode a batch: its GPU chunks in one nvCOMP call, its host chunks concurrently."""
         return await self._run_async("encode", list(chunks_and_specs), self._encode_host)
 
-    async def _run_async(self, kind: str, items: list[tuple[Buffer | None, ArraySpec]],
-                         on_host: Any) -> list[Buffer | None]:
+    async def _run_async(
+        self, kind: str, items: list[tuple[Buffer | None, ArraySpec]], on_host: Any
+    ) -> list[Buffer | None]:
         out, pending, host = self._start(kind, items)
 
         async def device_part(indices: list[int], future: concurrent.futures.Future) -> None:
@@ -123,12 +124,15 @@ class ZstdCodec(_ZarrZstdCodec):
         async def host_part(i: int) -> None:
             out[i] = await asyncio.to_thread(on_host, *items[i])
 
-        await asyncio.gather(*(device_part(*p) for p in pending), concurrent_map(
-            [(i,) for i in host], host_part, _zarr_config.get("async.concurrency")))
+        await asyncio.gather(
+            *(device_part(*p) for p in pending),
+            concurrent_map([(i,) for i in host], host_part, _zarr_config.get("async.concurrency")),
+        )
         return out
 
-    def _run_sync(self, kind: str, items: list[tuple[Buffer | None, ArraySpec]],
-                  on_host: Any) -> list[Buffer | None]:
+    def _run_sync(
+        self, kind: str, items: list[tuple[Buffer | None, ArraySpec]], on_host: Any
+    ) -> list[Buffer | None]:
         out, pending, host = self._start(kind, items)
         for i in host:
             out[i] = on_host(*items[i])
@@ -136,8 +140,9 @@ class ZstdCodec(_ZarrZstdCodec):
             self._finish(items, out, indices, future.result())
         return out
 
-    def _start(self, kind: str, items: list[tuple[Buffer | None, ArraySpec]]
-               ) -> tuple[list[Buffer | None], list[tuple[list[int], Any]], list[int]]:
+    def _start(
+        self, kind: str, items: list[tuple[Buffer | None, ArraySpec]]
+    ) -> tuple[list[Buffer | None], list[tuple[list[int], Any]], list[int]]:
         """Send the GPU chunks to their devices' workers; return the results to fill, the
         pending (indices, future) per device, and the indices of the host chunks."""
         by_device: dict[int, list[tuple[int, Any]]] = {}
@@ -148,15 +153,22 @@ class ZstdCodec(_ZarrZstdCodec):
                 by_device.setdefault(array.device.id, []).append((i, array))
             elif chunk is not None:
                 host.append(i)
-        pending = [([i for i, _ in members],
-                    DeviceWorker.submit(device_id, kind, [a for _, a in members],
-                                        self._zstd_codec))
-                   for device_id, members in by_device.items()]
+        pending = [
+            (
+                [i for i, _ in members],
+                DeviceWorker.submit(device_id, kind, [a for _, a in members], self._zstd_codec),
+            )
+            for device_id, members in by_device.items()
+        ]
         return [None] * len(items), pending, host
 
     @staticmethod
-    def _finish(items: list[tuple[Buffer | None, ArraySpec]], out: list[Buffer | None],
-                indices: list[int], arrays: list[Any]) -> None:
+    def _finish(
+        items: list[tuple[Buffer | None, ArraySpec]],
+        out: list[Buffer | None],
+        indices: list[int],
+        arrays: list[Any],
+    ) -> None:
         for i, array in zip(indices, arrays, strict=True):
             out[i] = _to_buffer(items[i][1].prototype, array)
 

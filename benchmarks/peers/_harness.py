@@ -58,8 +58,9 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 def files_under(path: str) -> list[str]:
     """The files a peer wrote at ``path``: the file itself, or every file of a directory."""
     if os.path.isdir(path):
-        return sorted(os.path.join(root, name)
-                      for root, _, names in os.walk(path) for name in names)
+        return sorted(
+            os.path.join(root, name) for root, _, names in os.walk(path) for name in names
+        )
     return [path] if os.path.exists(path) else []
 
 
@@ -116,8 +117,11 @@ def warm(path: str, threads: int = 8, passes: int = WARM_PASSES) -> None:
     try:
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
             for _ in range(passes):
-                jobs = [pool.submit(_warm_chunk, fd, offset) for fd in fds
-                        for offset in range(0, os.fstat(fd).st_size, _WARM_CHUNK)]
+                jobs = [
+                    pool.submit(_warm_chunk, fd, offset)
+                    for fd in fds
+                    for offset in range(0, os.fstat(fd).st_size, _WARM_CHUNK)
+                ]
                 for job in jobs:
                     job.result()
     finally:
@@ -169,8 +173,10 @@ def same(expected: Any, got: Any, name: str) -> None:
 
     got = as_torch(got)
     if got.dtype != expected.dtype or tuple(got.shape) != tuple(expected.shape):
-        raise AssertionError(f"{name}: got {got.dtype}{tuple(got.shape)}, expected "
-                             f"{expected.dtype}{tuple(expected.shape)}")
+        raise AssertionError(
+            f"{name}: got {got.dtype}{tuple(got.shape)}, expected "
+            f"{expected.dtype}{tuple(expected.shape)}"
+        )
     if got.device != expected.device:
         got = got.to(expected.device)
     if not torch.equal(got, expected):
@@ -287,12 +293,15 @@ class Peer:
     close: Callable[[], None] | None = None
 
 
-def check_flat(expected: dict[str, Any], get: Callable[[Any, str, Any], Any]
-               ) -> Callable[[Any], None]:
+def check_flat(
+    expected: dict[str, Any], get: Callable[[Any, str, Any], Any]
+) -> Callable[[Any], None]:
     """A check that every tensor of ``expected`` came back (``get(out, key, tensor)``)."""
+
     def check(out: Any) -> None:
         for key, tensor in expected.items():
             same(tensor, get(out, key, tensor), key)
+
     return check
 
 
@@ -316,10 +325,17 @@ class Round:
     gc: dict[str, dict[str, dict[str, float]]] = dataclasses.field(default_factory=dict)
 
 
-def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: set[str],
-                  seed: str, ceilings: DiskCeilings | None = None,
-                  lead_in: Callable[[str], None] | None = None,
-                  cold_ceiling_reads: str | None = None, ceiling_first: bool = True) -> Round:
+def measure_round(
+    peers: list[Peer],
+    paths: dict[str, str],
+    drop: bool,
+    verify: set[str],
+    seed: str,
+    ceilings: DiskCeilings | None = None,
+    lead_in: Callable[[str], None] | None = None,
+    cold_ceiling_reads: str | None = None,
+    ceiling_first: bool = True,
+) -> Round:
     """One round of ``peers`` in three phases: every save (fsync included), then every cold
     load (each after eviction), then every warm load (each after reading its files into the
     page cache twice: see :func:`warm`); the files are then removed. The loads named in
@@ -364,8 +380,9 @@ def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: 
 
     def save(peer: Peer) -> float:
         remove(paths[peer.name])
-        seconds, _ = measured(peer, "save", lambda: (peer.save(paths[peer.name]),
-                                                     fsync_tree(paths[peer.name])))
+        seconds, _ = measured(
+            peer, "save", lambda: (peer.save(paths[peer.name]), fsync_tree(paths[peer.name]))
+        )
         done.disk[peer.name] = disk_bytes(paths[peer.name])
         return seconds
 
@@ -388,8 +405,11 @@ def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: 
                 jobs.append(None)
             rng.shuffle(jobs)
             # The peer whose file the cold ceiling reads, and the ceiling moved beside it.
-            beside = next((p for p in jobs if p is not None and p.name == cold_ceiling_reads),
-                          None) if quantity == "cold_load" and ceilings is not None else None
+            beside = (
+                next((p for p in jobs if p is not None and p.name == cold_ceiling_reads), None)
+                if quantity == "cold_load" and ceilings is not None
+                else None
+            )
             if beside is not None:
                 jobs.remove(None)
                 jobs.insert(jobs.index(beside) + (0 if ceiling_first else 1), None)
@@ -408,8 +428,7 @@ def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: 
                     done.seconds.setdefault(peer.name, {})[quantity] = run(peer)
                 except Exception as error:  # noqa: BLE001 - a failing peer is reported
                     fail(peer.name, error)
-                done.took[peer.name] = (done.took.get(peer.name, 0.0)
-                                        + time.perf_counter() - start)
+                done.took[peer.name] = done.took.get(peer.name, 0.0) + time.perf_counter() - start
     finally:
         for peer in peers:
             remove(paths[peer.name])
@@ -419,8 +438,9 @@ def measure_round(peers: list[Peer], paths: dict[str, str], drop: bool, verify: 
     return done
 
 
-def groups_on_disk(peers: list[Peer], directory: str, expected: Callable[[Peer], int],
-                   reserve: int = 0) -> list[list[Peer]]:
+def groups_on_disk(
+    peers: list[Peer], directory: str, expected: Callable[[Peer], int], reserve: int = 0
+) -> list[list[Peer]]:
     """``peers`` in order, cut into groups whose files fit on the disk together (at most
     80% of its free space, less ``reserve`` bytes): a round's phases hold every peer's files
     of a group at once."""
@@ -473,17 +493,29 @@ class DiskCeilings:
 
     SAMPLES = 3
 
-    WRITE = [("direct", 1, 16 * MiB), ("direct", 1, 64 * MiB), ("direct", 4, 16 * MiB),
-             ("direct", 4, 64 * MiB), ("posix", 4, 64 * MiB),
-             # Reserved first, as arrayio's saves are: the only way parallel O_DIRECT
-             # writers overlap in a new ext4 file (see benchmarks._ceiling_tools).
-             ("direct+fallocate", 4, 64 * MiB), ("direct+fallocate", 8, 64 * MiB),
-             ("direct+fallocate", 16, 16 * MiB)]
+    WRITE = [
+        ("direct", 1, 16 * MiB),
+        ("direct", 1, 64 * MiB),
+        ("direct", 4, 16 * MiB),
+        ("direct", 4, 64 * MiB),
+        ("posix", 4, 64 * MiB),
+        # Reserved first, as arrayio's saves are: the only way parallel O_DIRECT
+        # writers overlap in a new ext4 file (see benchmarks._ceiling_tools).
+        ("direct+fallocate", 4, 64 * MiB),
+        ("direct+fallocate", 8, 64 * MiB),
+        ("direct+fallocate", 16, 16 * MiB),
+    ]
     COLD = [("direct", 4, 16 * MiB), ("direct", 8, 16 * MiB), ("direct", 16, 16 * MiB)]
     WARM = [("posix", 16, 16 * MiB)]
 
-    def __init__(self, directory: str, nbytes: int, *, drop: bool,
-                 prefer: dict[str, list[tuple[str, int, int]]] | None = None) -> None:
+    def __init__(
+        self,
+        directory: str,
+        nbytes: int,
+        *,
+        drop: bool,
+        prefer: dict[str, list[tuple[str, int, int]]] | None = None,
+    ) -> None:
         from arrayio.arrays._buffers import aligned_empty
 
         self.nbytes = -(-nbytes // MiB) * MiB
@@ -495,16 +527,14 @@ class DiskCeilings:
         for start in range(0, self.nbytes, block.nbytes):
             end = min(self.nbytes, start + block.nbytes)
             self.host[start:end] = block[: end - start]
-        self.settings = {"write_fsync": self.WRITE, "cold_read": self.COLD,
-                         "warm_read": self.WARM}
+        self.settings = {"write_fsync": self.WRITE, "cold_read": self.COLD, "warm_read": self.WARM}
         if prefer:
             self.settings.update({k: v for k, v in prefer.items() if v})
         self.limits = {name: _Ceiling() for name in self.settings}
         self.pinned_h2d_GBps: float | None = None
         self._labels: dict[tuple[str, int, int], str] = {}
 
-    def _write(self, tool: Any, path: str | None = None, view: np.ndarray | None = None
-               ) -> float:
+    def _write(self, tool: Any, path: str | None = None, view: np.ndarray | None = None) -> float:
         """Seconds to write ``view`` (the whole host buffer) to ``path`` (the ceiling's
         file) with ``tool``, fsync included."""
         fd = os.open(path or self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -516,8 +546,9 @@ class DiskCeilings:
         finally:
             os.close(fd)
 
-    def _read(self, tool: Any, cold: bool, path: str | None = None,
-              view: np.ndarray | None = None) -> float:
+    def _read(
+        self, tool: Any, cold: bool, path: str | None = None, view: np.ndarray | None = None
+    ) -> float:
         """Seconds to read ``path`` (the ceiling's file) into ``view`` (the whole host
         buffer) with ``tool``, after evicting it (``cold``) or reading it into the cache."""
         path = path or self.path
@@ -686,8 +717,17 @@ class DiskCeilings:
 def versions() -> dict[str, str]:
     """The versions of the libraries this run used (imported by now)."""
     out = {}
-    for name in ("arrayio", "numpy", "torch", "safetensors", "jax", "cupy", "kvikio",
-                 "orbax.checkpoint", "fastsafetensors"):
+    for name in (
+        "arrayio",
+        "numpy",
+        "torch",
+        "safetensors",
+        "jax",
+        "cupy",
+        "kvikio",
+        "orbax.checkpoint",
+        "fastsafetensors",
+    ):
         module = sys.modules.get(name)
         if module is not None:
             out[name] = str(getattr(module, "__version__", "unknown"))
@@ -695,8 +735,12 @@ def versions() -> dict[str, str]:
 
 
 def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {"host": platform.node(), "python": platform.python_version(),
-                            "cpus": os.cpu_count(), "kernel": platform.release()}
+    info: dict[str, Any] = {
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+    }
     info["gpu"] = None
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
@@ -710,8 +754,9 @@ def header(benchmark: str, module: str, argv: list[str] | None) -> dict[str, Any
     return {
         "benchmark": benchmark,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "-m", module,
-                             *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(
+            ["python", "-m", module, *(argv if argv is not None else sys.argv[1:])]
+        ),
     }
 
 
@@ -727,15 +772,20 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="directory for NAME.json and NAME.png")
     parser.add_argument("--dir", default=None, help="scratch directory on the disk under test")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--drop-caches", action="store_true",
-                        help="cold starts also drop the whole page cache (root)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="CI: tiny sizes in host memory, one repetition")
+    parser.add_argument(
+        "--drop-caches",
+        action="store_true",
+        help="cold starts also drop the whole page cache (root)",
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="CI: tiny sizes in host memory, one repetition"
+    )
     parser.add_argument("--replot", metavar="JSON", help="only redraw the plot of a report")
 
 
-def try_plot(plot: Callable[[dict[str, Any], str], None], report: dict[str, Any],
-             path: str) -> str | None:
+def try_plot(
+    plot: Callable[[dict[str, Any], str], None], report: dict[str, Any], path: str
+) -> str | None:
     """Draw the plot if matplotlib is installed; return the path, or None."""
     try:
         import matplotlib

@@ -106,13 +106,17 @@ def layout(total_bytes: int, d_model: int, vocab: int) -> list[tuple[str, tuple[
         p, d = f"layers.{i}.", d_model
         out = [(p + "attn_norm.scale", (d,), "float32")]
         for w in "qkvo":
-            out += [(p + f"attn.{w}.weight", (d, d), "float32"),
-                    (p + f"attn.{w}.bias", (d,), "bfloat16")]
-        out += [(p + "mlp_norm.scale", (d,), "float32"),
-                (p + "mlp.gate.weight", (4 * d, d), "bfloat16"),
-                (p + "mlp.up.weight", (4 * d, d), "bfloat16"),
-                (p + "mlp.down.weight", (d, 4 * d), "bfloat16"),
-                (p + "mlp.down.bias", (d,), "bfloat16")]
+            out += [
+                (p + f"attn.{w}.weight", (d, d), "float32"),
+                (p + f"attn.{w}.bias", (d,), "bfloat16"),
+            ]
+        out += [
+            (p + "mlp_norm.scale", (d,), "float32"),
+            (p + "mlp.gate.weight", (4 * d, d), "bfloat16"),
+            (p + "mlp.up.weight", (4 * d, d), "bfloat16"),
+            (p + "mlp.down.weight", (d, 4 * d), "bfloat16"),
+            (p + "mlp.down.bias", (d,), "bfloat16"),
+        ]
         return out
 
     head = [("embed.weight", (vocab, d_model), "bfloat16")]
@@ -125,9 +129,10 @@ def make_state(entries: list[tuple[str, tuple[int, ...], str]], device: str) -> 
     import torch
 
     generator = torch.Generator(device=device).manual_seed(0)
-    return {name: torch.randn(shape, dtype=getattr(torch, dtype), device=device,
-                              generator=generator)
-            for name, shape, dtype in entries}
+    return {
+        name: torch.randn(shape, dtype=getattr(torch, dtype), device=device, generator=generator)
+        for name, shape, dtype in entries
+    }
 
 
 # ------------------------------------------------------------------ the peers
@@ -141,8 +146,13 @@ def torch_peer(state: dict[str, Any], device: str) -> h.Peer:
         h.settle()
         return out
 
-    return h.Peer("torch", lambda path: torch.save(state, path), load,
-                  h.check_flat(state, lambda out, k, _: out[k]), ".pt")
+    return h.Peer(
+        "torch",
+        lambda path: torch.save(state, path),
+        load,
+        h.check_flat(state, lambda out, k, _: out[k]),
+        ".pt",
+    )
 
 
 def safetensors_peer(state: dict[str, Any], device: str) -> h.Peer:
@@ -155,8 +165,13 @@ def safetensors_peer(state: dict[str, Any], device: str) -> h.Peer:
         h.settle()
         return out
 
-    return h.Peer("safetensors", lambda path: save_file(state, path), load,
-                  h.check_flat(state, lambda out, k, _: out[k]), ".safetensors")
+    return h.Peer(
+        "safetensors",
+        lambda path: save_file(state, path),
+        load,
+        h.check_flat(state, lambda out, k, _: out[k]),
+        ".safetensors",
+    )
 
 
 def numpy_peer(state: dict[str, Any], device: str) -> h.Peer:
@@ -187,8 +202,14 @@ def numpy_peer(state: dict[str, Any], device: str) -> h.Peer:
         got = h.as_torch(out[key])
         return got.view(torch.bfloat16) if expected.dtype == torch.bfloat16 else got
 
-    return h.Peer("numpy", save, load, h.check_flat(state, get), ".npz",
-                  "savez, then load and cupy.asarray per array; bfloat16 stored as int16 bits")
+    return h.Peer(
+        "numpy",
+        save,
+        load,
+        h.check_flat(state, get),
+        ".npz",
+        "savez, then load and cupy.asarray per array; bfloat16 stored as int16 bits",
+    )
 
 
 def orbax_peer(state: dict[str, Any], jax_tree: Any) -> h.Peer:
@@ -196,8 +217,9 @@ def orbax_peer(state: dict[str, Any], jax_tree: Any) -> h.Peer:
     import orbax.checkpoint as ocp
 
     checkpointer = ocp.StandardCheckpointer()
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                           sharding=x.sharding), jax_tree)
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), jax_tree
+    )
 
     def save(path: str) -> None:
         checkpointer.save(os.path.abspath(path), jax_tree, force=True)
@@ -208,10 +230,15 @@ def orbax_peer(state: dict[str, Any], jax_tree: Any) -> h.Peer:
         h.settle(jax_tree=out)
         return out
 
-    return h.Peer("orbax", save, load,
-                  h.check_flat(state, lambda out, k, _: h.flatten(out)[k]), "",
-                  "StandardCheckpointer on a JAX pytree (the torch tensors through DLPack)",
-                  checkpointer.close)
+    return h.Peer(
+        "orbax",
+        save,
+        load,
+        h.check_flat(state, lambda out, k, _: h.flatten(out)[k]),
+        "",
+        "StandardCheckpointer on a JAX pytree (the torch tensors through DLPack)",
+        checkpointer.close,
+    )
 
 
 def kvikio_peer(state: dict[str, Any]) -> h.Peer:
@@ -256,9 +283,15 @@ def kvikio_peer(state: dict[str, Any]) -> h.Peer:
     def get(out: Any, key: str, expected: Any) -> Any:
         return h.as_torch(out[key]).view(expected.dtype).reshape(expected.shape)
 
-    return h.Peer("kvikio", save, load, h.check_flat(state, get), ".bin",
-                  "raw CuFile pwrite/pread of every tensor at its offset, 16 threads, no header; "
-                  "load buffers allocated (CuPy pool) inside the timed region")
+    return h.Peer(
+        "kvikio",
+        save,
+        load,
+        h.check_flat(state, get),
+        ".bin",
+        "raw CuFile pwrite/pread of every tensor at its offset, 16 threads, no header; "
+        "load buffers allocated (CuPy pool) inside the timed region",
+    )
 
 
 def fastsafetensors_peer(state: dict[str, Any], device: str) -> h.Peer:
@@ -273,19 +306,24 @@ def fastsafetensors_peer(state: dict[str, Any], device: str) -> h.Peer:
         saver.save(state, os.path.join(path, "model"))
 
     def load(path: str) -> Any:
-        with fastsafe_open(h.files_under(path), framework="pt", device=target,
-                           nogds=True) as f:
+        with fastsafe_open(h.files_under(path), framework="pt", device=target, nogds=True) as f:
             out = {key: f.get_tensor(key) for key in f.keys()}
         h.settle()
         return out
 
-    return h.Peer("fastsafetensors", save, load,
-                  h.check_flat(state, lambda out, k, _: out[k]), "",
-                  f"ParallelSaver ({shards} shards), fastsafe_open(nogds=True)")
+    return h.Peer(
+        "fastsafetensors",
+        save,
+        load,
+        h.check_flat(state, lambda out, k, _: out[k]),
+        "",
+        f"ParallelSaver ({shards} shards), fastsafe_open(nogds=True)",
+    )
 
 
-def arrayio_peer(name: str, tree: Any, state: dict[str, Any], like: str, device: str,
-                 nested: bool) -> h.Peer:
+def arrayio_peer(
+    name: str, tree: Any, state: dict[str, Any], like: str, device: str, nested: bool
+) -> h.Peer:
     import arrayio
 
     def load(path: str) -> Any:
@@ -296,9 +334,14 @@ def arrayio_peer(name: str, tree: Any, state: dict[str, Any], like: str, device:
     def get(out: Any, key: str, _: Any) -> Any:
         return (h.flatten(out) if nested else out)[key]
 
-    return h.Peer(name, lambda path: arrayio.save(path, tree), load,
-                  h.check_flat(state, get), ".safetensors",
-                  f"arrayio.save / arrayio.load(like={like!r}, device={device!r})")
+    return h.Peer(
+        name,
+        lambda path: arrayio.save(path, tree),
+        load,
+        h.check_flat(state, get),
+        ".safetensors",
+        f"arrayio.save / arrayio.load(like={like!r}, device={device!r})",
+    )
 
 
 def make_peers(state: dict[str, Any], device: str) -> tuple[list[h.Peer], dict[str, str]]:
@@ -326,16 +369,18 @@ def make_peers(state: dict[str, Any], device: str) -> tuple[list[h.Peer], dict[s
     add("arrayio", lambda: arrayio_peer("arrayio", state, state, "torch", device, False))
     add("torch", lambda: torch_peer(state, device))
     add("safetensors", lambda: safetensors_peer(state, device))
-    add("arrayio-jax", lambda: arrayio_peer("arrayio-jax", jax_state(), state, "jax", device,
-                                            True))
+    add("arrayio-jax", lambda: arrayio_peer("arrayio-jax", jax_state(), state, "jax", device, True))
 
     def cupy_tree() -> Any:
         import cupy
 
         return {k: cupy.from_dlpack(v) for k, v in state.items()}
 
-    add("arrayio-cupy", lambda: arrayio_peer("arrayio-cupy", cupy_tree(), state, "cupy",
-                                             device, False), needs_cuda=True)
+    add(
+        "arrayio-cupy",
+        lambda: arrayio_peer("arrayio-cupy", cupy_tree(), state, "cupy", device, False),
+        needs_cuda=True,
+    )
     add("kvikio", lambda: kvikio_peer(state), needs_cuda=True)
     add("fastsafetensors", lambda: fastsafetensors_peer(state, device))
     add("numpy", lambda: numpy_peer(state, device))
@@ -346,31 +391,39 @@ def make_peers(state: dict[str, Any], device: str) -> tuple[list[h.Peer], dict[s
 # ------------------------------------------------------------------ measuring
 
 
-def summarize(nbytes: int, ceilings: h.DiskCeilings, samples: dict[str, dict[str, Any]],
-              ) -> dict[str, dict[str, Any]]:
+def summarize(
+    nbytes: int,
+    ceilings: h.DiskCeilings,
+    samples: dict[str, dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
     """Per peer: GB/s (median), the fraction of the ceiling (of the medians, and round by
     round beside the ceiling's sample of the same round), ratios to torch and safetensors."""
-    speeds = {name: {q: h.rate(nbytes, h.median(s[q])) for q in QUANTITIES}
-              for name, s in samples.items()}
+    speeds = {
+        name: {q: h.rate(nbytes, h.median(s[q])) for q in QUANTITIES} for name, s in samples.items()
+    }
     out: dict[str, dict[str, Any]] = {}
     for name, s in samples.items():
         row: dict[str, Any] = {f"{q}_GBps": speeds[name][q] for q in QUANTITIES}
         row["samples"] = len(s["rounds"])
         row["seconds"] = {q: s[q] for q in QUANTITIES}
         row["fraction_of_ceiling"] = {
-            q: h.ratio(speeds[name][q], ceilings.limit(CEILING_OF[q])) for q in QUANTITIES}
+            q: h.ratio(speeds[name][q], ceilings.limit(CEILING_OF[q])) for q in QUANTITIES
+        }
         paired = {}
         for q in QUANTITIES:
             ceiling_s = ceilings.limits[CEILING_OF[q]].samples
-            fractions = [(nbytes / seconds) / (ceilings.nbytes / ceiling_s[r])
-                         for r, seconds in zip(s["rounds"], s[q], strict=True)
-                         if r < len(ceiling_s)]
+            fractions = [
+                (nbytes / seconds) / (ceilings.nbytes / ceiling_s[r])
+                for r, seconds in zip(s["rounds"], s[q], strict=True)
+                if r < len(ceiling_s)
+            ]
             paired[q] = h.median(fractions)
         row["paired_fraction_of_ceiling"] = paired
         for reference in ("torch", "safetensors"):
             if reference in speeds:
-                row[f"vs_{reference}"] = {q: h.ratio(speeds[name][q], speeds[reference][q])
-                                          for q in QUANTITIES}
+                row[f"vs_{reference}"] = {
+                    q: h.ratio(speeds[name][q], speeds[reference][q]) for q in QUANTITIES
+                }
         out[name] = row
     return out
 
@@ -398,28 +451,37 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
                 reference = peers.get(against, {}).get(f"{quantity}_GBps")
                 rounds = min(rounds, peers.get(against, {}).get("samples", 0))
             r = h.ratio(value, reference)
-            mine[goal_name] = {"GBps": value, "reference": against, "reference_GBps": reference,
-                               "ratio": r, "goal": goal, "rounds": rounds,
-                               "met": None if r is None or rounds < MIN_ROUNDS else r >= goal}
+            mine[goal_name] = {
+                "GBps": value,
+                "reference": against,
+                "reference_GBps": reference,
+                "ratio": r,
+                "goal": goal,
+                "rounds": rounds,
+                "met": None if r is None or rounds < MIN_ROUNDS else r >= goal,
+            }
             if against.startswith("ceiling:"):
                 # Also beside the search's best (reports before the rounds' ceiling was the
                 # judged one had only the higher of the two as GBps) and round by round.
                 name = against.split(":")[1]
                 search = ceilings[name].get("search_GBps") or max(
-                    ceilings[name].get("upfront_GBps", {}).values(), default=None)
-                mine[goal_name]["reference_interleaved_GBps"] = ceilings[name][
-                    "interleaved_GBps"]
+                    ceilings[name].get("upfront_GBps", {}).values(), default=None
+                )
+                mine[goal_name]["reference_interleaved_GBps"] = ceilings[name]["interleaved_GBps"]
                 mine[goal_name]["reference_search_GBps"] = search
                 mine[goal_name]["ratio_vs_search"] = h.ratio(value, search)
-                mine[goal_name]["paired_ratio"] = peers[who][
-                    "paired_fraction_of_ceiling"][quantity]
+                mine[goal_name]["paired_ratio"] = peers[who]["paired_fraction_of_ceiling"][quantity]
         out[who] = mine
     return out
 
 
-def warm_up(args: argparse.Namespace, gib: float, per_byte: dict[str, float],
-            report: dict[str, Any], search: bool = False
-            ) -> dict[str, list[tuple[str, int, int]]] | None:
+def warm_up(
+    args: argparse.Namespace,
+    gib: float,
+    per_byte: dict[str, float],
+    report: dict[str, Any],
+    search: bool = False,
+) -> dict[str, list[tuple[str, int, int]]] | None:
     """An untimed, checked round of every peer on a checkpoint of ``gib``: imports, CUDA
     contexts, and the arrayio dispatcher's first explorations (the tensor shapes, and so
     the dispatcher's contexts, are those of every size).
@@ -444,10 +506,16 @@ def warm_up(args: argparse.Namespace, gib: float, per_byte: dict[str, float],
                 report["warmup_ceilings"] = ceilings.report()
             finally:
                 ceilings.close()  # its file is not needed during the round
-        for index, group in enumerate(h.groups_on_disk(peers, directory,
-                                                       lambda _: int(nbytes * 1.1))):
-            got = h.measure_round(group, paths, args.drop_caches,
-                                  verify={p.name for p in group}, seed=f"warm-up/{index}")
+        for index, group in enumerate(
+            h.groups_on_disk(peers, directory, lambda _: int(nbytes * 1.1))
+        ):
+            got = h.measure_round(
+                group,
+                paths,
+                args.drop_caches,
+                verify={p.name for p in group},
+                seed=f"warm-up/{index}",
+            )
             for name, took in got.took.items():
                 seconds[name] = took
                 per_byte[name] = took / nbytes
@@ -468,9 +536,14 @@ def rounds_of(args: argparse.Namespace) -> int:
     return max(args.repeats, args.goal_repeats or 0)
 
 
-def plan_round(peers: list[h.Peer], round_index: int, repeats: int,
-               expected: dict[str, float], ceiling_round: float,
-               allows: Callable[[float], bool]) -> tuple[list[h.Peer], list[str]]:
+def plan_round(
+    peers: list[h.Peer],
+    round_index: int,
+    repeats: int,
+    expected: dict[str, float],
+    ceiling_round: float,
+    allows: Callable[[float], bool],
+) -> tuple[list[h.Peer], list[str]]:
     """The peers of round ``round_index`` that fit in the time left, and those skipped for
     time. ``expected`` holds each peer's last measured seconds, ``ceiling_round`` the
     seconds the ceilings' samples took in the last round, and ``allows(seconds)`` says
@@ -499,9 +572,15 @@ def plan_round(peers: list[h.Peer], round_index: int, repeats: int,
     return chosen, skipped
 
 
-def run_size(args: argparse.Namespace, gib: float, deadline: h.Deadline,
-             per_byte: dict[str, float], prefer: dict[str, Any] | None,
-             report: dict[str, Any], out_json: str) -> dict[str, Any]:
+def run_size(
+    args: argparse.Namespace,
+    gib: float,
+    deadline: h.Deadline,
+    per_byte: dict[str, float],
+    prefer: dict[str, Any] | None,
+    report: dict[str, Any],
+    out_json: str,
+) -> dict[str, Any]:
     """Measure one checkpoint size; return the ceilings' best settings for the next size.
 
     ``per_byte`` holds each peer's last measurement time per byte (to predict the next one
@@ -516,11 +595,19 @@ def run_size(args: argparse.Namespace, gib: float, deadline: h.Deadline,
     directory = tempfile.mkdtemp(prefix="arrayio-peers-", dir=args.dir)
     ceilings = h.DiskCeilings(directory, nbytes, drop=args.drop_caches, prefer=prefer)
     result: dict[str, Any] = {
-        "gib": gib, "bytes": nbytes, "tensors": len(state), "d_model": args.d_model,
+        "gib": gib,
+        "bytes": nbytes,
+        "tensors": len(state),
+        "d_model": args.d_model,
         "layers": sum(1 for name, _, _ in entries if name.endswith("attn.q.weight")),
-        "smallest_bytes": min(sizes), "largest_bytes": max(sizes),
-        "dtype_bytes": {d: sum(t.numel() * t.element_size() for t in state.values()
-                               if str(t.dtype) == f"torch.{d}") for d in ("bfloat16", "float32")},
+        "smallest_bytes": min(sizes),
+        "largest_bytes": max(sizes),
+        "dtype_bytes": {
+            d: sum(
+                t.numel() * t.element_size() for t in state.values() if str(t.dtype) == f"torch.{d}"
+            )
+            for d in ("bfloat16", "float32")
+        },
     }
     report["sizes"].append(result)
     peers, unavailable = make_peers(state, args.device)
@@ -537,11 +624,14 @@ def run_size(args: argparse.Namespace, gib: float, deadline: h.Deadline,
         if args.tune and any(p.name.startswith("arrayio") for p in peers):
             import arrayio
 
-            result["tune_seconds"], tuned = h.timed(lambda: arrayio.tune(
-                directory, device=args.device, sizes=(), arrays=state))
+            result["tune_seconds"], tuned = h.timed(
+                lambda: arrayio.tune(directory, device=args.device, sizes=(), arrays=state)
+            )
             result["tuned"] = {e.key: e.chosen for e in tuned.explanations}
-            print(f"  {gib:g} GiB tuned in {result['tune_seconds']:.1f} s: {result['tuned']}",
-                  flush=True)
+            print(
+                f"  {gib:g} GiB tuned in {result['tune_seconds']:.1f} s: {result['tuned']}",
+                flush=True,
+            )
         result["ceiling_search_seconds"], _ = h.timed(ceilings.search)
         if args.device.startswith("cuda") and "pinned_host_to_device_GBps" not in report:
             ceilings.measure_pinned_h2d()
@@ -549,22 +639,33 @@ def run_size(args: argparse.Namespace, gib: float, deadline: h.Deadline,
         ceiling_round = 0.0
         for round_index in range(rounds_of(args)):
             chosen, left_out = plan_round(
-                [p for p in peers if p.name not in errors], round_index, args.repeats,
-                {p.name: per_byte.get(p.name, 0.0) * nbytes for p in peers}, ceiling_round,
-                deadline.allows)
+                [p for p in peers if p.name not in errors],
+                round_index,
+                args.repeats,
+                {p.name: per_byte.get(p.name, 0.0) * nbytes for p in peers},
+                ceiling_round,
+                deadline.allows,
+            )
             for name in left_out:
                 skipped[name] = skipped.get(name, 0) + 1
             start = time.perf_counter()
-            for index, group in enumerate(h.groups_on_disk(chosen, directory, expected_disk,
-                                                           reserve=ceilings.lead_in_bytes)):
+            for index, group in enumerate(
+                h.groups_on_disk(chosen, directory, expected_disk, reserve=ceilings.lead_in_bytes)
+            ):
                 got = h.measure_round(
-                    group, paths, args.drop_caches,
+                    group,
+                    paths,
+                    args.drop_caches,
                     verify={p.name for p in group if not samples[p.name]["rounds"]},
                     seed=f"{report['seed']}/{gib}/{round_index}/{index}",
-                    ceilings=ceilings if index == 0 else None, lead_in=ceilings.lead_in,
-                    cold_ceiling_reads="arrayio", ceiling_first=round_index % 2 == 0)
+                    ceilings=ceilings if index == 0 else None,
+                    lead_in=ceilings.lead_in,
+                    cold_ceiling_reads="arrayio",
+                    ceiling_first=round_index % 2 == 0,
+                )
                 result.setdefault("orders", []).append(
-                    {"round": round_index, "group": index, **got.orders})
+                    {"round": round_index, "group": index, **got.orders}
+                )
                 for name, error in got.errors.items():
                     errors[name] = error
                     print(f"  {name}: {error}", flush=True)
@@ -574,16 +675,25 @@ def run_size(args: argparse.Namespace, gib: float, deadline: h.Deadline,
                     for q in QUANTITIES:
                         samples[name][q].append(seconds[q])
                         result.setdefault("gc_in_samples", {}).setdefault(
-                            name, {k: [] for k in QUANTITIES})[q].append(got.gc[name][q])
+                            name, {k: [] for k in QUANTITIES}
+                        )[q].append(got.gc[name][q])
                     result.setdefault("disk_bytes", {})[name] = got.disk[name]
-                    print(f"  {gib:g} GiB round {round_index + 1} {name:16s} " + "  ".join(
-                        f"{q} {nbytes / seconds[q] / h.GB:6.2f}" for q in QUANTITIES)
-                        + " GB/s", flush=True)
-            ceiling_round = max(0.0, time.perf_counter() - start
-                                - sum(per_byte.get(p.name, 0.0) * nbytes for p in chosen))
+                    print(
+                        f"  {gib:g} GiB round {round_index + 1} {name:16s} "
+                        + "  ".join(f"{q} {nbytes / seconds[q] / h.GB:6.2f}" for q in QUANTITIES)
+                        + " GB/s",
+                        flush=True,
+                    )
+            ceiling_round = max(
+                0.0,
+                time.perf_counter()
+                - start
+                - sum(per_byte.get(p.name, 0.0) * nbytes for p in chosen),
+            )
             result["ceilings"] = ceilings.report()
-            result["peers"] = summarize(nbytes, ceilings,
-                                        {n: s for n, s in samples.items() if s["rounds"]})
+            result["peers"] = summarize(
+                nbytes, ceilings, {n: s for n, s in samples.items() if s["rounds"]}
+            )
             h.write_json(report, out_json)
         for peer in peers:
             row = result["peers"].setdefault(peer.name, {"samples": 0})
@@ -609,12 +719,17 @@ def print_size(result: dict[str, Any]) -> None:
     c = result["ceilings"]
 
     def both(name: str) -> str:  # the judged ceiling (the rounds'), then the search's best
-        return (f"{c[name]['GBps'] or float('nan'):.2f} "
-                f"(search {c[name].get('search_GBps') or float('nan'):.2f})")
+        return (
+            f"{c[name]['GBps'] or float('nan'):.2f} "
+            f"(search {c[name].get('search_GBps') or float('nan'):.2f})"
+        )
 
-    print(f"\n{result['gib']:g} GiB ({result['bytes'] / 1e9:.2f} GB, {result['tensors']} tensors)"
-          f" ceilings in the rounds: write+fsync {both('write_fsync')}, cold read "
-          f"{both('cold_read')}, warm read {both('warm_read')} GB/s", flush=True)
+    print(
+        f"\n{result['gib']:g} GiB ({result['bytes'] / 1e9:.2f} GB, {result['tensors']} tensors)"
+        f" ceilings in the rounds: write+fsync {both('write_fsync')}, cold read "
+        f"{both('cold_read')}, warm read {both('warm_read')} GB/s",
+        flush=True,
+    )
     for name, row in result["peers"].items():
         if not row.get("samples"):
             print(f"  {name:16s} {row.get('error') or 'not measured'}")
@@ -627,11 +742,17 @@ def print_size(result: dict[str, Any]) -> None:
         print(f"  {name:16s} " + "  ".join(cells), flush=True)
     for who, goals in result.get("targets", {}).items():
         for goal_name, t in goals.items():
-            search = (f" [{t['ratio_vs_search']:.2f} of the search's best]"
-                      if t.get("ratio_vs_search") is not None else "")
-            print(f"  target {who} {goal_name}: {goal_ratio_text(t['ratio'], t['goal'])} "
-                  f"(goal {t['goal']:g}) "
-                  f"{verdict(t)}{search}", flush=True)
+            search = (
+                f" [{t['ratio_vs_search']:.2f} of the search's best]"
+                if t.get("ratio_vs_search") is not None
+                else ""
+            )
+            print(
+                f"  target {who} {goal_name}: {goal_ratio_text(t['ratio'], t['goal'])} "
+                f"(goal {t['goal']:g}) "
+                f"{verdict(t)}{search}",
+                flush=True,
+            )
 
 
 def goal_ratio_text(ratio: float | None, goal: float) -> str:
@@ -650,8 +771,11 @@ def verdict(target: dict[str, Any]) -> str:
     if target["met"] is not None:
         return "met" if target["met"] else "NOT met"
     rounds = target.get("rounds", MIN_ROUNDS)
-    return (f"not judged: {rounds} round{'s' * (rounds != 1)}, fewer than {MIN_ROUNDS}"
-            if rounds < MIN_ROUNDS else "not judged: no ratio")
+    return (
+        f"not judged: {rounds} round{'s' * (rounds != 1)}, fewer than {MIN_ROUNDS}"
+        if rounds < MIN_ROUNDS
+        else "not judged: no ratio"
+    )
 
 
 # ------------------------------------------------------------------ plot
@@ -693,10 +817,12 @@ def plot(report: dict[str, Any], path: str) -> None:
 
     sizes = [s for s in report["sizes"] if s.get("peers")]
     where = "GPU" if report["device"].startswith("cuda") else report["device"]
-    titles = {"save": f"save from {where} (fsync incl.)", "cold_load": f"cold load to {where}",
-              "warm_load": f"warm load to {where}"}
-    fig, grid = plt.subplots(len(sizes), 3, figsize=(16, 0.5 + 3.6 * len(sizes)),
-                             squeeze=False)
+    titles = {
+        "save": f"save from {where} (fsync incl.)",
+        "cold_load": f"cold load to {where}",
+        "warm_load": f"warm load to {where}",
+    }
+    fig, grid = plt.subplots(len(sizes), 3, figsize=(16, 0.5 + 3.6 * len(sizes)), squeeze=False)
     for row, size in zip(grid, sizes, strict=True):
         names = [n for n, r in size["peers"].items() if r.get("samples")]
         for ax, q in zip(row, QUANTITIES, strict=True):
@@ -704,19 +830,29 @@ def plot(report: dict[str, Any], path: str) -> None:
             colors = ["tab:orange" if n.startswith("arrayio") else "tab:blue" for n in names]
             ax.barh(names, values, color=colors)
             for y, value in enumerate(values):
-                ax.annotate(f"{value:.2f}", (value, y), fontsize=7, va="center",
-                            xytext=(2, 0), textcoords="offset points")
+                ax.annotate(
+                    f"{value:.2f}",
+                    (value, y),
+                    fontsize=7,
+                    va="center",
+                    xytext=(2, 0),
+                    textcoords="offset points",
+                )
             ceiling = size["ceilings"][CEILING_OF[q]]["GBps"]
             if ceiling:
                 ax.axvline(ceiling, color="black", linestyle="--", linewidth=1)
-                ax.annotate(f"ceiling {ceiling:.2f}", (ceiling, len(names) - 0.5),
-                            fontsize=7, ha="right")
+                ax.annotate(
+                    f"ceiling {ceiling:.2f}", (ceiling, len(names) - 0.5), fontsize=7, ha="right"
+                )
             ax.invert_yaxis()
             ax.set_xlabel("GB/s")
             ax.set_title(f"{size['gib']:g} GiB: {titles[q]}", fontsize=9)
     machine = report["machine"]["summary"]
-    fig.suptitle(f"Checkpoint, arrayio vs peers, {report['date'][:10]}, {machine}; medians; "
-                 "dashed: disk/page-cache ceiling measured in the same run", fontsize=10)
+    fig.suptitle(
+        f"Checkpoint, arrayio vs peers, {report['date'][:10]}, {machine}; medians; "
+        "dashed: disk/page-cache ceiling measured in the same run",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -732,19 +868,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--d-model", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=65536)
-    parser.add_argument("--deadline", type=float, default=None,
-                        help="wall-clock time (seconds since the epoch) to finish by")
-    parser.add_argument("--no-tune", dest="tune", action="store_false",
-                        help="let arrayio learn during the measured rounds instead")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="wall-clock time (seconds since the epoch) to finish by",
+    )
+    parser.add_argument(
+        "--no-tune",
+        dest="tune",
+        action="store_false",
+        help="let arrayio learn during the measured rounds instead",
+    )
     parser.add_argument("--plot-out", help="with --replot A.json,B.json: the merged plot")
-    parser.add_argument("--seed", default=None,
-                        help="the phases' shuffle (default: a new one each run, in the JSON)")
-    parser.add_argument("--goal-repeats", type=int, default=None,
-                        help="rounds of the targets' terms (arrayio's front doors, torch, "
-                             "safetensors) and the ceilings, if more than --repeats")
-    parser.add_argument("--warmup-gib", type=float, default=None,
-                        help="size of the untimed warm-up round's checkpoint (default: the "
-                             "first size)")
+    parser.add_argument(
+        "--seed",
+        default=None,
+        help="the phases' shuffle (default: a new one each run, in the JSON)",
+    )
+    parser.add_argument(
+        "--goal-repeats",
+        type=int,
+        default=None,
+        help="rounds of the targets' terms (arrayio's front doors, torch, "
+        "safetensors) and the ceilings, if more than --repeats",
+    )
+    parser.add_argument(
+        "--warmup-gib",
+        type=float,
+        default=None,
+        help="size of the untimed warm-up round's checkpoint (default: the first size)",
+    )
     args = parser.parse_args(argv)
     if args.goal_repeats is not None and args.goal_repeats < args.repeats:
         parser.error("--goal-repeats must be at least --repeats")
@@ -766,10 +920,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     report = h.header("peers-checkpoint", "benchmarks.peers.checkpoint", argv)
     # Each run shuffles its phases differently: with one fixed seed, the same peer opened
     # the same phases in every run (arrayio's save, 3 rounds of 5 at 1 GiB).
-    report.update(device=args.device, repeats=rounds_of(args),
-                  peer_repeats=args.repeats, smoke=args.smoke,
-                  drop_caches=args.drop_caches, warm_passes=h.WARM_PASSES, sizes=[],
-                  peers_unavailable={}, seed=args.seed or secrets.token_hex(4))
+    report.update(
+        device=args.device,
+        repeats=rounds_of(args),
+        peer_repeats=args.repeats,
+        smoke=args.smoke,
+        drop_caches=args.drop_caches,
+        warm_passes=h.WARM_PASSES,
+        sizes=[],
+        peers_unavailable={},
+        seed=args.seed or secrets.token_hex(4),
+    )
     report["machine"] = h.machine()
     deadline = h.Deadline(args.deadline)
     per_byte: dict[str, float] = {}

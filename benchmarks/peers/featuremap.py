@@ -106,8 +106,15 @@ def methods(device: str) -> tuple[list[Method], dict[str, str]]:
     out: list[Method] = []
     unavailable: dict[str, str] = {}
 
-    out.append(Method("compute only", lambda maps, d: None, lambda handle: [], False,
-                      "no offload: the floor of the step"))
+    out.append(
+        Method(
+            "compute only",
+            lambda maps, d: None,
+            lambda handle: [],
+            False,
+            "no offload: the floor of the step",
+        )
+    )
 
     if cuda:
         copy_stream = torch.cuda.Stream()
@@ -129,14 +136,26 @@ def methods(device: str) -> tuple[list[Method], dict[str, str]]:
             copy_stream.synchronize()
             return back
 
-        out.append(Method("pinned host copy", pinned_offload, pinned_reload, False,
-                          "non-blocking copies on a copy stream; pinned buffers reused"))
+        out.append(
+            Method(
+                "pinned host copy",
+                pinned_offload,
+                pinned_reload,
+                False,
+                "non-blocking copies on a copy stream; pinned buffers reused",
+            )
+        )
     else:
         unavailable["pinned host copy"] = "needs a CUDA device"
 
-    out.append(Method("pageable host copy",
-                      lambda maps, _: [m.to("cpu", copy=True) for m in maps],
-                      lambda handle: [x.to(device, copy=True) for x in handle], False))
+    out.append(
+        Method(
+            "pageable host copy",
+            lambda maps, _: [m.to("cpu", copy=True) for m in maps],
+            lambda handle: [x.to(device, copy=True) for x in handle],
+            False,
+        )
+    )
 
     def torch_offload(maps: list[Any], directory: str) -> list[str]:
         paths = [os.path.join(directory, f"map{i}.pt") for i in range(len(maps))]
@@ -144,9 +163,15 @@ def methods(device: str) -> tuple[list[Method], dict[str, str]]:
             torch.save(m, path)
         return paths
 
-    out.append(Method("torch.save/load", torch_offload,
-                      lambda paths: [torch.load(p, map_location=device, weights_only=True)
-                                     for p in paths], True, "one file per array, in turn"))
+    out.append(
+        Method(
+            "torch.save/load",
+            torch_offload,
+            lambda paths: [torch.load(p, map_location=device, weights_only=True) for p in paths],
+            True,
+            "one file per array, in turn",
+        )
+    )
 
     def arrayio_paths(maps: list[Any], directory: str) -> list[str]:
         return [os.path.join(directory, f"map{i}.safetensors") for i in range(len(maps))]
@@ -162,9 +187,16 @@ def methods(device: str) -> tuple[list[Method], dict[str, str]]:
         return [future.result() for future in futures]
 
     if hasattr(arrayio, "save_async"):
-        out.append(Method("arrayio async", async_offload, async_reload, True,
-                          "save_async/load_async, every array in flight at once "
-                          f"(at most config async_workers={arrayio.config.get().async_workers})"))
+        out.append(
+            Method(
+                "arrayio async",
+                async_offload,
+                async_reload,
+                True,
+                "save_async/load_async, every array in flight at once "
+                f"(at most config async_workers={arrayio.config.get().async_workers})",
+            )
+        )
     else:
         unavailable["arrayio async"] = "this arrayio has no save_async"
 
@@ -174,14 +206,27 @@ def methods(device: str) -> tuple[list[Method], dict[str, str]]:
             arrayio.save(p, m)
         return paths
 
-    out.append(Method("arrayio", sync_offload,
-                      lambda paths: [arrayio.load(p, like="torch", device=device)
-                                     for p in paths], True, "save/load one after another"))
+    out.append(
+        Method(
+            "arrayio",
+            sync_offload,
+            lambda paths: [arrayio.load(p, like="torch", device=device) for p in paths],
+            True,
+            "save/load one after another",
+        )
+    )
     return out, unavailable
 
 
-def step(method: Method, maps: list[Any], compute: Compute, directory: str, cold: bool,
-         drop: bool, verify: bool) -> dict[str, float]:
+def step(
+    method: Method,
+    maps: list[Any],
+    compute: Compute,
+    directory: str,
+    cold: bool,
+    drop: bool,
+    verify: bool,
+) -> dict[str, float]:
     """One step's seconds: total (eviction excluded), offload and reload phases."""
     h.settle()
     start = time.perf_counter()
@@ -203,8 +248,11 @@ def step(method: Method, maps: list[Any], compute: Compute, directory: str, cold
             h.same(m, b, f"map{i}")
     for name in os.listdir(directory):
         h.remove(os.path.join(directory, name))
-    return {"step": end - start - (reload_start - offloaded), "offload": offloaded - start,
-            "reload": reloaded - reload_start}
+    return {
+        "step": end - start - (reload_start - offloaded),
+        "offload": offloaded - start,
+        "reload": reloaded - reload_start,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
@@ -231,22 +279,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     report = h.header("peers-featuremap", "benchmarks.peers.featuremap", argv)
     generator = torch.Generator(device=args.device).manual_seed(0)
     elements = int(args.mib * (1 << 20)) // 4
-    maps = [torch.randn(elements, device=args.device, generator=generator)
-            for _ in range(args.arrays)]
+    maps = [
+        torch.randn(elements, device=args.device, generator=generator) for _ in range(args.arrays)
+    ]
     nbytes = elements * 4 * args.arrays
     compute = Compute(args.device, args.compute_ms, args.matmul)
     directory = tempfile.mkdtemp(prefix="arrayio-featuremap-", dir=args.dir)
     ceilings = h.DiskCeilings(directory, nbytes, drop=args.drop_caches)
-    report.update(device=args.device, arrays=args.arrays, array_bytes=elements * 4,
-                  bytes=nbytes, repeats=args.repeats, smoke=args.smoke,
-                  drop_caches=args.drop_caches, compute_iterations=compute.iterations,
-                  compute_matmul=args.matmul, machine=h.machine())
+    report.update(
+        device=args.device,
+        arrays=args.arrays,
+        array_bytes=elements * 4,
+        bytes=nbytes,
+        repeats=args.repeats,
+        smoke=args.smoke,
+        drop_caches=args.drop_caches,
+        compute_iterations=compute.iterations,
+        compute_matmul=args.matmul,
+        machine=h.machine(),
+    )
     chosen, unavailable = methods(args.device)
     report["methods_unavailable"] = unavailable
-    variants = [(m, cache) for m in chosen for cache in (("warm", "cold") if m.files
-                                                       else ("warm",))]
+    variants = [
+        (m, cache) for m in chosen for cache in (("warm", "cold") if m.files else ("warm",))
+    ]
     samples: dict[tuple[str, str], dict[str, list[float]]] = {
-        (m.name, c): {"step": [], "offload": [], "reload": []} for m, c in variants}
+        (m.name, c): {"step": [], "offload": [], "reload": []} for m, c in variants
+    }
     errors: dict[str, str] = {}
     scratch = os.path.join(directory, "maps")
     os.makedirs(scratch)
@@ -259,8 +318,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 if method.name in errors:
                     continue
                 try:
-                    got = step(method, maps, compute, scratch, cache == "cold",
-                               args.drop_caches, verify=round_index < 0)
+                    got = step(
+                        method,
+                        maps,
+                        compute,
+                        scratch,
+                        cache == "cold",
+                        args.drop_caches,
+                        verify=round_index < 0,
+                    )
                 except Exception as error:  # noqa: BLE001 - a failing method is reported
                     errors[method.name] = f"{type(error).__name__}: {error}"
                     print(f"{method.name}: {errors[method.name]}", flush=True)
@@ -268,9 +334,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 if round_index >= 0:
                     for key, value in got.items():
                         samples[(method.name, cache)][key].append(value)
-                    print(f"  round {round_index + 1} {method.name:20s} {cache:4s} step "
-                          f"{got['step'] * 1e3:8.1f} ms  offload {got['offload'] * 1e3:8.1f}"
-                          f"  reload {got['reload'] * 1e3:8.1f}", flush=True)
+                    print(
+                        f"  round {round_index + 1} {method.name:20s} {cache:4s} step "
+                        f"{got['step'] * 1e3:8.1f} ms  offload {got['offload'] * 1e3:8.1f}"
+                        f"  reload {got['reload'] * 1e3:8.1f}",
+                        flush=True,
+                    )
             if round_index >= 0:  # after every round: a run cut short keeps its results
                 report["ceilings"] = ceilings.report()
                 report["results"] = summarize(report, chosen, samples, errors)
@@ -282,38 +351,50 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     report["machine"]["versions"] = h.versions()
     h.write_json(report, out_json)
     for row in report["results"]:
-        print(f"{row['method']:20s} {row['cache']:4s} step {row['step_ms'] or float('nan'):8.1f}"
-              f" ms  vs torch {row.get('torch_step_over_this') or float('nan'):5.2f}x  floor/step "
-              f"{row.get('floor_over_step') or float('nan'):.2f}", flush=True)
+        print(
+            f"{row['method']:20s} {row['cache']:4s} step {row['step_ms'] or float('nan'):8.1f}"
+            f" ms  vs torch {row.get('torch_step_over_this') or float('nan'):5.2f}x  floor/step "
+            f"{row.get('floor_over_step') or float('nan'):.2f}",
+            flush=True,
+        )
     h.try_plot(plot, report, os.path.join(args.out, "featuremap.png"))
     return report
 
 
-def summarize(report: dict[str, Any], chosen: list[Method],
-              samples: dict[tuple[str, str], dict[str, list[float]]],
-              errors: dict[str, str]) -> list[dict[str, Any]]:
+def summarize(
+    report: dict[str, Any],
+    chosen: list[Method],
+    samples: dict[tuple[str, str], dict[str, list[float]]],
+    errors: dict[str, str],
+) -> list[dict[str, Any]]:
     """Per method and cache state: median step, offload and reload times; the step's floor
     (compute alone, or the I/O at the disk's ceilings); torch's step over this one."""
     nbytes, ceilings = report["bytes"], report["ceilings"]
     compute = h.median(samples.get(("compute only", "warm"), {}).get("step", []))
     write, cold_read = ceilings["write_fsync"]["GBps"], ceilings["cold_read"]["GBps"]
-    io_floor = (nbytes / (write * h.GB) + nbytes / (cold_read * h.GB)
-                if write and cold_read else None)
+    io_floor = (
+        nbytes / (write * h.GB) + nbytes / (cold_read * h.GB) if write and cold_read else None
+    )
     rows = []
     for (name, cache), s in samples.items():
         method = next(m for m in chosen if m.name == name)
         step_s = h.median(s["step"])
         row: dict[str, Any] = {
-            "method": name, "cache": cache, "samples": len(s["step"]),
+            "method": name,
+            "cache": cache,
+            "samples": len(s["step"]),
             "step_ms": step_s * 1e3 if step_s else None,
             "offload_ms": (h.median(s["offload"]) or 0) * 1e3 if s["offload"] else None,
             "reload_ms": (h.median(s["reload"]) or 0) * 1e3 if s["reload"] else None,
-            "offload_GBps": h.rate(nbytes, h.median(s["offload"])) if name != "compute only"
+            "offload_GBps": h.rate(nbytes, h.median(s["offload"]))
+            if name != "compute only"
             else None,
-            "reload_GBps": h.rate(nbytes, h.median(s["reload"])) if name != "compute only"
+            "reload_GBps": h.rate(nbytes, h.median(s["reload"]))
+            if name != "compute only"
             else None,
             "overhead_over_compute_ms": (step_s - compute) * 1e3 if step_s and compute else None,
-            "seconds": s, "note": method.note,
+            "seconds": s,
+            "note": method.note,
         }
         if name in errors:
             row["error"] = errors[name]
@@ -322,8 +403,10 @@ def summarize(report: dict[str, Any], chosen: list[Method],
             row["floor_over_step"] = h.ratio(row["floor_ms"], row["step_ms"])
         rows.append(row)
     for row in rows:
-        torch_row = next((r for r in rows if r["method"] == "torch.save/load"
-                          and r["cache"] == row["cache"]), None)
+        torch_row = next(
+            (r for r in rows if r["method"] == "torch.save/load" and r["cache"] == row["cache"]),
+            None,
+        )
         if torch_row and torch_row["step_ms"] and row["step_ms"]:
             row["torch_step_over_this"] = torch_row["step_ms"] / row["step_ms"]
         pinned = next((r for r in rows if r["method"] == "pinned host copy"), None)
@@ -344,23 +427,31 @@ def plot(report: dict[str, Any], path: str) -> None:
     ax.barh(labels, offload, color=colors, alpha=0.55, label="offload phase")
     ax.barh(labels, rest, left=offload, color=colors, label="reload and wait for compute")
     for y, r in enumerate(rows):
-        ax.annotate(f"{r['step_ms']:.0f} ms", (r["step_ms"], y), fontsize=7, va="center",
-                    xytext=(2, 0), textcoords="offset points")
+        ax.annotate(
+            f"{r['step_ms']:.0f} ms",
+            (r["step_ms"], y),
+            fontsize=7,
+            va="center",
+            xytext=(2, 0),
+            textcoords="offset points",
+        )
     compute = next((r["step_ms"] for r in rows if r["method"] == "compute only"), None)
     if compute:
         ax.axvline(compute, color="black", linestyle=":", linewidth=1)
     floor = next((r.get("floor_ms") for r in rows if r.get("floor_ms")), None)
     if floor:
         ax.axvline(floor, color="black", linestyle="--", linewidth=1)
-        ax.annotate("cold floor (disk ceilings)", (floor, len(rows) - 0.5), fontsize=7,
-                    ha="right")
+        ax.annotate("cold floor (disk ceilings)", (floor, len(rows) - 0.5), fontsize=7, ha="right")
     ax.invert_yaxis()
     ax.set_xlabel("step time, ms (lower is better)")
     ax.legend(fontsize=7, loc="lower right")
     mib = report["array_bytes"] / (1 << 20)
-    ax.set_title(f"Feature-map offload: {report['arrays']} x {mib:g} MiB while the "
-                 f"{'GPU' if report['device'].startswith('cuda') else 'CPU'} computes, "
-                 f"{report['date'][:10]}, {report['machine']['summary']}", fontsize=9)
+    ax.set_title(
+        f"Feature-map offload: {report['arrays']} x {mib:g} MiB while the "
+        f"{'GPU' if report['device'].startswith('cuda') else 'CPU'} computes, "
+        f"{report['date'][:10]}, {report['machine']['summary']}",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -46,8 +46,10 @@ def make_arrays(count: int, min_kib: int, max_kib: int, device: str) -> dict[str
     choices = [1 << e for e in range(min_kib.bit_length() - 1, max_kib.bit_length())]
     sizes = rng.choice(choices, size=count) * 1024
     generator = torch.Generator(device=device).manual_seed(0)
-    return {f"a{i:05d}": torch.randn(int(n) // 4, device=device, generator=generator)
-            for i, n in enumerate(sizes)}
+    return {
+        f"a{i:05d}": torch.randn(int(n) // 4, device=device, generator=generator)
+        for i, n in enumerate(sizes)
+    }
 
 
 def one_file_peers(arrays: dict[str, Any], device: str) -> list[h.Peer]:
@@ -65,6 +67,7 @@ def one_file_peers(arrays: dict[str, Any], device: str) -> list[h.Peer]:
             out = load(path)
             h.settle()
             return out
+
         return run
 
     def np_load(path: str) -> dict[str, Any]:
@@ -72,16 +75,35 @@ def one_file_peers(arrays: dict[str, Any], device: str) -> list[h.Peer]:
             return {k: to_device(npz[k]) for k in npz.files}
 
     return [
-        h.Peer("arrayio", lambda p: arrayio.save(p, arrays),
-               loaded(lambda p: arrayio.load(p, like="torch", device=device)), same_key,
-               ".safetensors"),
-        h.Peer("torch", lambda p: torch.save(arrays, p),
-               loaded(lambda p: torch.load(p, map_location=device, weights_only=True)),
-               same_key, ".pt"),
-        h.Peer("safetensors", lambda p: save_file(arrays, p),
-               loaded(lambda p: load_file(p, device=target)), same_key, ".safetensors"),
-        h.Peer("numpy", lambda p: np.savez(p, **{k: v.cpu().numpy() for k, v in arrays.items()}),
-               loaded(np_load), same_key, ".npz", "savez; load, then a device copy per array"),
+        h.Peer(
+            "arrayio",
+            lambda p: arrayio.save(p, arrays),
+            loaded(lambda p: arrayio.load(p, like="torch", device=device)),
+            same_key,
+            ".safetensors",
+        ),
+        h.Peer(
+            "torch",
+            lambda p: torch.save(arrays, p),
+            loaded(lambda p: torch.load(p, map_location=device, weights_only=True)),
+            same_key,
+            ".pt",
+        ),
+        h.Peer(
+            "safetensors",
+            lambda p: save_file(arrays, p),
+            loaded(lambda p: load_file(p, device=target)),
+            same_key,
+            ".safetensors",
+        ),
+        h.Peer(
+            "numpy",
+            lambda p: np.savez(p, **{k: v.cpu().numpy() for k, v in arrays.items()}),
+            loaded(np_load),
+            same_key,
+            ".npz",
+            "savez; load, then a device copy per array",
+        ),
     ]
 
 
@@ -104,8 +126,9 @@ def per_file_peers(arrays: dict[str, Any], device: str) -> list[h.Peer]:
     keys = list(arrays)
     host = {k: v.cpu().numpy() for k, v in arrays.items()}  # the floor's bytes, made beforehand
 
-    def per_file(suffix: str, save_one: Callable[[str, Any], Any],
-                 load_one: Callable[[str], Any]) -> tuple[Callable, Callable]:
+    def per_file(
+        suffix: str, save_one: Callable[[str, Any], Any], load_one: Callable[[str], Any]
+    ) -> tuple[Callable, Callable]:
         def save(directory: str) -> None:
             os.makedirs(directory)
             for k in keys:
@@ -115,6 +138,7 @@ def per_file_peers(arrays: dict[str, Any], device: str) -> list[h.Peer]:
             out = {k: load_one(os.path.join(directory, k + suffix)) for k in keys}
             h.settle()
             return out
+
         return save, load
 
     def os_write(path: str, tensor: Any) -> None:
@@ -136,24 +160,49 @@ def per_file_peers(arrays: dict[str, Any], device: str) -> list[h.Peer]:
             os.close(fd)
 
     check = h.check_flat(arrays, lambda out, k, _: out[k])
-    check_host = h.check_flat({k: v.cpu() for k, v in arrays.items()},
-                              lambda out, k, _: out[k])
+    check_host = h.check_flat({k: v.cpu() for k, v in arrays.items()}, lambda out, k, _: out[k])
     peers = []
     for name, suffix, save_one, load_one, note in (
-        ("arrayio", ".npy", arrayio.save,
-         lambda p: arrayio.load(p, like="torch", device=device), ""),
-        ("torch", ".pt", lambda p, t: torch.save(t, p),
-         lambda p: torch.load(p, map_location=device, weights_only=True), ""),
-        ("safetensors", ".safetensors", lambda p, t: save_file({"x": t}, p),
-         lambda p: load_file(p, device=target)["x"], ""),
-        ("numpy", ".npy", lambda p, t: np.save(p, t.cpu().numpy()),
-         lambda p: to_device(np.load(p)), "numpy.save/load, then a device copy"),
-        ("os floor", "", os_write, os_read,
-         "open/write/fsync/close and open/readv/close of each file, host memory, no format"),
+        (
+            "arrayio",
+            ".npy",
+            arrayio.save,
+            lambda p: arrayio.load(p, like="torch", device=device),
+            "",
+        ),
+        (
+            "torch",
+            ".pt",
+            lambda p, t: torch.save(t, p),
+            lambda p: torch.load(p, map_location=device, weights_only=True),
+            "",
+        ),
+        (
+            "safetensors",
+            ".safetensors",
+            lambda p, t: save_file({"x": t}, p),
+            lambda p: load_file(p, device=target)["x"],
+            "",
+        ),
+        (
+            "numpy",
+            ".npy",
+            lambda p, t: np.save(p, t.cpu().numpy()),
+            lambda p: to_device(np.load(p)),
+            "numpy.save/load, then a device copy",
+        ),
+        (
+            "os floor",
+            "",
+            os_write,
+            os_read,
+            "open/write/fsync/close and open/readv/close of each file, host memory, no format",
+        ),
     ):
         save, load = per_file(suffix, save_one, load_one)
-        peers.append(h.Peer(name, save, load, check_host if name == "os floor" else check,
-                            "", note))
+        peers.append(
+            h.Peer(name, save, load, check_host if name == "os floor" else check, "", note)
+        )
     return peers
 
 
@@ -178,13 +227,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     arrays = make_arrays(args.count, args.min_kib, args.max_kib, args.device)
     subset = dict(list(arrays.items())[: args.per_file_count])
     report = h.header("peers-small-arrays", "benchmarks.peers.small_arrays", argv)
-    report.update(device=args.device, repeats=args.repeats, smoke=args.smoke,
-                  drop_caches=args.drop_caches, machine=h.machine(), layouts={})
+    report.update(
+        device=args.device,
+        repeats=args.repeats,
+        smoke=args.smoke,
+        drop_caches=args.drop_caches,
+        machine=h.machine(),
+        layouts={},
+    )
     directory = tempfile.mkdtemp(prefix="arrayio-small-", dir=args.dir)
-    plans = {"one file": (arrays, one_file_peers(arrays, args.device)),
-             "file per array": (subset, per_file_peers(subset, args.device))}
-    samples = {(layout, p.name): {q: [] for q in QUANTITIES}
-               for layout, (_, peers) in plans.items() for p in peers}
+    plans = {
+        "one file": (arrays, one_file_peers(arrays, args.device)),
+        "file per array": (subset, per_file_peers(subset, args.device)),
+    }
+    samples = {
+        (layout, p.name): {q: [] for q in QUANTITIES}
+        for layout, (_, peers) in plans.items()
+        for p in peers
+    }
     errors: dict[tuple[str, str], str] = {}
     total = sum(t.numel() * 4 for t in arrays.values())
     ceilings = h.DiskCeilings(directory, total, drop=args.drop_caches)
@@ -198,8 +258,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                     if (layout, peer.name) in errors:
                         continue
                     path = os.path.join(directory, f"{peer.name.replace(' ', '_')}{peer.suffix}")
-                    got = h.measure_round([peer], {peer.name: path}, args.drop_caches,
-                                          {peer.name} if round_index < 0 else set(), seed="")
+                    got = h.measure_round(
+                        [peer],
+                        {peer.name: path},
+                        args.drop_caches,
+                        {peer.name} if round_index < 0 else set(),
+                        seed="",
+                    )
                     if peer.name in got.errors:  # a failing peer is reported
                         errors[(layout, peer.name)] = got.errors[peer.name]
                         print(f"{layout} {peer.name}: {errors[(layout, peer.name)]}", flush=True)
@@ -212,25 +277,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         ceilings.close()
         h.remove(directory)
     for layout, (chosen, _) in plans.items():
-        report["layouts"][layout] = summarize(layout, chosen, samples, errors,
-                                              report["ceilings"] if layout == "one file"
-                                              else None)
+        report["layouts"][layout] = summarize(
+            layout, chosen, samples, errors, report["ceilings"] if layout == "one file" else None
+        )
     report["machine"]["versions"] = h.versions()
     h.write_json(report, out_json)
     for layout, result in report["layouts"].items():
         print(f"{layout}: {result['arrays']} arrays, {result['bytes'] / 1e6:.1f} MB")
         for name, row in result["peers"].items():
-            cells = "  ".join(f"{q} {row[f'{q}_us_per_array'] or float('nan'):8.1f}"
-                              for q in QUANTITIES)
+            cells = "  ".join(
+                f"{q} {row[f'{q}_us_per_array'] or float('nan'):8.1f}" for q in QUANTITIES
+            )
             print(f"  {name:12s} {cells}  us/array  {row.get('error', '')}", flush=True)
     h.try_plot(plot, report, os.path.join(args.out, "small_arrays.png"))
     return report
 
 
-def summarize(layout: str, chosen: dict[str, Any],
-              samples: dict[tuple[str, str], dict[str, list[float]]],
-              errors: dict[tuple[str, str], str], ceilings: dict[str, Any] | None
-              ) -> dict[str, Any]:
+def summarize(
+    layout: str,
+    chosen: dict[str, Any],
+    samples: dict[tuple[str, str], dict[str, list[float]]],
+    errors: dict[tuple[str, str], str],
+    ceilings: dict[str, Any] | None,
+) -> dict[str, Any]:
     """Per peer: microseconds per array (median), ratios of torch's and safetensors' times to
     this one's (above 1: this one is faster)."""
     count = len(chosen)
@@ -239,8 +308,10 @@ def summarize(layout: str, chosen: dict[str, Any],
     for (where, name), s in samples.items():
         if where != layout:
             continue
-        row: dict[str, Any] = {f"{q}_us_per_array": (h.median(s[q]) * 1e6 / count
-                                                     if s[q] else None) for q in QUANTITIES}
+        row: dict[str, Any] = {
+            f"{q}_us_per_array": (h.median(s[q]) * 1e6 / count if s[q] else None)
+            for q in QUANTITIES
+        }
         row["samples"] = len(s["save"])
         row["seconds"] = s
         if (layout, name) in errors:
@@ -252,19 +323,27 @@ def summarize(layout: str, chosen: dict[str, Any],
             if ref:
                 row[f"{reference}_time_over_this"] = {
                     q: h.ratio(ref[f"{q}_us_per_array"], row[f"{q}_us_per_array"])
-                    for q in QUANTITIES}
+                    for q in QUANTITIES
+                }
     out: dict[str, Any] = {"arrays": count, "bytes": nbytes, "peers": peers}
     if ceilings is not None:  # the disk's ceilings as a time per array
         floor = {}
-        for q, name in (("save", "write_fsync"), ("cold_load", "cold_read"),
-                        ("warm_load", "warm_read")):
+        for q, name in (
+            ("save", "write_fsync"),
+            ("cold_load", "cold_read"),
+            ("warm_load", "warm_read"),
+        ):
             speed = ceilings[name]["GBps"]
             floor[f"{q}_us_per_array"] = nbytes / (speed * h.GB) * 1e6 / count if speed else None
         out["floor"] = {"what": "the disk's ceilings on a file of this size, per array", **floor}
     else:
-        out["floor"] = {"what": "the os floor peer (no format, host memory)",
-                        **{f"{q}_us_per_array": peers.get("os floor", {}).get(
-                            f"{q}_us_per_array") for q in QUANTITIES}}
+        out["floor"] = {
+            "what": "the os floor peer (no format, host memory)",
+            **{
+                f"{q}_us_per_array": peers.get("os floor", {}).get(f"{q}_us_per_array")
+                for q in QUANTITIES
+            },
+        }
     return out
 
 
@@ -272,27 +351,41 @@ def plot(report: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     layouts = list(report["layouts"].items())
-    fig, grid = plt.subplots(len(layouts), 3, figsize=(15, 0.6 + 3.0 * len(layouts)),
-                             squeeze=False)
+    fig, grid = plt.subplots(len(layouts), 3, figsize=(15, 0.6 + 3.0 * len(layouts)), squeeze=False)
     titles = {"save": "save (fsync incl.)", "cold_load": "cold load", "warm_load": "warm load"}
     for row, (layout, result) in zip(grid, layouts, strict=True):
         names = [n for n, r in result["peers"].items() if r.get("samples")]
         for ax, q in zip(row, QUANTITIES, strict=True):
             values = [result["peers"][n][f"{q}_us_per_array"] for n in names]
-            colors = ["tab:orange" if n.startswith("arrayio") else
-                      "tab:gray" if n == "os floor" else "tab:blue" for n in names]
+            colors = [
+                "tab:orange"
+                if n.startswith("arrayio")
+                else "tab:gray"
+                if n == "os floor"
+                else "tab:blue"
+                for n in names
+            ]
             ax.barh(names, values, color=colors)
             for y, value in enumerate(values):
-                ax.annotate(f"{value:.0f}", (value, y), fontsize=7, va="center",
-                            xytext=(2, 0), textcoords="offset points")
+                ax.annotate(
+                    f"{value:.0f}",
+                    (value, y),
+                    fontsize=7,
+                    va="center",
+                    xytext=(2, 0),
+                    textcoords="offset points",
+                )
             floor = result["floor"].get(f"{q}_us_per_array")
             if floor and layout == "one file":
                 ax.axvline(floor, color="black", linestyle="--", linewidth=1)
             ax.invert_yaxis()
             ax.set_xlabel("us per array (lower is better)")
             ax.set_title(f"{layout} ({result['arrays']} arrays): {titles[q]}", fontsize=9)
-    fig.suptitle(f"Small arrays (4-64 KiB) on {report['device']}, {report['date'][:10]}, "
-                 f"{report['machine']['summary']}; dashed: disk ceilings per array", fontsize=10)
+    fig.suptitle(
+        f"Small arrays (4-64 KiB) on {report['device']}, {report['date'][:10]}, "
+        f"{report['machine']['summary']}; dashed: disk ceilings per array",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -87,8 +87,9 @@ def test_round_trip_every_cpu_framework(tmp_path, xp: Framework) -> None:
 
 
 @pytest.mark.parametrize("name", ["numpy", "torch"])
-def test_mutating_after_save_async_returns_does_not_change_the_file(tmp_path, monkeypatch,
-                                                                    name) -> None:
+def test_mutating_after_save_async_returns_does_not_change_the_file(
+    tmp_path, monkeypatch, name
+) -> None:
     if name == "torch":
         torch = pytest.importorskip("torch")
         small, big = torch.zeros(1000), torch.zeros(1 << 19)  # 4 KB and 2 MiB
@@ -152,15 +153,17 @@ def test_io_errors_surface_on_the_future(tmp_path, monkeypatch) -> None:
 
 def test_wait_returns_once_every_queued_save_is_done(tmp_path, monkeypatch) -> None:
     gate = Gate(monkeypatch)
-    futures = [arrayio.save_async(tmp_path / f"{i}.safetensors", {"x": np.full(3, i)})
-               for i in range(6)]
+    futures = [
+        arrayio.save_async(tmp_path / f"{i}.safetensors", {"x": np.full(3, i)}) for i in range(6)
+    ]
     gate.wait_entered()
     assert arrayio.wait(0.05) is False  # held at the gate
     gate.open()
     assert arrayio.wait(TIMEOUT) is True
     assert all(future.done() for future in futures)
     assert [int(arrayio.load(tmp_path / f"{i}.safetensors")["x"][0]) for i in range(6)] == list(
-        range(6))
+        range(6)
+    )
 
 
 def test_wait_raises_each_failed_save_nobody_looked_at_once(tmp_path) -> None:
@@ -171,9 +174,14 @@ def test_wait_raises_each_failed_save_nobody_looked_at_once(tmp_path) -> None:
     arrayio.save_async(tmp_path / "fine.safetensors", {"x": np.ones(3)})
     with pytest.raises(FileNotFoundError) as raised:
         arrayio.wait(TIMEOUT)
-    failed = {raised.value.filename, *(
-        path for path in (str(first), str(second)) if any(path in note for note in getattr(
-            raised.value, "__notes__", [])))}
+    failed = {
+        raised.value.filename,
+        *(
+            path
+            for path in (str(first), str(second))
+            if any(path in note for note in getattr(raised.value, "__notes__", []))
+        ),
+    }
     assert failed == {str(first), str(second)}
     assert arrayio.wait(TIMEOUT) is True  # reported once
     assert (tmp_path / "fine.safetensors").exists()
@@ -201,8 +209,13 @@ arrayio.save_async(f"{directory}/missing/lost.safetensors", {"x": np.ones(3)})
 @pytest.mark.parametrize("tool", ["posix", "direct", "naive"])
 def test_queued_saves_finish_at_exit_and_a_failure_is_reported(tmp_path, tool) -> None:
     env = {**os.environ, "ARRAYIO_TOOL": tool, "ARRAYIO_CACHE_DIR": "none"}
-    done = subprocess.run([sys.executable, "-c", EXIT_WITH_QUEUED_SAVES, str(tmp_path)],
-                          env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_WITH_QUEUED_SAVES, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert done.returncode == 0, done.stderr
     lost = [i for i in range(16) if not (tmp_path / f"{i}.safetensors").exists()]
     assert lost == [], f"saves queued at exit were lost: {lost}"
@@ -217,8 +230,9 @@ def test_same_path_keeps_submission_order(tmp_path) -> None:
     futures = []
     for i in range(12):
         # Sizes vary so that a reordering would show: big writes take longer.
-        futures.append(("save", i, arrayio.save_async(path, {"x": np.full(1 + 50_000 * (i % 3),
-                                                                         i, np.int32)})))
+        futures.append(
+            ("save", i, arrayio.save_async(path, {"x": np.full(1 + 50_000 * (i % 3), i, np.int32)}))
+        )
         futures.append(("load", i, arrayio.load_async(path, keys="x")))
     for kind, i, future in futures:
         result = future.result(TIMEOUT)
@@ -230,8 +244,9 @@ def test_same_path_keeps_submission_order(tmp_path) -> None:
 def test_different_paths_run_in_parallel_up_to_the_limit(tmp_path, monkeypatch) -> None:
     gate = Gate(monkeypatch)
     with arrayio.config.set(async_workers=3):
-        futures = [arrayio.save_async(tmp_path / f"{i}.safetensors", {"x": np.ones(10)})
-                   for i in range(6)]
+        futures = [
+            arrayio.save_async(tmp_path / f"{i}.safetensors", {"x": np.ones(10)}) for i in range(6)
+        ]
         gate.wait_entered(3)
         assert gate.active == 3  # three at once: the limit
         gate.open()
@@ -242,8 +257,9 @@ def test_different_paths_run_in_parallel_up_to_the_limit(tmp_path, monkeypatch) 
 
 def test_same_path_never_runs_in_parallel(tmp_path, monkeypatch) -> None:
     gate = Gate(monkeypatch, closed=False)
-    futures = [arrayio.save_async(tmp_path / "same.safetensors", {"x": np.full(10, i)})
-               for i in range(10)]
+    futures = [
+        arrayio.save_async(tmp_path / "same.safetensors", {"x": np.full(10, i)}) for i in range(10)
+    ]
     concurrent.futures.wait(futures, TIMEOUT)
     assert gate.most_active == 1
     assert arrayio.load(tmp_path / "same.safetensors")["x"][0] == 9
@@ -403,10 +419,14 @@ def test_gpu_snapshot_is_taken_before_returning(tmp_path, monkeypatch, gpu_xp) -
 @pytest.mark.gpu
 def test_gpu_concurrent_saves_and_loads(tmp_path, gpu_xp) -> None:
     arrays = [np.full(1 << 21, i, np.float32) for i in range(6)]  # 8 MiB each
-    saves = [arrayio.save_async(tmp_path / f"{i}.safetensors", {"x": gpu_xp.from_numpy(a)})
-             for i, a in enumerate(arrays)]
-    loads = [arrayio.load_async(tmp_path / f"{i}.safetensors", like=gpu_xp.name,
-                                device="cuda") for i in range(len(arrays))]
+    saves = [
+        arrayio.save_async(tmp_path / f"{i}.safetensors", {"x": gpu_xp.from_numpy(a)})
+        for i, a in enumerate(arrays)
+    ]
+    loads = [
+        arrayio.load_async(tmp_path / f"{i}.safetensors", like=gpu_xp.name, device="cuda")
+        for i in range(len(arrays))
+    ]
     for future in saves:
         future.result(TIMEOUT)
     for a, future in zip(arrays, loads, strict=True):
@@ -452,8 +472,9 @@ def test_cancelling_a_save_mid_batch_blames_no_tool(tmp_path, monkeypatch, fresh
     from arrayio import tools
     from arrayio.dispatch import Arm, dispatcher
 
-    monkeypatch.setattr(dispatcher, "candidate_arms",
-                        lambda context: [Arm.of("posix", threads=2), Arm("naive")])
+    monkeypatch.setattr(
+        dispatcher, "candidate_arms", lambda context: [Arm.of("posix", threads=2), Arm("naive")]
+    )
     posix = tools.tool_class("posix")
     real = posix.pwrite
     started, release = threading.Event(), threading.Event()

@@ -66,10 +66,16 @@ class Parsed(html.parser.HTMLParser):
 @pytest.fixture
 def container(tmp_path: Path) -> Path:
     path = tmp_path / "c.safetensors"
-    arrayio.save(path, {"emb": np.zeros((1000, 16), np.float32), "step": 3,
-                        "layers": [{"w": np.eye(4), "b": np.arange(4, dtype=np.int16)}],
-                        HOSTILE: np.ones(2, np.uint8)},
-                 metadata={"run": "baseline", "config": {"lr": 0.1}, f"note{HOSTILE}": HOSTILE})
+    arrayio.save(
+        path,
+        {
+            "emb": np.zeros((1000, 16), np.float32),
+            "step": 3,
+            "layers": [{"w": np.eye(4), "b": np.arange(4, dtype=np.int16)}],
+            HOSTILE: np.ones(2, np.uint8),
+        },
+        metadata={"run": "baseline", "config": {"lr": 0.1}, f"note{HOSTILE}": HOSTILE},
+    )
     return path
 
 
@@ -89,7 +95,10 @@ def test_the_reader_shows_every_array_and_the_metadata(container):
         assert rows[0][3] == "62.5 KiB"  # 1000 * 16 * 4 bytes
         assert metadata[0] == ["name", "value"]
         assert dict(map(tuple, metadata[1:])) == {
-            "run": "baseline", "config": '{"lr": 0.1}', f"note{HOSTILE}": HOSTILE}
+            "run": "baseline",
+            "config": '{"lr": 0.1}',
+            f"note{HOSTILE}": HOSTILE,
+        }
         assert "checksums: 4 of 4" in parsed.all_text
         assert "saved from numpy" in parsed.all_text
 
@@ -145,8 +154,18 @@ def test_the_report_has_a_summary_row_per_context_and_every_arm(tuned):
     parsed = Parsed(tuned._repr_html_())
     summary, *details = parsed.tables
     header, *rows = summary
-    assert header == ["direction", "memory", "size", "storage", "cache", "load", "crc",
-                      "phase", "chosen", "GB/s"]
+    assert header == [
+        "direction",
+        "memory",
+        "size",
+        "storage",
+        "cache",
+        "load",
+        "crc",
+        "phase",
+        "chosen",
+        "GB/s",
+    ]
     explanations = sorted(tuned.explanations, key=lambda e: e.key)
     assert sorted(row[0] for row in rows) == sorted(e.key.split("/")[0] for e in explanations)
     assert {row[8] for row in rows} == {e.chosen for e in explanations}
@@ -195,7 +214,9 @@ def test_an_unrecognised_context_key_is_shown_whole():
     arm = ArmReport("posix", "chosen", 1.5, 2.0, 1.5, 3, 4, 0)
     report = arrayio.DispatchReport(
         (Explanation(f"future/{HOSTILE}", "exploiting", "posix", "fastest", (arm,)),),
-        {"posix": None}, None)
+        {"posix": None},
+        None,
+    )
     parsed = Parsed(report._repr_html_())
     assert parsed.tables[0][1][0] == f"future/{HOSTILE}"
     assert parsed.tables[0][1][9] == "1.50"

@@ -64,8 +64,9 @@ def test_dispatch_report_counts_samples_and_calls():
 
     one = ArmReport("naive", "measured", 1.0, 1.0, 1.0, samples=1, count=1, failures=0)
     two = ArmReport("posix", "measured", 2.0, 2.0, 2.0, samples=2, count=2, failures=0)
-    report = DispatchReport((Explanation("k", "exploring", "naive", "exploring", (one, two)),),
-                            {}, None)
+    report = DispatchReport(
+        (Explanation("k", "exploring", "naive", "exploring", (one, two)),), {}, None
+    )
     text = str(report)
     assert "(1 sample, 1 call)" in text and "(2 samples, 2 calls)" in text
 

@@ -565,8 +565,23 @@ def test_nested_containers_and_constants_round_trip(tmp_path):
         "point": Point(x=np.arange(3), y=np.ones(2, np.float16)),
         "pair": Pair(first=np.zeros(1, np.uint8), second="second"),
         "constants": [
-            0, -1, 2**70, -(2**70), 1.5, -0.0, float("inf"), float("nan"), 1e-300,
-            True, False, "text", "", "ünïcödé", 1 + 2j, complex(0, -0.5), None,
+            0,
+            -1,
+            2**70,
+            -(2**70),
+            1.5,
+            -0.0,
+            float("inf"),
+            float("nan"),
+            1e-300,
+            True,
+            False,
+            "text",
+            "",
+            "ünïcödé",
+            1 + 2j,
+            complex(0, -0.5),
+            None,
         ],
         "int_keys": {0: np.arange(2), 10: "ten", -3: None},
         "empty_dict": {},
@@ -586,8 +601,12 @@ def test_nested_containers_and_constants_round_trip(tmp_path):
 
 
 def test_leaf_keys_join_paths_with_dots(tmp_path):
-    tree = {"layers": [{"w": np.zeros(1)}, {"w": np.ones(1)}], "p": Point(np.zeros(1), None),
-            "t": (None, np.zeros(2)), 5: np.zeros(3)}
+    tree = {
+        "layers": [{"w": np.zeros(1)}, {"w": np.ones(1)}],
+        "p": Point(np.zeros(1), None),
+        "t": (None, np.zeros(2)),
+        5: np.zeros(3),
+    }
     path = tmp_path / "t.safetensors"
     arrayio.save(path, tree)
     with arrayio.open(path) as reader:
@@ -681,8 +700,9 @@ def test_jax_dataclass_node(tmp_path):
     jax = pytest.importorskip("jax")
     jnp = pytest.importorskip("jax.numpy")
 
-    @functools.partial(jax.tree_util.register_dataclass, data_fields=["w", "b"],
-                       meta_fields=["name"])
+    @functools.partial(
+        jax.tree_util.register_dataclass, data_fields=["w", "b"], meta_fields=["name"]
+    )
     @dataclasses.dataclass
     class Linear:
         w: object
@@ -708,8 +728,11 @@ def test_jax_dataclass_node(tmp_path):
 
     # With structure=: the original class, arrays of the requested framework.
     example = {
-        "layer": Linear(w=jax.ShapeDtypeStruct((2, 3), jnp.float32),
-                        b=jax.ShapeDtypeStruct((3,), jnp.bfloat16), name="dense"),
+        "layer": Linear(
+            w=jax.ShapeDtypeStruct((2, 3), jnp.float32),
+            b=jax.ShapeDtypeStruct((3,), jnp.bfloat16),
+            name="dense",
+        ),
         "step": 0,
     }
     restored = arrayio.load(path, structure=example, like="jax")
@@ -720,7 +743,8 @@ def test_jax_dataclass_node(tmp_path):
     assert restored["layer"].b.dtype == jnp.bfloat16
     assert restored["step"] == 3  # constants come from the file, not the example
     assert jax.tree_util.tree_structure(restored) == jax.tree_util.tree_structure(
-        {"layer": Linear(w=w, b=b, name="dense"), "step": 3})
+        {"layer": Linear(w=w, b=b, name="dense"), "step": 3}
+    )
 
 
 def test_jax_pytree_node_class(tmp_path):

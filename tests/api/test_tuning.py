@@ -32,7 +32,10 @@ def test_tune_learns_every_context_it_is_given(tuned):
     keys = [e.key for e in report.explanations]
     assert len(keys) == len(set(keys)) == 3
     assert {tuple(key.split("/")[i] for i in (0, 2, 4)) for key in keys} == {
-        ("read", "2^21", "warm"), ("read", "2^21", "cold"), ("write", "2^21", "-")}
+        ("read", "2^21", "warm"),
+        ("read", "2^21", "cold"),
+        ("write", "2^21", "-"),
+    }
     assert all(key.endswith("/crc") for key in keys)  # loads verify checksums by default
     for explanation in report.explanations:
         assert explanation.phase == "exploiting", explanation.key
@@ -66,8 +69,10 @@ def test_the_text_report_names_every_tool(tuned):
     for explanation in report.explanations:
         assert f"{explanation.key}: {explanation.chosen}  [{explanation.reason}]" in text
         for arm in explanation.arms:
-            assert any(line.lstrip().startswith(f"{arm.label} ") and arm.state in line
-                       for line in text.splitlines()), arm.label
+            assert any(
+                line.lstrip().startswith(f"{arm.label} ") and arm.state in line
+                for line in text.splitlines()
+            ), arm.label
 
 
 def test_gpu_tools_say_why_they_cannot_run_here(tuned):
@@ -100,7 +105,9 @@ def test_sizes_below_one_mib_are_accepted_and_not_learned(tmp_path, fresh):
     assert list(tmp_path.iterdir()) == []
     report = arrayio.tune(tmp_path, sizes=[64 << 10, MiB, 4096], caches=["warm"])
     assert sorted(e.key.split("/")[0] + e.key.split("/")[2] for e in report.explanations) == [
-        "read2^20", "write2^20"]  # exactly 1 MiB is learned
+        "read2^20",
+        "write2^20",
+    ]  # exactly 1 MiB is learned
     assert all(e.phase == "exploiting" for e in report.explanations)
     assert list(tmp_path.iterdir()) == []
 
@@ -113,8 +120,9 @@ def test_tune_learns_even_where_a_tool_is_forced(tmp_path, fresh):
         report = arrayio.tune(tmp_path, sizes=[MiB], directions=["read"], caches=["warm"])
     [explanation] = report.explanations
     with fresh.table.lock:
-        counts = {label: stats.count for label, stats in fresh.table.get(
-            explanation.key).arms.items()}
+        counts = {
+            label: stats.count for label, stats in fresh.table.get(explanation.key).arms.items()
+        }
     # Each arm: its samples (more for close contenders), and a first call or two unrecorded.
     per_arm = fresh.policy.contend_samples
     assert sum(counts.values()) <= per_arm * len(explanation.arms) + 2, counts
@@ -125,8 +133,9 @@ def test_tune_learns_the_batches_of_saving_and_loading_given_arrays(tmp_path, fr
     # A checkpoint moves as one batch of arrays, in a context of its own (its total size and
     # its typical array): tuning one transfer of its size does not teach that context.
     rng = np.random.default_rng(5)
-    state = {f"layer{i}": rng.standard_normal(MiB // 8 * (2 if i % 2 else 1))
-             for i in range(6)}  # 1 and 2 MiB arrays: 9 MiB, typical piece 2 MiB
+    state = {
+        f"layer{i}": rng.standard_normal(MiB // 8 * (2 if i % 2 else 1)) for i in range(6)
+    }  # 1 and 2 MiB arrays: 9 MiB, typical piece 2 MiB
     state["bias"] = np.arange(10, dtype=np.float32)  # small: outside the batch
     report = arrayio.tune(tmp_path, sizes=(), arrays=state)
     keys = {e.key.split("/")[0] + "/" + e.key.split("/")[4]: e for e in report.explanations}
@@ -162,6 +171,7 @@ def test_a_low_max_calls_leaves_the_rest_to_real_use(tmp_path, fresh):
     arrayio.save(path, state)
     [again] = [e for e in arrayio.explain().explanations if e.key == write.key]
     assert sum(arm.count for arm in again.arms) == 2
+
 
 def test_tune_needs_sizes_or_arrays(tmp_path, fresh):
     with pytest.raises(ValueError, match="sizes"):
@@ -216,7 +226,10 @@ def test_explain_a_file_leaves_out_arrays_too_small_to_learn(tmp_path, fresh):
     with arrayio.config.set(tool="naive"):
         [forced] = arrayio.explain(path).explanations
     assert (forced.key, forced.phase, forced.chosen) == (
-        report.explanations[0].key, "forced", "naive")
+        report.explanations[0].key,
+        "forced",
+        "naive",
+    )
 
 
 def test_explain_a_file_shows_the_context_its_load_uses(tmp_path, fresh):
@@ -290,6 +303,7 @@ def test_explain_a_npy_file(tmp_path, fresh):
 
 
 def test_tune_takes_sizes_as_the_cli_writes_them(tmp_path, fresh) -> None:
-    report = arrayio.tune(tmp_path, sizes=("1M", MiB), directions=("read",),
-                          caches=("warm",), max_calls=1)
+    report = arrayio.tune(
+        tmp_path, sizes=("1M", MiB), directions=("read",), caches=("warm",), max_calls=1
+    )
     assert [e.key.split("/")[2] for e in report.explanations] == ["2^20"]  # one size

@@ -155,8 +155,10 @@ def test_a_gpu_request_without_a_driver_is_a_device_error(saved, no_cuda_driver,
     message = str(caught.value)
     assert "no usable CUDA GPU" in message and "no NVIDIA driver" in message
     assert "device='cpu'" in message
-    with arrayio.open(path) as reader, pytest.raises(arrayio.DeviceError,
-                                                     match="no usable CUDA GPU"):
+    with (
+        arrayio.open(path) as reader,
+        pytest.raises(arrayio.DeviceError, match="no usable CUDA GPU"),
+    ):
         reader.read("f32", device="cuda")
 
 
@@ -164,15 +166,22 @@ def test_the_driver_check_imports_no_framework(saved, no_cuda_driver):
     import subprocess
 
     path, _ = saved
-    code = ("import sys, arrayio\n"
-            "try:\n"
-            f"    arrayio.load({str(path)!r}, device='cuda')\n"
-            "except arrayio.DeviceError:\n"
-            "    pass\n"
-            "print(sorted(m for m in ('torch', 'jax', 'cupy') if m in sys.modules))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120, check=True, env={"ARRAYIO_CACHE_DIR": "none",
-                                                          "PATH": ""})
+    code = (
+        "import sys, arrayio\n"
+        "try:\n"
+        f"    arrayio.load({str(path)!r}, device='cuda')\n"
+        "except arrayio.DeviceError:\n"
+        "    pass\n"
+        "print(sorted(m for m in ('torch', 'jax', 'cupy') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={"ARRAYIO_CACHE_DIR": "none", "PATH": ""},
+    )
     assert result.stdout.strip() == "[]"
 
 

@@ -31,8 +31,9 @@ def fake_jax(monkeypatch):
         public.append(x)
         return ("public", x)
 
-    jax = types.SimpleNamespace(Array=FakeArray, dlpack=types.SimpleNamespace(
-        from_dlpack=from_dlpack))
+    jax = types.SimpleNamespace(
+        Array=FakeArray, dlpack=types.SimpleNamespace(from_dlpack=from_dlpack)
+    )
     _jax_import.reset()
     yield jax, public
     _jax_import.reset()
@@ -47,12 +48,15 @@ def test_a_checked_direct_import_is_kept(fake_jax, monkeypatch):
     assert _jax_import._state == "direct" and public == []
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda x, dev: FakeArray(x.data.ptr + 512),  # a copy, not a view
-    lambda x, dev: FakeArray(x.data.ptr, shape=(6,)),
-    lambda x, dev: FakeArray(x.data.ptr, dtype="bfloat16"),
-    lambda x, dev: ("not", "an array"),
-])
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        lambda x, dev: FakeArray(x.data.ptr + 512),  # a copy, not a view
+        lambda x, dev: FakeArray(x.data.ptr, shape=(6,)),
+        lambda x, dev: FakeArray(x.data.ptr, dtype="bfloat16"),
+        lambda x, dev: ("not", "an array"),
+    ],
+)
 def test_a_first_result_that_differs_sends_everything_public(fake_jax, monkeypatch, wrong):
     jax, public = fake_jax
     monkeypatch.setattr(_jax_import, "_direct", wrong)

@@ -33,8 +33,17 @@ def is_rate(value: object) -> bool:
 
 def test_the_sweep_runs_quick_and_reports_every_case(tmp_path, run_module):
     out, png = tmp_path / "s.json", tmp_path / "s.png"
-    run_module("benchmarks.sweep", "--quick", "--out", str(out), "--plot", str(png),
-               "--dir", str(tmp_path), tmp_path=tmp_path)
+    run_module(
+        "benchmarks.sweep",
+        "--quick",
+        "--out",
+        str(out),
+        "--plot",
+        str(png),
+        "--dir",
+        str(tmp_path),
+        tmp_path=tmp_path,
+    )
     report = json.loads(out.read_text())
     assert report["benchmark"] == "sweep"
     assert report["checksum"] is True and report["repeats"] == 1
@@ -53,22 +62,29 @@ def test_the_sweep_runs_quick_and_reports_every_case(tmp_path, run_module):
         assert report["panels"][f"{panel[0]}/{panel[1]}/host"]["sizes"] == QUICK_SIZES
     cases = [(row["direction"], row["cache"], row["bytes"]) for row in rows]
     assert sorted(cases) == sorted(
-        [(direction, cache, nbytes)
-         for direction, cache in (("read", "cold"), ("read", "warm"), ("write", "-"))
-         for nbytes in QUICK_SIZES])
+        [
+            (direction, cache, nbytes)
+            for direction, cache in (("read", "cold"), ("read", "warm"), ("write", "-"))
+            for nbytes in QUICK_SIZES
+        ]
+    )
     for row in rows:
         case = f"{row['direction']}/{row['cache']}/{row['bytes']}"
         assert row["memory"] == "host", case
         assert is_rate(row["dispatcher_GBps"]), case
-        measured = {label: value for label, value in row["tools_GBps"].items()
-                    if isinstance(value, float)}
+        measured = {
+            label: value for label, value in row["tools_GBps"].items() if isinstance(value, float)
+        }
         assert len(measured) >= 2, case
         assert all(is_rate(value) for value in measured.values()), case
         choice = row["dispatcher_choice"]
         assert isinstance(choice["arm"], str) and choice["arm"], case
         if row["bytes"] < SMALL_TRANSFER:
-            assert choice == {"context": "small transfer, not learned", "arm": "naive",
-                              "explain": None}, case
+            assert choice == {
+                "context": "small transfer, not learned",
+                "arm": "naive",
+                "explain": None,
+            }, case
         else:
             assert choice["context"].startswith(f"{row['direction']}/host/"), case
         assert row["summary"]["best_tool"] in measured, case
@@ -79,13 +95,26 @@ def test_the_sweep_runs_quick_and_reports_every_case(tmp_path, run_module):
     assert leftovers(tmp_path, out, png) == []  # its scratch directory is removed
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None
-                    or importlib.util.find_spec("safetensors") is None,
-                    reason="the core baseline compares with torch and safetensors")
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or importlib.util.find_spec("safetensors") is None,
+    reason="the core baseline compares with torch and safetensors",
+)
 def test_the_core_baseline_runs_on_the_cpu(tmp_path, run_module):
     out = tmp_path / "c.json"
-    run_module("benchmarks.core_baseline", "--device", "cpu", "--gib", "0.0625", "--repeats",
-               "1", "--out", str(out), "--dir", str(tmp_path), tmp_path=tmp_path)
+    run_module(
+        "benchmarks.core_baseline",
+        "--device",
+        "cpu",
+        "--gib",
+        "0.0625",
+        "--repeats",
+        "1",
+        "--out",
+        str(out),
+        "--dir",
+        str(tmp_path),
+        tmp_path=tmp_path,
+    )
     report = json.loads(out.read_text())
     assert report["benchmark"] == "core_baseline"
     assert (report["device"], report["repeats"], report["arrays"]) == ("cpu", 1, 16)
@@ -100,7 +129,10 @@ def test_the_core_baseline_runs_on_the_cpu(tmp_path, run_module):
         else:
             assert result["cold_read_GBps"] is None, name
         assert {kind: len(seconds) for kind, seconds in result["seconds"].items()} == {
-            "write": 1, "cold": 1, "warm": 1}, name
+            "write": 1,
+            "cold": 1,
+            "warm": 1,
+        }, name
     assert leftovers(tmp_path, out) == []
 
 
@@ -131,8 +163,7 @@ def test_each_round_runs_the_runners_in_its_own_order():
     # Nobody keeps a place or a predecessor in every round.
     for label in labels:
         assert len({order.index(label) for order in orders}) > 1, label
-        before = {order[order.index(label) - 1] if order.index(label) else None
-                  for order in orders}
+        before = {order[order.index(label) - 1] if order.index(label) else None for order in orders}
         assert len(before) > 1, label
 
 
@@ -141,17 +172,26 @@ def test_the_sweep_judges_its_targets_on_the_ceiling_in_the_same_rounds():
 
     def row(panel: str, nbytes: int, dispatcher: float, in_rounds: float | None) -> dict:
         direction, cache, memory = panel.split("/")
-        return {"direction": direction, "cache": cache, "memory": memory, "bytes": nbytes,
-                "dispatcher_GBps": dispatcher,
-                "ceiling_interleaved": None if in_rounds is None else {
-                    "GBps": in_rounds, "paired_ratio": dispatcher / in_rounds}}
+        return {
+            "direction": direction,
+            "cache": cache,
+            "memory": memory,
+            "bytes": nbytes,
+            "dispatcher_GBps": dispatcher,
+            "ceiling_interleaved": None
+            if in_rounds is None
+            else {"GBps": in_rounds, "paired_ratio": dispatcher / in_rounds},
+        }
 
-    report = {"ceilings": {"cold_read_direct": 3.5, "warm_read_16_threads": 40.0,
-                           "write_fsync": 3.0},
-              "rows": [row("read/cold/cuda", 1 << 30, 3.0, 3.2),
-                       row("read/warm/cuda", 1 << 30, 30.0, None),
-                       row("write/-/cuda", 1 << 30, 2.0, 2.4),
-                       row("write/-/cuda", 1 << 20, 9.0, None)]}  # not the largest size
+    report = {
+        "ceilings": {"cold_read_direct": 3.5, "warm_read_16_threads": 40.0, "write_fsync": 3.0},
+        "rows": [
+            row("read/cold/cuda", 1 << 30, 3.0, 3.2),
+            row("read/warm/cuda", 1 << 30, 30.0, None),
+            row("write/-/cuda", 1 << 30, 2.0, 2.4),
+            row("write/-/cuda", 1 << 20, 9.0, None),
+        ],
+    }  # not the largest size
     got = targets(report)
     cold, warm, write = got["read/cold/cuda"], got["read/warm/cuda"], got["write/-/cuda"]
     assert (cold["judged_on"], cold["ratio"], cold["met"]) == ("rounds", 3.0 / 3.2, True)

@@ -33,8 +33,17 @@ def smoke_results(tmp_path_factory: pytest.TempPathFactory, run_module) -> Path:
     for module in ("checkpoint", "featuremap", "small_arrays"):
         # The checkpoint's warm-up is smaller than its size: it searches the ceilings.
         extra = ("--warmup-gib", "0.002") if module == "checkpoint" else ()
-        run_module(f"benchmarks.peers.{module}", "--smoke", "--out", str(results / module),
-                   "--dir", str(tmp), *extra, tmp_path=tmp, timeout=120)
+        run_module(
+            f"benchmarks.peers.{module}",
+            "--smoke",
+            "--out",
+            str(results / module),
+            "--dir",
+            str(tmp),
+            *extra,
+            tmp_path=tmp,
+            timeout=120,
+        )
     return results
 
 
@@ -80,8 +89,13 @@ def test_checkpoint_reports_every_peer_beside_the_ceilings(smoke_results: Path) 
     for name in ("orbax", "fastsafetensors"):
         assert name in unavailable or peers[name]["samples"] == 1
     goals = size["targets"]["arrayio"]
-    assert set(goals) == {"cold_load_vs_disk_ceiling", "warm_load_vs_torch",
-                          "warm_load_vs_safetensors", "save_vs_torch", "save_vs_write_ceiling"}
+    assert set(goals) == {
+        "cold_load_vs_disk_ceiling",
+        "warm_load_vs_torch",
+        "warm_load_vs_safetensors",
+        "save_vs_torch",
+        "save_vs_write_ceiling",
+    }
     for goal in goals.values():
         # One smoke round: fewer than the three a goal is judged on.
         assert goal["rounds"] == 1 and goal["met"] is None and goal["goal"] > 0
@@ -92,10 +106,16 @@ def test_featuremap_reports_step_times(smoke_results: Path) -> None:
     assert report["benchmark"] == "peers-featuremap"
     rows = {(r["method"], r["cache"]): r for r in report["results"]}
     assert "pinned host copy" in report["methods_unavailable"]  # no CUDA here
-    for key in [("compute only", "warm"), ("pageable host copy", "warm"),
-                ("torch.save/load", "warm"), ("torch.save/load", "cold"),
-                ("arrayio async", "warm"), ("arrayio async", "cold"),
-                ("arrayio", "warm"), ("arrayio", "cold")]:
+    for key in [
+        ("compute only", "warm"),
+        ("pageable host copy", "warm"),
+        ("torch.save/load", "warm"),
+        ("torch.save/load", "cold"),
+        ("arrayio async", "warm"),
+        ("arrayio async", "cold"),
+        ("arrayio", "warm"),
+        ("arrayio", "cold"),
+    ]:
         row = rows[key]
         assert "error" not in row, row
         assert row["step_ms"] > 0 and row["samples"] == 1
@@ -108,8 +128,10 @@ def test_small_arrays_report_microseconds_per_array(smoke_results: Path) -> None
     assert report["benchmark"] == "peers-small-arrays"
     one, each = report["layouts"]["one file"], report["layouts"]["file per array"]
     assert one["arrays"] > each["arrays"] > 0
-    for layout, names in ((one, ("arrayio", "torch", "safetensors", "numpy")),
-                          (each, ("arrayio", "torch", "safetensors", "numpy", "os floor"))):
+    for layout, names in (
+        (one, ("arrayio", "torch", "safetensors", "numpy")),
+        (each, ("arrayio", "torch", "safetensors", "numpy", "os floor")),
+    ):
         for name in names:
             row = layout["peers"][name]
             assert "error" not in row, (name, row)
@@ -128,17 +150,18 @@ def test_readme_renders_the_peer_tables(smoke_results: Path) -> None:
     assert "warm loads after reading the file into it twice" in text
 
 
-def test_the_plot_can_be_redrawn_from_the_json(smoke_results: Path, tmp_path: Path,
-                                                run_module) -> None:
+def test_the_plot_can_be_redrawn_from_the_json(
+    smoke_results: Path, tmp_path: Path, run_module
+) -> None:
     copy = tmp_path / "checkpoint.json"
     copy.write_text((smoke_results / "checkpoint" / "checkpoint.json").read_text())
-    run_module("benchmarks.peers.checkpoint", "--replot", str(copy), tmp_path=tmp_path,
-               timeout=120)
+    run_module("benchmarks.peers.checkpoint", "--replot", str(copy), tmp_path=tmp_path, timeout=120)
     assert (tmp_path / "checkpoint.png").stat().st_size > 0
 
 
-def test_warm_reads_every_chunk_of_every_file_twice(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_warm_reads_every_chunk_of_every_file_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Two passes: at a page's second read the kernel moves it to its active list, which
     # must not fall inside the timed warm load (probe 30).
     import os
@@ -152,8 +175,9 @@ def test_warm_reads_every_chunk_of_every_file_twice(tmp_path: Path,
     for name, size in sizes.items():
         (tmp_path / name).write_bytes(b"x" * size)
     reads: list[tuple[int, int]] = []
-    monkeypatch.setattr(h, "_warm_chunk",
-                        lambda fd, offset: reads.append((os.fstat(fd).st_size, offset)))
+    monkeypatch.setattr(
+        h, "_warm_chunk", lambda fd, offset: reads.append((os.fstat(fd).st_size, offset))
+    )
     h.warm(str(tmp_path))
     once = [(size, offset) for size in sizes.values() for offset in range(0, size, chunk)]
     assert sorted(reads) == sorted(once * 2)
@@ -162,15 +186,18 @@ def test_warm_reads_every_chunk_of_every_file_twice(tmp_path: Path,
     assert sorted(reads) == sorted(once)
 
 
-@pytest.mark.parametrize("ratio,goal,text", [
-    (0.8963, 0.9, "0.896"),  # two decimals would read 0.90 beside "not met"
-    (0.9012, 0.9, "0.90"),
-    (0.8949, 0.9, "0.89"),
-    (1.996, 2, "1.996"),
-    (2.004, 2, "2.00"),
-    (14.35, 10, "14.35"),
-    (None, 0.9, "n/a"),
-])
+@pytest.mark.parametrize(
+    "ratio,goal,text",
+    [
+        (0.8963, 0.9, "0.896"),  # two decimals would read 0.90 beside "not met"
+        (0.9012, 0.9, "0.90"),
+        (0.8949, 0.9, "0.89"),
+        (1.996, 2, "1.996"),
+        (2.004, 2, "2.00"),
+        (14.35, 10, "14.35"),
+        (None, 0.9, "n/a"),
+    ],
+)
 def test_a_ratio_beside_its_goal_never_rounds_onto_it(ratio, goal, text) -> None:
     from benchmarks.peers.checkpoint import goal_ratio_text
 

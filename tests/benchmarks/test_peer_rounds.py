@@ -25,8 +25,9 @@ class FakeCeilings:
         self.log.append(("lead-in", name))
 
 
-def fake_peer(name: str, log: list[tuple[str, str]], fail: str | None = None,
-              checked: list[str] | None = None) -> h.Peer:
+def fake_peer(
+    name: str, log: list[tuple[str, str]], fail: str | None = None, checked: list[str] | None = None
+) -> h.Peer:
     def save(path: str) -> None:
         log.append((name, "save"))
         if fail == "save":
@@ -55,22 +56,30 @@ def test_a_round_runs_every_save_then_every_cold_load_then_every_warm_load(tmp_p
     peers = [fake_peer(n, log, checked=checked) for n in ("a", "b", "c")]
     paths = {p.name: str(tmp_path / p.name) for p in peers}
     fake = FakeCeilings(log)
-    got = h.measure_round(peers, paths, drop=False, verify={"b"}, seed="s",
-                          ceilings=fake, lead_in=fake.lead_in)
+    got = h.measure_round(
+        peers, paths, drop=False, verify={"b"}, seed="s", ceilings=fake, lead_in=fake.lead_in
+    )
     # Each phase opens with its untimed lead-in.
-    assert [log[i] for i in (0, 5, 10)] == [("lead-in", "write_fsync"),
-                                            ("lead-in", "cold_read"), ("lead-in", "warm_read")]
+    assert [log[i] for i in (0, 5, 10)] == [
+        ("lead-in", "write_fsync"),
+        ("lead-in", "cold_read"),
+        ("lead-in", "warm_read"),
+    ]
     phases = [log[1:5], log[6:10], log[11:15]]
     assert len(log) == 15
-    assert sorted(phases[0]) == [("a", "save"), ("b", "save"), ("c", "save"),
-                                 ("ceiling", "write_fsync")]
+    assert sorted(phases[0]) == [
+        ("a", "save"),
+        ("b", "save"),
+        ("c", "save"),
+        ("ceiling", "write_fsync"),
+    ]
     for phase, ceiling in zip(phases[1:], ("cold_read", "warm_read"), strict=True):
-        assert sorted(phase) == [("a", "load"), ("b", "load"), ("c", "load"),
-                                 ("ceiling", ceiling)]
+        assert sorted(phase) == [("a", "load"), ("b", "load"), ("c", "load"), ("ceiling", ceiling)]
     assert checked == ["b"]  # its cold load only
     assert set(got.seconds) == {"a", "b", "c"}
-    assert all(set(s) == set(h.QUANTITIES) and all(v > 0 for v in s.values())
-               for s in got.seconds.values())
+    assert all(
+        set(s) == set(h.QUANTITIES) and all(v > 0 for v in s.values()) for s in got.seconds.values()
+    )
     assert got.disk == {"a": 100, "b": 100, "c": 100} and not got.errors
     # The collector's time inside each timed sample is kept beside it.
     assert {name: set(q) for name, q in got.gc.items()} == {n: set(h.QUANTITIES) for n in "abc"}
@@ -86,8 +95,14 @@ def test_each_phase_of_each_round_has_its_own_order(tmp_path):
     for seed in range(12):
         log: list[tuple[str, str]] = []
         peers = [fake_peer(n, log) for n in ("a", "b", "c", "d")]
-        h.measure_round(peers, {p.name: str(tmp_path / p.name) for p in peers}, False,
-                        set(), seed=str(seed), ceilings=FakeCeilings(log))
+        h.measure_round(
+            peers,
+            {p.name: str(tmp_path / p.name) for p in peers},
+            False,
+            set(),
+            seed=str(seed),
+            ceilings=FakeCeilings(log),
+        )
         firsts.update(who for who, _ in (log[0], log[5], log[10]))
     assert len(firsts) == 5  # every peer, and the ceiling, opened some phase
 
@@ -99,8 +114,16 @@ def test_the_cold_ceiling_reads_the_named_peers_file_beside_its_load(tmp_path, f
         peers = [fake_peer(n, log) for n in ("a", "b", "c", "d")]
         paths = {p.name: str(tmp_path / p.name) for p in peers}
         fake = FakeCeilings(log)
-        got = h.measure_round(peers, paths, False, set(), seed=str(seed), ceilings=fake,
-                              cold_ceiling_reads="b", ceiling_first=first)
+        got = h.measure_round(
+            peers,
+            paths,
+            False,
+            set(),
+            seed=str(seed),
+            ceilings=fake,
+            cold_ceiling_reads="b",
+            ceiling_first=first,
+        )
         cold = got.orders["cold_load"]
         here = cold.index("ceiling")
         assert cold[here + 1 if first else here - 1] == "b", (seed, cold)
@@ -113,8 +136,15 @@ def test_without_the_named_peer_the_cold_ceiling_reads_its_own_file(tmp_path):
     log: list[tuple[str, str]] = []
     peers = [fake_peer("a", log), fake_peer("b", log, fail="save")]
     fake = FakeCeilings(log)
-    h.measure_round(peers, {p.name: str(tmp_path / p.name) for p in peers}, False, set(),
-                    seed="s", ceilings=fake, cold_ceiling_reads="b")
+    h.measure_round(
+        peers,
+        {p.name: str(tmp_path / p.name) for p in peers},
+        False,
+        set(),
+        seed="s",
+        ceilings=fake,
+        cold_ceiling_reads="b",
+    )
     assert fake.paths == [None, None, None]  # b's save failed: no file of its to read
 
 
@@ -158,8 +188,7 @@ def test_a_failing_peer_is_reported_and_the_others_measured(tmp_path, fail):
     paths = {p.name: str(tmp_path / p.name) for p in peers}
     got = h.measure_round(peers, paths, drop=False, verify=set(), seed="s")
     assert set(got.seconds) == {"good"} and set(got.errors) == {"bad"}
-    assert ("OSError: disk full" if fail == "save" else "ValueError: bad file") \
-        == got.errors["bad"]
+    assert ("OSError: disk full" if fail == "save" else "ValueError: bad file") == got.errors["bad"]
     assert log.count(("bad", "load")) == (1 if fail == "load" else 0)  # not tried again
     assert not any(os.path.exists(p) for p in paths.values())
 
@@ -169,6 +198,7 @@ def test_a_failed_check_is_a_failure_of_that_peer(tmp_path):
     peer = fake_peer("p", log)
     got = h.measure_round([peer], {"p": str(tmp_path / "p")}, False, {"p"}, "s")
     assert not got.errors
+
     def wrong_values(out: bytes) -> None:
         raise AssertionError("q: values differ")
 
@@ -211,18 +241,28 @@ def test_peers_are_grouped_to_fit_on_the_disk(tmp_path, monkeypatch):
 
 def _result(arrayio_rounds: int, torch_rounds: int) -> dict:
     def peer(gbps: float, rounds: int) -> dict:
-        return {"save_GBps": gbps, "cold_load_GBps": gbps, "warm_load_GBps": gbps * 10,
-                "samples": rounds,
-                "paired_fraction_of_ceiling": {"save": 1.0, "cold_load": 1.0, "warm_load": 1.0}}
+        return {
+            "save_GBps": gbps,
+            "cold_load_GBps": gbps,
+            "warm_load_GBps": gbps * 10,
+            "samples": rounds,
+            "paired_fraction_of_ceiling": {"save": 1.0, "cold_load": 1.0, "warm_load": 1.0},
+        }
 
     ceiling = {"GBps": 3.0, "interleaved_GBps": 3.0, "search_GBps": 3.5}
-    return {"peers": {"arrayio": peer(3.0, arrayio_rounds), "torch": peer(1.0, torch_rounds),
-                      "safetensors": peer(1.0, 5)},
-            "ceilings": {"write_fsync": ceiling, "cold_read": ceiling, "warm_read": ceiling}}
+    return {
+        "peers": {
+            "arrayio": peer(3.0, arrayio_rounds),
+            "torch": peer(1.0, torch_rounds),
+            "safetensors": peer(1.0, 5),
+        },
+        "ceilings": {"write_fsync": ceiling, "cold_read": ceiling, "warm_read": ceiling},
+    }
 
 
-@pytest.mark.parametrize(("mine", "theirs", "judged"), [(3, 3, True), (5, 2, False),
-                                                        (2, 5, False), (1, 1, False)])
+@pytest.mark.parametrize(
+    ("mine", "theirs", "judged"), [(3, 3, True), (5, 2, False), (2, 5, False), (1, 1, False)]
+)
 def test_a_goal_is_judged_on_three_rounds_a_side(mine, theirs, judged):
     # The issue's figures are medians of at least 3 repetitions.
     from benchmarks.peers.checkpoint import targets, verdict
@@ -238,8 +278,9 @@ def test_a_goal_is_judged_on_three_rounds_a_side(mine, theirs, judged):
     if judged:
         assert vs_torch["met"] is True and verdict(vs_torch) == "met"
     else:
-        assert verdict(vs_torch) == (f"not judged: {min(mine, theirs)} "
-                                     f"round{'s' * (min(mine, theirs) != 1)}, fewer than 3")
+        assert verdict(vs_torch) == (
+            f"not judged: {min(mine, theirs)} round{'s' * (min(mine, theirs) != 1)}, fewer than 3"
+        )
 
 
 def test_the_collector_is_metered_inside_a_block_and_only_there():
@@ -271,8 +312,9 @@ def test_a_failed_warm_up_search_still_closes_its_ceilings(tmp_path, monkeypatch
 
     monkeypatch.setattr(h, "DiskCeilings", FailingCeilings)
     monkeypatch.setattr(checkpoint, "make_peers", lambda state, device: ([], {}))
-    args = argparse.Namespace(d_model=128, vocab=1024, device="cpu", dir=str(tmp_path),
-                              drop_caches=False)
+    args = argparse.Namespace(
+        d_model=128, vocab=1024, device="cpu", dir=str(tmp_path), drop_caches=False
+    )
     with pytest.raises(OSError, match="disk gone"):
         checkpoint.warm_up(args, 0.001, {}, {}, search=True)
     assert closed == [True]  # its tool threads and files do not outlive the failure
@@ -338,13 +380,23 @@ def test_goal_repeats_add_rounds_of_the_targets_terms_alone(tmp_path, monkeypatc
 
     log: list[tuple[str, str]] = []
     names = ("arrayio", "torch", "numpy", "arrayio-cupy")
-    monkeypatch.setattr(checkpoint, "make_peers",
-                        lambda state, device: ([fake_peer(n, log) for n in names], {}))
-    args = argparse.Namespace(d_model=128, vocab=1024, device="cpu", dir=str(tmp_path),
-                              drop_caches=False, tune=False, repeats=1, goal_repeats=3)
+    monkeypatch.setattr(
+        checkpoint, "make_peers", lambda state, device: ([fake_peer(n, log) for n in names], {})
+    )
+    args = argparse.Namespace(
+        d_model=128,
+        vocab=1024,
+        device="cpu",
+        dir=str(tmp_path),
+        drop_caches=False,
+        tune=False,
+        repeats=1,
+        goal_repeats=3,
+    )
     report: dict = {"seed": "s", "sizes": []}
-    checkpoint.run_size(args, 0.001, h.Deadline(None), {}, None, report,
-                        str(tmp_path / "checkpoint.json"))
+    checkpoint.run_size(
+        args, 0.001, h.Deadline(None), {}, None, report, str(tmp_path / "checkpoint.json")
+    )
     (size,) = report["sizes"]
     samples = {name: row["samples"] for name, row in size["peers"].items()}
     # Every front door (not only the torch one), torch: every round; numpy: the first.
@@ -376,8 +428,9 @@ def _plan(round_index: int, budget: float, repeats: int = 3):
 
     peers = [_Named(n) for n in ("numpy", "arrayio", "orbax", "torch", "arrayio-cupy")]
     expected = {p.name: 10.0 for p in peers}
-    chosen, skipped = checkpoint.plan_round(peers, round_index, repeats, expected, 5.0,
-                                            lambda seconds: seconds < budget)
+    chosen, skipped = checkpoint.plan_round(
+        peers, round_index, repeats, expected, 5.0, lambda seconds: seconds < budget
+    )
     return [p.name for p in chosen], skipped
 
 
@@ -386,18 +439,18 @@ def test_a_round_plans_the_goals_terms_first_then_the_others():
     # Plenty of time: all, the goals' terms first.
     assert _plan(0, 1e9) == (["arrayio", "torch", "arrayio-cupy", "numpy", "orbax"], [])
     # Time for the goals' terms alone: the others are skipped, and reported.
-    assert _plan(2, 5 + 3 * 14 + 1) == (["arrayio", "torch", "arrayio-cupy"],
-                                        ["numpy", "orbax"])
+    assert _plan(2, 5 + 3 * 14 + 1) == (["arrayio", "torch", "arrayio-cupy"], ["numpy", "orbax"])
 
 
 def test_a_round_keeps_time_for_the_goals_terms_later_rounds_up_to_repeats():
     # Round 1 of 3: one later round of the goals' terms (5 + 3 x 10 s) must still fit
     # after numpy's 14 s, so a budget that holds this round alone leaves numpy out.
     this_round = 5 + 3 * 14
-    assert _plan(1, this_round + 14 + 1) == (["arrayio", "torch", "arrayio-cupy"],
-                                             ["numpy", "orbax"])
-    assert _plan(1, this_round + 14 + 35 + 1)[0] == ["arrayio", "torch", "arrayio-cupy",
-                                                     "numpy"]
+    assert _plan(1, this_round + 14 + 1) == (
+        ["arrayio", "torch", "arrayio-cupy"],
+        ["numpy", "orbax"],
+    )
+    assert _plan(1, this_round + 14 + 35 + 1)[0] == ["arrayio", "torch", "arrayio-cupy", "numpy"]
 
 
 def test_rounds_past_repeats_hold_the_goals_terms_alone_and_never_cost_the_others_rounds():

@@ -14,9 +14,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 SCENARIOS = sorted(p for p in RESULTS.iterdir() if p.is_dir())
-DOCUMENTS = [ROOT / "benchmarks" / "README.md", ROOT / "docs" / "results.md",
-             ROOT / "docs" / "design" / "measurement.md",
-             *(scenario / "README.md" for scenario in SCENARIOS)]
+DOCUMENTS = [
+    ROOT / "benchmarks" / "README.md",
+    ROOT / "docs" / "results.md",
+    ROOT / "docs" / "design" / "measurement.md",
+    *(scenario / "README.md" for scenario in SCENARIOS),
+]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -38,8 +41,13 @@ def test_every_result_says_when_where_and_how_it_was_measured(scenario: Path) ->
         report = json.loads(path.read_text())
         assert {"date", "command", "machine"} <= set(report), path
     readme = (scenario / "README.md").read_text()
-    for heading in ("Command", "Date", "Library measured", "## How to read it",
-                    "## Caveats that still hold"):
+    for heading in (
+        "Command",
+        "Date",
+        "Library measured",
+        "## How to read it",
+        "## Caveats that still hold",
+    ):
         assert heading in readme, f"{scenario.name}/README.md lacks {heading!r}"
 
 
@@ -88,11 +96,16 @@ def test_the_renderer_reads_the_scenario_folders(tmp_path: Path) -> None:
 def test_a_newer_checkpoint_report_replaces_an_older_one_of_its_size(tmp_path: Path) -> None:
     from benchmarks.readme_table import _latest_sizes
 
-    for name, date in (("checkpoint-old.json", "2026-01-01"),
-                       ("checkpoint-new.json", "2026-02-01")):
+    for name, date in (
+        ("checkpoint-old.json", "2026-01-01"),
+        ("checkpoint-new.json", "2026-02-01"),
+    ):
         (tmp_path / name).write_text(json.dumps({"date": date, "sizes": [{"gib": 1.0}]}))
     (tmp_path / "checkpoint-8gib.json").write_text(
-        json.dumps({"date": "2025-01-01", "sizes": [{"gib": 8.0}]}))
+        json.dumps({"date": "2025-01-01", "sizes": [{"gib": 8.0}]})
+    )
     chosen = _latest_sizes(sorted(tmp_path.glob("*.json")))
     assert {gib: path.name for gib, (path, _, _) in chosen.items()} == {
-        1.0: "checkpoint-new.json", 8.0: "checkpoint-8gib.json"}
+        1.0: "checkpoint-new.json",
+        8.0: "checkpoint-8gib.json",
+    }

@@ -30,8 +30,9 @@ def test_every_write_arm_is_flushed_small_sizes_included(tmp_path, fresh, monkey
     monkeypatch.setattr(_bench, "flush_range", flushing)
     size = 256 << 10
     assert size < SMALL_TRANSFER  # the dispatcher's own path does not flush here
-    result = _bench.run(tmp_path, sizes=[size], directions=["write"], tool_names=["naive"],
-                        repeats=1)
+    result = _bench.run(
+        tmp_path, sizes=[size], directions=["write"], tool_names=["naive"], repeats=1
+    )
     assert {row.arm for row in result.rows} == {"naive", "dispatcher"}
     assert all(row.gbps for row in result.rows)
     assert flushed["naive"] > 0 and flushed["dispatcher"] >= flushed["naive"]

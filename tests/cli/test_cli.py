@@ -31,8 +31,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 SUBCOMMANDS = ("info", "verify", "clean", "convert", "bench", "tune", "explain")
 
 
-def run(capsys: pytest.CaptureFixture[str], *args: str | os.PathLike[str]
-        ) -> tuple[int, str, str]:
+def run(capsys: pytest.CaptureFixture[str], *args: str | os.PathLike[str]) -> tuple[int, str, str]:
     code = cli.main([os.fspath(a) for a in args])
     out, err = capsys.readouterr()
     assert "Traceback" not in err
@@ -40,9 +39,11 @@ def run(capsys: pytest.CaptureFixture[str], *args: str | os.PathLike[str]
 
 
 def sample_tree() -> dict:
-    return {"emb": np.arange(4000, dtype=np.float32).reshape(1000, 4),
-            "layers": [{"w": np.eye(3), "b": np.arange(3, dtype=ml_dtypes.bfloat16)}],
-            "step": 7}
+    return {
+        "emb": np.arange(4000, dtype=np.float32).reshape(1000, 4),
+        "layers": [{"w": np.eye(3), "b": np.arange(3, dtype=ml_dtypes.bfloat16)}],
+        "step": 7,
+    }
 
 
 @pytest.fixture
@@ -65,14 +66,24 @@ def test_the_console_script_and_python_m_run(ckpt, tmp_path):
     script = shutil.which("arrayio", path=os.path.dirname(sys.executable))
     commands = [[sys.executable, "-m", "arrayio"]] + ([[script]] if script else [])
     for command in commands:
-        result = subprocess.run([*command, "info", str(ckpt), "--json"], capture_output=True,
-                                text=True, env=env, timeout=60, check=False)
+        result = subprocess.run(
+            [*command, "info", str(ckpt), "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
         assert result.returncode == 0, result.stderr
-        assert json.loads(result.stdout)["checksums"] == {"present": 3, "arrays": 3,
-                                                          "header": True}
-        missing = subprocess.run([*command, "verify", str(tmp_path / "nope.safetensors")],
-                                 capture_output=True, text=True, env=env, timeout=60,
-                                 check=False)
+        assert json.loads(result.stdout)["checksums"] == {"present": 3, "arrays": 3, "header": True}
+        missing = subprocess.run(
+            [*command, "verify", str(tmp_path / "nope.safetensors")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
         assert missing.returncode == 2
         assert missing.stderr.startswith("arrayio verify: ")
         assert "nope.safetensors" in missing.stderr and "Traceback" not in missing.stderr
@@ -117,7 +128,7 @@ def test_info_lists_arrays_metadata_and_checksums(capsys, ckpt):
     assert "saved from numpy" in lines[0]
     assert lines[1] == "checksums: CRC-32C on the header and 3 of 3 arrays"
     assert "  run = baseline" in lines and '  cfg = {"lr": 0.1}' in lines
-    table = lines[lines.index("metadata:") + 3:]
+    table = lines[lines.index("metadata:") + 3 :]
     assert table[0].split() == ["key", "dtype", "shape", "size", "offset", "crc32c"]
     with arrayio.open(ckpt) as reader:
         for line, key in zip(table[1:], reader.keys(), strict=True):
@@ -139,9 +150,14 @@ def test_info_json(capsys, ckpt):
         assert info["nbytes"] == reader.nbytes
         for entry in info["arrays"]:
             expected = reader[entry["key"]]
-            assert entry == {"key": expected.key, "dtype": expected.dtype,
-                             "shape": list(expected.shape), "nbytes": expected.nbytes,
-                             "offset": expected.file_offset, "crc32c": expected.crc32c}
+            assert entry == {
+                "key": expected.key,
+                "dtype": expected.dtype,
+                "shape": list(expected.shape),
+                "nbytes": expected.nbytes,
+                "offset": expected.file_offset,
+                "crc32c": expected.crc32c,
+            }
 
 
 def test_info_on_a_foreign_safetensors_file_shows_no_checksums(capsys, tmp_path):
@@ -156,8 +172,9 @@ def test_info_on_a_foreign_safetensors_file_shows_no_checksums(capsys, tmp_path)
     assert info["arrays"][0]["crc32c"] is None
 
 
-@pytest.mark.parametrize("content, code", [(None, 2), (b"", 1), (b"\x00" * 100, 1),
-                                            (b"garbage, not a container", 1)])
+@pytest.mark.parametrize(
+    "content, code", [(None, 2), (b"", 1), (b"\x00" * 100, 1), (b"garbage, not a container", 1)]
+)
 def test_info_errors_name_the_file(capsys, tmp_path, content, code):
     path = tmp_path / "x.safetensors"
     if content is not None:
@@ -209,7 +226,8 @@ def test_verify_names_each_damaged_array(capsys, ckpt):
     assert "'layers.0.b'" not in err.split("failed verification")[0].split("\n")[-1]
     assert err.strip().splitlines()[-1] == (
         f"arrayio verify: {ckpt}: 2 of 3 checksummed arrays failed verification: "
-        "'emb', 'layers.0.w'")
+        "'emb', 'layers.0.w'"
+    )
     # arrayio's own load agrees.
     with pytest.raises(arrayio.ChecksumError, match="emb"):
         arrayio.load(ckpt)
@@ -238,12 +256,15 @@ def test_verify_a_npy_file_says_it_has_no_place_for_a_checksum(capsys, tmp_path)
     arrayio.save(path, np.arange(5))  # arrayio's own .npy: no checksum either
     code, out, err = run(capsys, "verify", path)
     assert code == 0 and err == ""
-    assert out == (f"{path}: .npy header and size valid; no checksums to verify (.npy has "
-                   "no place for one)\n")
+    assert out == (
+        f"{path}: .npy header and size valid; no checksums to verify (.npy has no place for one)\n"
+    )
     code, out, err = run(capsys, "verify", path, "--strict")
     assert code == cli.EXIT_DATA and out == ""
-    assert err == (f"arrayio verify: {path}: --strict: .npy has no place for a checksum; "
-                   "header and size valid, data not verified\n")
+    assert err == (
+        f"arrayio verify: {path}: --strict: .npy has no place for a checksum; "
+        "header and size valid, data not verified\n"
+    )
     with open(path, "r+b") as f:  # a .npy cut short still fails
         f.truncate(path.stat().st_size - 8)
     assert run(capsys, "verify", path)[0] == cli.EXIT_DATA
@@ -256,8 +277,10 @@ def test_verify_a_safetensors_file_without_checksums(capsys, tmp_path):
     save_file({"a": np.ones(3, np.float32)}, str(path))
     code, out, err = run(capsys, "verify", path)
     assert code == 0 and err == ""
-    assert out == (f"{path}: header and sizes valid; no checksums to verify (no arrayio "
-                   "metadata: written by another safetensors writer)\n")
+    assert out == (
+        f"{path}: header and sizes valid; no checksums to verify (no arrayio "
+        "metadata: written by another safetensors writer)\n"
+    )
     code, out, err = run(capsys, "verify", path, "--strict")
     assert code == cli.EXIT_DATA and out == ""
     assert err.endswith(f"arrayio verify: {path}: --strict and 1 array carries no checksum\n")
@@ -278,9 +301,13 @@ def test_convert_round_trips(capsys, tmp_path, target):
     if target.endswith(".zarr"):
         pytest.importorskip("zarr")
     source = tmp_path / "src.safetensors"
-    tree = {"a": {"x": np.arange(6.0).reshape(2, 3), "y": np.arange(3, dtype=np.int8)},
-            "c": np.array([1 + 2j, 3 - 4j]), "u": np.arange(4, dtype=np.uint64),
-            "z": np.zeros((0, 3), np.float32), "s": np.float32(2.5).reshape(())}
+    tree = {
+        "a": {"x": np.arange(6.0).reshape(2, 3), "y": np.arange(3, dtype=np.int8)},
+        "c": np.array([1 + 2j, 3 - 4j]),
+        "u": np.arange(4, dtype=np.uint64),
+        "z": np.zeros((0, 3), np.float32),
+        "s": np.float32(2.5).reshape(()),
+    }
     arrayio.save(source, tree, metadata={"m": [1, 2]})
     code, out, _ = run(capsys, "convert", source, tmp_path / target)
     assert code == 0 and out.strip().endswith("6 arrays")
@@ -312,8 +339,11 @@ def test_convert_from_numpy_formats_to_pt_and_back(capsys, tmp_path, middle):
     torch = pytest.importorskip("torch")
     if middle.endswith(".zarr"):
         pytest.importorskip("zarr")
-    arrays = {"s": np.float32(1.5).reshape(()), "m": np.arange(6, dtype=np.uint8).reshape(2, 3),
-              "f": np.asfortranarray(np.arange(6.0).reshape(2, 3))}
+    arrays = {
+        "s": np.float32(1.5).reshape(()),
+        "m": np.arange(6, dtype=np.uint8).reshape(2, 3),
+        "f": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+    }
     arrayio.save(tmp_path / "a.safetensors", arrays)
     assert run(capsys, "convert", tmp_path / "a.safetensors", tmp_path / middle)[0] == 0
     assert run(capsys, "convert", tmp_path / middle, tmp_path / "x.pt")[0] == 0
@@ -361,8 +391,10 @@ def test_convert_from_npy_and_foreign_safetensors(capsys, tmp_path):
 
     np.save(tmp_path / "a.npy", np.asfortranarray(np.arange(12, dtype=np.int32).reshape(3, 4)))
     assert run(capsys, "convert", tmp_path / "a.npy", tmp_path / "a.safetensors")[0] == 0
-    assert_same(arrayio.load(tmp_path / "a.safetensors"),  # one array, as it was
-                np.arange(12, dtype=np.int32).reshape(3, 4))
+    assert_same(
+        arrayio.load(tmp_path / "a.safetensors"),  # one array, as it was
+        np.arange(12, dtype=np.int32).reshape(3, 4),
+    )
     save_file({"w": np.ones((2, 2), np.float16)}, str(tmp_path / "hf.safetensors"))
     assert run(capsys, "convert", tmp_path / "hf.safetensors", tmp_path / "ours")[0] == 0
     with arrayio.open(tmp_path / "ours") as reader:  # any name but .npy: a container
@@ -482,12 +514,17 @@ def test_a_missing_optional_dependency_exits_3(capsys, tmp_path, ckpt, monkeypat
 NATIVE_DTYPES = [d for d in arrayio.arrays._dtypes.DTYPES if d.numpy_native]  # what .npz can hold
 
 
-@settings(max_examples=30, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(arrays=st.dictionaries(
-    st.from_regex(r"[a-z][a-z0-9_.]{0,8}", fullmatch=True),
-    st.sampled_from(NATIVE_DTYPES).flatmap(lambda dtype: strategies.arrays(dtype=dtype)),
-    min_size=1, max_size=4))
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    arrays=st.dictionaries(
+        st.from_regex(r"[a-z][a-z0-9_.]{0,8}", fullmatch=True),
+        st.sampled_from(NATIVE_DTYPES).flatmap(lambda dtype: strategies.arrays(dtype=dtype)),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_npz_round_trips_through_a_container(capsys, tmp_path_factory, arrays):
     directory = tmp_path_factory.mktemp("npz")
     np.savez(directory / "in.npz", **arrays)
@@ -507,8 +544,12 @@ def mounted_tmpfs(directory: Path, options: str):
     """A tmpfs mounted on ``directory`` for the test (skipped where mounting fails)."""
     directory.mkdir()
     try:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs",
-                                  str(directory)], capture_output=True, timeout=30, check=False)
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
     except OSError as error:
         pytest.skip(f"cannot mount a tmpfs here: {error}")
     if mounted.returncode != 0:
@@ -562,15 +603,18 @@ def test_tune_and_bench_on_a_read_only_file_system(capsys, fresh, read_only_dir,
     assert err == f"arrayio {command}: {read_only_dir}: Read-only file system\n"
 
 
-@pytest.mark.parametrize("error, code", [
-    (OSError(errno.ENOSPC, "No space left on device", "/x"), 4),
-    (OSError(errno.EDQUOT, "Disk quota exceeded", "/x"), 4),
-    (OSError(errno.EROFS, "Read-only file system", "/x"), 4),
-    (PermissionError(errno.EACCES, "Permission denied", "/x"), 4),
-    (arrayio.DiskFullError("/x: the disk is full"), 4),
-    (FileNotFoundError(errno.ENOENT, "No such file or directory", "/x"), 2),
-    (OSError(errno.EIO, "Input/output error", "/x"), 1),
-])
+@pytest.mark.parametrize(
+    "error, code",
+    [
+        (OSError(errno.ENOSPC, "No space left on device", "/x"), 4),
+        (OSError(errno.EDQUOT, "Disk quota exceeded", "/x"), 4),
+        (OSError(errno.EROFS, "Read-only file system", "/x"), 4),
+        (PermissionError(errno.EACCES, "Permission denied", "/x"), 4),
+        (arrayio.DiskFullError("/x: the disk is full"), 4),
+        (FileNotFoundError(errno.ENOENT, "No such file or directory", "/x"), 2),
+        (OSError(errno.EIO, "Input/output error", "/x"), 1),
+    ],
+)
 def test_exit_codes_of_environment_errors(error, code):
     assert _failures.exit_code(error) == code
 
@@ -585,8 +629,19 @@ def test_the_help_documents_the_environment_exit_code(capsys):
 
 def test_bench_json_and_png(capsys, tmp_path, fresh):
     png = tmp_path / "bench.png"
-    code, out, _ = run(capsys, "bench", "--dir", tmp_path, "--sizes", "64K,2M",
-                       "--repeats", "1", "--json", "--png", png)
+    code, out, _ = run(
+        capsys,
+        "bench",
+        "--dir",
+        tmp_path,
+        "--sizes",
+        "64K,2M",
+        "--repeats",
+        "1",
+        "--json",
+        "--png",
+        png,
+    )
     assert code == 0
     result = json.loads(out)
     rows = result["rows"]
@@ -599,20 +654,34 @@ def test_bench_json_and_png(capsys, tmp_path, fresh):
 
 
 def test_bench_table(capsys, tmp_path, fresh):
-    code, out, _ = run(capsys, "bench", "--dir", tmp_path, "--sizes", "1M", "--repeats", "1",
-                       "--tools", "naive,posix", "--no-dispatcher")
+    code, out, _ = run(
+        capsys,
+        "bench",
+        "--dir",
+        tmp_path,
+        "--sizes",
+        "1M",
+        "--repeats",
+        "1",
+        "--tools",
+        "naive,posix",
+        "--no-dispatcher",
+    )
     assert code == 0
     assert "read warm, host memory (GB/s, checksums on)" in out
     assert "write, host memory" in out
     assert "naive" in out and "posix(" in out and "dispatcher" not in out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--tools", "nope"], "no transfer tool named 'nope'"),
-    (["--sizes", "0"], "sizes must be positive"),
-    (["--sizes", "lots"], "cannot read 'lots' as a size"),
-    (["--dir", "/nonexistent/dir"], "not a directory"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tools", "nope"], "no transfer tool named 'nope'"),
+        (["--sizes", "0"], "sizes must be positive"),
+        (["--sizes", "lots"], "cannot read 'lots' as a size"),
+        (["--dir", "/nonexistent/dir"], "not a directory"),
+    ],
+)
 def test_bench_usage_errors(capsys, args, message):
     code, _, err = run(capsys, "bench", *args)
     assert code == 2 and message in err
@@ -660,8 +729,9 @@ def test_tune_like_a_file_learns_its_save_and_load(capsys, tmp_path, fresh):
 def test_tune_max_calls_bounds_each_context(capsys, tmp_path, fresh):
     path = tmp_path / "big.safetensors"
     arrayio.save(path, {f"w{i}": np.ones(1 << 18, np.float32) for i in range(2)})  # 2 x 1 MiB
-    code, out, _ = run(capsys, "tune", tmp_path, "--like", path, "--no-cold", "--max-calls",
-                       "1", "--json")
+    code, out, _ = run(
+        capsys, "tune", tmp_path, "--like", path, "--no-cold", "--max-calls", "1", "--json"
+    )
     assert code == 0
     contexts = json.loads(out)["contexts"]
     assert {c["phase"] for c in contexts} == {"exploring"}  # left for real use to finish
@@ -719,7 +789,8 @@ def test_clean_of_a_missing_directory_is_a_usage_error(tmp_path, capsys) -> None
 
 @pytest.mark.parametrize("target", ["c.npz", "c.pt"])
 def test_convert_creates_files_as_any_program_would_and_keeps_an_old_files_mode(
-        tmp_path, capsys, target) -> None:
+    tmp_path, capsys, target
+) -> None:
     if target.endswith(".pt"):
         pytest.importorskip("torch")
     source = tmp_path / "c.safetensors"

@@ -94,39 +94,55 @@ def layout(sizes: list[int], gaps: list[int]) -> list[tuple[int, int]]:
     return ranges
 
 
-@given(sizes=st.lists(st.sampled_from([0, 1, 4095, 4096, 70_000, MiB, MiB + 13, 3 * MiB - 7]),
-                      min_size=1, max_size=7),
-       data=st.data(), tool=st.sampled_from([None, "posix(threads=3,task_size=65536)",
-                                             "direct(threads=2,task_size=1048576)", "naive"]))
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_batches_move_every_request_exactly_with_its_checksum(tmp_path, fresh, sizes, data,
-                                                              tool):
-    gaps = data.draw(st.lists(st.sampled_from([0, 1, 512, 4096]), min_size=len(sizes),
-                              max_size=len(sizes)))
+@given(
+    sizes=st.lists(
+        st.sampled_from([0, 1, 4095, 4096, 70_000, MiB, MiB + 13, 3 * MiB - 7]),
+        min_size=1,
+        max_size=7,
+    ),
+    data=st.data(),
+    tool=st.sampled_from(
+        [None, "posix(threads=3,task_size=65536)", "direct(threads=2,task_size=1048576)", "naive"]
+    ),
+)
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_batches_move_every_request_exactly_with_its_checksum(tmp_path, fresh, sizes, data, tool):
+    gaps = data.draw(
+        st.lists(st.sampled_from([0, 1, 512, 4096]), min_size=len(sizes), max_size=len(sizes))
+    )
     ranges = layout(sizes, gaps)
     end = max(offset + size for offset, size in ranges)
     content = np.random.default_rng(len(sizes)).integers(0, 256, end, dtype=np.uint8)
     path = tmp_path / "batch.bin"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        sources = [content[offset:offset + size].copy() for offset, size in ranges]
+        sources = [content[offset : offset + size].copy() for offset, size in ranges]
         done: list[int] = []
-        crcs = fresh.write_many(fd, [(offset, src) for (offset, _), src in
-                                     zip(ranges, sources, strict=True)],
-                                with_checksum=True, tool=tool, done=done.append)
+        crcs = fresh.write_many(
+            fd,
+            [(offset, src) for (offset, _), src in zip(ranges, sources, strict=True)],
+            with_checksum=True,
+            tool=tool,
+            done=done.append,
+        )
         assert sorted(done) == list(range(len(ranges)))
         expected = [crc32c.crc32c(src.tobytes()) for src in sources]
         assert crcs == expected
         on_disk = np.fromfile(path, dtype=np.uint8)
         for (offset, size), src in zip(ranges, sources, strict=True):
-            assert on_disk[offset:offset + size].tobytes() == src.tobytes()
+            assert on_disk[offset : offset + size].tobytes() == src.tobytes()
 
         dests = [np.full(size, 0xA5, np.uint8) for _, size in ranges]
         done.clear()
-        crcs = fresh.read_many(fd, [(offset, dest) for (offset, _), dest in
-                                    zip(ranges, dests, strict=True)],
-                               with_checksum=True, tool=tool, done=done.append)
+        crcs = fresh.read_many(
+            fd,
+            [(offset, dest) for (offset, _), dest in zip(ranges, dests, strict=True)],
+            with_checksum=True,
+            tool=tool,
+            done=done.append,
+        )
         assert sorted(done) == list(range(len(ranges)))
         assert crcs == expected
         for dest, src in zip(dests, sources, strict=True):
@@ -178,15 +194,17 @@ def test_a_batch_keeps_a_bounded_number_in_flight(tmp_path, fresh, slow, monkeyp
 
 
 def test_a_failure_waits_for_every_started_transfer_before_falling_back(
-        tmp_path, fresh, slow, monkeypatch):
+    tmp_path, fresh, slow, monkeypatch
+):
     # The failing tool's other transfers may still be writing into the buffers: the
     # fallback must not start before they have all stopped, or they would overwrite it.
     count = 10
     path = tmp_path / "f.bin"
     content = os.urandom(count * MiB)
     path.write_bytes(content)
-    monkeypatch.setattr(dispatcher, "candidate_arms",
-                        lambda context: [Arm("slow"), Arm.of("posix", threads=2)])
+    monkeypatch.setattr(
+        dispatcher, "candidate_arms", lambda context: [Arm("slow"), Arm.of("posix", threads=2)]
+    )
     slow.fail_at = 2 * MiB
     dests = [np.empty(MiB, np.uint8) for _ in range(count)]
     done: list[int] = []
@@ -224,8 +242,7 @@ def test_a_short_file_in_a_batch_is_a_data_error(tmp_path, fresh):
     assert all(not e.unavailable for e in arrayio.explain().explanations)  # no tool blamed
 
 
-def test_an_error_from_done_stops_the_batch_after_its_transfers(tmp_path, fresh, slow,
-                                                                monkeypatch):
+def test_an_error_from_done_stops_the_batch_after_its_transfers(tmp_path, fresh, slow, monkeypatch):
     # How a cancelled save_async stops: the callback raises; what started finishes first.
     monkeypatch.setattr(batches, "BATCH_WINDOW", 2)
     path = tmp_path / "c.bin"
@@ -238,8 +255,9 @@ def test_an_error_from_done_stops_the_batch_after_its_transfers(tmp_path, fresh,
 
     try:
         with pytest.raises(KeyboardInterrupt):
-            fresh.write_many(fd, [(i * MiB, s) for i, s in enumerate(sources)], tool="slow",
-                             done=done)
+            fresh.write_many(
+                fd, [(i * MiB, s) for i, s in enumerate(sources)], tool="slow", done=done
+            )
         assert slow.running == 0
         assert len(slow.finished) < len(sources)  # it stopped starting new ones
     finally:
@@ -257,8 +275,11 @@ def test_loads_and_saves_of_many_arrays_use_one_batch(tmp_path, fresh, monkeypat
 
         monkeypatch.setattr(Dispatcher, name, spy)
     rng = np.random.default_rng(0)
-    tree = {"a": rng.standard_normal(MiB), "b": {"c": rng.integers(0, 9, 3 * MiB, np.uint8),
-                                                 "d": np.arange(10)}, "e": [1, None]}
+    tree = {
+        "a": rng.standard_normal(MiB),
+        "b": {"c": rng.integers(0, 9, 3 * MiB, np.uint8), "d": np.arange(10)},
+        "e": [1, None],
+    }
     path = tmp_path / "t.safetensors"
     arrayio.save(path, tree)
     back = arrayio.load(path)
@@ -281,16 +302,18 @@ def _record_calls(monkeypatch, method: str, owner: type = Dispatcher) -> list[tu
     return calls
 
 
-def _read_into(fresh, path, ranges: list[tuple[int, int]], buffers: list | None = None,
-               **kwargs) -> tuple[list, list[int | None]]:
+def _read_into(
+    fresh, path, ranges: list[tuple[int, int]], buffers: list | None = None, **kwargs
+) -> tuple[list, list[int | None]]:
     """Read every ``(offset, size)`` range of the file as one ``read_many``, into
     ``buffers`` (by default new host buffers): the buffers and what it returned."""
     if buffers is None:
         buffers = [np.empty(n, np.uint8) for _, n in ranges]
     fd = os.open(path, os.O_RDONLY)
     try:
-        crcs = fresh.read_many(fd, [(o, b) for (o, _), b in zip(ranges, buffers, strict=True)],
-                               **kwargs)
+        crcs = fresh.read_many(
+            fd, [(o, b) for (o, _), b in zip(ranges, buffers, strict=True)], **kwargs
+        )
     finally:
         os.close(fd)
     return buffers, crcs
@@ -308,8 +331,8 @@ def test_small_neighbours_are_read_with_one_read(tmp_path, fresh, monkeypatch):
     # after it join; the first stays alone.
     assert sorted(reads) == [(0, 4096), (100, 62288), (2 * MiB, 4096)]
     for (offset, size), dest, crc in zip(ranges, dests, crcs, strict=True):
-        assert dest.tobytes() == content[offset:offset + size]
-        assert crc == crc32c.crc32c(content[offset:offset + size])
+        assert dest.tobytes() == content[offset : offset + size]
+        assert crc == crc32c.crc32c(content[offset : offset + size])
 
 
 def test_a_short_file_under_small_neighbours_names_the_short_array(tmp_path, fresh):
@@ -330,19 +353,22 @@ def test_small_writes_that_touch_are_written_with_one_write(tmp_path, fresh, mon
     # Three that touch, then one 1 byte further on (the byte between must survive), and one
     # far away.
     ranges = [(0, 4096), (4096, 10_000), (14_096, 300), (14_397, 5000), (2 * MiB, 4096)]
-    sources = [np.random.default_rng(i).integers(0, 256, n, dtype=np.uint8)
-               for i, (_, n) in enumerate(ranges)]
+    sources = [
+        np.random.default_rng(i).integers(0, 256, n, dtype=np.uint8)
+        for i, (_, n) in enumerate(ranges)
+    ]
     writes = _record_calls(monkeypatch, "write")
     fd = os.open(path, os.O_RDWR)
     try:
-        crcs = fresh.write_many(fd, [(o, s) for (o, _), s in zip(ranges, sources, strict=True)],
-                                with_checksum=True)
+        crcs = fresh.write_many(
+            fd, [(o, s) for (o, _), s in zip(ranges, sources, strict=True)], with_checksum=True
+        )
     finally:
         os.close(fd)
     assert sorted(writes) == [(0, 14_396), (14_397, 5000), (2 * MiB, 4096)]
     content = path.read_bytes()
     for (offset, size), src, crc in zip(ranges, sources, crcs, strict=True):
-        assert content[offset:offset + size] == src.tobytes()
+        assert content[offset : offset + size] == src.tobytes()
         assert crc == crc32c.crc32c(src.tobytes())
     assert content[14_396] == 0xEE and content[-1] == 0xEE
 
@@ -350,8 +376,9 @@ def test_small_writes_that_touch_are_written_with_one_write(tmp_path, fresh, mon
 def test_an_exception_from_done_is_no_tool_failure(tmp_path, fresh, monkeypatch):
     # A cancelled save_async raises from its progress callback, inside the batch: that must
     # not mark the tool unavailable, nor have another tool write the whole batch again.
-    monkeypatch.setattr(dispatcher, "candidate_arms",
-                        lambda context: [Arm.of("posix", threads=2), Arm("naive")])
+    monkeypatch.setattr(
+        dispatcher, "candidate_arms", lambda context: [Arm.of("posix", threads=2), Arm("naive")]
+    )
     calls: list[int] = []
     posix = tools.tool_class("posix")
     real = posix.pwrite
@@ -380,8 +407,7 @@ def test_an_exception_from_done_is_no_tool_failure(tmp_path, fresh, monkeypatch)
     assert all(not e.unavailable for e in arrayio.explain().explanations)
 
 
-def test_requests_of_one_task_run_on_the_tools_threads_within_a_batch(tmp_path, fresh,
-                                                                      monkeypatch):
+def test_requests_of_one_task_run_on_the_tools_threads_within_a_batch(tmp_path, fresh, monkeypatch):
     from arrayio.tools import posix as posix_module
 
     threads: set[str] = set()
@@ -398,8 +424,11 @@ def test_requests_of_one_task_run_on_the_tools_threads_within_a_batch(tmp_path, 
     dests = [np.empty(MiB, np.uint8) for _ in range(16)]  # each one task of posix(4x4 MiB)
     fd = os.open(path, os.O_RDONLY)
     try:
-        fresh.read_many(fd, [(i * MiB, d) for i, d in enumerate(dests)],
-                        tool="posix(threads=4,task_size=4194304)")
+        fresh.read_many(
+            fd,
+            [(i * MiB, d) for i, d in enumerate(dests)],
+            tool="posix(threads=4,task_size=4194304)",
+        )
         assert threading.current_thread().name not in threads  # all on the pool
         assert len(threads) >= 2
         threads.clear()
@@ -491,8 +520,9 @@ def test_a_read_batch_checksums_each_array_on_the_gpu_as_it_lands(tmp_path, gpu_
     reported: list[int] = []
     fd = os.open(path, os.O_RDONLY)
     try:
-        crcs = batches.read_batch(Gated(), fd, [(i * MiB, d) for i, d in enumerate(dests)],
-                                  "g", True, reported.append)
+        crcs = batches.read_batch(
+            Gated(), fd, [(i * MiB, d) for i, d in enumerate(dests)], "g", True, reported.append
+        )
     finally:
         os.close(fd)
     assert Gated.gate_was_open == [True]
@@ -501,7 +531,7 @@ def test_a_read_batch_checksums_each_array_on_the_gpu_as_it_lands(tmp_path, gpu_
     launches = [event for event in sums.events if event != "results"]
     assert launches == [("launch", k) for k in range(count)] and sums.events[-1] == "results"
     assert reported == list(range(count))
-    assert crcs == [crc32c.crc32c(content[i * MiB:(i + 1) * MiB]) for i in range(count)]
+    assert crcs == [crc32c.crc32c(content[i * MiB : (i + 1) * MiB]) for i in range(count)]
 
 
 def test_a_failed_read_batch_waits_for_its_launched_checksums(tmp_path, gpu_checksums):
@@ -512,8 +542,9 @@ def test_a_failed_read_batch_waits_for_its_launched_checksums(tmp_path, gpu_chec
     fd = os.open(path, os.O_RDONLY)
     try:
         with pytest.raises(TruncatedFileError):
-            batches.read_batch(Gated(), fd, [(0, dests[0]), (2 * MiB, dests[1])], "short",
-                               True, lambda index: None)
+            batches.read_batch(
+                Gated(), fd, [(0, dests[0]), (2 * MiB, dests[1])], "short", True, lambda index: None
+            )
     finally:
         os.close(fd)
     [sums] = gpu_checksums.made
@@ -526,8 +557,9 @@ def test_a_write_batch_checksums_on_the_gpu_while_it_writes(tmp_path, gpu_checks
     written: list[int] = []
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        crcs = batches.write_batch(Gated(), fd, [(i * MiB, s) for i, s in enumerate(sources)],
-                                   True, written.append)
+        crcs = batches.write_batch(
+            Gated(), fd, [(i * MiB, s) for i, s in enumerate(sources)], True, written.append
+        )
     finally:
         os.close(fd)
     [sums] = gpu_checksums.made
@@ -570,14 +602,19 @@ class Gathering(Tool):
         self.pool.shutdown()
 
 
-@given(sizes=st.lists(st.sampled_from([1, 4095, 4096, MiB, MiB + 13, 2 * MiB]), min_size=1,
-                      max_size=8),
-       gaps=st.lists(st.sampled_from([0, 0, 0, 1, 4096]), min_size=8, max_size=8),
-       shuffle=st.randoms(use_true_random=False))
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_a_write_batch_gathers_neighbours_into_one_range_each(tmp_path, monkeypatch, sizes,
-                                                               gaps, shuffle):
+@given(
+    sizes=st.lists(
+        st.sampled_from([1, 4095, 4096, MiB, MiB + 13, 2 * MiB]), min_size=1, max_size=8
+    ),
+    gaps=st.lists(st.sampled_from([0, 0, 0, 1, 4096]), min_size=8, max_size=8),
+    shuffle=st.randoms(use_true_random=False),
+)
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_a_write_batch_gathers_neighbours_into_one_range_each(
+    tmp_path, monkeypatch, sizes, gaps, shuffle
+):
     monkeypatch.setattr(batches, "GATHER_BYTES", 3 * MiB)
     monkeypatch.setattr(Gathering, "calls", [])
     ranges = layout(sizes, gaps[: len(sizes)])
@@ -607,11 +644,14 @@ def test_a_write_batch_gathers_neighbours_into_one_range_each(tmp_path, monkeypa
     assert {kind for kind, _, _ in Gathering.calls} == {"pwritev"}
     expected = batches.runs(batch, range(len(batch)), 0, 3 * MiB)
     assert sorted((offset, sizes) for _, offset, sizes in Gathering.calls) == sorted(
-        (batch[run[0]][0], [batch[i][1].nbytes for i in run]) for run in expected)
+        (batch[run[0]][0], [batch[i][1].nbytes for i in run]) for run in expected
+    )
     for run in expected:
         # neighbours: each ends where the next starts
-        assert all(batch[a][0] + batch[a][1].nbytes == batch[b][0]
-                   for a, b in zip(run, run[1:], strict=False))
+        assert all(
+            batch[a][0] + batch[a][1].nbytes == batch[b][0]
+            for a, b in zip(run, run[1:], strict=False)
+        )
         assert len(run) == 1 or sum(batch[i][1].nbytes for i in run) <= 3 * MiB
 
 
@@ -625,7 +665,7 @@ class _Device:
         self.nbytes = nbytes
 
     def copy_from_host(self, offset: int, src: np.ndarray) -> None:
-        self.data[offset:offset + src.nbytes] = src
+        self.data[offset : offset + src.nbytes] = src
 
 
 def test_small_neighbours_read_as_one_run_fill_host_and_device_buffers_alike(tmp_path, fresh):
@@ -640,22 +680,24 @@ def test_small_neighbours_read_as_one_run_fill_host_and_device_buffers_alike(tmp
     _, crcs = _read_into(fresh, path, places, buffers, with_checksum=True)
     for (offset, n), buffer, crc in zip(places, buffers, crcs, strict=True):
         got = buffer if isinstance(buffer, np.ndarray) else buffer.data
-        assert got.tobytes() == data[offset:offset + n], (offset, n)
-        assert crc == crc32c.crc32c(data[offset:offset + n])
+        assert got.tobytes() == data[offset : offset + n], (offset, n)
+        assert crc == crc32c.crc32c(data[offset : offset + n])
 
 
 def _mixed(tmp_path, big: int = 6) -> tuple[os.PathLike, bytes, list[tuple[int, int]]]:
     """A file with ``big`` 1 MiB arrays, then 20 small neighbours: (path, content, ranges)."""
-    ranges = [(i * MiB, MiB) for i in range(big)] + [(big * MiB + 5000 * k, 4000)
-                                                    for k in range(20)]
+    ranges = [(i * MiB, MiB) for i in range(big)] + [
+        (big * MiB + 5000 * k, 4000) for k in range(20)
+    ]
     content = os.urandom(big * MiB + 5000 * 20)
     path = tmp_path / "mixed.bin"
     path.write_bytes(content)
     return path, content, ranges
 
 
-def test_the_small_neighbours_of_a_read_move_while_its_batch_transfers_do(tmp_path, fresh, slow,
-                                                                     monkeypatch):
+def test_the_small_neighbours_of_a_read_move_while_its_batch_transfers_do(
+    tmp_path, fresh, slow, monkeypatch
+):
     # The small arrays of a load are read while the batch's transfers are in flight, not
     # before they start; every byte is where it would be alone.
     monkeypatch.setattr(dispatcher, "candidate_arms", lambda context: [Arm("slow")])
@@ -673,13 +715,15 @@ def test_the_small_neighbours_of_a_read_move_while_its_batch_transfers_do(tmp_pa
     assert in_flight_then and in_flight_then[0] > 0  # the one run's read, inside the batch
     assert sorted(done) == list(range(len(ranges)))
     for (offset, n), dest in zip(ranges, dests, strict=True):
-        assert dest.tobytes() == content[offset:offset + n]
+        assert dest.tobytes() == content[offset : offset + n]
 
 
-def test_small_neighbours_move_once_when_a_failing_tool_batch_is_redone(tmp_path, fresh, slow,
-                                                                        monkeypatch):
-    monkeypatch.setattr(dispatcher, "candidate_arms",
-                        lambda context: [Arm("slow"), Arm.of("posix", threads=2)])
+def test_small_neighbours_move_once_when_a_failing_tool_batch_is_redone(
+    tmp_path, fresh, slow, monkeypatch
+):
+    monkeypatch.setattr(
+        dispatcher, "candidate_arms", lambda context: [Arm("slow"), Arm.of("posix", threads=2)]
+    )
     slow.fail_at = 3 * MiB
     reads = _record_calls(monkeypatch, "read", NaiveTool)
     path, content, ranges = _mixed(tmp_path)
@@ -688,17 +732,19 @@ def test_small_neighbours_move_once_when_a_failing_tool_batch_is_redone(tmp_path
     assert reads == [(6 * MiB, 5000 * 19 + 4000)]  # one read of the run, not one per tool
     assert sorted(done) == list(range(len(ranges)))
     for (offset, n), dest in zip(ranges, dests, strict=True):
-        assert dest.tobytes() == content[offset:offset + n]
+        assert dest.tobytes() == content[offset : offset + n]
     [context] = [e for e in arrayio.explain().explanations]
     assert "slow" in context.unavailable  # the batch fell back; the small reads did not
 
 
 def test_an_error_of_the_small_neighbours_inside_a_batch_is_no_tool_failure(
-        tmp_path, fresh, slow, monkeypatch):
+    tmp_path, fresh, slow, monkeypatch
+):
     # What the small arrays' part raises (here a cancelled load's callback) leaves as itself,
     # after the batch's started transfers, and blames no tool.
-    monkeypatch.setattr(dispatcher, "candidate_arms",
-                        lambda context: [Arm("slow"), Arm.of("posix", threads=2)])
+    monkeypatch.setattr(
+        dispatcher, "candidate_arms", lambda context: [Arm("slow"), Arm.of("posix", threads=2)]
+    )
     path, _, ranges = _mixed(tmp_path)
 
     class Cancelled(Exception):

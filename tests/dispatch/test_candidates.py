@@ -24,14 +24,25 @@ from arrayio.integrity import _device_checksum
 
 PINNED = Path(__file__).with_name("candidate_arms.json")
 SIZE_CLASSES = range(10, 37)
-GRID = list(itertools.product(("read", "write"), ("host", "cuda"), ("warm", "cold", "mixed", "-"),
-                              (0, 25), (False, True), (False, True)))
+GRID = list(
+    itertools.product(
+        ("read", "write"),
+        ("host", "cuda"),
+        ("warm", "cold", "mixed", "-"),
+        (0, 25),
+        (False, True),
+        (False, True),
+    )
+)
 
 
-def _group(direction: str, memory: str, cache: str, pieces: int, checksum: bool,
-           gpu_checksums: bool) -> str:
-    return (f"{direction}/{memory}/cache={cache}/pieces={pieces}/checksum={checksum}"
-            f"/gpu_checksums={gpu_checksums}")
+def _group(
+    direction: str, memory: str, cache: str, pieces: int, checksum: bool, gpu_checksums: bool
+) -> str:
+    return (
+        f"{direction}/{memory}/cache={cache}/pieces={pieces}/checksum={checksum}"
+        f"/gpu_checksums={gpu_checksums}"
+    )
 
 
 def observed(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[list[Any]]]:
@@ -54,11 +65,15 @@ def observed(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[list[Any]]]:
 def pinned() -> dict[str, list[list[Any]]]:
     """:func:`observed` as ``candidate_arms.json`` holds it."""
     data = json.loads(PINNED.read_text())
-    return {group: [[int(first), int(last), data["lists"][name]]
-                    for run in runs.split(", ")
-                    for span, name in [run.split(" ")]
-                    for first, last in [span.split("-")]]
-            for group, runs in data["groups"].items()}
+    return {
+        group: [
+            [int(first), int(last), data["lists"][name]]
+            for run in runs.split(", ")
+            for span, name in [run.split(" ")]
+            for first, last in [span.split("-")]
+        ]
+        for group, runs in data["groups"].items()
+    }
 
 
 def _pinned_text(found: dict[str, list[list[Any]]]) -> str:
@@ -72,31 +87,38 @@ def _pinned_text(found: dict[str, list[list[Any]]]) -> str:
             parts.append(f"{first}-{last} {name}")
         groups[group] = ", ".join(parts)
     lists = ",\n".join(f'  "{name}": {key}' for key, name in names.items())
-    body = ",\n".join(f"  {json.dumps(group)}: {json.dumps(runs)}"
-                      for group, runs in groups.items())
+    body = ",\n".join(
+        f"  {json.dumps(group)}: {json.dumps(runs)}" for group, runs in groups.items()
+    )
     return f'{{\n "lists": {{\n{lists}\n }},\n "groups": {{\n{body}\n }}\n}}\n'
 
 
 def test_every_context_gets_the_pinned_candidates(monkeypatch: pytest.MonkeyPatch) -> None:
     expected = pinned()
     found = observed(monkeypatch)
-    changed = sorted(group for group in expected.keys() | found.keys()
-                     if expected.get(group) != found.get(group))
-    assert not changed, (f"candidates changed in {len(changed)} groups, first {changed[0]}: "
-                         f"pinned {expected.get(changed[0])}, now {found.get(changed[0])}")
+    changed = sorted(
+        group for group in expected.keys() | found.keys() if expected.get(group) != found.get(group)
+    )
+    assert not changed, (
+        f"candidates changed in {len(changed)} groups, first {changed[0]}: "
+        f"pinned {expected.get(changed[0])}, now {found.get(changed[0])}"
+    )
 
 
 def test_a_host_context_never_asks_whether_the_gpu_can_checksum(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Asking imports CuPy: a host transfer must not pay for it.
     def refuse() -> bool:
         raise AssertionError("host contexts must not look for a GPU")
 
     monkeypatch.setattr(_device_checksum, "available", refuse)
     for direction, cache, pieces, size_class in itertools.product(
-            ("read", "write"), ("warm", "cold", "-"), (0, 25), SIZE_CLASSES):
+        ("read", "write"), ("warm", "cold", "-"), (0, 25), SIZE_CLASSES
+    ):
         dispatcher.candidate_arms(
-            Context(direction, "host", size_class, "vda", cache, 1, True, pieces))
+            Context(direction, "host", size_class, "vda", cache, 1, True, pieces)
+        )
 
 
 def _write_pinned() -> None:

@@ -57,8 +57,9 @@ def prepend(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
 
     def install(*arms: Arm) -> None:
         builtin = dispatcher.candidate_arms
-        monkeypatch.setattr(dispatcher, "candidate_arms",
-                            lambda context: [*arms, *builtin(context)])
+        monkeypatch.setattr(
+            dispatcher, "candidate_arms", lambda context: [*arms, *builtin(context)]
+        )
 
     return install
 
@@ -112,8 +113,9 @@ def random_tree(seed: int, sizes: dict[str, int]) -> dict[str, np.ndarray]:
     tree = {}
     for i, (key, nbytes) in enumerate(sizes.items()):
         dtype = np.dtype(dtypes[i % len(dtypes)])
-        tree[key] = rng.integers(0, 256, nbytes - nbytes % dtype.itemsize,
-                                 dtype=np.uint8).view(dtype)
+        tree[key] = rng.integers(0, 256, nbytes - nbytes % dtype.itemsize, dtype=np.uint8).view(
+            dtype
+        )
     return tree
 
 
@@ -148,14 +150,19 @@ def reason_of(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def python(code: str, *args: str, env: dict[str, str], cwd: Path
-           ) -> subprocess.CompletedProcess[str]:
+def python(
+    code: str, *args: str, env: dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter with ``env`` over a clean ARRAYIO_* environment."""
-    base = {name: value for name, value in os.environ.items()
-            if not name.startswith("ARRAYIO_")}
+    base = {name: value for name, value in os.environ.items() if not name.startswith("ARRAYIO_")}
     return subprocess.run(
         [sys.executable, "-W", "error", "-c", textwrap.dedent(code), *args],
-        env={**base, **env}, cwd=cwd, capture_output=True, text=True, timeout=120, check=False,
+        env={**base, **env},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 
@@ -166,7 +173,8 @@ def run_python(code: str, *args: str, env: dict[str, str], cwd: Path) -> str:
     # An error in an atexit hook (the dispatcher saves its table there) does not change the
     # exit status.
     assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr, (
-        result.stderr)
+        result.stderr
+    )
     return result.stdout
 
 
@@ -182,7 +190,8 @@ FAILURES = {
 
 @pytest.mark.parametrize("error", FAILURES.values(), ids=FAILURES.keys())
 def test_a_tool_that_fails_after_scribbling_falls_back_with_exact_data(
-        tmp_path, registry, prepend, fresh, error):
+    tmp_path, registry, prepend, fresh, error
+):
     scribbler, calls = make_scribbler(error)
     tools.register("scribbler", scribbler, clobber=True)
     prepend(Arm("scribbler"))
@@ -203,8 +212,9 @@ def test_a_tool_that_fails_after_scribbling_falls_back_with_exact_data(
 
     report = arrayio.explain()
     contexts = contexts_of(report)
-    marked = {key: context for key, context in contexts.items()
-              if "scribbler" in context["unavailable"]}
+    marked = {
+        key: context for key, context in contexts.items() if "scribbler" in context["unavailable"]
+    }
     # Tried once in each learned context, never again there.
     assert sum(calls.values()) == len(marked)
     assert {key.split("/")[0] for key in marked} == {"read", "write"}
@@ -213,11 +223,9 @@ def test_a_tool_that_fails_after_scribbling_falls_back_with_exact_data(
     for context in marked.values():
         assert context["unavailable"]["scribbler"] == expected
         [arm] = [arm for arm in context["arms"] if arm["label"] == "scribbler"]
-        assert (arm["state"], arm["failures"], arm["reason"]) == (
-            "unavailable", 1, expected)
+        assert (arm["state"], arm["failures"], arm["reason"]) == ("unavailable", 1, expected)
         assert context["chosen"] != "scribbler"
-    lines = [line for line in str(report).splitlines()
-             if line.lstrip().startswith("scribbler ")]
+    lines = [line for line in str(report).splitlines() if line.lstrip().startswith("scribbler ")]
     assert len(lines) == len(marked)
     assert all("unavailable" in line and expected in line for line in lines)
     json.dumps(report.as_dict(), allow_nan=False)
@@ -229,8 +237,11 @@ def test_a_tool_that_fails_after_scribbling_falls_back_with_exact_data(
         arrayio.save(second, tree)
         assert_same(arrayio.load(second), tree)
     assert_checksums_recorded(second, tree)
-    later = {key: context for key, context in contexts_of(arrayio.explain()).items()
-             if "scribbler" in context["unavailable"]}
+    later = {
+        key: context
+        for key, context in contexts_of(arrayio.explain()).items()
+        if "scribbler" in context["unavailable"]
+    }
     assert later.keys() >= marked.keys()
     assert sum(calls.values()) == len(later)
     for context in later.values():
@@ -265,8 +276,16 @@ def test_mmap_forced_for_a_save_raises_and_leaves_no_file(tmp_path, fresh):
 # ---- data errors are not tool failures ---------------------------------------------------
 
 
-@pytest.mark.parametrize("tool", [None, "naive", "posix(threads=2,task_size=1048576)",
-                                  "direct(threads=2,task_size=1048576)", "mmap(threads=2)"])
+@pytest.mark.parametrize(
+    "tool",
+    [
+        None,
+        "naive",
+        "posix(threads=2,task_size=1048576)",
+        "direct(threads=2,task_size=1048576)",
+        "mmap(threads=2)",
+    ],
+)
 def test_a_truncated_file_is_a_data_error_not_a_fallback(tmp_path, fresh, tool):
     tree = random_tree(4, {"w": 4 * MiB})
     path = tmp_path / "w.safetensors"
@@ -366,12 +385,14 @@ def test_arrayio_tool_forces_every_transfer_of_a_process(tmp_path):
             "explain": [[e.phase, e.chosen] for e in arrayio.explain(path).explanations],
         }))
     """
-    env = {"ARRAYIO_TOOL": " posix( threads = 2 , task_size=65536 ) ",
-           "ARRAYIO_CACHE_DIR": "none"}
+    env = {"ARRAYIO_TOOL": " posix( threads = 2 , task_size=65536 ) ", "ARRAYIO_CACHE_DIR": "none"}
     out = json.loads(run_python(code, str(tmp_path / "x.safetensors"), env=env, cwd=tmp_path))
     label = "posix(task_size=65536,threads=2)"
-    assert out == {"labels": [label, label], "directions": ["write", "read"],
-                   "explain": [["forced", label]]}
+    assert out == {
+        "labels": [label, label],
+        "directions": ["write", "read"],
+        "explain": [["forced", label]],
+    }
 
 
 def test_arrayio_tool_naming_an_unknown_tool_fails_the_transfer(tmp_path):
@@ -380,8 +401,7 @@ def test_arrayio_tool_naming_an_unknown_tool_fails_the_transfer(tmp_path):
         import arrayio
         arrayio.save("x.safetensors", {"x": np.arange(10)})
     """
-    result = python(code, env={"ARRAYIO_TOOL": "nope", "ARRAYIO_CACHE_DIR": "none"},
-                    cwd=tmp_path)
+    result = python(code, env={"ARRAYIO_TOOL": "nope", "ARRAYIO_CACHE_DIR": "none"}, cwd=tmp_path)
     assert result.returncode != 0
     assert "UnknownToolError: no transfer tool named 'nope'" in result.stderr
     assert list(tmp_path.iterdir()) == []  # not even a temporary file
@@ -405,23 +425,25 @@ def test_an_unknown_tool_name_raises_with_the_known_ones(tmp_path, fresh):
 # ---- parse_arm --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("spec", "expected"), [
-    ("posix", Arm("posix")),
-    ("  posix  ", Arm("posix")),
-    ("posix()", Arm("posix")),
-    ("posix(threads=4)", Arm.of("posix", threads=4)),
-    (" posix ( threads = 4 , task_size=1048576 ) ", Arm.of("posix", threads=4, task_size=MiB)),
-    ("posix(task_size=1048576,threads=4)", Arm.of("posix", threads=4, task_size=MiB)),
-    ("posix(threads=4,)", Arm.of("posix", threads=4)),
-    ("staged(direct=true,threads=2)", Arm.of("staged", direct=True, threads=2)),
-    ("staged(direct=TRUE)", Arm.of("staged", direct=True)),
-])
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("posix", Arm("posix")),
+        ("  posix  ", Arm("posix")),
+        ("posix()", Arm("posix")),
+        ("posix(threads=4)", Arm.of("posix", threads=4)),
+        (" posix ( threads = 4 , task_size=1048576 ) ", Arm.of("posix", threads=4, task_size=MiB)),
+        ("posix(task_size=1048576,threads=4)", Arm.of("posix", threads=4, task_size=MiB)),
+        ("posix(threads=4,)", Arm.of("posix", threads=4)),
+        ("staged(direct=true,threads=2)", Arm.of("staged", direct=True, threads=2)),
+        ("staged(direct=TRUE)", Arm.of("staged", direct=True)),
+    ],
+)
 def test_parse_arm(spec, expected):
     arm = parse_arm(spec)
     assert arm == expected
     assert arm.params == expected.params  # values keep their types: 4, not "4"; True, not 1
-    assert [type(value) for _, value in arm.params] == [
-        type(value) for _, value in expected.params]
+    assert [type(value) for _, value in arm.params] == [type(value) for _, value in expected.params]
 
 
 def test_parse_arm_passes_arms_and_tools_through():
@@ -435,14 +457,26 @@ def test_parse_arm_passes_arms_and_tools_through():
     assert parse_arm(parse_arm("posix(threads=2)").label) == Arm.of("posix", threads=2)
 
 
-@pytest.mark.parametrize("spec", [
-    "", "   ", "(threads=4)", "posix(threads=4", "posix threads=4", "posix(threads=4)x",
-    "posix(threads)", "posix(threads=4,task_size)", "posix(=4)",
-    "posix(threads=1,threads=2)",
-    # A value the tool refuses, a parameter it does not take, a value of the wrong kind.
-    "posix(threads=-1)", "staged(direct=true,pinned=False)", "posix(mode=fast)",
-    "posix(threads=1.5)",
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "",
+        "   ",
+        "(threads=4)",
+        "posix(threads=4",
+        "posix threads=4",
+        "posix(threads=4)x",
+        "posix(threads)",
+        "posix(threads=4,task_size)",
+        "posix(=4)",
+        "posix(threads=1,threads=2)",
+        # A value the tool refuses, a parameter it does not take, a value of the wrong kind.
+        "posix(threads=-1)",
+        "staged(direct=true,pinned=False)",
+        "posix(mode=fast)",
+        "posix(threads=1.5)",
+    ],
+)
 def test_parse_arm_refuses_malformed_specs(spec):
     with pytest.raises(ValueError):  # a ConfigError (tests/test_config.py)
         parse_arm(spec)
@@ -457,7 +491,8 @@ def test_parse_arm_refuses_unknown_names():
 
 
 def test_a_forced_tool_without_checksums_saves_files_that_load_with_verify(
-        tmp_path, registry, fresh):
+    tmp_path, registry, fresh
+):
     tools.register("nocrc", NoChecksums, clobber=True)
     NoChecksums.handed = []
     tree = random_tree(8, {"big": 2 * MiB, "small": 4096})
@@ -558,7 +593,9 @@ def test_what_one_process_learns_the_next_exploits_at_once(tmp_path):
     assert set(learned) <= set(table["contexts"])
     for key, chosen in learned.items():
         assert (table["contexts"][key]["phase"], table["contexts"][key]["chosen"]) == (
-            "exploiting", chosen)
+            "exploiting",
+            chosen,
+        )
 
     second = json.loads(run_python(_EXPLOIT, str(data), env=env, cwd=tmp_path))
     for key, chosen in learned.items():
@@ -673,7 +710,8 @@ def test_warm_reads_never_explore_the_disk(memory, size_class):
 
     def arms(cache: str, direction: str = "read") -> list[Arm]:
         return dispatcher.candidate_arms(
-            Context(direction, memory, size_class, "vda", cache, 1, True))
+            Context(direction, memory, size_class, "vda", cache, 1, True)
+        )
 
     assert arms("warm") and not any(_reads_disk(arm) for arm in arms("warm"))
     for cache in ("cold", "mixed"):  # where they serve, they stay
@@ -699,11 +737,17 @@ def test_a_large_batch_of_pieces_also_tries_deeper_writes():
     from arrayio.dispatch.context import Context
 
     def arms(pieces: int, size_class: int = 31) -> list[str]:
-        return [arm.label for arm in dispatcher.candidate_arms(
-            Context("write", "cuda", size_class, "vda", "-", 1, True, pieces))]
+        return [
+            arm.label
+            for arm in dispatcher.candidate_arms(
+                Context("write", "cuda", size_class, "vda", "-", 1, True, pieces)
+            )
+        ]
 
-    deeper = {"staged(chunk_size=67108864,direct=True,threads=8)",
-              "staged(chunk_size=16777216,direct=True,threads=16)"}
+    deeper = {
+        "staged(chunk_size=67108864,direct=True,threads=8)",
+        "staged(chunk_size=16777216,direct=True,threads=16)",
+    }
     assert deeper <= set(arms(25)) and not deeper & set(arms(0))
     assert [a for a in arms(25) if a not in deeper] == arms(0)
     assert arms(21, size_class=24) == arms(0, size_class=24)  # small batches: as before
@@ -712,8 +756,10 @@ def test_a_large_batch_of_pieces_also_tries_deeper_writes():
 # ---- O_DIRECT refused ---------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not hasattr(os, "O_DIRECT") or not hasattr(os, "RWF_NOWAIT"),
-                    reason="needs O_DIRECT and page-cache probing (Linux)")
+@pytest.mark.skipif(
+    not hasattr(os, "O_DIRECT") or not hasattr(os, "RWF_NOWAIT"),
+    reason="needs O_DIRECT and page-cache probing (Linux)",
+)
 def test_o_direct_refused_falls_back_and_explain_says_why(tmp_path, fresh, monkeypatch):
     real_open = os.open
     refused: list[str] = []
@@ -727,8 +773,10 @@ def test_o_direct_refused_falls_back_and_explain_says_why(tmp_path, fresh, monke
     # The direct tool reopens the caller's file with os.open(..., O_DIRECT).
     monkeypatch.setattr(direct_module.os, "open", open_refusing_direct)
     # One file per size: reading one array's end would read ahead into the next one.
-    files = {tmp_path / f"{key}.safetensors": random_tree(10 + i, {key: nbytes})
-             for i, (key, nbytes) in enumerate({"a": 8 * MiB, "b": 4 * MiB}.items())}
+    files = {
+        tmp_path / f"{key}.safetensors": random_tree(10 + i, {key: nbytes})
+        for i, (key, nbytes) in enumerate({"a": 8 * MiB, "b": 4 * MiB}.items())
+    }
     for path, tree in files.items():
         arrayio.save(path, tree)
         evict(path)
@@ -736,12 +784,14 @@ def test_o_direct_refused_falls_back_and_explain_says_why(tmp_path, fresh, monke
         assert fresh.last[0].cache == "cold"
     assert refused  # direct went first for cold reads, and was refused
 
-    cold = {key: context for key, context in contexts_of(arrayio.explain()).items()
-            if key.startswith("read/") and "/cold/" in key}
+    cold = {
+        key: context
+        for key, context in contexts_of(arrayio.explain()).items()
+        if key.startswith("read/") and "/cold/" in key
+    }
     assert {key.split("/")[2] for key in cold} == {"2^22", "2^23"}
     for key, context in cold.items():
-        direct = {arm["label"]: arm for arm in context["arms"]
-                  if arm["label"].startswith("direct")}
+        direct = {arm["label"]: arm for arm in context["arms"] if arm["label"].startswith("direct")}
         assert direct and set(direct) == set(context["unavailable"]), key
         for arm in direct.values():
             assert arm["state"] == "unavailable"
@@ -764,7 +814,8 @@ def test_o_direct_refused_falls_back_and_explain_says_why(tmp_path, fresh, monke
         [explanation] = report.explanations
         assert "/cold/" in explanation.key
         assert explanation.unavailable and all(
-            "O_DIRECT open refused" in reason for reason in explanation.unavailable.values())
+            "O_DIRECT open refused" in reason for reason in explanation.unavailable.values()
+        )
         assert "O_DIRECT open refused" in str(report)
 
 
@@ -783,17 +834,18 @@ def test_explain_leaves_a_cold_file_cold(tmp_path, fresh):
     assert fresh.last[0].key() == explanation.key
 
 
-def test_the_table_is_saved_between_transfers_without_waiting_for_the_disk(
-        tmp_path, monkeypatch):
+def test_the_table_is_saved_between_transfers_without_waiting_for_the_disk(tmp_path, monkeypatch):
     # A save of the learned table inside a user's load or save must not fsync (two disk
     # flushes on the I/O path); an explicit save, as at exit or after tune(), is durable.
     from arrayio.integrity import _atomic
 
     synced: list[str] = []
     real_fsync = os.fsync
-    monkeypatch.setattr(_atomic.os, "fsync",
-                        lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")),
-                                    real_fsync(fd)))
+    monkeypatch.setattr(
+        _atomic.os,
+        "fsync",
+        lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd)),
+    )
     monkeypatch.setattr(dispatcher, "_SAVE_INTERVAL", 0.0)
     table = tmp_path / "cache" / "dispatch.json"
     active = dispatcher.Dispatcher(str(table))

@@ -58,8 +58,9 @@ class World:
     def wall_clock(self) -> float:
         return self.wall
 
-    def fail(self, label: str, error: Callable[[], BaseException],
-             calls: set[int] | None = None) -> None:
+    def fail(
+        self, label: str, error: Callable[[], BaseException], calls: set[int] | None = None
+    ) -> None:
         """Make ``label`` raise ``error()`` on the given call numbers (1-based), or always."""
         self.failures[label] = (error, calls)
 
@@ -106,13 +107,24 @@ class FakeTool(Tool):
         self.closed = True
 
 
-def context(size_class: int = 20, *, direction: str = "read", memory: str = "host",
-            storage: str = "vda", cache: str = "warm", load: int = 1) -> Context:
+def context(
+    size_class: int = 20,
+    *,
+    direction: str = "read",
+    memory: str = "host",
+    storage: str = "vda",
+    cache: str = "warm",
+    load: int = 1,
+) -> Context:
     return Context(direction, memory, size_class, storage, cache, load)
 
 
-def make_policy(world: World, arms: list[Arm] | Callable[[Context], list[Arm]],
-                table: Table | None = None, **tunables) -> Policy:
+def make_policy(
+    world: World,
+    arms: list[Arm] | Callable[[Context], list[Arm]],
+    table: Table | None = None,
+    **tunables,
+) -> Policy:
     candidates = arms if callable(arms) else (lambda _context: list(arms))
     table = table if table is not None else Table(clock=world.wall_clock)
     tunables.setdefault("skip_first_call", False)  # fake tools have no setup cost
@@ -156,8 +168,11 @@ def test_arm_labels_match_tool_labels():
 
 def test_arms_are_values():
     unsorted = Arm("posix", (("threads", 16), ("task_size", 1)))
-    assert unsorted == Arm("posix", {"task_size": 1, "threads": 16}) == Arm.of(
-        "posix", threads=16, task_size=1)
+    assert (
+        unsorted
+        == Arm("posix", {"task_size": 1, "threads": 16})
+        == Arm.of("posix", threads=16, task_size=1)
+    )
     assert unsorted.params == (("task_size", 1), ("threads", 16))
     assert len({unsorted, Arm.of("posix", task_size=1, threads=16)}) == 1
     with pytest.raises(ValueError, match="repeated"):
@@ -212,16 +227,19 @@ def test_a_contender_appearing_while_exploiting_does_not_reopen_exploration():
     world.speeds["a"] = 2.2 * GB
     assert labels(policy, ctx, 12) == ["a"] * 12
     assert entry_of(policy, ctx).phase == EXPLOITING
-    reloaded = make_policy(world, [A, B], Table.from_json(json.loads(table.dumps()),
-                                                         clock=world.wall_clock),
-                           contend_samples=4, contend_ratio=0.85)
+    reloaded = make_policy(
+        world,
+        [A, B],
+        Table.from_json(json.loads(table.dumps()), clock=world.wall_clock),
+        contend_samples=4,
+        contend_ratio=0.85,
+    )
     assert labels(reloaded, ctx, 3) == ["a"] * 3
 
 
 def test_policy_defaults_give_close_arms_four_samples():
     policy = Policy(lambda _context: [A])
-    assert (policy.explore_samples, policy.contend_samples, policy.contend_ratio) == (
-        2, 4, 0.85)
+    assert (policy.explore_samples, policy.contend_samples, policy.contend_ratio) == (2, 4, 0.85)
 
 
 def test_exploration_visits_every_arm_in_rounds_then_exploits_the_fastest():
@@ -246,10 +264,13 @@ def test_one_sample_each_when_asked():
     assert labels(policy, context(), 5) == ["a", "b", "c", "b", "b"]
 
 
-@pytest.mark.parametrize(("order", "expected"), [
-    ([A, B, C], ["a", "b", "c", "a", "c", "a", "a"]),
-    ([B, A, C], ["b", "a", "c", "a", "c", "a", "a"]),  # b is pruned once a is measured
-])
+@pytest.mark.parametrize(
+    ("order", "expected"),
+    [
+        ([A, B, C], ["a", "b", "c", "a", "c", "a", "a"]),
+        ([B, A, C], ["b", "a", "c", "a", "c", "a", "a"]),  # b is pruned once a is measured
+    ],
+)
 def test_an_arm_far_below_the_best_gets_one_sample(order, expected):
     world = World({"a": 10 * GB, "b": 1 * GB, "c": 9 * GB})
     policy = make_policy(world, order)
@@ -368,8 +389,7 @@ def small_is_c(nbytes: int) -> float:
 
 
 def test_a_new_context_is_seeded_with_its_nearest_neighbours_winner():
-    world = World({"a": 2 * GB, "b": lambda n: 3 * GB if n <= MiB else 10 * GB,
-                   "c": small_is_c})
+    world = World({"a": 2 * GB, "b": lambda n: 3 * GB if n <= MiB else 10 * GB, "c": small_is_c})
     policy = make_policy(world, [A, B, C])
     labels(policy, context(16), 6, nbytes=64 << 10)  # c wins small calls
     labels(policy, context(24), 6, nbytes=16 * MiB)  # b wins large ones
@@ -425,8 +445,7 @@ def test_a_short_slowdown_does_not_reexplore():
     world.speeds["a"] = 10 * GB
     assert labels(policy, ctx, 3) == ["a", "a", "a"]
     entry = entry_of(policy, ctx)
-    assert (entry.phase, entry.reexplorations, entry.drift, entry.held) == (
-        EXPLOITING, 0, 0, [])
+    assert (entry.phase, entry.reexplorations, entry.drift, entry.held) == (EXPLOITING, 0, 0, [])
     assert entry.arms["a"].samples == 7  # the slow samples were real: admitted at the end
     assert entry.arms["a"].estimate == pytest.approx(10 * GB)
 
@@ -548,8 +567,12 @@ def test_when_every_arm_fails_the_last_error_is_raised_chained_and_nothing_stays
     while error is not None:
         chain.append(f"{type(error).__name__}: {error}")
         error = error.__cause__ or error.__context__
-    assert chain == ["TypeError: c: refuses the buffer", "RuntimeError: b: CUDA error",
-                     "OSError: [Errno 5] a: Input/output error", "ValueError: inside a"]
+    assert chain == [
+        "TypeError: c: refuses the buffer",
+        "RuntimeError: b: CUDA error",
+        "OSError: [Errno 5] a: Input/output error",
+        "ValueError: inside a",
+    ]
     if hasattr(raised.value, "__notes__"):
         assert "every transfer tool failed" in raised.value.__notes__[-1]
     # When everything fails the tools are rarely to blame: nothing stays marked...
@@ -586,8 +609,9 @@ def test_a_tool_that_cannot_be_made_or_cannot_run_here_is_a_failure():
             return Unavailable(world, arm)
         return world.make(arm)
 
-    policy = Policy(lambda _context: [A, B, C], Table(), clock=world.clock, make=make,
-                    skip_first_call=False)
+    policy = Policy(
+        lambda _context: [A, B, C], Table(), clock=world.clock, make=make, skip_first_call=False
+    )
     ctx = context()
     assert call(policy, ctx) == C
     assert policy.explain(ctx).unavailable == {
@@ -633,8 +657,7 @@ def test_force_uses_that_arm_only_and_still_learns():
     assert world.calls == {"d": 1}
     assert entry_of(policy, ctx).arms["d"].estimate == pytest.approx(1 * GB)
     explanation = policy.explain(ctx, force=D)
-    assert (explanation.phase, explanation.chosen, explanation.reason) == (
-        "forced", "d", "forced")
+    assert (explanation.phase, explanation.chosen, explanation.reason) == ("forced", "d", "forced")
     assert {arm.label: arm.state for arm in explanation.arms}["d"] == "not a candidate"
     assert call(policy, ctx) == A  # forcing did not disturb the exploration
 
@@ -737,12 +760,24 @@ def test_logging_says_when_a_tool_is_dropped_and_when_it_reexplores(caplog):
 # -- tunables ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("tunables", [
-    {"explore_samples": 0}, {"explore_samples": 9}, {"prune_ratio": 1.0},
-    {"prune_ratio": -0.1}, {"drift_ratio": 0}, {"drift_ratio": 1}, {"drift_patience": 0},
-    {"min_bytes_to_learn": -1}, {"unavailable_ttl": 0}, {"contend_samples": 1},
-    {"contend_samples": 9}, {"contend_ratio": 0}, {"contend_ratio": 1.5},
-])
+@pytest.mark.parametrize(
+    "tunables",
+    [
+        {"explore_samples": 0},
+        {"explore_samples": 9},
+        {"prune_ratio": 1.0},
+        {"prune_ratio": -0.1},
+        {"drift_ratio": 0},
+        {"drift_ratio": 1},
+        {"drift_patience": 0},
+        {"min_bytes_to_learn": -1},
+        {"unavailable_ttl": 0},
+        {"contend_samples": 1},
+        {"contend_samples": 9},
+        {"contend_ratio": 0},
+        {"contend_ratio": 1.5},
+    ],
+)
 def test_tunables_out_of_range_are_refused(tunables):
     with pytest.raises(ValueError):
         Policy(lambda _context: [A], **tunables)

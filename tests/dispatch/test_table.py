@@ -49,8 +49,11 @@ def sample_table() -> Table:
 
 
 def warnings_from(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [record for record in caplog.records
-            if record.name == "arrayio.dispatch" and record.levelno == logging.WARNING]
+    return [
+        record
+        for record in caplog.records
+        if record.name == "arrayio.dispatch" and record.levelno == logging.WARNING
+    ]
 
 
 def temp_files(directory: Path) -> list[Path]:
@@ -132,8 +135,11 @@ def test_the_file_is_readable_json(tmp_path):
     assert (data["format"], data["version"]) == (FORMAT, VERSION)
     arm = data["contexts"][KEY]["arms"]["direct(threads=4)"]
     assert arm["unavailable"] == "OSError: [Errno 22] Invalid argument"
-    assert data["contexts"][KEY]["arms"]["posix(task_size=8388608,threads=16)"][
-        "recent_bps"] == [5e9, 6e9, 5.5e9]
+    assert data["contexts"][KEY]["arms"]["posix(task_size=8388608,threads=16)"]["recent_bps"] == [
+        5e9,
+        6e9,
+        5.5e9,
+    ]
 
 
 def test_save_creates_the_directory_and_leaves_no_temporary_file(tmp_path):
@@ -234,8 +240,11 @@ def test_a_damaged_or_foreign_file_is_ignored_with_a_warning(tmp_path, caplog, c
 
 def test_a_newer_version_is_ignored_with_a_warning(tmp_path, caplog):
     path = tmp_path / "dispatch.json"
-    path.write_text(json.dumps({"format": FORMAT, "version": VERSION + 1,
-                                "contexts": {"whatever": {"new": "layout"}}}))
+    path.write_text(
+        json.dumps(
+            {"format": FORMAT, "version": VERSION + 1, "contexts": {"whatever": {"new": "layout"}}}
+        )
+    )
     with caplog.at_level(logging.WARNING, logger="arrayio.dispatch"):
         table = Table.load(path)
     assert len(table) == 0
@@ -254,8 +263,17 @@ def test_an_unreadable_path_is_ignored_with_a_warning(tmp_path, caplog):
 
 def test_optional_fields_may_be_missing(tmp_path):
     path = tmp_path / "dispatch.json"
-    path.write_text(json.dumps({"format": FORMAT, "version": VERSION, "contexts": {
-        KEY: {"phase": "exploring", "arms": {"naive": {"recent_bps": [1.0, 3.0]}}}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "contexts": {
+                    KEY: {"phase": "exploring", "arms": {"naive": {"recent_bps": [1.0, 3.0]}}}
+                },
+            }
+        )
+    )
     table = Table.load(path)
     with table.lock:
         entry = table.get(KEY)
@@ -277,18 +295,34 @@ times = st.none() | st.floats(min_value=0, max_value=4e9)
 counts = st.integers(min_value=0, max_value=10**9)
 labels = st.text(min_size=1, max_size=30)
 arm_stats = st.builds(
-    ArmStats, recent=st.lists(rates, max_size=WINDOW), count=counts, best=rates, last=rates,
-    failures=counts, unavailable=st.none() | st.text(max_size=40), failed_at=times,
-    first_learned=times, learned=times)
+    ArmStats,
+    recent=st.lists(rates, max_size=WINDOW),
+    count=counts,
+    best=rates,
+    last=rates,
+    failures=counts,
+    unavailable=st.none() | st.text(max_size=40),
+    failed_at=times,
+    first_learned=times,
+    learned=times,
+)
 entries = st.builds(
     ContextEntry,
-    attributes=st.dictionaries(st.text(max_size=10),
-                               st.none() | st.booleans() | st.integers() | st.text(max_size=10),
-                               max_size=6),
-    phase=st.sampled_from([EXPLORING, EXPLOITING]), chosen=st.none() | labels,
-    seed=st.none() | labels, drift=st.integers(0, 10), held=st.lists(rates, max_size=4),
-    reexplorations=counts, created=st.floats(0, 4e9), updated=st.floats(0, 4e9),
-    arms=st.dictionaries(labels, arm_stats, max_size=4))
+    attributes=st.dictionaries(
+        st.text(max_size=10),
+        st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+        max_size=6,
+    ),
+    phase=st.sampled_from([EXPLORING, EXPLOITING]),
+    chosen=st.none() | labels,
+    seed=st.none() | labels,
+    drift=st.integers(0, 10),
+    held=st.lists(rates, max_size=4),
+    reexplorations=counts,
+    created=st.floats(0, 4e9),
+    updated=st.floats(0, 4e9),
+    arms=st.dictionaries(labels, arm_stats, max_size=4),
+)
 
 
 @given(st.dictionaries(st.text(min_size=1, max_size=40), entries, max_size=4))

@@ -101,10 +101,12 @@ def async_loop(directory: str) -> None:
     paths = [os.path.join(directory, f"tree{k}.safetensors") for k in range(3)]
     for i in range(10**9):
         tag = "AB"[i % 2]
-        futures = [arrayio.save_async(path, version(tag), metadata={"tag": tag})
-                   for path in paths]
-        futures.append(arrayio.save_async(paths[0], version("AB"[(i + 1) % 2]),
-                                          metadata={"tag": "AB"[(i + 1) % 2]}))
+        futures = [arrayio.save_async(path, version(tag), metadata={"tag": tag}) for path in paths]
+        futures.append(
+            arrayio.save_async(
+                paths[0], version("AB"[(i + 1) % 2]), metadata={"tag": "AB"[(i + 1) % 2]}
+            )
+        )
         for future in futures:
             future.result()
         say("saved", i, time.monotonic())
@@ -191,7 +193,8 @@ def load_loop(path: str, tool: str, warm_up: str = "", loads: str = "0") -> None
                 record["ino"] = os.fstat(reader.fd).st_ino
                 loaded = reader.load()
             same = loaded.keys() == expected.keys() and all(
-                np.array_equal(loaded[k], v) for k, v in expected.items())
+                np.array_equal(loaded[k], v) for k, v in expected.items()
+            )
             record["outcome"] = "ok" if same else "wrong"
         except arrayio.TruncatedFileError as error:
             record.update(outcome="truncated", detail=str(error)[:200])
@@ -224,8 +227,9 @@ def queue_saves(directory: str, count: str) -> None:
 
     arrays = [queued_array(index) for index in range(int(count))]
     for index, array in enumerate(arrays):
-        arrayio.save_async(os.path.join(directory, f"queued{index:03d}.safetensors"),
-                           {"x": array, "index": index})
+        arrayio.save_async(
+            os.path.join(directory, f"queued{index:03d}.safetensors"), {"x": array, "index": index}
+        )
     say("queued")
 
 

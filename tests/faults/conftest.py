@@ -81,8 +81,9 @@ class Child:
         try:
             return self.lines.get(timeout=timeout)
         except queue.Empty:
-            raise TimeoutError(f"no output from the child for {timeout} s; stderr:\n"
-                               f"{self.stderr()}") from None
+            raise TimeoutError(
+                f"no output from the child for {timeout} s; stderr:\n{self.stderr()}"
+            ) from None
 
     def wait_for(self, prefix: str, timeout: float = 60) -> str:
         """Skip lines until one starts with ``prefix``; fail if the child ends first."""
@@ -91,8 +92,10 @@ class Child:
             line = self.next_line(max(0.1, deadline - time.monotonic()))
             if line is None:
                 self.process.wait()
-                pytest.fail(f"the child exited ({self.process.returncode}) before "
-                            f"{prefix!r}; stderr:\n{self.stderr()}")
+                pytest.fail(
+                    f"the child exited ({self.process.returncode}) before "
+                    f"{prefix!r}; stderr:\n{self.stderr()}"
+                )
             if line.startswith(prefix):
                 return line
 
@@ -131,14 +134,20 @@ def spawn(tmp_path: Path) -> Iterator[Any]:
     started: list[Child] = []
     counter = iter(range(10**9))
 
-    def start(mode: str, *args: str, env: dict[str, str] | None = None,
-              stdin: bool = False) -> Child:
+    def start(
+        mode: str, *args: str, env: dict[str, str] | None = None, stdin: bool = False
+    ) -> Child:
         stderr = tmp_path / f"child-{next(counter)}-{mode}.err"
         with open(stderr, "wb") as err:
             process = subprocess.Popen(
-                [sys.executable, str(CHILD), mode, *args], cwd=ROOT,
-                env=env or child_environment(tmp_path), stdout=subprocess.PIPE, stderr=err,
-                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, text=True)
+                [sys.executable, str(CHILD), mode, *args],
+                cwd=ROOT,
+                env=env or child_environment(tmp_path),
+                stdout=subprocess.PIPE,
+                stderr=err,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                text=True,
+            )
         started.append(Child(process, stderr))
         return started[-1]
 
@@ -154,14 +163,16 @@ def spawn(tmp_path: Path) -> Iterator[Any]:
 def assert_arrays_equal(got: Any, want: Any, where: str) -> None:
     """Equal keys, dtypes, shapes and values, recursively (constants compared with ==)."""
     if isinstance(want, dict):
-        assert isinstance(got, dict) and list(got) == list(want), \
+        assert isinstance(got, dict) and list(got) == list(want), (
             f"{where}: keys {list(got) if isinstance(got, dict) else type(got)} != {list(want)}"
+        )
         for key in want:
             assert_arrays_equal(got[key], want[key], f"{where}[{key!r}]")
     elif isinstance(want, np.ndarray):
         assert isinstance(got, np.ndarray), f"{where}: {type(got).__name__}, not an array"
-        assert got.dtype == want.dtype and got.shape == want.shape, \
+        assert got.dtype == want.dtype and got.shape == want.shape, (
             f"{where}: {got.dtype}{got.shape} != {want.dtype}{want.shape}"
+        )
         assert np.array_equal(got, want), f"{where}: values differ"
     else:
         assert type(got) is type(want) and got == want, f"{where}: {got!r} != {want!r}"

@@ -40,15 +40,23 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("mounting a tmpfs needs root")
     mount_point = tmp_path / "small"
     mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs",
-                             str(mount_point)], capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={SIZE}", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if result.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
     try:
         yield mount_point
     finally:
-        if subprocess.run(["umount", str(mount_point)], capture_output=True,
-                          check=False).returncode != 0:
+        if (
+            subprocess.run(
+                ["umount", str(mount_point)], capture_output=True, check=False
+            ).returncode
+            != 0
+        ):
             subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
@@ -112,8 +120,9 @@ def test_zarr_chunk_write_that_does_not_fit(full_disk: Path, faults: ModuleType)
     from arrayio.zarr import NVMeStore
 
     old = np.arange(384 << 10, dtype=np.float32)  # one uncompressed chunk of 1.5 MiB
-    array = zarr.create_array(NVMeStore(full_disk), shape=old.shape, chunks=old.shape,
-                              dtype="float32", compressors=None)
+    array = zarr.create_array(
+        NVMeStore(full_disk), shape=old.shape, chunks=old.shape, dtype="float32", compressors=None
+    )
     array[...] = old
     error: Any = None
     try:

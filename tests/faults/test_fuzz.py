@@ -56,20 +56,25 @@ def test_fuzz_campaign_finds_no_failure(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def seeds(tmp_path_factory: pytest.TempPathFactory
-          ) -> tuple[list[fuzz.Seed], dict[str, bytes]]:
+def seeds(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[fuzz.Seed], dict[str, bytes]]:
     directory = tmp_path_factory.mktemp("seeds")
     fuzz.write_seeds(directory)
     return fuzz.read_seeds(directory)
 
 
 def test_seeds_are_small_and_cover_every_format(
-        seeds: tuple[list[fuzz.Seed], dict[str, bytes]]) -> None:
+    seeds: tuple[list[fuzz.Seed], dict[str, bytes]],
+) -> None:
     written, blobs = seeds
-    assert {seed.format for seed in written} == {"arrayio", "arrayio-npy", "numpy-npy",
-                                                "safetensors"}
+    assert {seed.format for seed in written} == {
+        "arrayio",
+        "arrayio-npy",
+        "numpy-npy",
+        "safetensors",
+    }
     assert all(len(blob) < 16 << 10 for blob in blobs.values()), {
-        name: len(blob) for name, blob in blobs.items()}
+        name: len(blob) for name, blob in blobs.items()
+    }
 
 
 def test_cases_are_reproducible(seeds: tuple[list[fuzz.Seed], dict[str, bytes]]) -> None:
@@ -77,23 +82,23 @@ def test_cases_are_reproducible(seeds: tuple[list[fuzz.Seed], dict[str, bytes]])
     for number in range(0, 400, 7):
         first = fuzz.make_case(f"3:{number}", written, blobs)
         again = fuzz.make_case(f"3:{number}", written, blobs)
-        assert (first.seed, first.mutation, first.data) == (again.seed, again.mutation,
-                                                             again.data)
+        assert (first.seed, first.mutation, first.data) == (again.seed, again.mutation, again.data)
     other = fuzz.make_case("4:0", written, blobs)
     assert (other.mutation, other.data) != (first.mutation, first.data)
 
 
 def test_every_mutation_is_drawn_for_every_format(
-        seeds: tuple[list[fuzz.Seed], dict[str, bytes]]) -> None:
+    seeds: tuple[list[fuzz.Seed], dict[str, bytes]],
+) -> None:
     written, blobs = seeds
     kinds: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for number in range(1500):
         case = fuzz.make_case(f"0:{number}", written, blobs)
         words = case.mutation.split()
-        kinds[case.seed.format][" ".join(words[:2]) if words[0] in ("JSON:", ".npy:")
-                                else words[0]] += 1
-        assert case.data != blobs[case.seed.name] or case.mutation.startswith("JSON"), \
-            case.mutation
+        kinds[case.seed.format][
+            " ".join(words[:2]) if words[0] in ("JSON:", ".npy:") else words[0]
+        ] += 1
+        assert case.data != blobs[case.seed.name] or case.mutation.startswith("JSON"), case.mutation
     for fmt, counts in kinds.items():
         for family in ("flip", "overwrite", "truncate", "append", "header"):
             assert counts[family], f"{fmt}: no {family!r} mutation in 1500 cases: {counts}"
@@ -101,12 +106,19 @@ def test_every_mutation_is_drawn_for_every_format(
         drawn = {k for k in kinds[fmt] if k.startswith("JSON:")}
         assert {"JSON: set", "JSON: rename", "JSON: drop", "JSON: duplicate"} <= drawn, drawn
     drawn = {k for k in kinds["numpy-npy"] | kinds["arrayio-npy"] if k.startswith(".npy:")}
-    assert {".npy: stray", ".npy: remove", ".npy: shape", ".npy: descr", ".npy: duplicate",
-            ".npy: version"} <= drawn, drawn
+    assert {
+        ".npy: stray",
+        ".npy: remove",
+        ".npy: shape",
+        ".npy: descr",
+        ".npy: duplicate",
+        ".npy: version",
+    } <= drawn, drawn
 
 
 def test_a_known_silent_change_is_caught(
-        seeds: tuple[list[fuzz.Seed], dict[str, bytes]], tmp_path: Path) -> None:
+    seeds: tuple[list[fuzz.Seed], dict[str, bytes]], tmp_path: Path
+) -> None:
     """The oracle itself: a load that returns something else counts as a silent change
     for an arrayio container, and as an allowed change for a foreign file."""
     written, _ = seeds
@@ -116,9 +128,11 @@ def test_a_known_silent_change_is_caught(
     changed = fuzz._OpResult("ok", ("dict", []))
     reference = {op: ok for op in fuzz.OPERATIONS}
     results = {**reference, "load": changed}
-    for seed, forged, outcome in ((container, False, "silent-change"),
-                                  (container, True, "ok-changed"),
-                                  (foreign, False, "ok-changed")):
+    for seed, forged, outcome in (
+        (container, False, "silent-change"),
+        (container, True, "ok-changed"),
+        (foreign, False, "ok-changed"),
+    ):
         case = fuzz.Case("0:0", seed, "test", b"", False, forged)
         record = fuzz._judge(case, results, reference, 100)
         assert record["outcome"] == outcome, record
@@ -126,7 +140,8 @@ def test_a_known_silent_change_is_caught(
 
 
 def test_only_a_structured_edit_can_forge_a_foreign_file(
-        seeds: tuple[list[fuzz.Seed], dict[str, bytes]]) -> None:
+    seeds: tuple[list[fuzz.Seed], dict[str, bytes]],
+) -> None:
     """A container without arrayio metadata is a valid foreign file, which no checksum in
     the file can tell apart: the allowance goes to JSON edits that leave no arrayio
     metadata, never to byte-level mutations."""
@@ -134,15 +149,23 @@ def test_only_a_structured_edit_can_forge_a_foreign_file(
     forged = [fuzz.make_case(f"0:{n}", written, blobs) for n in range(3000)]
     forged = [case for case in forged if case.forged_foreign]
     assert forged, "no JSON edit removed the arrayio metadata in 3000 cases"
-    assert all(case.mutation.startswith("JSON:") and case.seed.format == "arrayio"
-               for case in forged), [case.mutation for case in forged]
+    assert all(
+        case.mutation.startswith("JSON:") and case.seed.format == "arrayio" for case in forged
+    ), [case.mutation for case in forged]
 
 
 @pytest.mark.slow
 def test_runner_attributes_deaths_hangs_and_slowness(tmp_path: Path) -> None:
     campaign = fuzz.run_campaign(
-        10, 5, workers=1, batch=10, hang_seconds=2, slow_seconds=0.5,
-        sabotage={2: "signal", 4: "hang", 6: "slow", 8: "memory"}, directory=tmp_path)
+        10,
+        5,
+        workers=1,
+        batch=10,
+        hang_seconds=2,
+        slow_seconds=0.5,
+        sabotage={2: "signal", 4: "hang", 6: "slow", 8: "memory"},
+        directory=tmp_path,
+    )
     by_case = {record["case"]: record for record in campaign.records}
     assert sorted(by_case) == sorted(f"5:{n}" for n in range(10)), sorted(by_case)
     assert "signal" in by_case["5:2"]["failures"], by_case["5:2"]
@@ -152,8 +175,11 @@ def test_runner_attributes_deaths_hangs_and_slowness(tmp_path: Path) -> None:
     assert "slow" in by_case["5:6"]["failures"], by_case["5:6"]
     assert "memory" in by_case["5:8"]["failures"], by_case["5:8"]
     sabotaged = {"5:2", "5:4", "5:6", "5:8"}
-    assert not any(set(record["failures"]) & {"signal", "slow", "memory"}
-                   for case, record in by_case.items() if case not in sabotaged)
+    assert not any(
+        set(record["failures"]) & {"signal", "slow", "memory"}
+        for case, record in by_case.items()
+        if case not in sabotaged
+    )
     summary = campaign.summary()
     assert summary["failures"]["signal"]["count"] == 1
     json.dumps(summary)  # what --json writes

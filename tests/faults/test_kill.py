@@ -46,8 +46,9 @@ def _kills() -> int:
 # --------------------------------------------------------------------------- checks
 
 
-def check_saved(directory: Path, child: ModuleType, faults: ModuleType,
-                names: list[str]) -> list[str]:
+def check_saved(
+    directory: Path, child: ModuleType, faults: ModuleType, names: list[str]
+) -> list[str]:
     """Each container in ``names`` is exactly version A or B (arrays, constants, metadata);
     ``single.npy`` too, if present. Returns the versions found."""
     found = []
@@ -62,8 +63,11 @@ def check_saved(directory: Path, child: ModuleType, faults: ModuleType,
     single = directory / "single.npy"
     if single.exists():
         loaded = arrayio.load(single)
-        matches = [tag for tag in "AB" if np.array_equal(loaded, child.version_npy(tag))
-                   and loaded.dtype == np.int32]
+        matches = [
+            tag
+            for tag in "AB"
+            if np.array_equal(loaded, child.version_npy(tag)) and loaded.dtype == np.int32
+        ]
         assert matches, f"single.npy is neither version: {loaded[:4]}..."
         found.append(matches[0])
     return found
@@ -79,15 +83,25 @@ def check_zarr(root: Path, child: ModuleType) -> list[str]:
     found = []
     for start in range(0, child.ZARR_ELEMENTS, child.ZARR_CHUNK):
         chunk = data[start : start + child.ZARR_CHUNK]
-        matches = [tag for tag in "AB" if np.array_equal(
-            chunk, child.zarr_version(tag)[start : start + child.ZARR_CHUNK])]
+        matches = [
+            tag
+            for tag in "AB"
+            if np.array_equal(chunk, child.zarr_version(tag)[start : start + child.ZARR_CHUNK])
+        ]
         assert matches, f"chunk at {start} is neither version: {chunk[:4]}..."
         found.append(matches[0])
     return found
 
 
-def kill_loop(spawn: Any, mode: str, target: Path, check: Any, kills: int,
-              rng: random.Random, faults: ModuleType) -> dict[str, Any]:
+def kill_loop(
+    spawn: Any,
+    mode: str,
+    target: Path,
+    check: Any,
+    kills: int,
+    rng: random.Random,
+    faults: ModuleType,
+) -> dict[str, Any]:
     """Start ``mode`` on ``target`` and SIGKILL it ``kills`` times at random moments after
     its first complete save, checking the files after every kill."""
     versions: collections.Counter[str] = collections.Counter()
@@ -99,12 +113,16 @@ def kill_loop(spawn: Any, mode: str, target: Path, check: Any, kills: int,
         writer.kill()
         versions.update(check())
         leftovers.append(len(faults.temporaries(target)))
-    return {"kills": kills, "versions": dict(versions),
-            "temporaries after the last kill": leftovers[-1] if leftovers else 0}
+    return {
+        "kills": kills,
+        "versions": dict(versions),
+        "temporaries after the last kill": leftovers[-1] if leftovers else 0,
+    }
 
 
-def leave_a_dead_temporary(spawn: Any, kind: str, target: Path, faults: ModuleType,
-                           directory: Path) -> None:
+def leave_a_dead_temporary(
+    spawn: Any, kind: str, target: Path, faults: ModuleType, directory: Path
+) -> None:
     """Kill a writer while it is inside its temporary file: at least one stale temporary
     exists afterwards, however the random kills fell."""
     writer = spawn("die-mid-save", kind, str(target))
@@ -119,20 +137,26 @@ def leave_a_dead_temporary(spawn: Any, kind: str, target: Path, faults: ModuleTy
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["save", "save_async"])
 def test_killed_saves_leave_whole_versions_and_next_save_cleans_up(
-        tmp_path: Path, spawn: Any, child: ModuleType, faults: ModuleType, kind: str) -> None:
+    tmp_path: Path, spawn: Any, child: ModuleType, faults: ModuleType, kind: str
+) -> None:
     directory = tmp_path / "data"
     directory.mkdir()
-    names = ["tree.safetensors"] if kind == "save" else [f"tree{k}.safetensors"
-                                                         for k in range(3)]
+    names = ["tree.safetensors"] if kind == "save" else [f"tree{k}.safetensors" for k in range(3)]
     for name in names:
         arrayio.save(directory / name, child.version("A"), metadata={"tag": "A"})
     if kind == "save":
         arrayio.save(directory / "single.npy", child.version_npy("A"))
     mode = "save-loop" if kind == "save" else "async-loop"
 
-    tally = kill_loop(spawn, mode, directory,
-                      lambda: check_saved(directory, child, faults, names), _kills(),
-                      random.Random(f"kill-{kind}"), faults)
+    tally = kill_loop(
+        spawn,
+        mode,
+        directory,
+        lambda: check_saved(directory, child, faults, names),
+        _kills(),
+        random.Random(f"kill-{kind}"),
+        faults,
+    )
     leave_a_dead_temporary(spawn, kind, directory / names[0], faults, directory)
     stale = len(faults.temporaries(directory))
     print(f"\n{kind}: {tally}, {stale} stale temporaries before the next save")
@@ -140,24 +164,39 @@ def test_killed_saves_leave_whole_versions_and_next_save_cleans_up(
     arrayio.save(directory / "next.safetensors", {"x": np.arange(3)})
     left = faults.temporaries(directory)
     check_saved(directory, child, faults, names)
-    assert not left, (f"{kind}: the next save into {directory} left {len(left)} of {stale} "
-                      f"temporaries of killed processes: {[p.name for p in left[:5]]}")
+    assert not left, (
+        f"{kind}: the next save into {directory} left {len(left)} of {stale} "
+        f"temporaries of killed processes: {[p.name for p in left[:5]]}"
+    )
 
 
 @pytest.mark.slow
 def test_killed_zarr_chunk_writes_leave_whole_chunks_and_next_write_cleans_up(
-        tmp_path: Path, spawn: Any, child: ModuleType, faults: ModuleType) -> None:
+    tmp_path: Path, spawn: Any, child: ModuleType, faults: ModuleType
+) -> None:
     import zarr
 
     from arrayio.zarr import NVMeStore
 
     root = tmp_path / "array.zarr"
-    array = zarr.create_array(NVMeStore(root), shape=(child.ZARR_ELEMENTS,),
-                              chunks=(child.ZARR_CHUNK,), dtype="float32", compressors=None)
+    array = zarr.create_array(
+        NVMeStore(root),
+        shape=(child.ZARR_ELEMENTS,),
+        chunks=(child.ZARR_CHUNK,),
+        dtype="float32",
+        compressors=None,
+    )
     array[...] = child.zarr_version("A")
 
-    tally = kill_loop(spawn, "zarr-loop", root, lambda: check_zarr(root, child), _kills(),
-                      random.Random("kill-zarr"), faults)
+    tally = kill_loop(
+        spawn,
+        "zarr-loop",
+        root,
+        lambda: check_zarr(root, child),
+        _kills(),
+        random.Random("kill-zarr"),
+        faults,
+    )
     leave_a_dead_temporary(spawn, "zarr", root, faults, root)
     stale = len(faults.temporaries(root))
     print(f"\nzarr: {tally}, {stale} stale temporaries before the next chunk write")
@@ -166,9 +205,11 @@ def test_killed_zarr_chunk_writes_leave_whole_chunks_and_next_write_cleans_up(
     fresh[: child.ZARR_CHUNK] = child.zarr_version("A")[: child.ZARR_CHUNK]
     left = faults.temporaries(root)
     check_zarr(root, child)
-    assert not left, (f"zarr: a chunk write through a new NVMeStore left {len(left)} of "
-                      f"{stale} temporaries of killed processes: "
-                      f"{[str(p.relative_to(root)) for p in left[:5]]}")
+    assert not left, (
+        f"zarr: a chunk write through a new NVMeStore left {len(left)} of "
+        f"{stale} temporaries of killed processes: "
+        f"{[str(p.relative_to(root)) for p in left[:5]]}"
+    )
 
 
 # ------------------------------------------------------------------- live temporaries
@@ -241,7 +282,8 @@ def finish(writer: Any) -> None:
 
 @pytest.mark.slow
 def test_next_save_keeps_live_writers_temporaries(
-        tmp_path: Path, spawn: Any, child: ModuleType, faults: ModuleType) -> None:
+    tmp_path: Path, spawn: Any, child: ModuleType, faults: ModuleType
+) -> None:
     directory = tmp_path / "data"
     directory.mkdir()
     leave_a_dead_temporary(spawn, "save", directory / "dead.safetensors", faults, directory)
@@ -253,22 +295,25 @@ def test_next_save_keeps_live_writers_temporaries(
         assert mine.exists(), "the next save removed this process's own open temporary file"
         gone = [p for p in dead if not p.exists()]
     finish(other)
-    faults.assert_arrays_equal(arrayio.load(directory / "theirs.safetensors"),
-                               child.version("B"), "theirs")
-    np.testing.assert_array_equal(arrayio.load(directory / "mine.safetensors")["mine"],
-                                  np.arange(1000))
-    assert gone == dead, (f"the next save left {len(dead) - len(gone)} of {len(dead)} "
-                          "temporaries of a killed process")
+    faults.assert_arrays_equal(
+        arrayio.load(directory / "theirs.safetensors"), child.version("B"), "theirs"
+    )
+    np.testing.assert_array_equal(
+        arrayio.load(directory / "mine.safetensors")["mine"], np.arange(1000)
+    )
+    assert gone == dead, (
+        f"the next save left {len(dead) - len(gone)} of {len(dead)} temporaries of a killed process"
+    )
 
 
 @pytest.mark.slow
 def test_clean_removes_dead_temporaries_recursively(
-        tmp_path: Path, spawn: Any, child: ModuleType, faults: ModuleType) -> None:
+    tmp_path: Path, spawn: Any, child: ModuleType, faults: ModuleType
+) -> None:
     root = tmp_path / "tree"
     (root / "a" / "b").mkdir(parents=True)
     for directory in (root, root / "a" / "b"):
-        leave_a_dead_temporary(spawn, "save", directory / "dead.safetensors", faults,
-                               directory)
+        leave_a_dead_temporary(spawn, "save", directory / "dead.safetensors", faults, directory)
     dead = faults.temporaries(root)
     other, theirs = live_writer(spawn, root / "a")
     out, err = io.StringIO(), io.StringIO()

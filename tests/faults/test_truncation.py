@@ -61,8 +61,9 @@ class Loader:
             # loads of the same file; forced tools need no warm-up.
             loads = WARM_UP_LOADS if self.tool == "default" else 0
             tool = "default" if self.tool.startswith("default") else self.tool
-            self.child = self.spawn("load-loop", str(self.path), tool, str(self.warm_up),
-                                    str(loads))
+            self.child = self.spawn(
+                "load-loop", str(self.path), tool, str(self.warm_up), str(loads)
+            )
             self.child.wait_for('{"ready"')
         line = self.child.next_line(timeout)
         if line is None:
@@ -70,10 +71,12 @@ class Loader:
             how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
             stderr = self.child.stderr().strip().splitlines()
             # faulthandler's report: its first line, and where the crashing thread was
-            current = next((i for i, line in enumerate(stderr)
-                            if line.startswith("Current thread")), 0)
-            where = next((line.strip() for line in stderr[current:]
-                          if line.strip().startswith("File")), "")
+            current = next(
+                (i for i, line in enumerate(stderr) if line.startswith("Current thread")), 0
+            )
+            where = next(
+                (line.strip() for line in stderr[current:] if line.strip().startswith("File")), ""
+            )
             self.deaths.append(f"{how}: {stderr[0] if stderr else ''} {where}")
             self.child = None
             return None
@@ -112,12 +115,16 @@ def teach_mmap(spawn: Any, template: Path, cache: Path, faults: ModuleType) -> s
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tool", TOOLS)
-def test_truncation_during_load(tmp_path: Path, spawn: Any, child: ModuleType,
-                                faults: ModuleType, tool: str) -> None:
+def test_truncation_during_load(
+    tmp_path: Path, spawn: Any, child: ModuleType, faults: ModuleType, tool: str
+) -> None:
     template = tmp_path / "template.safetensors"
     arrayio.save(template, child.truncation_data())
-    taught = teach_mmap(spawn, template, tmp_path / "cache", faults) \
-        if tool == "default-learned-mmap" else ""
+    taught = (
+        teach_mmap(spawn, template, tmp_path / "cache", faults)
+        if tool == "default-learned-mmap"
+        else ""
+    )
     with arrayio.open(template) as reader:
         data_start = min(info.file_offset for info in reader.arrays.values())
     size = template.stat().st_size
@@ -155,9 +162,12 @@ def test_truncation_during_load(tmp_path: Path, spawn: Any, child: ModuleType,
                     failures.append("a load that started after the truncation returned data")
                 break
 
-    summary = (f"{tool}: {_truncations()} truncations, {len(loader.deaths)} deaths, "
-               f"loads {dict(outcomes)}" + (f" (table: {taught})" if taught else ""))
+    summary = (
+        f"{tool}: {_truncations()} truncations, {len(loader.deaths)} deaths, "
+        f"loads {dict(outcomes)}" + (f" (table: {taught})" if taught else "")
+    )
     print("\n" + summary)
     assert not (loader.deaths or failures), (
         f"{summary}\nthe loading child died: {loader.deaths[:3]}\n"
-        f"loads neither right nor TruncatedFileError: {failures[:5]}")
+        f"loads neither right nor TruncatedFileError: {failures[:5]}"
+    )

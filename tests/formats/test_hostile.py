@@ -59,8 +59,9 @@ def container(header: Any, data: bytes = b"", *, header_length: int | None = Non
     wrote (its CRC entry first) gets the CRC of its edited content: these cases test what
     lies behind that check, as a hostile writer able to compute a CRC would.
     """
-    raw = header if isinstance(header, bytes) else json.dumps(
-        header, separators=(",", ":")).encode()
+    raw = (
+        header if isinstance(header, bytes) else json.dumps(header, separators=(",", ":")).encode()
+    )
     length = len(raw) if header_length is None else header_length
     blob = struct.pack("<Q", length) + raw + data
     sealed = isinstance(header, dict) and HEADER_CRC_KEY in header.get("__metadata__", {})
@@ -69,14 +70,16 @@ def container(header: Any, data: bytes = b"", *, header_length: int | None = Non
 
 def tensor(dtype: Any = "F32", shape: Any = (1,), offsets: Any = (0, 4)) -> dict[str, Any]:
     """One header entry; tuples become JSON lists, anything else is written as given."""
+
     def as_json(v: Any) -> Any:
         return list(v) if isinstance(v, tuple) else v
 
     return {"dtype": dtype, "shape": as_json(shape), "data_offsets": as_json(offsets)}
 
 
-def npy(header: str | bytes, data: bytes = b"", *, version: int = 1,
-        header_length: int | None = None) -> bytes:
+def npy(
+    header: str | bytes, data: bytes = b"", *, version: int = 1, header_length: int | None = None
+) -> bytes:
     """A ``.npy`` file: magic, version, header length, header text padded to 64 bytes, data.
 
     ``header_length`` overrides the length written after the version.
@@ -139,8 +142,9 @@ ENTRY_POINTS: dict[str, Callable[[Path], None]] = {
 }
 
 
-def check_error(error: BaseException, expected: type[arrayio.ArrayioError], path: Path,
-                *, exact: bool = True) -> None:
+def check_error(
+    error: BaseException, expected: type[arrayio.ArrayioError], path: Path, *, exact: bool = True
+) -> None:
     """``error`` is ``expected`` (exactly, unless ``exact=False``), an ArrayioError, the
     builtins its class promises, and its message names ``path``."""
     if exact:
@@ -152,8 +156,13 @@ def check_error(error: BaseException, expected: type[arrayio.ArrayioError], path
     assert str(path) in str(error), f"message does not name the file: {error}"
 
 
-def expect(call: Callable[[Path], None], path: Path,
-           expected: type[arrayio.ArrayioError], *, exact: bool = True) -> BaseException:
+def expect(
+    call: Callable[[Path], None],
+    path: Path,
+    expected: type[arrayio.ArrayioError],
+    *,
+    exact: bool = True,
+) -> BaseException:
     # Catch everything so that a raw builtin (TypeError, RecursionError...) fails with a clear
     # message rather than as an error of the test itself.
     try:
@@ -193,17 +202,30 @@ CONTAINER_CASES = [
     pytest.param(b"\x05\x00\x00", arrayio.TruncatedFileError, id="3-bytes"),
     pytest.param(b"\x02\x00\x00\x00\x00\x00\x00", arrayio.TruncatedFileError, id="7-bytes"),
     # --- header length beyond the file or beyond any sane header
-    pytest.param(container(b"{}", header_length=2**63), arrayio.HeaderTooLargeError,
-                 id="header-length-2**63"),
-    pytest.param(container(b"{}", header_length=2**64 - 1), arrayio.HeaderTooLargeError,
-                 id="header-length-2**64-1"),
-    pytest.param(container(b"{}", header_length=4 << 30), arrayio.HeaderTooLargeError,
-                 id="header-length-4GiB"),
+    pytest.param(
+        container(b"{}", header_length=2**63), arrayio.HeaderTooLargeError, id="header-length-2**63"
+    ),
+    pytest.param(
+        container(b"{}", header_length=2**64 - 1),
+        arrayio.HeaderTooLargeError,
+        id="header-length-2**64-1",
+    ),
+    pytest.param(
+        container(b"{}", header_length=4 << 30),
+        arrayio.HeaderTooLargeError,
+        id="header-length-4GiB",
+    ),
     # Under the cap but beyond the end of the file: a file cut short.
-    pytest.param(container(b"{}", header_length=99_999_999), arrayio.TruncatedFileError,
-                 id="header-length-under-cap-beyond-file"),
-    pytest.param(container(_VALID, FOUR_BYTES, header_length=len(_VALID) + 4 + 1),
-                 arrayio.TruncatedFileError, id="header-length-1-past-end"),
+    pytest.param(
+        container(b"{}", header_length=99_999_999),
+        arrayio.TruncatedFileError,
+        id="header-length-under-cap-beyond-file",
+    ),
+    pytest.param(
+        container(_VALID, FOUR_BYTES, header_length=len(_VALID) + 4 + 1),
+        arrayio.TruncatedFileError,
+        id="header-length-1-past-end",
+    ),
     # --- header is not a JSON object
     pytest.param(container(b"{not json"), arrayio.FormatError, id="not-json"),
     pytest.param(container(b'{"a": "\xff\xfe"}'), arrayio.FormatError, id="not-utf8"),
@@ -212,99 +234,195 @@ CONTAINER_CASES = [
     pytest.param(container(b"null"), arrayio.FormatError, id="json-null"),
     pytest.param(container(b""), arrayio.FormatError, id="zero-length-header"),
     # Python's json refuses integers over 4300 digits with a plain ValueError.
-    pytest.param(container(b'{"a": {"dtype": "F32", "shape": [' + b"9" * 5000
-                           + b'], "data_offsets": [0, 4]}}', FOUR_BYTES),
-                 arrayio.FormatError, id="integer-of-5000-digits"),
+    pytest.param(
+        container(
+            b'{"a": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 4]}}',
+            FOUR_BYTES,
+        ),
+        arrayio.FormatError,
+        id="integer-of-5000-digits",
+    ),
     # Deep nesting makes json.loads raise RecursionError.
-    pytest.param(container(b"[" * 100_000 + b"]" * 100_000), arrayio.FormatError,
-                 id="deeply-nested-json"),
+    pytest.param(
+        container(b"[" * 100_000 + b"]" * 100_000), arrayio.FormatError, id="deeply-nested-json"
+    ),
     # --- __metadata__ must map strings to strings
-    pytest.param(container({"__metadata__": {"k": 1}, **ONE_F32}, FOUR_BYTES),
-                 arrayio.FormatError, id="metadata-value-not-string"),
-    pytest.param(container({"__metadata__": "text", **ONE_F32}, FOUR_BYTES),
-                 arrayio.FormatError, id="metadata-not-object"),
+    pytest.param(
+        container({"__metadata__": {"k": 1}, **ONE_F32}, FOUR_BYTES),
+        arrayio.FormatError,
+        id="metadata-value-not-string",
+    ),
+    pytest.param(
+        container({"__metadata__": "text", **ONE_F32}, FOUR_BYTES),
+        arrayio.FormatError,
+        id="metadata-not-object",
+    ),
     # --- malformed entries
     pytest.param(container({"a": 5}, FOUR_BYTES), arrayio.FormatError, id="entry-not-object"),
     *(
-        pytest.param(container({"a": {k: v for k, v in tensor().items() if k != field}},
-                               FOUR_BYTES),
-                     arrayio.FormatError, id=f"entry-missing-{field}")
+        pytest.param(
+            container({"a": {k: v for k, v in tensor().items() if k != field}}, FOUR_BYTES),
+            arrayio.FormatError,
+            id=f"entry-missing-{field}",
+        )
         for field in ("dtype", "shape", "data_offsets")
     ),
-    pytest.param(container({"a": tensor(shape=[-1], offsets=(0, 4))}, FOUR_BYTES),
-                 arrayio.FormatError, id="shape-negative"),
+    pytest.param(
+        container({"a": tensor(shape=[-1], offsets=(0, 4))}, FOUR_BYTES),
+        arrayio.FormatError,
+        id="shape-negative",
+    ),
     # Two negative axes multiply to a positive size that matches the offsets.
-    pytest.param(container({"a": tensor(shape=[-1, -1], offsets=(0, 4))}, FOUR_BYTES),
-                 arrayio.FormatError, id="shape-two-negatives"),
-    pytest.param(container({"a": tensor(shape=[1.0])}, FOUR_BYTES), arrayio.FormatError,
-                 id="shape-float"),
-    pytest.param(container({"a": tensor(shape=["1"])}, FOUR_BYTES), arrayio.FormatError,
-                 id="shape-string-entry"),
-    pytest.param(container({"a": tensor(shape=[True])}, FOUR_BYTES), arrayio.FormatError,
-                 id="shape-boolean"),
-    pytest.param(container({"a": tensor(shape=[[1]])}, FOUR_BYTES), arrayio.FormatError,
-                 id="shape-nested-list"),
-    pytest.param(container({"a": tensor(shape=1)}, FOUR_BYTES), arrayio.FormatError,
-                 id="shape-not-list"),
-    pytest.param(container({"a": tensor(shape=None)}, FOUR_BYTES), arrayio.FormatError,
-                 id="shape-null"),
-    pytest.param(container({"a": tensor(offsets=[0])}, FOUR_BYTES), arrayio.FormatError,
-                 id="offsets-single"),
-    pytest.param(container({"a": tensor(offsets=[0, 4, 8])}, FOUR_BYTES), arrayio.FormatError,
-                 id="offsets-triple"),
-    pytest.param(container({"a": tensor(offsets="0,4")}, FOUR_BYTES), arrayio.FormatError,
-                 id="offsets-string"),
-    pytest.param(container({"a": tensor(offsets={"begin": 0, "end": 4})}, FOUR_BYTES),
-                 arrayio.FormatError, id="offsets-object"),
-    pytest.param(container({"a": tensor(offsets=[0, 4.0])}, FOUR_BYTES), arrayio.FormatError,
-                 id="offsets-float"),
-    pytest.param(container({"a": tensor(shape=[], offsets=[False, 4])}, FOUR_BYTES),
-                 arrayio.FormatError, id="offsets-boolean"),
-    pytest.param(container({"a": tensor(offsets=[-4, 0])}, FOUR_BYTES), arrayio.FormatError,
-                 id="offsets-negative"),
-    pytest.param(container({"a": tensor(offsets=[4, 0])}, FOUR_BYTES), arrayio.FormatError,
-                 id="offsets-begin-after-end"),
+    pytest.param(
+        container({"a": tensor(shape=[-1, -1], offsets=(0, 4))}, FOUR_BYTES),
+        arrayio.FormatError,
+        id="shape-two-negatives",
+    ),
+    pytest.param(
+        container({"a": tensor(shape=[1.0])}, FOUR_BYTES), arrayio.FormatError, id="shape-float"
+    ),
+    pytest.param(
+        container({"a": tensor(shape=["1"])}, FOUR_BYTES),
+        arrayio.FormatError,
+        id="shape-string-entry",
+    ),
+    pytest.param(
+        container({"a": tensor(shape=[True])}, FOUR_BYTES), arrayio.FormatError, id="shape-boolean"
+    ),
+    pytest.param(
+        container({"a": tensor(shape=[[1]])}, FOUR_BYTES),
+        arrayio.FormatError,
+        id="shape-nested-list",
+    ),
+    pytest.param(
+        container({"a": tensor(shape=1)}, FOUR_BYTES), arrayio.FormatError, id="shape-not-list"
+    ),
+    pytest.param(
+        container({"a": tensor(shape=None)}, FOUR_BYTES), arrayio.FormatError, id="shape-null"
+    ),
+    pytest.param(
+        container({"a": tensor(offsets=[0])}, FOUR_BYTES), arrayio.FormatError, id="offsets-single"
+    ),
+    pytest.param(
+        container({"a": tensor(offsets=[0, 4, 8])}, FOUR_BYTES),
+        arrayio.FormatError,
+        id="offsets-triple",
+    ),
+    pytest.param(
+        container({"a": tensor(offsets="0,4")}, FOUR_BYTES),
+        arrayio.FormatError,
+        id="offsets-string",
+    ),
+    pytest.param(
+        container({"a": tensor(offsets={"begin": 0, "end": 4})}, FOUR_BYTES),
+        arrayio.FormatError,
+        id="offsets-object",
+    ),
+    pytest.param(
+        container({"a": tensor(offsets=[0, 4.0])}, FOUR_BYTES),
+        arrayio.FormatError,
+        id="offsets-float",
+    ),
+    pytest.param(
+        container({"a": tensor(shape=[], offsets=[False, 4])}, FOUR_BYTES),
+        arrayio.FormatError,
+        id="offsets-boolean",
+    ),
+    pytest.param(
+        container({"a": tensor(offsets=[-4, 0])}, FOUR_BYTES),
+        arrayio.FormatError,
+        id="offsets-negative",
+    ),
+    pytest.param(
+        container({"a": tensor(offsets=[4, 0])}, FOUR_BYTES),
+        arrayio.FormatError,
+        id="offsets-begin-after-end",
+    ),
     # --- shape and byte range disagree
-    pytest.param(container({"a": tensor(shape=[2, 2], offsets=[0, 12])}, b"\0" * 12),
-                 arrayio.FormatError, id="shape-2x2-f32-in-12-bytes"),
-    pytest.param(container({"a": tensor(shape=[0], offsets=[0, 4])}, FOUR_BYTES),
-                 arrayio.FormatError, id="empty-shape-with-bytes"),
+    pytest.param(
+        container({"a": tensor(shape=[2, 2], offsets=[0, 12])}, b"\0" * 12),
+        arrayio.FormatError,
+        id="shape-2x2-f32-in-12-bytes",
+    ),
+    pytest.param(
+        container({"a": tensor(shape=[0], offsets=[0, 4])}, FOUR_BYTES),
+        arrayio.FormatError,
+        id="empty-shape-with-bytes",
+    ),
     # --- byte ranges outside the data section
-    pytest.param(container({"a": tensor(shape=[2], offsets=[0, 8])}, FOUR_BYTES),
-                 arrayio.TruncatedFileError, id="offsets-past-end"),
-    pytest.param(container({"a": tensor(), "b": tensor(offsets=[4, 8])}, b"\0" * 6),
-                 arrayio.TruncatedFileError, id="second-tensor-past-end"),
-    pytest.param(container({"a": tensor(shape=[100_000, 100_000],
-                                        offsets=[0, 100_000 * 100_000 * 4])}, FOUR_BYTES),
-                 arrayio.TruncatedFileError, id="40GB-tensor-in-4-bytes"),
+    pytest.param(
+        container({"a": tensor(shape=[2], offsets=[0, 8])}, FOUR_BYTES),
+        arrayio.TruncatedFileError,
+        id="offsets-past-end",
+    ),
+    pytest.param(
+        container({"a": tensor(), "b": tensor(offsets=[4, 8])}, b"\0" * 6),
+        arrayio.TruncatedFileError,
+        id="second-tensor-past-end",
+    ),
+    pytest.param(
+        container(
+            {"a": tensor(shape=[100_000, 100_000], offsets=[0, 100_000 * 100_000 * 4])}, FOUR_BYTES
+        ),
+        arrayio.TruncatedFileError,
+        id="40GB-tensor-in-4-bytes",
+    ),
     # --- overlapping tensors
-    pytest.param(container({"a": tensor(shape=[2], offsets=[0, 8]),
-                            "b": tensor(shape=[2], offsets=[4, 12])}, b"\0" * 12),
-                 arrayio.FormatError, id="overlap-partial"),
-    pytest.param(container({"a": tensor(shape=[2], offsets=[0, 8]),
-                            "b": tensor(shape=[2], offsets=[0, 8])}, b"\0" * 8),
-                 arrayio.FormatError, id="overlap-same-range"),
-    pytest.param(container({"a": tensor(shape=[4], offsets=[0, 16]),
-                            "b": tensor(shape=[1], offsets=[4, 8])}, b"\0" * 16),
-                 arrayio.FormatError, id="overlap-nested"),
+    pytest.param(
+        container(
+            {"a": tensor(shape=[2], offsets=[0, 8]), "b": tensor(shape=[2], offsets=[4, 12])},
+            b"\0" * 12,
+        ),
+        arrayio.FormatError,
+        id="overlap-partial",
+    ),
+    pytest.param(
+        container(
+            {"a": tensor(shape=[2], offsets=[0, 8]), "b": tensor(shape=[2], offsets=[0, 8])},
+            b"\0" * 8,
+        ),
+        arrayio.FormatError,
+        id="overlap-same-range",
+    ),
+    pytest.param(
+        container(
+            {"a": tensor(shape=[4], offsets=[0, 16]), "b": tensor(shape=[1], offsets=[4, 8])},
+            b"\0" * 16,
+        ),
+        arrayio.FormatError,
+        id="overlap-nested",
+    ),
     # --- dtypes
     *(
-        pytest.param(container({"a": tensor(dtype=code)}, FOUR_BYTES),
-                     arrayio.UnsupportedDtypeError, id=f"dtype-{code or 'empty'}")
+        pytest.param(
+            container({"a": tensor(dtype=code)}, FOUR_BYTES),
+            arrayio.UnsupportedDtypeError,
+            id=f"dtype-{code or 'empty'}",
+        )
         for code in ("F7", "C128", "f32", "float32", "")
     ),
     # Real safetensors codes that arrayio does not handle.
     *(
-        pytest.param(container({"a": tensor(dtype=code, offsets=(0, 1))}, b"\0"),
-                     arrayio.UnsupportedDtypeError, id=f"dtype-known-unsupported-{code}")
+        pytest.param(
+            container({"a": tensor(dtype=code, offsets=(0, 1))}, b"\0"),
+            arrayio.UnsupportedDtypeError,
+            id=f"dtype-known-unsupported-{code}",
+        )
         for code in ("F8_E8M0", "F8_E4M3FNUZ")
     ),
     # A dtype that is not a string at all is still an unknown dtype, whatever its JSON type.
     *(
-        pytest.param(container({"a": tensor(dtype=code)}, FOUR_BYTES),
-                     arrayio.UnsupportedDtypeError, id=f"dtype-json-{kind}")
-        for kind, code in (("number", 32), ("null", None), ("list", ["F32"]),
-                           ("object", {"F32": 1}))
+        pytest.param(
+            container({"a": tensor(dtype=code)}, FOUR_BYTES),
+            arrayio.UnsupportedDtypeError,
+            id=f"dtype-json-{kind}",
+        )
+        for kind, code in (
+            ("number", 32),
+            ("null", None),
+            ("list", ["F32"]),
+            ("object", {"F32": 1}),
+        )
     ),
 ]
 
@@ -339,8 +457,9 @@ METADATA_CASES = [
     pytest.param(lambda text: text[:-3], arrayio.FormatError, id="blob-cut-short"),
     pytest.param(lambda text: "not json", arrayio.FormatError, id="blob-not-json"),
     pytest.param(lambda text: "[1, 2]", arrayio.FormatError, id="blob-json-list"),
-    pytest.param(_edit(lambda blob: blob.pop("version")), arrayio.FormatError,
-                 id="version-missing"),
+    pytest.param(
+        _edit(lambda blob: blob.pop("version")), arrayio.FormatError, id="version-missing"
+    ),
     pytest.param(_set("version", "1"), arrayio.FormatError, id="version-string"),
     pytest.param(_set("version", 999), arrayio.FormatError, id="version-999"),
     pytest.param(_set("crc32c", {"w": "xyz"}), arrayio.FormatError, id="crc-not-hex"),
@@ -349,25 +468,36 @@ METADATA_CASES = [
     pytest.param(_set("crc32c", {"w": "ABCDEF01"}), arrayio.FormatError, id="crc-uppercase"),
     pytest.param(_set("crc32c", {"w": 12345678}), arrayio.FormatError, id="crc-number"),
     pytest.param(_set("crc32c", ["00000000"]), arrayio.FormatError, id="crc-not-object"),
-    pytest.param(_edit(lambda blob: blob["crc32c"].__setitem__("ghost", "00000000")),
-                 arrayio.FormatError, id="crc-of-unknown-tensor"),
-    pytest.param(_set("tree", {"dict": [["w", {"leaf": "ghost"}]]}), arrayio.FormatError,
-                 id="tree-names-missing-tensor"),
+    pytest.param(
+        _edit(lambda blob: blob["crc32c"].__setitem__("ghost", "00000000")),
+        arrayio.FormatError,
+        id="crc-of-unknown-tensor",
+    ),
+    pytest.param(
+        _set("tree", {"dict": [["w", {"leaf": "ghost"}]]}),
+        arrayio.FormatError,
+        id="tree-names-missing-tensor",
+    ),
     pytest.param(_set("tree", 5), arrayio.FormatError, id="tree-number"),
     pytest.param(_set("tree", {"dict": 5}), arrayio.FormatError, id="tree-dict-of-number"),
     pytest.param(_set("tree", {"leaf": ["w"]}), arrayio.FormatError, id="tree-leaf-list"),
     pytest.param(_set("json_metadata", 5), arrayio.FormatError, id="json-metadata-number"),
-    pytest.param(_set("dtypes", {"w": "complex128"}), arrayio.UnsupportedDtypeError,
-                 id="real-dtype-mismatch"),
-    pytest.param(_set("dtypes", {"w": "no-such-dtype"}), arrayio.UnsupportedDtypeError,
-                 id="real-dtype-unknown"),
+    pytest.param(
+        _set("dtypes", {"w": "complex128"}), arrayio.UnsupportedDtypeError, id="real-dtype-mismatch"
+    ),
+    pytest.param(
+        _set("dtypes", {"w": "no-such-dtype"}),
+        arrayio.UnsupportedDtypeError,
+        id="real-dtype-unknown",
+    ),
 ]
 
 
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 @pytest.mark.parametrize(("mutate", "expected"), METADATA_CASES)
-def test_corrupt_arrayio_metadata(tmp_path: Path, mutate: Callable[[str], str],
-                                  expected: type, entry: str) -> None:
+def test_corrupt_arrayio_metadata(
+    tmp_path: Path, mutate: Callable[[str], str], expected: type, entry: str
+) -> None:
     header, data = read_container(save_sample(tmp_path))
     header["__metadata__"]["arrayio"] = mutate(header["__metadata__"]["arrayio"])
     path = write(tmp_path, container(header, data))
@@ -489,15 +619,19 @@ NPY_CASES = [
     pytest.param(b"\x93NUMPX\x01\x00" + b"\0" * 120, arrayio.FormatError, id="bad-magic"),
     pytest.param(b"\x93NUMP", arrayio.TruncatedFileError, id="cut-inside-magic"),
     pytest.param(NPY_MAGIC + b"\x01", arrayio.TruncatedFileError, id="cut-inside-version"),
-    pytest.param(NPY_MAGIC + b"\x01\x00\x76", arrayio.TruncatedFileError,
-                 id="cut-inside-length"),
+    pytest.param(NPY_MAGIC + b"\x01\x00\x76", arrayio.TruncatedFileError, id="cut-inside-length"),
     pytest.param(npy(npy_dict())[:50], arrayio.TruncatedFileError, id="cut-inside-header"),
-    pytest.param(npy(npy_dict(), b"\0" * 4, header_length=0xFFFF), arrayio.HeaderTooLargeError,
-                 id="v1-header-length-65535"),
-    pytest.param(npy(npy_dict(), b"\0" * 4, version=2, header_length=0xFFFF_FFFF),
-                 arrayio.HeaderTooLargeError, id="v2-header-length-4GiB"),
-    pytest.param(npy(npy_dict(), b"\0" * 4, version=9), arrayio.FormatError,
-                 id="unknown-version"),
+    pytest.param(
+        npy(npy_dict(), b"\0" * 4, header_length=0xFFFF),
+        arrayio.HeaderTooLargeError,
+        id="v1-header-length-65535",
+    ),
+    pytest.param(
+        npy(npy_dict(), b"\0" * 4, version=2, header_length=0xFFFF_FFFF),
+        arrayio.HeaderTooLargeError,
+        id="v2-header-length-4GiB",
+    ),
+    pytest.param(npy(npy_dict(), b"\0" * 4, version=9), arrayio.FormatError, id="unknown-version"),
     pytest.param(npy("[1, 2]"), arrayio.FormatError, id="header-list-literal"),
     pytest.param(npy("{'descr': '<f4'"), arrayio.FormatError, id="header-unclosed-dict"),
     pytest.param(npy("{'descr': '<f4'}"), arrayio.FormatError, id="header-missing-keys"),
@@ -505,26 +639,39 @@ NPY_CASES = [
     pytest.param(npy("__import__('os').getcwd()"), arrayio.FormatError, id="header-code"),
     pytest.param(npy(b"\xff" * 20), arrayio.FormatError, id="header-binary"),
     pytest.param(npy(npy_dict("<f4", (-1,))), arrayio.FormatError, id="shape-negative"),
-    pytest.param(npy(npy_dict("<f4", (-1, -1)), b"\0" * 4), arrayio.FormatError,
-                 id="shape-two-negatives"),
-    pytest.param(npy(npy_dict("|O"), b"\0" * 8), arrayio.UnsupportedDtypeError,
-                 id="object-dtype"),
-    pytest.param(npy("{'descr': [('x', '<f4')], 'fortran_order': False, 'shape': (1,), }",
-                     b"\0" * 4), arrayio.UnsupportedDtypeError, id="structured-dtype"),
-    pytest.param(npy(npy_dict(">f4"), b"\0" * 4), arrayio.UnsupportedDtypeError,
-                 id="big-endian-dtype"),
+    pytest.param(
+        npy(npy_dict("<f4", (-1, -1)), b"\0" * 4), arrayio.FormatError, id="shape-two-negatives"
+    ),
+    pytest.param(npy(npy_dict("|O"), b"\0" * 8), arrayio.UnsupportedDtypeError, id="object-dtype"),
+    pytest.param(
+        npy("{'descr': [('x', '<f4')], 'fortran_order': False, 'shape': (1,), }", b"\0" * 4),
+        arrayio.UnsupportedDtypeError,
+        id="structured-dtype",
+    ),
+    pytest.param(
+        npy(npy_dict(">f4"), b"\0" * 4), arrayio.UnsupportedDtypeError, id="big-endian-dtype"
+    ),
     # NumPy reads a comma string as a structured dtype, through ast.literal_eval.
-    pytest.param(npy(npy_dict(",i2"), b"\0" * 4), arrayio.UnsupportedDtypeError,
-                 id="comma-string-dtype"),
+    pytest.param(
+        npy(npy_dict(",i2"), b"\0" * 4), arrayio.UnsupportedDtypeError, id="comma-string-dtype"
+    ),
     # A deprecated alias: NumPy warns (an error under -W error) before it answers.
-    pytest.param(npy(npy_dict("|a4"), b"\0" * 4), arrayio.UnsupportedDtypeError,
-                 id="deprecated-alias-dtype"),
-    pytest.param(npy(npy_dict("<U1"), b"\0" * 4), arrayio.UnsupportedDtypeError,
-                 id="unicode-dtype"),
-    pytest.param(npy(npy_dict("<f4", (2,)), b"\0" * 4), arrayio.TruncatedFileError,
-                 id="shape-one-element-too-many"),
-    pytest.param(npy(npy_dict("<f4", (100_000, 100_000)), b"\0" * 4),
-                 arrayio.TruncatedFileError, id="40GB-shape-in-4-bytes"),
+    pytest.param(
+        npy(npy_dict("|a4"), b"\0" * 4), arrayio.UnsupportedDtypeError, id="deprecated-alias-dtype"
+    ),
+    pytest.param(
+        npy(npy_dict("<U1"), b"\0" * 4), arrayio.UnsupportedDtypeError, id="unicode-dtype"
+    ),
+    pytest.param(
+        npy(npy_dict("<f4", (2,)), b"\0" * 4),
+        arrayio.TruncatedFileError,
+        id="shape-one-element-too-many",
+    ),
+    pytest.param(
+        npy(npy_dict("<f4", (100_000, 100_000)), b"\0" * 4),
+        arrayio.TruncatedFileError,
+        id="40GB-shape-in-4-bytes",
+    ),
 ]
 
 
@@ -541,38 +688,81 @@ def test_hostile_npy(tmp_path: Path, blob: bytes, expected: type, entry: str) ->
 # --------------------------------------------------------------------------- no large allocation
 
 MEMORY_CASES = [
-    pytest.param(container(b"{}", header_length=2**63), "x.safetensors",
-                 arrayio.HeaderTooLargeError, id="header-length-2**63"),
-    pytest.param(container(b"{}", header_length=8 << 30), "x.safetensors",
-                 arrayio.HeaderTooLargeError, id="header-length-8GiB"),
+    pytest.param(
+        container(b"{}", header_length=2**63),
+        "x.safetensors",
+        arrayio.HeaderTooLargeError,
+        id="header-length-2**63",
+    ),
+    pytest.param(
+        container(b"{}", header_length=8 << 30),
+        "x.safetensors",
+        arrayio.HeaderTooLargeError,
+        id="header-length-8GiB",
+    ),
     # Under the header size cap, so only the file size stops it being read.
-    pytest.param(container(b"{}", header_length=99_999_999), "x.safetensors",
-                 arrayio.TruncatedFileError, id="header-length-under-cap"),
-    pytest.param(container({"a": tensor(shape=[100_000, 100_000],
-                                        offsets=[0, 100_000 * 100_000 * 4])}, FOUR_BYTES),
-                 "x.safetensors", arrayio.TruncatedFileError, id="40GB-tensor"),
-    pytest.param(npy(npy_dict("<f4", (100_000, 100_000)), FOUR_BYTES), "x.npy",
-                 arrayio.TruncatedFileError, id="npy-40GB-shape"),
-    pytest.param(npy(npy_dict(), FOUR_BYTES, version=2, header_length=0xFFFF_FFFF), "x.npy",
-                 arrayio.HeaderTooLargeError, id="npy-header-length-4GiB"),
+    pytest.param(
+        container(b"{}", header_length=99_999_999),
+        "x.safetensors",
+        arrayio.TruncatedFileError,
+        id="header-length-under-cap",
+    ),
+    pytest.param(
+        container(
+            {"a": tensor(shape=[100_000, 100_000], offsets=[0, 100_000 * 100_000 * 4])}, FOUR_BYTES
+        ),
+        "x.safetensors",
+        arrayio.TruncatedFileError,
+        id="40GB-tensor",
+    ),
+    pytest.param(
+        npy(npy_dict("<f4", (100_000, 100_000)), FOUR_BYTES),
+        "x.npy",
+        arrayio.TruncatedFileError,
+        id="npy-40GB-shape",
+    ),
+    pytest.param(
+        npy(npy_dict(), FOUR_BYTES, version=2, header_length=0xFFFF_FFFF),
+        "x.npy",
+        arrayio.HeaderTooLargeError,
+        id="npy-header-length-4GiB",
+    ),
     # Shapes no framework can allocate even empty: too many dimensions, strides past 64 bits.
-    pytest.param(container({"a": tensor(shape=[1] * 66, offsets=[0, 4])}, FOUR_BYTES),
-                 "x.safetensors", arrayio.FormatError, id="66-dimensions"),
-    pytest.param(container({"a": tensor(shape=[0, 2**40, 2**40], offsets=[0, 0])}),
-                 "x.safetensors", arrayio.FormatError, id="empty-shape-beyond-64-bits"),
-    pytest.param(container({"a": tensor(shape=[0, 2**63], offsets=[0, 0])}),
-                 "x.safetensors", arrayio.FormatError, id="dimension-beyond-64-bits"),
-    pytest.param(npy(npy_dict("<f4", (0,) * 66)), "x.npy", arrayio.FormatError,
-                 id="npy-66-dimensions"),
-    pytest.param(npy(npy_dict("<f4", (0, 2**62, 2**62))), "x.npy", arrayio.FormatError,
-                 id="npy-empty-shape-beyond-64-bits"),
+    pytest.param(
+        container({"a": tensor(shape=[1] * 66, offsets=[0, 4])}, FOUR_BYTES),
+        "x.safetensors",
+        arrayio.FormatError,
+        id="66-dimensions",
+    ),
+    pytest.param(
+        container({"a": tensor(shape=[0, 2**40, 2**40], offsets=[0, 0])}),
+        "x.safetensors",
+        arrayio.FormatError,
+        id="empty-shape-beyond-64-bits",
+    ),
+    pytest.param(
+        container({"a": tensor(shape=[0, 2**63], offsets=[0, 0])}),
+        "x.safetensors",
+        arrayio.FormatError,
+        id="dimension-beyond-64-bits",
+    ),
+    pytest.param(
+        npy(npy_dict("<f4", (0,) * 66)), "x.npy", arrayio.FormatError, id="npy-66-dimensions"
+    ),
+    pytest.param(
+        npy(npy_dict("<f4", (0, 2**62, 2**62))),
+        "x.npy",
+        arrayio.FormatError,
+        id="npy-empty-shape-beyond-64-bits",
+    ),
 ]
 
 
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 @pytest.mark.parametrize(("blob", "name", "expected"), MEMORY_CASES)
-def test_refused_before_large_allocation(tmp_path: Path, blob: bytes, name: str,
-                                         expected: type, entry: str) -> None:
+def test_refused_before_large_allocation(
+    tmp_path: Path, blob: bytes, name: str, expected: type, entry: str
+) -> None:
     path = write(tmp_path, blob, name)
     call = ENTRY_POINTS[entry]
 
@@ -599,22 +789,36 @@ def test_refused_before_large_allocation(tmp_path: Path, blob: bytes, name: str,
 
 # A pytree whose header holds every kind of fact a flip could change: keys, nesting, constants,
 # dtypes, shapes, user metadata and the tensors' own checksums.
-DESCRIBED = {"params": {"w": np.arange(24, dtype=np.float32).reshape(4, 6),
-                        "b": np.arange(3, dtype=np.int16)},
-             "opt": [np.ones(2, np.complex128), None, 7, "adam"], "step": 1200}
+DESCRIBED = {
+    "params": {
+        "w": np.arange(24, dtype=np.float32).reshape(4, 6),
+        "b": np.arange(3, dtype=np.int16),
+    },
+    "opt": [np.ones(2, np.complex128), None, 7, "adam"],
+    "step": 1200,
+}
 
 
 def _same_load(loaded: Any, expected: Any) -> bool:
     if isinstance(expected, dict):
-        return (isinstance(loaded, dict) and loaded.keys() == expected.keys()
-                and all(_same_load(loaded[k], v) for k, v in expected.items()))
+        return (
+            isinstance(loaded, dict)
+            and loaded.keys() == expected.keys()
+            and all(_same_load(loaded[k], v) for k, v in expected.items())
+        )
     if isinstance(expected, list | tuple):
-        return (type(loaded) is type(expected) and len(loaded) == len(expected)
-                and all(_same_load(a, b) for a, b in zip(loaded, expected, strict=True)))
+        return (
+            type(loaded) is type(expected)
+            and len(loaded) == len(expected)
+            and all(_same_load(a, b) for a, b in zip(loaded, expected, strict=True))
+        )
     if isinstance(expected, np.ndarray):
-        return (isinstance(loaded, np.ndarray) and loaded.dtype == expected.dtype
-                and loaded.shape == expected.shape
-                and loaded.tobytes() == expected.tobytes())
+        return (
+            isinstance(loaded, np.ndarray)
+            and loaded.dtype == expected.dtype
+            and loaded.shape == expected.shape
+            and loaded.tobytes() == expected.tobytes()
+        )
     return type(loaded) is type(expected) and loaded == expected
 
 
@@ -649,12 +853,16 @@ def _rename_key(blob: bytes, old: bytes, new: bytes) -> bytes:
     return blob.replace(old, new)
 
 
-@pytest.mark.parametrize(("old", "new"), [
-    (b'\\"tree\\"', b'\\"tsee\\"'),          # the structure: load() would return {}
-    (b'\\"crc32c\\"', b'\\"crc32b\\"'),      # every tensor's checksum
-    (b'"arrayio":', b'"arrayjo":'),          # arrayio's facts: a plain safetensors file
-    (b'"arrayio_header_crc32c"', b'"arrayio_header_crc32b"'),  # the header's own CRC
-], ids=["tree", "tensor-crcs", "arrayio-key", "header-crc-key"])
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (b'\\"tree\\"', b'\\"tsee\\"'),  # the structure: load() would return {}
+        (b'\\"crc32c\\"', b'\\"crc32b\\"'),  # every tensor's checksum
+        (b'"arrayio":', b'"arrayjo":'),  # arrayio's facts: a plain safetensors file
+        (b'"arrayio_header_crc32c"', b'"arrayio_header_crc32b"'),  # the header's own CRC
+    ],
+    ids=["tree", "tensor-crcs", "arrayio-key", "header-crc-key"],
+)
 def test_a_renamed_key_in_the_header_is_caught(tmp_path: Path, old: bytes, new: bytes) -> None:
     path = save_sample(tmp_path)
     path.write_bytes(_rename_key(path.read_bytes(), old, new))
@@ -687,6 +895,7 @@ def test_the_header_crc_is_not_user_metadata(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- memory
 
+
 def _available() -> int:
     from arrayio.runtime import _memory
 
@@ -718,7 +927,8 @@ def test_a_sparse_file_larger_than_memory_is_refused_before_allocating(tmp_path:
 
 
 def test_a_frameworks_memory_error_becomes_an_arrayio_error(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = save_sample(tmp_path)
 
     def no_memory(*args: Any) -> Any:
@@ -791,8 +1001,9 @@ def test_json_metadata_naming_a_key_twice_is_a_format_error(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("stray", [b"'", b'"', b"\\", b"(", b"x"])
 @pytest.mark.parametrize("where", [0.1, 0.5, 0.99])
-def test_a_stray_byte_in_npy_padding_is_refused_at_once(tmp_path: Path, stray: bytes,
-                                                        where: float) -> None:
+def test_a_stray_byte_in_npy_padding_is_refused_at_once(
+    tmp_path: Path, stray: bytes, where: float
+) -> None:
     """NumPy's fallback parser for Python 2 era headers takes seconds on such a header."""
     path = tmp_path / "x.npy"
     arrayio.save(path, np.arange(10.0))  # its header is padded to 4 KiB

@@ -26,9 +26,17 @@ import arrayio
 
 NUMPY_NATIVE = [
     "bool",
-    "int8", "int16", "int32", "int64",
-    "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
     "complex64",
 ]
 ML_DTYPES = ["bfloat16", "float8_e4m3fn", "float8_e5m2"]

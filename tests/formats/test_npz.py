@@ -11,9 +11,14 @@ import pytest
 
 import arrayio
 
-ARRAYS = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.arange(5, dtype=np.int16),
-          "f": np.asfortranarray(np.arange(6.0).reshape(2, 3)), "e": np.zeros((0, 3)),
-          "s": np.array(3.5), "c": np.array([1 + 2j], np.complex128)}
+ARRAYS = {
+    "w": np.arange(12, dtype=np.float32).reshape(3, 4),
+    "b": np.arange(5, dtype=np.int16),
+    "f": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+    "e": np.zeros((0, 3)),
+    "s": np.array(3.5),
+    "c": np.array([1 + 2j], np.complex128),
+}
 
 
 def assert_same(loaded: dict, expected: dict) -> None:
@@ -52,12 +57,16 @@ def test_save_async_writes_an_npz_too(tmp_path: Path) -> None:
     assert_same(arrayio.load(path), ARRAYS)
 
 
-@pytest.mark.parametrize(("obj", "metadata"), [
-    ({"nested": {"w": np.ones(2)}}, None),
-    ({"w": np.ones(2), "step": 3}, None),
-    (np.ones(2), None),
-    ({"w": np.ones(2)}, {"run": "a"}),
-], ids=["nested", "constant", "lone-array", "metadata"])
+@pytest.mark.parametrize(
+    ("obj", "metadata"),
+    [
+        ({"nested": {"w": np.ones(2)}}, None),
+        ({"w": np.ones(2), "step": 3}, None),
+        (np.ones(2), None),
+        ({"w": np.ones(2)}, {"run": "a"}),
+    ],
+    ids=["nested", "constant", "lone-array", "metadata"],
+)
 def test_what_an_npz_cannot_hold_is_refused_before_writing(tmp_path: Path, obj, metadata) -> None:
     path = tmp_path / "x.npz"
     with pytest.raises(arrayio.UnsupportedObjectError, match="safetensors"):
@@ -71,10 +80,21 @@ def test_bfloat16_is_refused_for_npz(tmp_path: Path) -> None:
         arrayio.save(tmp_path / "x.npz", {"w": np.ones(2, ml_dtypes.bfloat16)})
 
 
-@pytest.mark.parametrize("name", ["model.pt", "model.pth", "weights.bin", "x.h5", "x.pkl",
-                                  "x.ckpt", "x.ZARR", "x.json", "x.msgpack"])
-def test_no_container_is_written_under_another_formats_extension(tmp_path: Path,
-                                                                 name: str) -> None:
+@pytest.mark.parametrize(
+    "name",
+    [
+        "model.pt",
+        "model.pth",
+        "weights.bin",
+        "x.h5",
+        "x.pkl",
+        "x.ckpt",
+        "x.ZARR",
+        "x.json",
+        "x.msgpack",
+    ],
+)
+def test_no_container_is_written_under_another_formats_extension(tmp_path: Path, name: str) -> None:
     path = tmp_path / name
     for save in (arrayio.save, arrayio.save_async):
         with pytest.raises(arrayio.UnsupportedFormatError) as raised:
@@ -125,8 +145,7 @@ def test_a_member_that_is_not_an_array_is_refused(tmp_path: Path) -> None:
         arrayio.open(path)
 
 
-def test_a_member_claiming_more_than_it_holds_is_refused_before_allocating(
-        tmp_path: Path) -> None:
+def test_a_member_claiming_more_than_it_holds_is_refused_before_allocating(tmp_path: Path) -> None:
     path = tmp_path / "bomb.npz"
     header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000,), }"
     npy = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode()

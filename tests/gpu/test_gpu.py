@@ -79,9 +79,11 @@ def test_jax_results_take_the_direct_import_and_match_the_public_one(tmp_path):
     from arrayio.arrays import _jax_import
 
     _jax_import.reset()
-    tree = {f"{dtype}{i}": random_array(by_name(dtype), shape, seed=i)
-            for i, shape in enumerate([(3, 5), (0,), (), (1 << 16,)])
-            for dtype in ("bfloat16", "float32", "bool", "float8_e4m3fn", "int8")}
+    tree = {
+        f"{dtype}{i}": random_array(by_name(dtype), shape, seed=i)
+        for i, shape in enumerate([(3, 5), (0,), (), (1 << 16,)])
+        for dtype in ("bfloat16", "float32", "bool", "float8_e4m3fn", "int8")
+    }
     path = tmp_path / "j.safetensors"
     arrayio.save(path, tree)
     back = arrayio.load(path, like="jax", device="cuda")
@@ -99,7 +101,11 @@ def test_jax_results_take_the_direct_import_and_match_the_public_one(tmp_path):
     public = jax.dlpack.from_dlpack(c)
     assert direct.unsafe_buffer_pointer() == public.unsafe_buffer_pointer() == c.data.ptr
     assert (direct.shape, direct.dtype, direct.committed, direct.sharding) == (
-        public.shape, public.dtype, public.committed, public.sharding)
+        public.shape,
+        public.dtype,
+        public.committed,
+        public.sharding,
+    )
 
 
 def test_load_to_jax_device_object_and_torch_device(tmp_path):
@@ -139,8 +145,9 @@ def test_large_array_through_small_staging_buffers(tmp_path, source):
     with arrayio.config.set(staging_bytes=1 << 20):
         arrayio.save(path, {"x": source.from_numpy(a)})
         back = arrayio.load(path, like=source.name, device="cuda")["x"]
-        rows = arrayio.open(path).read("x", index=slice(1000, 5000), like=source.name,
-                                       device="cuda")
+        rows = arrayio.open(path).read(
+            "x", index=slice(1000, 5000), like=source.name, device="cuda"
+        )
     assert source.to_bytes(back) == a.tobytes()
     assert source.to_bytes(rows) == a[1000:5000].tobytes()
 
@@ -156,8 +163,11 @@ def test_corruption_is_caught_on_gpu_loads(tmp_path):
 
 @pytest.mark.parametrize(
     "tool",
-    ["naive", "staged(threads=4,chunk_size=1048576)",
-     "staged(threads=2,chunk_size=1048576,direct=True)"],
+    [
+        "naive",
+        "staged(threads=4,chunk_size=1048576)",
+        "staged(threads=2,chunk_size=1048576,direct=True)",
+    ],
 )
 def test_gpu_tools_through_the_public_api(tmp_path, tool):
     cupy = pytest.importorskip("cupy")
@@ -169,9 +179,14 @@ def test_gpu_tools_through_the_public_api(tmp_path, tool):
     assert cupy.asnumpy(back).tobytes() == a.tobytes()
 
 
-@pytest.mark.parametrize("tool", ["staged(threads=4,chunk_size=1048576)",
-                                  "staged(threads=1,chunk_size=4194304,direct=True)",
-                                  "staged(threads=3,chunk_size=65536,direct=True)"])
+@pytest.mark.parametrize(
+    "tool",
+    [
+        "staged(threads=4,chunk_size=1048576)",
+        "staged(threads=1,chunk_size=4194304,direct=True)",
+        "staged(threads=3,chunk_size=65536,direct=True)",
+    ],
+)
 def test_a_gpu_save_of_many_arrays_through_gathered_writes(tmp_path, tool):
     # The staged tool writes a batch's neighbours as one range, its chunks cut across the
     # arrays: every byte and every array's checksum must be its own, at any alignment.
@@ -190,8 +205,15 @@ def test_a_gpu_save_of_many_arrays_through_gathered_writes(tmp_path, tool):
         flip_byte(path, offset, 0x01)  # mended for the next key
 
 
-@pytest.mark.parametrize("tool", [None, "kvikio", "staged(threads=4,chunk_size=1048576)",
-                                  "staged(threads=2,chunk_size=1048576,direct=True)"])
+@pytest.mark.parametrize(
+    "tool",
+    [
+        None,
+        "kvikio",
+        "staged(threads=4,chunk_size=1048576)",
+        "staged(threads=2,chunk_size=1048576,direct=True)",
+    ],
+)
 def test_batched_jax_loads_hold_every_byte_through_each_tool(tmp_path, tool):
     # A load to JAX on the GPU reads its arrays as one batch into CuPy memory, then wraps
     # each (from_dlpack): every byte must be there, whatever the tool, and a damaged array
@@ -202,8 +224,10 @@ def test_batched_jax_loads_hold_every_byte_through_each_tool(tmp_path, tool):
 
         if not KvikioTool.availability():
             pytest.skip(KvikioTool.availability().reason)
-    tree = {f"w{i}": random_array(by_name(dtype), ((1 << 19) + 4096 * i,), seed=i)
-            for i, dtype in enumerate(["bfloat16", "float32"] * 6)}  # 1 to 2 MiB each
+    tree = {
+        f"w{i}": random_array(by_name(dtype), ((1 << 19) + 4096 * i,), seed=i)
+        for i, dtype in enumerate(["bfloat16", "float32"] * 6)
+    }  # 1 to 2 MiB each
     path = tmp_path / "w.safetensors"
     arrayio.save(path, tree)
     back = arrayio.load(path, like="jax", device="cuda", tool=tool)
@@ -264,9 +288,12 @@ def test_small_neighbours_reach_the_gpu_whole_beside_a_large_batch(tmp_path, lik
     # must fail the load by name.
     pytest.importorskip(like)
     rng = np.random.default_rng(41)
-    tree = {f"b{i:03d}": random_array(by_name(["bfloat16", "float32", "int8"][i % 3]),
-                                      (int(rng.integers(1, 16384)),), seed=i)
-            for i in range(300)}
+    tree = {
+        f"b{i:03d}": random_array(
+            by_name(["bfloat16", "float32", "int8"][i % 3]), (int(rng.integers(1, 16384)),), seed=i
+        )
+        for i in range(300)
+    }
     tree["big"] = random_array(by_name("float32"), (3 << 20,), seed=999)  # 12 MiB
     path = tmp_path / "m.safetensors"
     arrayio.save(path, tree)
@@ -296,15 +323,17 @@ def test_scatter_from_host_fills_each_device_buffer_from_its_place_in_the_span(k
     scatter_from_host(span, [(start, b) for (start, _), b in zip(places, buffers, strict=True)])
     for (start, n), b in zip(places, buffers, strict=True):
         got = b.tensor.cpu().numpy() if kind == "torch" else b.array.get()
-        assert got.tobytes() == span[start:start + n].tobytes(), (start, n)
+        assert got.tobytes() == span[start : start + n].tobytes(), (start, n)
 
 
 @pytest.mark.parametrize("writer", ["arrayio", "savez", "savez_compressed"])
 def test_npz_archives_to_and_from_the_gpu(tmp_path, gpu_xp: Framework, writer):
     """An .npz saved from device arrays holds their values; stored and compressed members
     load into device memory."""
-    arrays = {"w": random_array(by_name("float32"), (64, 33), seed=1),
-              "i": random_array(by_name("int16"), (5,), seed=2)}
+    arrays = {
+        "w": random_array(by_name("float32"), (64, 33), seed=1),
+        "i": random_array(by_name("int16"), (5,), seed=2),
+    }
     path = tmp_path / "x.npz"
     if writer == "arrayio":
         arrayio.save(path, {k: gpu_xp.from_numpy(v) for k, v in arrays.items()})

@@ -35,8 +35,11 @@ from arrayio.integrity import _atomic
 TEMP_MARKER = ".arrayio-tmp-"
 
 OLD = {"w": np.arange(1000, dtype=np.float32), "step": np.array(7, dtype=np.int64)}
-NEW = {"w": -np.arange(3000, dtype=np.float32), "b": np.ones((4, 5), np.int16),
-       "c": np.arange(7, dtype=np.uint8)}
+NEW = {
+    "w": -np.arange(3000, dtype=np.float32),
+    "b": np.ones((4, 5), np.int16),
+    "c": np.arange(7, dtype=np.uint8),
+}
 OLD_NPY = np.arange(1000, dtype=np.float64)
 NEW_NPY = -np.arange(5000, dtype=np.float64)
 
@@ -87,8 +90,11 @@ def kill_writer_mid_save(path: Path, nbytes: int, log: Path, seen: list[str]) ->
     temporary files seen go to ``seen``.
     """
     with open(log, "wb") as stderr:
-        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(nbytes)],
-                                  stdout=subprocess.DEVNULL, stderr=stderr)
+        writer = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(path), str(nbytes)],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
     try:
         deadline = time.monotonic() + ATTEMPT_DEADLINE_S
         while time.monotonic() < deadline:
@@ -109,8 +115,10 @@ def kill_writer_mid_save(path: Path, nbytes: int, log: Path, seen: list[str]) ->
                     # the kill really came mid-save.
                     return writer.returncode == -signal.SIGKILL and temp.exists()
             time.sleep(0.001)
-        pytest.fail(f"no temporary file of {KILL_AFTER_BYTES} bytes appeared within "
-                    f"{ATTEMPT_DEADLINE_S} s; writer log:\n{log.read_text()}")
+        pytest.fail(
+            f"no temporary file of {KILL_AFTER_BYTES} bytes appeared within "
+            f"{ATTEMPT_DEADLINE_S} s; writer log:\n{log.read_text()}"
+        )
     finally:
         if writer.poll() is None:
             writer.kill()
@@ -136,10 +144,14 @@ def test_writer_killed_mid_save_leaves_old_file(tmp_path: Path) -> None:
             break
     else:
         if not seen:
-            pytest.fail(f"no save (up to {ATTEMPT_SIZES[-1]} bytes) ever created a temporary "
-                        f"file named *{TEMP_MARKER}*: the save is not written atomically")
-        pytest.fail(f"the writer finished every save before it could be killed (up to "
-                    f"{ATTEMPT_SIZES[-1]} bytes): this machine is too fast for this test")
+            pytest.fail(
+                f"no save (up to {ATTEMPT_SIZES[-1]} bytes) ever created a temporary "
+                f"file named *{TEMP_MARKER}*: the save is not written atomically"
+            )
+        pytest.fail(
+            f"the writer finished every save before it could be killed (up to "
+            f"{ATTEMPT_SIZES[-1]} bytes): this machine is too fast for this test"
+        )
 
     assert path.read_bytes() == old_bytes
     assert_tree_equal(arrayio.load(path, verify=True), OLD)
@@ -158,8 +170,13 @@ class InjectedFailure(Exception):
     """Raised by the tests' failure injections."""
 
 
-def fail_after(calls: int, real: Callable[..., Any], error: BaseException,
-               directory: Path, seen_temp: list[bool]) -> Callable[..., Any]:
+def fail_after(
+    calls: int,
+    real: Callable[..., Any],
+    error: BaseException,
+    directory: Path,
+    seen_temp: list[bool],
+) -> Callable[..., Any]:
     """Wrap ``real`` so that call number ``calls + 1`` raises ``error``, recording whether a
     temporary file existed at that moment (the failure really came mid-save)."""
     count = 0
@@ -184,10 +201,14 @@ def _fail_write_from(calls: int, error: BaseException) -> Injection:
     """Array writes fail after ``calls`` arrays: ``.npy`` saves write their array alone
     (``write_from``), containers all of theirs as one batch (``write_many``), of which the
     first ``calls`` are written before the error."""
+
     def inject(monkeypatch: pytest.MonkeyPatch, directory: Path, seen: list[bool]) -> None:
         real = arrayio.dispatch._transfer.write_from
-        monkeypatch.setattr(arrayio.dispatch._transfer, "write_from",
-                            fail_after(calls, real, error, directory, seen))
+        monkeypatch.setattr(
+            arrayio.dispatch._transfer,
+            "write_from",
+            fail_after(calls, real, error, directory, seen),
+        )
         real_many = arrayio.dispatch._transfer.write_many
 
         def write_many(fd: int, requests: Any, **kwargs: Any) -> Any:
@@ -200,38 +221,46 @@ def _fail_write_from(calls: int, error: BaseException) -> Injection:
     return inject
 
 
-def _fail_header_write(monkeypatch: pytest.MonkeyPatch, directory: Path,
-                       seen: list[bool]) -> None:
+def _fail_header_write(monkeypatch: pytest.MonkeyPatch, directory: Path, seen: list[bool]) -> None:
     real = arrayio.api._save._write_all
-    monkeypatch.setattr(arrayio.api._save, "_write_all",
-                        fail_after(0, real, InjectedFailure("header"), directory, seen))
+    monkeypatch.setattr(
+        arrayio.api._save,
+        "_write_all",
+        fail_after(0, real, InjectedFailure("header"), directory, seen),
+    )
 
 
 def _fail_fsync(monkeypatch: pytest.MonkeyPatch, directory: Path, seen: list[bool]) -> None:
-    monkeypatch.setattr(os, "fsync",
-                        fail_after(0, os.fsync, OSError(5, "fsync failed"), directory, seen))
+    monkeypatch.setattr(
+        os, "fsync", fail_after(0, os.fsync, OSError(5, "fsync failed"), directory, seen)
+    )
 
 
 def _fail_rename(monkeypatch: pytest.MonkeyPatch, directory: Path, seen: list[bool]) -> None:
-    monkeypatch.setattr(os, "replace",
-                        fail_after(0, os.replace, OSError(18, "rename failed"), directory, seen))
+    monkeypatch.setattr(
+        os, "replace", fail_after(0, os.replace, OSError(18, "rename failed"), directory, seen)
+    )
 
 
 CONTAINER_FAILURES = [
-    pytest.param(_fail_write_from(1, InjectedFailure("disk full")), InjectedFailure,
-                 id="second-array-write"),
-    pytest.param(_fail_write_from(1, KeyboardInterrupt()), KeyboardInterrupt,
-                 id="interrupt-mid-write"),
+    pytest.param(
+        _fail_write_from(1, InjectedFailure("disk full")), InjectedFailure, id="second-array-write"
+    ),
+    pytest.param(
+        _fail_write_from(1, KeyboardInterrupt()), KeyboardInterrupt, id="interrupt-mid-write"
+    ),
     pytest.param(_fail_header_write, InjectedFailure, id="header-write"),
     pytest.param(_fail_fsync, OSError, id="fsync"),
     pytest.param(_fail_rename, OSError, id="rename"),
 ]
 
 NPY_FAILURES = [
-    pytest.param(_fail_write_from(0, InjectedFailure("disk full")), InjectedFailure,
-                 id="data-write"),
-    pytest.param(_fail_write_from(0, KeyboardInterrupt()), KeyboardInterrupt,
-                 id="interrupt-mid-write"),
+    pytest.param(
+        _fail_write_from(0, InjectedFailure("disk full")), InjectedFailure, id="data-write"
+    ),
+    pytest.param(
+        _fail_write_from(0, KeyboardInterrupt()), KeyboardInterrupt, id="interrupt-mid-write"
+    ),
     pytest.param(_fail_header_write, InjectedFailure, id="header-write"),
     pytest.param(_fail_fsync, OSError, id="fsync"),
     pytest.param(_fail_rename, OSError, id="rename"),
@@ -281,20 +310,42 @@ def test_failed_npy_save_keeps_old_file(
 @pytest.mark.parametrize(
     ("name", "old", "new", "error"),
     [
-        pytest.param("model.safetensors", OLD, {**NEW, "bad": object()},
-                     arrayio.UnsupportedObjectError, id="container-unsupported-leaf"),
-        pytest.param("model.safetensors", OLD, {"w": np.array(["text"])},
-                     arrayio.UnsupportedDtypeError, id="container-unsupported-dtype"),
-        pytest.param("model.safetensors", OLD, NEW | {"__metadata__": np.ones(1)},
-                     arrayio.UnsupportedObjectError, id="container-reserved-key"),
-        pytest.param("x.npy", OLD_NPY, {"a": NEW_NPY}, arrayio.UnsupportedObjectError,
-                     id="npy-not-an-array"),
-        pytest.param("x.npy", OLD_NPY, np.array([object()]), arrayio.UnsupportedDtypeError,
-                     id="npy-object-dtype"),
+        pytest.param(
+            "model.safetensors",
+            OLD,
+            {**NEW, "bad": object()},
+            arrayio.UnsupportedObjectError,
+            id="container-unsupported-leaf",
+        ),
+        pytest.param(
+            "model.safetensors",
+            OLD,
+            {"w": np.array(["text"])},
+            arrayio.UnsupportedDtypeError,
+            id="container-unsupported-dtype",
+        ),
+        pytest.param(
+            "model.safetensors",
+            OLD,
+            NEW | {"__metadata__": np.ones(1)},
+            arrayio.UnsupportedObjectError,
+            id="container-reserved-key",
+        ),
+        pytest.param(
+            "x.npy", OLD_NPY, {"a": NEW_NPY}, arrayio.UnsupportedObjectError, id="npy-not-an-array"
+        ),
+        pytest.param(
+            "x.npy",
+            OLD_NPY,
+            np.array([object()]),
+            arrayio.UnsupportedDtypeError,
+            id="npy-object-dtype",
+        ),
     ],
 )
-def test_rejected_input_keeps_old_file(tmp_path: Path, name: str, old: Any, new: Any,
-                                       error: type) -> None:
+def test_rejected_input_keeps_old_file(
+    tmp_path: Path, name: str, old: Any, new: Any, error: type
+) -> None:
     path = tmp_path / name
     arrayio.save(path, old)
     old_bytes = path.read_bytes()
@@ -305,8 +356,9 @@ def test_rejected_input_keeps_old_file(tmp_path: Path, name: str, old: Any, new:
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "x.npy"])
-def test_failed_first_save_creates_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                           name: str) -> None:
+def test_failed_first_save_creates_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
     _fail_write_from(0, InjectedFailure("disk full"))(monkeypatch, tmp_path, [])
     with pytest.raises(InjectedFailure):
         arrayio.save(tmp_path / name, NEW_NPY if name.endswith(".npy") else NEW)
@@ -338,8 +390,9 @@ def test_save_replaces_npy(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["model.safetensors", "x.npy"])
 @pytest.mark.parametrize("mask", [0o022, 0o002, 0o077], ids=oct)
-def test_new_file_mode_honours_umask(tmp_path: Path, umask: Callable[[int], None], name: str,
-                                     mask: int) -> None:
+def test_new_file_mode_honours_umask(
+    tmp_path: Path, umask: Callable[[int], None], name: str, mask: int
+) -> None:
     umask(mask)
     path = tmp_path / name
     arrayio.save(path, NEW_NPY if name.endswith(".npy") else NEW)
@@ -349,9 +402,9 @@ def test_new_file_mode_honours_umask(tmp_path: Path, umask: Callable[[int], None
 
 
 @pytest.mark.parametrize("durable", [True, False])
-def test_only_a_durable_replacement_waits_for_the_disk(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch,
-                                                       durable: bool) -> None:
+def test_only_a_durable_replacement_waits_for_the_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durable: bool
+) -> None:
     from arrayio.integrity import _atomic
 
     synced: list[int] = []
@@ -387,8 +440,11 @@ with _atomic.atomic_write(sys.argv[1]) as fd:
 
 def test_a_live_writers_temporary_survives_anothers_cleanup(tmp_path: Path) -> None:
     target = tmp_path / "live.safetensors"
-    writer = subprocess.Popen([sys.executable, "-c", LIVE_WRITER, str(target)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", LIVE_WRITER, str(target)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     try:
         assert writer.stdout.readline() == b"writing\n"
         (live,) = temp_files(tmp_path)
@@ -429,7 +485,8 @@ def test_a_failed_save_names_the_users_path(tmp_path: Path) -> None:
 
 
 def test_a_full_disk_is_a_disk_full_error_naming_the_path(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "model.safetensors"
     arrayio.save(path, OLD)
     old_bytes = path.read_bytes()
@@ -445,8 +502,9 @@ def test_a_full_disk_is_a_disk_full_error_naming_the_path(
     assert path.read_bytes() == old_bytes and temp_files(tmp_path) == []
 
 
-def test_saving_over_a_directory_fails_before_writing(tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_saving_over_a_directory_fails_before_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "ckpt"
     path.mkdir()
     monkeypatch.setattr(_transfer, "write_many", lambda *a, **k: pytest.fail("wrote data"))

@@ -34,8 +34,11 @@ def test_combine_across_512_mib() -> None:
 @given(st.binary(min_size=1, max_size=5000), st.data())
 def test_parts_in_any_order_and_split_give_the_whole(data: bytes, draw: st.DataObject) -> None:
     array = np.frombuffer(data, np.uint8)
-    cuts = sorted(draw.draw(st.sets(st.integers(1, len(data) - 1), max_size=6))) \
-        if len(data) > 1 else []
+    cuts = (
+        sorted(draw.draw(st.sets(st.integers(1, len(data) - 1), max_size=6)))
+        if len(data) > 1
+        else []
+    )
     bounds = [0, *cuts, len(data)]
     parts = ChecksumParts(len(data))
     for start, stop in reversed(list(zip(bounds[:-1], bounds[1:], strict=True))):

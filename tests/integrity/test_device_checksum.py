@@ -19,8 +19,9 @@ def _table_crc(data: bytes) -> int:
     words = len(data) // 4
     for i in range(words):
         crc ^= int.from_bytes(data[4 * i : 4 * i + 4], "little")
-        crc = int(t[3][crc & 255] ^ t[2][(crc >> 8) & 255] ^ t[1][(crc >> 16) & 255]
-                  ^ t[0][crc >> 24])
+        crc = int(
+            t[3][crc & 255] ^ t[2][(crc >> 8) & 255] ^ t[1][(crc >> 16) & 255] ^ t[0][crc >> 24]
+        )
     for byte in data[4 * words :]:
         crc = int(t[0][(crc ^ byte) & 255]) ^ (crc >> 8)
     return crc ^ 0xFFFFFFFF
@@ -75,8 +76,9 @@ def test_empty_buffer_needs_no_gpu() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("nbytes", [1, 15, 16, 17, 4095, 4096, 4097, 3 * 4096 + 5,
-                                    (1 << 20) + 3, 64 << 20])
+@pytest.mark.parametrize(
+    "nbytes", [1, 15, 16, 17, 4095, 4096, 4097, 3 * 4096 + 5, (1 << 20) + 3, 64 << 20]
+)
 @pytest.mark.parametrize("misalign", [0, 1, 7])
 def test_kernel_matches_host_crc(nbytes: int, misalign: int) -> None:
     import cupy
@@ -90,8 +92,7 @@ def test_kernel_matches_host_crc(nbytes: int, misalign: int) -> None:
 
 
 @pytest.mark.gpu
-@given(st.binary(min_size=1, max_size=20000), st.integers(0, 15),
-       st.sampled_from([16, 48, 4096]))
+@given(st.binary(min_size=1, max_size=20000), st.integers(0, 15), st.sampled_from([16, 48, 4096]))
 @settings(max_examples=40, deadline=None)
 def test_kernel_matches_host_crc_property(data: bytes, misalign: int, segment: int) -> None:
     import cupy
@@ -206,14 +207,15 @@ def test_groups_of_many_buffers_match_the_host(monkeypatch, group_buffers, segme
     buffers, start = [], 0
     for n in sizes:  # views at odd addresses of one allocation
         start += 1
-        buffers.append(CupyDeviceBuffer(misaligned[start:start + n]))
+        buffers.append(CupyDeviceBuffer(misaligned[start : start + n]))
         start += n
     sums = _device_checksum.DeviceChecksums(buffers, segment, own_stream=True)
     for index in rng.permutation(len(sizes))[: len(sizes) * 2 // 3]:
         sums.launch(int(index))
     host = cupy.asnumpy(misaligned)
-    expected = [checksum(host[b.array.data.ptr - misaligned.data.ptr:][: b.nbytes])
-                for b in buffers]
+    expected = [
+        checksum(host[b.array.data.ptr - misaligned.data.ptr :][: b.nbytes]) for b in buffers
+    ]
     assert sums.results() == expected
 
 

@@ -21,10 +21,27 @@ def test_offload_train_smoke(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARRAYIO_")}
     env.update(ARRAYIO_CACHE_DIR="none", JAX_PLATFORMS="cpu")
     result = subprocess.run(
-        [sys.executable, "-W", "error", "-m", "benchmarks.offload_train", "--smoke",
-         "--framework", frameworks, "--out", str(tmp_path / "out"),
-         "--scratch", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+        [
+            sys.executable,
+            "-W",
+            "error",
+            "-m",
+            "benchmarks.offload_train",
+            "--smoke",
+            "--framework",
+            frameworks,
+            "--out",
+            str(tmp_path / "out"),
+            "--scratch",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "out" / "offload_train.json").read_text())
     assert report["benchmark"] == "offload_train" and report["smoke"] is True

@@ -17,9 +17,28 @@ EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "jax_offload.py"
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
 def test_jax_example(tmp_path) -> None:
     result = subprocess.run(
-        [sys.executable, "-W", "error", str(EXAMPLE), "--batch", "256", "--width", "128",
-         "--depth", "6", "--steps", "2", "--budget-mib", "0.25", "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=240, check=False,
+        [
+            sys.executable,
+            "-W",
+            "error",
+            str(EXAMPLE),
+            "--batch",
+            "256",
+            "--width",
+            "128",
+            "--depth",
+            "6",
+            "--steps",
+            "2",
+            "--budget-mib",
+            "0.25",
+            "--dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -234,8 +234,9 @@ def test_directory_of_a_killed_process_is_reclaimed(tmp_path) -> None:
         print(off.directory, flush=True)
         os._exit(1)  # no close(), no finalizers: as if killed
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
     left = result.stdout.strip()
     assert left and os.path.isdir(left) and any(n.endswith(".bin") for n in os.listdir(left))
     with Offloader(tmp_path, device_budget_bytes=MB):
@@ -295,8 +296,11 @@ def test_every_cpu_framework(tmp_path, xp: Framework) -> None:
         off.prefetch(handles[:1])
         for a, handle in zip(arrays, handles, strict=True):
             got = off.get(handle)
-            assert type(got).__module__.split(".")[0] == type(xp.from_numpy(a)).__module__.split(
-                ".")[0] or xp.name == "jax"
+            assert (
+                type(got).__module__.split(".")[0]
+                == type(xp.from_numpy(a)).__module__.split(".")[0]
+                or xp.name == "jax"
+            )
             assert tuple(got.shape) == a.shape and xp.dtype_name(got) == "float32"
             assert xp.to_bytes(got) == a.tobytes()
         assert off.stats().reads >= 3
@@ -316,8 +320,9 @@ def test_bfloat16_and_empty_arrays(tmp_path) -> None:
 def test_many_threads_keep_data_apart(tmp_path) -> None:
     """Threads put, prefetch, get and free at once; every array read must hold its values."""
     failures = []
-    with Offloader(tmp_path, device_budget_bytes=12 * 64 * KB, write_workers=3,
-                   read_workers=3) as off:
+    with Offloader(
+        tmp_path, device_budget_bytes=12 * 64 * KB, write_workers=3, read_workers=3
+    ) as off:
 
         def client(k: int) -> None:
             rng = random.Random(k)
@@ -372,8 +377,7 @@ def test_gpu_round_trip(tmp_path, gpu_xp: Framework) -> None:
 def test_gpu_concurrent_spills_keep_data_apart(tmp_path, gpu_xp: Framework) -> None:
     """Arrays big enough for the multi-threaded GPU tools, many transfers in flight."""
     arrays = [np.full(1 << 21, i, np.float32) for i in range(12)]  # 8 MiB each
-    with Offloader(tmp_path, device_budget_bytes=16 * MB, write_workers=4,
-                   read_workers=4) as off:
+    with Offloader(tmp_path, device_budget_bytes=16 * MB, write_workers=4, read_workers=4) as off:
         handles = [off.put(gpu_xp.from_numpy(a)) for a in arrays]
         off.prefetch(handles)
         for a, handle in zip(arrays, handles, strict=True):
@@ -416,8 +420,7 @@ def test_close_wakes_calls_waiting_in_other_threads(tmp_path, monkeypatch) -> No
     """A put waiting for spills and a wait() in other threads must not hang when close()
     cancels the queued writes they wait for: the put raises, wait() returns."""
     gate = _WriteGate(monkeypatch)
-    off = Offloader(tmp_path, device_budget_bytes=2 * 64 * KB, writeback_bytes=0,
-                    write_workers=1)
+    off = Offloader(tmp_path, device_budget_bytes=2 * 64 * KB, writeback_bytes=0, write_workers=1)
     small = [off.put(_array(i)) for i in range(2)]
     results: dict[str, object] = {}
 
@@ -514,8 +517,13 @@ def test_forked_child_closing_leaves_the_parents_directory(tmp_path) -> None:
         print(os.path.isdir(off.directory), float(off.get(handle)[0]))
         off.close()
     """)
-    result = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", script],
-                            capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore::DeprecationWarning", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.stdout.split() == ["True", "7.0"], result.stderr
     assert os.listdir(tmp_path) == []
 

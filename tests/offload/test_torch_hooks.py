@@ -61,9 +61,13 @@ def test_parameters_small_tensors_and_duplicates_are_not_put(tmp_path, monkeypat
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     # Each ReLU saves its output, which the next Linear saves again as its input.
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 1),
+    )
     x = torch.randn(256, 64)
     put = []
     with Offloader(tmp_path, device_budget_bytes=1 << 30) as off:

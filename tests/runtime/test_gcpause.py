@@ -146,7 +146,8 @@ def _collector_state_in(monkeypatch, name: str) -> list[bool]:
 
 
 def test_a_synchronous_load_and_save_keep_it_paused_across_their_transfers(
-        default_thresholds, monkeypatch, tmp_path):
+    default_thresholds, monkeypatch, tmp_path
+):
     reads = _collector_state_in(monkeypatch, "read_many")
     writes = _collector_state_in(monkeypatch, "write_many")
     tree = {f"a{i}": np.full(4, i, dtype=np.int32) for i in range(8)}
@@ -161,7 +162,8 @@ def test_a_synchronous_load_and_save_keep_it_paused_across_their_transfers(
 
 
 def test_asynchronous_calls_leave_it_running_across_their_transfers(
-        default_thresholds, monkeypatch, tmp_path):
+    default_thresholds, monkeypatch, tmp_path
+):
     """The caller's program runs beside them: only their object-creating steps pause."""
     reads = _collector_state_in(monkeypatch, "read_many")
     writes = _collector_state_in(monkeypatch, "write_many")

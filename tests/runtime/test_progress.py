@@ -44,17 +44,20 @@ def no_tqdm(monkeypatch):
 # --------------------------------------------------------------------------- the decision
 
 
-@pytest.mark.parametrize("progress, interactive, total, expected", [
-    (None, False, 1 << 30, None),  # automatic and nobody watches: never
-    (None, True, 1 << 30, 0.0),  # automatic, watched, large: at once
-    (None, True, 256 * MiB, 0.0),
-    (None, True, 256 * MiB - 1, _progress.SLOW_SECONDS),  # smaller: only if slow
-    (None, True, 1, _progress.SLOW_SECONDS),
-    (True, False, 1 << 30, 0.0),  # asked for: in logs too
-    (True, False, MiB, _progress.SLOW_SECONDS),
-    (False, True, 1 << 30, None),  # refused: never
-    (True, True, 0, None),  # nothing to do
-])
+@pytest.mark.parametrize(
+    "progress, interactive, total, expected",
+    [
+        (None, False, 1 << 30, None),  # automatic and nobody watches: never
+        (None, True, 1 << 30, 0.0),  # automatic, watched, large: at once
+        (None, True, 256 * MiB, 0.0),
+        (None, True, 256 * MiB - 1, _progress.SLOW_SECONDS),  # smaller: only if slow
+        (None, True, 1, _progress.SLOW_SECONDS),
+        (True, False, 1 << 30, 0.0),  # asked for: in logs too
+        (True, False, MiB, _progress.SLOW_SECONDS),
+        (False, True, 1 << 30, None),  # refused: never
+        (True, True, 0, None),  # nothing to do
+    ],
+)
 def test_when_a_bar_appears(monkeypatch, progress, interactive, total, expected):
     monkeypatch.setattr(_progress, "interactive", lambda: interactive)
     assert _progress.delay_for(total, progress=progress) == expected
@@ -64,10 +67,11 @@ def test_counts_of_steps_only_use_the_time_threshold(watched):
     assert _progress.delay_for(10**9, unit="case") == _progress.SLOW_SECONDS
 
 
-@pytest.mark.parametrize("setting, interactive, expected", [
-    (None, False, None), (None, True, 0.0), (True, False, 0.0), (False, True, None)])
-def test_the_setting_decides_when_the_call_does_not(monkeypatch, setting, interactive,
-                                                    expected):
+@pytest.mark.parametrize(
+    "setting, interactive, expected",
+    [(None, False, None), (None, True, 0.0), (True, False, 0.0), (False, True, None)],
+)
+def test_the_setting_decides_when_the_call_does_not(monkeypatch, setting, interactive, expected):
     monkeypatch.setattr(_progress, "interactive", lambda: interactive)
     with config.set(progress=setting):
         assert _progress.delay_for(1 << 30) == expected
@@ -75,9 +79,21 @@ def test_the_setting_decides_when_the_call_does_not(monkeypatch, setting, intera
         assert _progress.delay_for(1 << 30, progress=True) == 0.0
 
 
-@pytest.mark.parametrize("value, expected", [
-    (None, None), ("", None), ("auto", None), (" AUTO ", None), ("1", True), ("yes", True),
-    ("true", True), ("0", False), ("off", False), ("False", False)])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (None, None),
+        ("", None),
+        ("auto", None),
+        (" AUTO ", None),
+        ("1", True),
+        ("yes", True),
+        ("true", True),
+        ("0", False),
+        ("off", False),
+        ("False", False),
+    ],
+)
 def test_the_environment_variable(value, expected):
     assert config._progress_from(value) is expected
 
@@ -101,8 +117,9 @@ class _Stream(io.StringIO):
         return self._tty
 
 
-@pytest.mark.parametrize("stream, expected", [
-    (_Stream(True), True), (_Stream(False), False), (None, False)])
+@pytest.mark.parametrize(
+    "stream, expected", [(_Stream(True), True), (_Stream(False), False), (None, False)]
+)
 def test_a_terminal_is_interactive(monkeypatch, stream, expected):
     monkeypatch.setitem(sys.modules, "IPython", None)
     monkeypatch.setattr(sys, "stderr", stream)
@@ -123,11 +140,14 @@ def fake_ipython(config: dict | None) -> types.ModuleType:
     return module
 
 
-@pytest.mark.parametrize("config_, expected", [
-    ({"IPKernelApp": {"connection_file": "x"}}, True),  # a Jupyter kernel
-    ({"TerminalInteractiveShell": {}}, False),  # IPython in a terminal (stderr decides)
-    (None, False),  # IPython imported, no shell running
-])
+@pytest.mark.parametrize(
+    "config_, expected",
+    [
+        ({"IPKernelApp": {"connection_file": "x"}}, True),  # a Jupyter kernel
+        ({"TerminalInteractiveShell": {}}, False),  # IPython in a terminal (stderr decides)
+        (None, False),  # IPython imported, no shell running
+    ],
+)
 def test_jupyter_is_interactive(monkeypatch, config_, expected):
     monkeypatch.setitem(sys.modules, "IPython", fake_ipython(config_))
     monkeypatch.setattr(sys, "stderr", _Stream(False))
@@ -175,8 +195,7 @@ def test_watched_runs_show_large_operations_only(tmp_path, capsys, watched, smal
     assert "saving" in capsys.readouterr().err
     arrayio.save(tmp_path / "small.safetensors", {"a": np.zeros(100, np.uint8)})
     assert capsys.readouterr().err == ""  # under the threshold, and quick
-    arrayio.save(tmp_path / "large.safetensors", {"a": np.zeros(4096, np.uint8)},
-                 progress=False)
+    arrayio.save(tmp_path / "large.safetensors", {"a": np.zeros(4096, np.uint8)}, progress=False)
     assert capsys.readouterr().err == ""
 
 
@@ -220,8 +239,7 @@ def test_no_bar_yields_a_no_op(monkeypatch):
 
 def test_without_tqdm_asking_raises_with_an_install_hint(tmp_path, no_tqdm, small_threshold):
     with pytest.raises(FrameworkNotAvailableError, match=r"pip install 'arrayio\[progress\]'"):
-        arrayio.save(tmp_path / "x.safetensors", {"a": np.zeros(4096, np.uint8)},
-                     progress=True)
+        arrayio.save(tmp_path / "x.safetensors", {"a": np.zeros(4096, np.uint8)}, progress=True)
     assert not (tmp_path / "x.safetensors").exists()
 
 
@@ -235,8 +253,9 @@ def test_without_tqdm_the_setting_warns_once(tmp_path, no_tqdm, small_threshold)
     assert arrayio.load(tmp_path / "x.safetensors")["a"].nbytes == 4096
 
 
-def test_without_tqdm_automatic_bars_are_skipped_silently(tmp_path, no_tqdm, watched,
-                                                          small_threshold):
+def test_without_tqdm_automatic_bars_are_skipped_silently(
+    tmp_path, no_tqdm, watched, small_threshold
+):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         arrayio.save(tmp_path / "x.safetensors", {"a": np.zeros(4096, np.uint8)})

@@ -83,7 +83,8 @@ def test_preallocate_reserves_the_range_and_sets_the_size(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("size", [8 * MiB, 9 * MiB])
 def test_preallocate_skips_a_file_that_already_reaches_the_end(
-        tmp_path: Path, fake_fallocate: Callable[..., FakeFallocate], size: int) -> None:
+    tmp_path: Path, fake_fallocate: Callable[..., FakeFallocate], size: int
+) -> None:
     fake = fake_fallocate()
     path = tmp_path / "f"
     path.write_bytes(b"")
@@ -98,14 +99,17 @@ def test_preallocate_skips_a_file_that_already_reaches_the_end(
     assert path.stat().st_size == size
 
 
-def test_save_reserves_its_data_once(tmp_path: Path,
-                                     fake_fallocate: Callable[..., FakeFallocate]) -> None:
+def test_save_reserves_its_data_once(
+    tmp_path: Path, fake_fallocate: Callable[..., FakeFallocate]
+) -> None:
     fake = fake_fallocate()
     rng = np.random.default_rng(0)
-    tree = {"a": rng.standard_normal(MiB // 4, dtype=np.float32),  # 1 MiB
-            "b": rng.integers(0, 255, 3 * MiB + 5, dtype=np.uint8),
-            "bias": np.arange(10, dtype=np.float32),
-            "c": rng.standard_normal((512, 1024)).astype(np.float64)}  # 4 MiB
+    tree = {
+        "a": rng.standard_normal(MiB // 4, dtype=np.float32),  # 1 MiB
+        "b": rng.integers(0, 255, 3 * MiB + 5, dtype=np.uint8),
+        "bias": np.arange(10, dtype=np.float32),
+        "c": rng.standard_normal((512, 1024)).astype(np.float64),
+    }  # 4 MiB
     path = tmp_path / "ckpt.safetensors"
     arrayio.save(path, tree)
     with open(path, "rb") as f:
@@ -120,7 +124,8 @@ def test_save_reserves_its_data_once(tmp_path: Path,
 
 
 def test_npy_save_reserves_the_array_after_its_header(
-        tmp_path: Path, fake_fallocate: Callable[..., FakeFallocate]) -> None:
+    tmp_path: Path, fake_fallocate: Callable[..., FakeFallocate]
+) -> None:
     fake = fake_fallocate()
     array = np.arange(3 * MiB // 8, dtype=np.float64)
     path = tmp_path / "a.npy"
@@ -131,8 +136,9 @@ def test_npy_save_reserves_the_array_after_its_header(
     np.testing.assert_array_equal(np.load(path), array)
 
 
-def test_small_saves_reserve_nothing(tmp_path: Path,
-                                     fake_fallocate: Callable[..., FakeFallocate]) -> None:
+def test_small_saves_reserve_nothing(
+    tmp_path: Path, fake_fallocate: Callable[..., FakeFallocate]
+) -> None:
     fake = fake_fallocate()
     arrayio.save(tmp_path / "s.safetensors", {"a": np.ones(1000), "b": np.zeros(3)})
     arrayio.save(tmp_path / "s.npy", np.ones(1000))
@@ -141,7 +147,8 @@ def test_small_saves_reserve_nothing(tmp_path: Path,
 
 @pytest.mark.parametrize("code", [errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL])
 def test_save_without_fallocate_still_works(
-        tmp_path: Path, fake_fallocate: Callable[..., FakeFallocate], code: int) -> None:
+    tmp_path: Path, fake_fallocate: Callable[..., FakeFallocate], code: int
+) -> None:
     fake = fake_fallocate(code)
     tree = {"w": np.arange(MiB, dtype=np.float32), "b": np.ones(7, np.int8)}
     path = tmp_path / "x.safetensors"
@@ -152,13 +159,16 @@ def test_save_without_fallocate_still_works(
     np.testing.assert_array_equal(loaded["b"], tree["b"])
 
 
-@pytest.mark.parametrize("name,old,new", [
-    ("ckpt.safetensors", {"w": np.arange(10.0)}, {"w": np.arange(MiB, dtype=np.float32)}),
-    ("a.npy", np.arange(10.0), np.arange(MiB, dtype=np.float32)),
-])
+@pytest.mark.parametrize(
+    "name,old,new",
+    [
+        ("ckpt.safetensors", {"w": np.arange(10.0)}, {"w": np.arange(MiB, dtype=np.float32)}),
+        ("a.npy", np.arange(10.0), np.arange(MiB, dtype=np.float32)),
+    ],
+)
 def test_no_room_fails_before_writing_and_keeps_the_old_file(
-        tmp_path: Path, fake_fallocate: Callable[..., FakeFallocate], name: str, old: Any,
-        new: Any) -> None:
+    tmp_path: Path, fake_fallocate: Callable[..., FakeFallocate], name: str, old: Any, new: Any
+) -> None:
     path = tmp_path / name
     arrayio.save(path, old)
     before = path.read_bytes()

@@ -65,8 +65,10 @@ def test_names_list_the_builtin_tools() -> None:
     assert {"naive", "posix", "direct", "mmap"} <= set(tools.names())
 
 
-@pytest.mark.parametrize(("name", "cls"), [("naive", NaiveTool), ("posix", PosixTool),
-                                           ("direct", DirectTool), ("mmap", MmapTool)])
+@pytest.mark.parametrize(
+    ("name", "cls"),
+    [("naive", NaiveTool), ("posix", PosixTool), ("direct", DirectTool), ("mmap", MmapTool)],
+)
 def test_make_builds_the_registered_class(name: str, cls: type) -> None:
     assert tools.tool_class(name) is cls
     tool = tools.make(name)
@@ -100,15 +102,18 @@ def test_register_a_dotted_name_imported_on_first_use(registry) -> None:
 # ---- labels, parameters, capabilities --------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "params", "label"), [
-    ("naive", {}, "naive"),
-    ("posix", {"threads": 2, "task_size": 1024}, "posix(task_size=1024,threads=2)"),
-    ("direct", {}, f"direct(task_size={8 << 20},threads=8)"),
-    ("direct", {"threads": 3, "task_size": 5000}, "direct(task_size=8192,threads=3)"),
-    ("direct", {"task_size": 1}, "direct(task_size=4096,threads=8)"),
-    ("mmap", {}, "mmap(threads=4)"),
-    ("mmap", {"threads": 1}, "mmap(threads=1)"),
-])
+@pytest.mark.parametrize(
+    ("name", "params", "label"),
+    [
+        ("naive", {}, "naive"),
+        ("posix", {"threads": 2, "task_size": 1024}, "posix(task_size=1024,threads=2)"),
+        ("direct", {}, f"direct(task_size={8 << 20},threads=8)"),
+        ("direct", {"threads": 3, "task_size": 5000}, "direct(task_size=8192,threads=3)"),
+        ("direct", {"task_size": 1}, "direct(task_size=4096,threads=8)"),
+        ("mmap", {}, "mmap(threads=4)"),
+        ("mmap", {"threads": 1}, "mmap(threads=1)"),
+    ],
+)
 def test_label_and_params(name: str, params: dict, label: str) -> None:
     tool = tools.make(name, **params)
     assert tool.label == label
@@ -123,11 +128,17 @@ def test_direct_rounds_task_size_to_blocks() -> None:
     assert DirectTool(task_size=(8 << 20) - 1).params["task_size"] == 8 << 20
 
 
-@pytest.mark.parametrize(("cls", "params"), [
-    (PosixTool, {"threads": 0}), (PosixTool, {"task_size": 0}),
-    (DirectTool, {"threads": 0}), (DirectTool, {"task_size": 0}), (DirectTool, {"threads": -1}),
-    (MmapTool, {"threads": 0}),
-])
+@pytest.mark.parametrize(
+    ("cls", "params"),
+    [
+        (PosixTool, {"threads": 0}),
+        (PosixTool, {"task_size": 0}),
+        (DirectTool, {"threads": 0}),
+        (DirectTool, {"task_size": 0}),
+        (DirectTool, {"threads": -1}),
+        (MmapTool, {"threads": 0}),
+    ],
+)
 def test_parameters_are_validated(cls: type, params: dict) -> None:
     with pytest.raises(ValueError, match="must be positive"):
         cls(**params)
@@ -172,12 +183,11 @@ def _spy_transfers(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[tuple[int,
             view, offset = args[-2], args[-1]
             calls[kind].append((view.__array_interface__["data"][0], view.nbytes, offset))
             return real(*args)
+
         return recorded
 
-    monkeypatch.setattr(direct_module, "pread_direct",
-                        spy("read", direct_module.pread_direct))
-    monkeypatch.setattr(direct_module, "pwrite_direct",
-                        spy("write", direct_module.pwrite_direct))
+    monkeypatch.setattr(direct_module, "pread_direct", spy("read", direct_module.pread_direct))
+    monkeypatch.setattr(direct_module, "pwrite_direct", spy("write", direct_module.pwrite_direct))
     monkeypatch.setattr(direct_module, "pwrite_full", spy("buffered", direct_module.pwrite_full))
     return calls
 
@@ -189,7 +199,8 @@ def _inside(buffer: np.ndarray, address: int, nbytes: int) -> bool:
 
 @pytest.mark.parametrize("threads", [1, 4])
 def test_direct_reads_congruent_ranges_into_the_callers_buffer(
-        threads: int, direct_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: int, direct_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = random_bytes(3 << 20)
     fd = direct_file(data)
     calls = _spy_transfers(monkeypatch)
@@ -205,7 +216,8 @@ def test_direct_reads_congruent_ranges_into_the_callers_buffer(
 
 
 def test_direct_bounces_ranges_that_are_not_congruent(
-        direct_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    direct_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = random_bytes(1 << 20)
     fd = direct_file(data)
     calls = _spy_transfers(monkeypatch)
@@ -218,7 +230,8 @@ def test_direct_bounces_ranges_that_are_not_congruent(
 
 
 def test_direct_writes_whole_blocks_directly_and_partial_ones_buffered(
-        direct_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    direct_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fd = direct_file(random_bytes(50_000, seed=1))
     calls = _spy_transfers(monkeypatch)
     tool = DirectTool(threads=1)
@@ -226,7 +239,9 @@ def test_direct_writes_whole_blocks_directly_and_partial_ones_buffered(
     buffer[...] = random_bytes(buffer.nbytes, seed=2)
     assert tool.write(fd, buffer, 1) == buffer.nbytes
     assert sorted((nbytes, offset) for _, nbytes, offset in calls["buffered"]) == [
-        (1, 3 * 4096), (4095, 1)]
+        (1, 3 * 4096),
+        (4095, 1),
+    ]
     assert [(nbytes, offset) for _, nbytes, offset in calls["write"]] == [(2 * 4096, 4096)]
     assert _inside(buffer, *calls["write"][0][:2])  # congruent: no copy
     assert os.pread(fd, buffer.nbytes, 1) == buffer.tobytes()
@@ -251,7 +266,8 @@ def test_direct_reuses_bounce_buffers(direct_file, monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.parametrize("direction", ["read", "write"])
 def test_direct_opens_its_own_descriptor_without_truncating(
-        direction: str, direct_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    direction: str, direct_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fd = direct_file(random_bytes(100_000))
     opened = []
     real_open = os.open
@@ -276,7 +292,8 @@ def test_direct_opens_its_own_descriptor_without_truncating(
 
 
 def test_direct_small_writes_need_no_direct_descriptor(
-        direct_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    direct_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fd = direct_file(random_bytes(100_000))
     monkeypatch.setattr(direct_module, "open_direct", None)  # calling it would fail
     # Within the first two blocks and covering neither whole: no block to write directly.
@@ -286,7 +303,8 @@ def test_direct_small_writes_need_no_direct_descriptor(
 
 @pytest.mark.parametrize("code", [errno.EINVAL, errno.EOPNOTSUPP])
 def test_a_refused_o_direct_names_the_file_and_its_file_system(
-        code: int, data_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    code: int, data_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Both errors say "this file system does not do O_DIRECT": the dispatcher falls back and
     # explain() shows the reason, for the direct and the staged tool alike.
     from arrayio.tools import _io
@@ -301,8 +319,11 @@ def test_a_refused_o_direct_names_the_file_and_its_file_system(
 
     monkeypatch.setattr(_io.os, "open", refusing)
     monkeypatch.setattr(_io.os, "O_DIRECT", getattr(os, "O_DIRECT", 0o40000), raising=False)
-    with pytest.raises(ToolUnavailableError, match=r"O_DIRECT open refused for .+ on its \S+ "
-                       rf"file system \(\[Errno {code}\]"):
+    with pytest.raises(
+        ToolUnavailableError,
+        match=r"O_DIRECT open refused for .+ on its \S+ "
+        rf"file system \(\[Errno {code}\]",
+    ):
         DirectTool().read(fd, host_buffer(50_000), 0)
 
 
@@ -343,15 +364,19 @@ def test_direct_refused_by_the_file_system(direct_file, monkeypatch: pytest.Monk
         return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(direct_module.os, "open", refuse)
-    with pytest.raises(ToolUnavailableError, match=r"O_DIRECT open refused for .*data-0\.bin "
-                                                   r"on its \w+ file system \(\[Errno 22\]"):
+    with pytest.raises(
+        ToolUnavailableError,
+        match=r"O_DIRECT open refused for .*data-0\.bin "
+        r"on its \w+ file system \(\[Errno 22\]",
+    ):
         DirectTool().read(fd, host_buffer(8192), 0)
     with pytest.raises(OSError):  # ToolUnavailableError is an OSError too
         DirectTool().write(fd, host_buffer(8192), 0)
 
 
-def test_direct_other_open_errors_pass_through(monkeypatch: pytest.MonkeyPatch,
-                                               direct_file) -> None:
+def test_direct_other_open_errors_pass_through(
+    monkeypatch: pytest.MonkeyPatch, direct_file
+) -> None:
     fd = direct_file(random_bytes(100))
 
     def denied(*args, **kwargs):
@@ -363,8 +388,9 @@ def test_direct_other_open_errors_pass_through(monkeypatch: pytest.MonkeyPatch,
     assert not isinstance(caught.value, ToolUnavailableError)
 
 
-def test_direct_alignment_refused_at_read_time(direct_file,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_direct_alignment_refused_at_read_time(
+    direct_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fd = direct_file(random_bytes(100_000))
     before = _open_fds()
 
@@ -410,8 +436,9 @@ def _spy_maps(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("threads", [1, 4])
-def test_mmap_never_maps_past_the_end(threads: int, data_file,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mmap_never_maps_past_the_end(
+    threads: int, data_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(mmap_module, "_CHUNK", 1024)  # several chunks on the threads
     data = random_bytes(1 << 20)
     fd = data_file(data)
@@ -445,8 +472,9 @@ def test_mmap_releases_its_maps(data_file) -> None:
 
 
 @pytest.mark.parametrize("threads", [1, 4])
-def test_mmap_failed_copy_still_releases_the_map(threads: int, data_file,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mmap_failed_copy_still_releases_the_map(
+    threads: int, data_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(mmap_module, "_CHUNK", 64 << 10)
     fd = data_file(random_bytes(1 << 20))
     read_only = np.zeros(1 << 20, np.uint8)
@@ -466,8 +494,7 @@ def test_mmap_many_chunks_on_threads(data_file, monkeypatch: pytest.MonkeyPatch)
     tool = MmapTool(threads=4)
     assert tool.read(fd, buffer, 4095, checksum=parts) == buffer.nbytes
     np.testing.assert_array_equal(buffer, data[4095 : 4095 + buffer.nbytes])
-    assert len(maps) == 33 and all(offset % mmap.ALLOCATIONGRANULARITY == 0
-                                   for offset, _ in maps)
+    assert len(maps) == 33 and all(offset % mmap.ALLOCATIONGRANULARITY == 0 for offset, _ in maps)
     assert parts.value() == crc32c.crc32c(buffer)
     tool.close()
 
@@ -509,8 +536,9 @@ def test_a_forked_child_reads_through_a_tool_its_parent_used(tmp_path):
 
     path = tmp_path / "data.bin"
     path.write_bytes(np.random.default_rng(0).integers(0, 256, 24 << 20, dtype=np.uint8))
-    result = subprocess.run([sys.executable, "-c", _FORK_SCRIPT, str(path)],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", _FORK_SCRIPT, str(path)], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
 
 
@@ -539,10 +567,10 @@ class _FakeDevice:
         self.nbytes = nbytes
 
     def copy_to_host(self, offset: int, dst: np.ndarray) -> None:
-        dst[...] = self.data[offset:offset + dst.nbytes]
+        dst[...] = self.data[offset : offset + dst.nbytes]
 
     def copy_from_host(self, offset: int, src: np.ndarray) -> None:
-        self.data[offset:offset + src.nbytes] = src
+        self.data[offset : offset + src.nbytes] = src
 
     def pinned_empty(self, nbytes: int) -> np.ndarray:
         self.pinned.append(nbytes)
@@ -573,12 +601,18 @@ def test_naive_staging_is_not_reallocated_for_each_new_small_size(tmp_path, monk
 # --------------------------------------------------------------------------- interpreter exit
 
 
-@pytest.mark.parametrize("make", [lambda: PosixTool(threads=4, task_size=1 << 16),
-                                  lambda: DirectTool(threads=4, task_size=1 << 16),
-                                  lambda: MmapTool(threads=4)],
-                         ids=["posix", "direct", "mmap"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: PosixTool(threads=4, task_size=1 << 16),
+        lambda: DirectTool(threads=4, task_size=1 << 16),
+        lambda: MmapTool(threads=4),
+    ],
+    ids=["posix", "direct", "mmap"],
+)
 def test_a_threaded_tool_finishes_its_work_once_the_interpreter_stops_thread_pools(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make
+) -> None:
     """What a save still running at interpreter exit meets: concurrent.futures refuses new
     work once its exit hook has run. The tool runs its tasks in the caller's thread instead
     of failing (which would also have marked it unavailable in the dispatch table)."""
@@ -632,7 +666,11 @@ def test_mmap_reports_a_file_shrunk_under_it_as_a_short_read(tmp_path: Path, thr
 
     path = tmp_path / "shrinking.bin"
     path.write_bytes(random_bytes(20 << 20, seed=3).tobytes())
-    done = subprocess.run([sys.executable, "-c", SHRUNK_UNDER_MMAP, str(path), str(threads)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", SHRUNK_UNDER_MMAP, str(path), str(threads)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, f"the reader died ({done.returncode}): {done.stderr}"
     assert int(done.stdout) < 20 << 20  # short: the dispatcher raises TruncatedFileError

@@ -37,8 +37,22 @@ from arrayio.zarr._frames import scan_frames  # noqa: E402
 from arrayio.zarr.codecs import ZstdCodec  # noqa: E402
 
 OURS = "arrayio.zarr.codecs.ZstdCodec"
-DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-          "float16", "float32", "float64", "complex64", "complex128"]
+DTYPES = [
+    "bool",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
 
 # --------------------------------------------------------------------------- helpers
 
@@ -58,7 +72,7 @@ def _round(acc: int, value: int) -> int:
 def xxh64(data: bytes) -> int:
     """XXH64 with seed 0, straight from the specification (slow: small inputs only)."""
     n, p = len(data), 0
-    word = lambda at, size: int.from_bytes(data[at:at + size], "little")  # noqa: E731
+    word = lambda at, size: int.from_bytes(data[at : at + size], "little")  # noqa: E731
     if n >= 32:
         v = [(_P1 + _P2) & _M, _P2, 0, (-_P1) & _M]
         while p <= n - 32:
@@ -95,9 +109,13 @@ def sample_bytes(size: int, seed: int = 0) -> bytes:
 
 
 def spec(nbytes: int = 1, prototype=None) -> ArraySpec:
-    return ArraySpec(shape=(max(nbytes, 1),), dtype=get_data_type_from_native_dtype(np.uint8),
-                     fill_value=0, config=ArrayConfig.from_dict({}),
-                     prototype=prototype or default_buffer_prototype())
+    return ArraySpec(
+        shape=(max(nbytes, 1),),
+        dtype=get_data_type_from_native_dtype(np.uint8),
+        fill_value=0,
+        config=ArrayConfig.from_dict({}),
+        prototype=prototype or default_buffer_prototype(),
+    )
 
 
 def host_buffer(data: bytes):
@@ -117,8 +135,14 @@ def random_array(dtype: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
 
 
 def write(store, data: np.ndarray, chunks, compressor) -> zarr.Array:
-    array = zarr.create_array(store=store, shape=data.shape, chunks=chunks, dtype=data.dtype,
-                              compressors=[compressor], fill_value=0)
+    array = zarr.create_array(
+        store=store,
+        shape=data.shape,
+        chunks=chunks,
+        dtype=data.dtype,
+        compressors=[compressor],
+        fill_value=0,
+    )
     array[...] = data
     return array
 
@@ -146,13 +170,19 @@ def test_the_xxh64_reference_matches_libzstd_checksums():
 
 
 @settings(max_examples=40, deadline=None)
-@given(size=st.integers(0, 300_000), level=st.sampled_from([-5, 0, 1, 3, 9]),
-       checksum=st.booleans())
+@given(
+    size=st.integers(0, 300_000), level=st.sampled_from([-5, 0, 1, 3, 9]), checksum=st.booleans()
+)
 def test_scan_reads_numcodecs_frames(size, level, checksum):
     frame = Zstd(level=level, checksum=checksum).encode(sample_bytes(size, seed=size))
     [found] = scan_frames(frame)
-    assert (found.start, found.end, found.content_size, found.checksum,
-            found.dictionary_id) == (0, len(frame), size, checksum, 0)
+    assert (found.start, found.end, found.content_size, found.checksum, found.dictionary_id) == (
+        0,
+        len(frame),
+        size,
+        checksum,
+        0,
+    )
 
 
 def test_scan_walks_several_frames_and_skips_skippable_ones():
@@ -160,7 +190,9 @@ def test_scan_walks_several_frames_and_skips_skippable_ones():
     skippable = (0x184D2A53).to_bytes(4, "little") + (3).to_bytes(4, "little") + b"xyz"
     frames = scan_frames(one + skippable + two)
     assert [(f.start, f.end, f.content_size) for f in frames] == [
-        (0, len(one), 1000), (len(one) + 11, len(one) + 11 + len(two), 5000)]
+        (0, len(one), 1000),
+        (len(one) + 11, len(one) + 11 + len(two), 5000),
+    ]
 
 
 def test_scan_reads_a_frame_without_content_size():
@@ -177,15 +209,22 @@ def _damaged_frames() -> dict[str, bytes]:
     fcs_at = 5  # numcodecs frames: single segment, 4-byte content size after the descriptor
     assert frame[4] >> 6 == 2 and frame[4] & 0x20
     huge = bytearray(frame)
-    huge[fcs_at:fcs_at + 4] = (2**32 - 1).to_bytes(4, "little")
+    huge[fcs_at : fcs_at + 4] = (2**32 - 1).to_bytes(4, "little")
     reserved_bit = bytearray(frame)
     reserved_bit[4] |= 0x08
     reserved_block = bytearray(frame)
     reserved_block[fcs_at + 4] |= 0x06
-    return {"empty": b"", "garbage": b"this is not zstd at all", "magic": b"\x00" + frame[1:],
-            "truncated": frame[: len(frame) // 2], "header only": frame[:7],
-            "trailing byte": frame + b"\x00", "huge content size": bytes(huge),
-            "reserved bit": bytes(reserved_bit), "reserved block type": bytes(reserved_block)}
+    return {
+        "empty": b"",
+        "garbage": b"this is not zstd at all",
+        "magic": b"\x00" + frame[1:],
+        "truncated": frame[: len(frame) // 2],
+        "header only": frame[:7],
+        "trailing byte": frame + b"\x00",
+        "huge content size": bytes(huge),
+        "reserved bit": bytes(reserved_bit),
+        "reserved block type": bytes(reserved_block),
+    }
 
 
 @pytest.mark.parametrize("name", list(_damaged_frames()))
@@ -229,8 +268,11 @@ def test_a_wrong_content_checksum_raises_checksum_error():
 def test_config_is_zarrs_own(level, checksum):
     ours = ZstdCodec(level=level, checksum=checksum)
     theirs = ZarrZstdCodec(level=level, checksum=checksum)
-    assert ours.to_dict() == theirs.to_dict() == {
-        "name": "zstd", "configuration": {"level": level, "checksum": checksum}}
+    assert (
+        ours.to_dict()
+        == theirs.to_dict()
+        == {"name": "zstd", "configuration": {"level": level, "checksum": checksum}}
+    )
     assert ZstdCodec.from_dict(json.loads(json.dumps(ours.to_dict()))) == ours
     assert isinstance(ours, ZarrZstdCodec)
 
@@ -249,8 +291,12 @@ def test_selected_through_zarr_config():
     with zarr.config.set({"codecs.zstd": OURS}):
         assert get_codec_class("zstd") is ZstdCodec
         store = zarr.storage.MemoryStore()
-        write(store, np.arange(100, dtype="i4"), (30,),
-              {"name": "zstd", "configuration": {"level": 1, "checksum": False}})
+        write(
+            store,
+            np.arange(100, dtype="i4"),
+            (30,),
+            {"name": "zstd", "configuration": {"level": 1, "checksum": False}},
+        )
         opened = zarr.open_array(store, mode="r")
         assert type(opened.compressors[0]) is ZstdCodec
         assert same_bytes(opened[:], np.arange(100, dtype="i4"))
@@ -261,19 +307,27 @@ def test_selected_through_zarr_config():
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=shapes_and_chunks(), dtype=st.sampled_from(DTYPES), level=st.integers(-3, 5),
-       checksum=st.booleans(), seed=st.integers(0, 2**16))
+@given(
+    case=shapes_and_chunks(),
+    dtype=st.sampled_from(DTYPES),
+    level=st.integers(-3, 5),
+    checksum=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 def test_zarr_round_trip_and_cross_reads(case, dtype, level, checksum, seed):
     shape, chunks = case
     data = random_array(dtype, shape, seed)
-    ours, theirs = ZstdCodec(level=level, checksum=checksum), ZarrZstdCodec(level=level,
-                                                                             checksum=checksum)
+    ours, theirs = (
+        ZstdCodec(level=level, checksum=checksum),
+        ZarrZstdCodec(level=level, checksum=checksum),
+    )
     written_by_us, written_by_zarr = zarr.storage.MemoryStore(), zarr.storage.MemoryStore()
     assert same_bytes(write(written_by_us, data, chunks, ours)[...], data)
     write(written_by_zarr, data, chunks, theirs)
     # The same chunk files, byte for byte: host chunks go through the same libzstd call.
     assert {k: v.to_bytes() for k, v in written_by_us._store_dict.items()} == {
-        k: v.to_bytes() for k, v in written_by_zarr._store_dict.items()}
+        k: v.to_bytes() for k, v in written_by_zarr._store_dict.items()
+    }
     assert same_bytes(zarr.open_array(written_by_us, mode="r")[...], data)  # plain zarr
     with zarr.config.set({"codecs.zstd": OURS}):
         opened = zarr.open_array(written_by_zarr, mode="r")
@@ -286,8 +340,14 @@ def test_batches_of_chunks_with_missing_ones(batch_size):
     data = random_array("float32", (50, 40), seed=1)
     store = zarr.storage.MemoryStore()
     with zarr.config.set({"codec_pipeline.batch_size": batch_size}):
-        array = zarr.create_array(store=store, shape=data.shape, chunks=(7, 9),
-                                  dtype=data.dtype, compressors=[ZstdCodec()], fill_value=0)
+        array = zarr.create_array(
+            store=store,
+            shape=data.shape,
+            chunks=(7, 9),
+            dtype=data.dtype,
+            compressors=[ZstdCodec()],
+            fill_value=0,
+        )
         array[10:30, 5:25] = data[10:30, 5:25]  # most chunks are never written
         expected = np.zeros_like(data)
         expected[10:30, 5:25] = data[10:30, 5:25]
@@ -296,12 +356,23 @@ def test_batches_of_chunks_with_missing_ones(batch_size):
 
 def test_batch_decode_keeps_missing_chunks_in_place():
     frames = [Zstd().encode(sample_bytes(n, seed=n)) for n in (10, 1000, 0, 70_000)]
-    batch = [(host_buffer(frames[0]), spec()), (None, spec()), (host_buffer(frames[1]), spec()),
-             (host_buffer(frames[2]), spec()), (None, spec()), (host_buffer(frames[3]), spec())]
+    batch = [
+        (host_buffer(frames[0]), spec()),
+        (None, spec()),
+        (host_buffer(frames[1]), spec()),
+        (host_buffer(frames[2]), spec()),
+        (None, spec()),
+        (host_buffer(frames[3]), spec()),
+    ]
     decoded = asyncio.run(ZstdCodec().decode(batch))
     assert [None if d is None else d.to_bytes() for d in decoded] == [
-        sample_bytes(10, seed=10), None, sample_bytes(1000, seed=1000), b"", None,
-        sample_bytes(70_000, seed=70_000)]
+        sample_bytes(10, seed=10),
+        None,
+        sample_bytes(1000, seed=1000),
+        b"",
+        None,
+        sample_bytes(70_000, seed=70_000),
+    ]
     encoded = asyncio.run(ZstdCodec().encode([(None, spec()), (host_buffer(b"abc"), spec())]))
     assert encoded[0] is None and Zstd().decode(encoded[1].to_bytes()) == b"abc"
 
@@ -309,8 +380,14 @@ def test_batch_decode_keeps_missing_chunks_in_place():
 def test_sharded_arrays_use_it_for_inner_chunks():
     data = random_array("int16", (64, 64), seed=2)
     store = zarr.storage.MemoryStore()
-    array = zarr.create_array(store=store, shape=data.shape, chunks=(8, 8), shards=(32, 32),
-                              dtype=data.dtype, compressors=[ZstdCodec(checksum=True)])
+    array = zarr.create_array(
+        store=store,
+        shape=data.shape,
+        chunks=(8, 8),
+        shards=(32, 32),
+        dtype=data.dtype,
+        compressors=[ZstdCodec(checksum=True)],
+    )
     array[...] = data
     with zarr.config.set({"codecs.zstd": OURS}):
         assert same_bytes(zarr.open_array(store, mode="r")[...], data)
@@ -331,8 +408,14 @@ def test_host_use_imports_neither_cupy_nor_nvcomp(tmp_path):
             import json, sys
             print(json.dumps({m: m in sys.modules for m in ("cupy", "nvidia.nvcomp")}))
             """)
-        result = subprocess.run([sys.executable, "-W", "error", "-c", script], cwd=tmp_path,
-                                capture_output=True, text=True, timeout=120, check=False)
+        result = subprocess.run(
+            [sys.executable, "-W", "error", "-c", script],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -353,8 +436,7 @@ def test_the_fused_synchronous_pipeline_uses_it_too():
     if not hasattr(zarr.core.codec_pipeline, "FusedCodecPipeline"):
         pytest.skip(f"zarr {zarr.__version__} has no FusedCodecPipeline")
     data = random_array("float64", (40, 30), seed=4)
-    with zarr.config.set({"codec_pipeline.path":
-                          "zarr.core.codec_pipeline.FusedCodecPipeline"}):
+    with zarr.config.set({"codec_pipeline.path": "zarr.core.codec_pipeline.FusedCodecPipeline"}):
         store = zarr.storage.MemoryStore()
         assert same_bytes(write(store, data, (16, 16), ZstdCodec(checksum=True))[...], data)
 
@@ -431,8 +513,9 @@ def test_the_device_worker_coalesces_concurrent_requests(fake_device):
     assert [d[0].to_bytes() for d in decoded] == datas
     assert sum(FakeGpu.batches) == 32 and len(FakeGpu.batches) < 32, FakeGpu.batches
     mixed = [(frames[0], spec()), (None, spec()), (host_buffer(Zstd().encode(b"host")), spec())]
-    assert [None if d is None else d.to_bytes() for d in asyncio.run(
-        ZstdCodec().decode(mixed))] == [datas[0], None, b"host"]
+    assert [
+        None if d is None else d.to_bytes() for d in asyncio.run(ZstdCodec().decode(mixed))
+    ] == [datas[0], None, b"host"]
     encoded = ZstdCodec(checksum=True)._encode_sync(fake_device(b"xyz" * 100), spec())
     assert Zstd().decode(encoded.to_bytes()) == b"xyz" * 100
 
@@ -442,8 +525,9 @@ def test_a_failing_chunk_fails_only_its_own_call(fake_device):
     bad = fake_device(b"\x00" * 40)
 
     async def calls():
-        return await asyncio.gather(*(ZstdCodec().decode([(f, spec())]) for f in [*good, bad]),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            *(ZstdCodec().decode([(f, spec())]) for f in [*good, bad]), return_exceptions=True
+        )
 
     results = asyncio.run(calls())
     assert [r[0].to_bytes() for r in results[:8]] == [sample_bytes(500, seed=k) for k in range(8)]
@@ -498,11 +582,15 @@ def test_gpu_decodes_numcodecs_frames_bit_exact(checksum, host_path_forbidden):
     cupy, gpu = _gpu_modules()
     datas = [sample_bytes(n, seed=n) for n in GPU_SIZES]
     levels = [-3, 0, 1, 3, 9, 3, 3, 1, 3, 3]
-    frames = [Zstd(level=level, checksum=checksum).encode(d) for d, level in zip(datas, levels,
-                                                                                   strict=True)]
+    frames = [
+        Zstd(level=level, checksum=checksum).encode(d)
+        for d, level in zip(datas, levels, strict=True)
+    ]
     prototype = gpu.buffer_prototype
-    batch = [(_device_buffer(cupy, gpu, f), spec(len(d), prototype))
-             for f, d in zip(frames, datas, strict=True)]
+    batch = [
+        (_device_buffer(cupy, gpu, f), spec(len(d), prototype))
+        for f, d in zip(frames, datas, strict=True)
+    ]
     decoded = asyncio.run(ZstdCodec().decode(batch))
     for d, out in zip(datas, decoded, strict=True):
         assert isinstance(out, gpu.Buffer)
@@ -535,8 +623,9 @@ def test_gpu_checksums_agree_with_the_reference_for_every_tail_length(host_path_
     for d, out in zip(datas, encoded, strict=True):
         assert int.from_bytes(out.to_bytes()[-4:], "little") == xxh64(d) & 0xFFFFFFFF, len(d)
     # And the GPU verifies them when it decodes its own frames.
-    decoded = asyncio.run(ZstdCodec().decode(
-        [(out, spec(1, gpu.buffer_prototype)) for out in encoded]))
+    decoded = asyncio.run(
+        ZstdCodec().decode([(out, spec(1, gpu.buffer_prototype)) for out in encoded])
+    )
     assert [out.to_bytes() for out in decoded] == datas
 
 
@@ -544,8 +633,12 @@ def test_gpu_checksums_agree_with_the_reference_for_every_tail_length(host_path_
 def test_gpu_batches_with_missing_empty_and_unusual_chunks():
     cupy, gpu = _gpu_modules()
     skippable = (0x184D2A50).to_bytes(4, "little") + (2).to_bytes(4, "little") + b"zz"
-    no_size = (0xFD2FB528).to_bytes(4, "little") + bytes([0x00, 0x00]) + \
-        ((5 << 3) | 1).to_bytes(3, "little") + b"hello"
+    no_size = (
+        (0xFD2FB528).to_bytes(4, "little")
+        + bytes([0x00, 0x00])
+        + ((5 << 3) | 1).to_bytes(3, "little")
+        + b"hello"
+    )
     cases = [
         (Zstd().encode(b"x" * 5000), b"x" * 5000),
         (None, None),
@@ -556,12 +649,16 @@ def test_gpu_batches_with_missing_empty_and_unusual_chunks():
         (Zstd(checksum=True).encode(sample_bytes(300_000)), sample_bytes(300_000)),
     ]
     prototype = gpu.buffer_prototype
-    batch = [(None if f is None else _device_buffer(cupy, gpu, f), spec(1, prototype))
-             for f, _ in cases]
+    batch = [
+        (None if f is None else _device_buffer(cupy, gpu, f), spec(1, prototype)) for f, _ in cases
+    ]
     decoded = asyncio.run(ZstdCodec().decode(batch))
     assert [None if d is None else d.to_bytes() for d in decoded] == [e for _, e in cases]
-    encoded = asyncio.run(ZstdCodec(checksum=True).encode(
-        [(_device_buffer(cupy, gpu, b""), spec(1, prototype)), (None, spec(1, prototype))]))
+    encoded = asyncio.run(
+        ZstdCodec(checksum=True).encode(
+            [(_device_buffer(cupy, gpu, b""), spec(1, prototype)), (None, spec(1, prototype))]
+        )
+    )
     empty = encoded[0].to_bytes()  # libzstd writes it, but numcodecs cannot read it back
     assert [(f.content_size, f.checksum) for f in scan_frames(empty)] == [(0, True)]
     assert ZstdCodec()._decode_sync(host_buffer(empty), spec()).to_bytes() == b""
@@ -573,8 +670,10 @@ def test_gpu_batches_with_missing_empty_and_unusual_chunks():
 def test_gpu_damaged_frames_raise_format_error(name):
     cupy, gpu = _gpu_modules()
     good = Zstd().encode(sample_bytes(1000))
-    batch = [(_device_buffer(cupy, gpu, good), spec(1, gpu.buffer_prototype)),
-             (_device_buffer(cupy, gpu, _damaged_frames()[name]), spec(1, gpu.buffer_prototype))]
+    batch = [
+        (_device_buffer(cupy, gpu, good), spec(1, gpu.buffer_prototype)),
+        (_device_buffer(cupy, gpu, _damaged_frames()[name]), spec(1, gpu.buffer_prototype)),
+    ]
     with pytest.raises(FormatError):
         asyncio.run(ZstdCodec().decode(batch))
 
@@ -598,8 +697,13 @@ def test_zarr_arrays_round_trip_in_gpu_memory(tmp_path, batch_size, checksum):
     config = {"codecs.zstd": OURS, "codec_pipeline.batch_size": batch_size}
     store = zarr.storage.LocalStore(tmp_path / "a.zarr")
     with zarr.config.enable_gpu(), zarr.config.set(config):
-        array = zarr.create_array(store=store, shape=data.shape, chunks=(64, 50),
-                                  dtype=data.dtype, compressors=[ZstdCodec(checksum=checksum)])
+        array = zarr.create_array(
+            store=store,
+            shape=data.shape,
+            chunks=(64, 50),
+            dtype=data.dtype,
+            compressors=[ZstdCodec(checksum=checksum)],
+        )
         array[...] = cupy.asarray(data)
         array[:64, :50] = 0  # an all-fill chunk, which zarr does not store
         back = zarr.open_array(store, mode="r")[...]

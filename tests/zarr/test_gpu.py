@@ -49,9 +49,13 @@ def test_arrays_written_on_the_cpu_read_into_the_gpu(tmp_path, cupy, codec, pipe
     if pipeline == "fused" and not HAS_FUSED:
         pytest.skip(f"zarr {zarr.__version__} has no FusedCodecPipeline (zarr >= 3.4)")
     data = np.random.default_rng(0).normal(size=(300, 200)).astype(np.float32)
-    z = zarr.create_array(LocalStore(tmp_path), shape=data.shape, chunks=(64, 64),
-                          dtype=data.dtype,
-                          compressors=None if codec == "none" else zarr.codecs.ZstdCodec())
+    z = zarr.create_array(
+        LocalStore(tmp_path),
+        shape=data.shape,
+        chunks=(64, 64),
+        dtype=data.dtype,
+        compressors=None if codec == "none" else zarr.codecs.ZstdCodec(),
+    )
     z[...] = data
     config = {"codec_pipeline.path": FUSED} if pipeline == "fused" else {}
     with zarr.config.enable_gpu(), zarr.config.set(config):
@@ -63,8 +67,7 @@ def test_arrays_written_on_the_cpu_read_into_the_gpu(tmp_path, cupy, codec, pipe
 def test_gpu_buffers_written_read_by_local_store(tmp_path, cupy):
     data = cupy.arange(100_000, dtype=cupy.int32).reshape(250, 400)
     with zarr.config.enable_gpu():
-        z = zarr.create_array(NVMeStore(tmp_path), shape=data.shape, chunks=(100, 128),
-                              dtype="i4")
+        z = zarr.create_array(NVMeStore(tmp_path), shape=data.shape, chunks=(100, 128), dtype="i4")
         z[...] = data
     got = zarr.open_array(LocalStore(tmp_path, read_only=True), mode="r")[...]
     np.testing.assert_array_equal(got, cupy.asnumpy(data))
@@ -102,8 +105,9 @@ def test_many_threads_read_into_the_gpu_at_once(tmp_path, cupy, gpu_prototype):
 
 
 @pytest.mark.parametrize("failure", ["ToolUnavailableError", "RuntimeError"])
-def test_a_crowd_reads_through_kvikio_or_falls_back_to_pieces(tmp_path, cupy, gpu_prototype,
-                                                              monkeypatch, failure, fresh):
+def test_a_crowd_reads_through_kvikio_or_falls_back_to_pieces(
+    tmp_path, cupy, gpu_prototype, monkeypatch, failure, fresh
+):
     # A fresh dispatcher: the process-wide one keeps the tool instances it made, and would
     # hand this run the Broken of the previous parametrization.
     from arrayio import tools
@@ -128,8 +132,9 @@ def test_a_crowd_reads_through_kvikio_or_falls_back_to_pieces(tmp_path, cupy, gp
     monkeypatch.setattr(tools, "_REGISTRY", dict(tools._REGISTRY))
     tools.register("broken", Broken)
     monkeypatch.setattr(reads_module, "_CROWD_KVIKIO", "broken")
-    monkeypatch.setattr(reads_module, "_kvikio_usable",
-                        lambda: not reads_module._no_kvikio.is_set())
+    monkeypatch.setattr(
+        reads_module, "_kvikio_usable", lambda: not reads_module._no_kvikio.is_set()
+    )
     monkeypatch.setattr(reads_module, "_no_kvikio", threading.Event())
     values = {f"w/{i}": payload((2 << 20) + i, i) for i in range(24)}
     for key, value in values.items():
@@ -142,9 +147,17 @@ def test_a_crowd_reads_through_kvikio_or_falls_back_to_pieces(tmp_path, cupy, gp
     assert calls and reads_module._no_kvikio.is_set()  # tried, then never again
 
 
-@pytest.mark.parametrize("request_", [None, RangeByteRequest(5, 3_000_000),
-                                      OffsetByteRequest(4095), SuffixByteRequest(10_001),
-                                      RangeByteRequest(9_000_000, 9_000_010)], ids=repr)
+@pytest.mark.parametrize(
+    "request_",
+    [
+        None,
+        RangeByteRequest(5, 3_000_000),
+        OffsetByteRequest(4095),
+        SuffixByteRequest(10_001),
+        RangeByteRequest(9_000_000, 9_000_010),
+    ],
+    ids=repr,
+)
 def test_byte_ranges_into_the_gpu(tmp_path, cupy, gpu_prototype, request_):
     data = payload(3 << 20, 2)
     (tmp_path / "k").write_bytes(data)
@@ -157,8 +170,13 @@ def test_byte_ranges_into_the_gpu(tmp_path, cupy, gpu_prototype, request_):
 @pytest.fixture
 def stored(tmp_path):
     data = np.random.default_rng(3).normal(size=(230, 110)).astype(np.float32)
-    z = zarr.create_array(NVMeStore(tmp_path), shape=data.shape, chunks=(50, 40),
-                          dtype=data.dtype, compressors=zarr.codecs.ZstdCodec())
+    z = zarr.create_array(
+        NVMeStore(tmp_path),
+        shape=data.shape,
+        chunks=(50, 40),
+        dtype=data.dtype,
+        compressors=zarr.codecs.ZstdCodec(),
+    )
     z[...] = data
     return tmp_path, data
 
@@ -166,8 +184,9 @@ def stored(tmp_path):
 def _spy_allocations(monkeypatch) -> list:
     made = []
     real = _frameworks.allocate
-    monkeypatch.setattr(_frameworks, "allocate",
-                        lambda *a, **k: (made.append(real(*a, **k)), made[-1])[1])
+    monkeypatch.setattr(
+        _frameworks, "allocate", lambda *a, **k: (made.append(real(*a, **k)), made[-1])[1]
+    )
     return made
 
 

@@ -11,9 +11,14 @@ import pytest
 
 
 def run(code: str, tmp_path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-W", "error", "-c", textwrap.dedent(code)],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
-                          check=False)
+    return subprocess.run(
+        [sys.executable, "-W", "error", "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_without_zarr_the_import_error_says_how_to_install_it(tmp_path):
@@ -26,7 +31,9 @@ def test_without_zarr_the_import_error_says_how_to_install_it(tmp_path):
             import arrayio.zarr
         except ImportError as error:
             print("ImportError:", error)
-        """, tmp_path)
+        """,
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert "pip install 'arrayio[zarr]'" in result.stdout
 
@@ -52,6 +59,8 @@ def test_cpu_use_imports_no_cupy_and_no_framework(tmp_path):
         # (Not KvikIO: the dispatcher imports it, where installed, to see whether its tool
         # can serve large reads.)
         print(sorted(n for n in ("cupy", "jax", "torch") if n in added))
-        """, tmp_path)
+        """,
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

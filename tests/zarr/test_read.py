@@ -14,15 +14,20 @@ import arrayio  # noqa: E402
 from arrayio.arrays import _frameworks  # noqa: E402
 from arrayio.zarr import NVMeStore, read  # noqa: E402
 
-SELECTIONS = [Ellipsis, (slice(3, 17), slice(None)), (5, slice(2, 9)), (slice(1, 20, 3), 4),
-              (4, 7), (slice(0, 0), Ellipsis)]
+SELECTIONS = [
+    Ellipsis,
+    (slice(3, 17), slice(None)),
+    (5, slice(2, 9)),
+    (slice(1, 20, 3), 4),
+    (4, 7),
+    (slice(0, 0), Ellipsis),
+]
 
 
 @pytest.fixture
 def stored(tmp_path):
     data = np.random.default_rng(3).normal(size=(23, 11)).astype(np.float32)
-    z = zarr.create_array(NVMeStore(tmp_path), shape=data.shape, chunks=(5, 4),
-                          dtype=data.dtype)
+    z = zarr.create_array(NVMeStore(tmp_path), shape=data.shape, chunks=(5, 4), dtype=data.dtype)
     z[...] = data
     return tmp_path, data
 
@@ -118,8 +123,9 @@ def test_big_endian_zarr_v2_arrays_read_in_native_order(tmp_path, dtype):
     # Zarr v2 stores the byte order in the dtype; zarr itself reads these arrays, so read()
     # must too (the values, in native order, as zarr v3's big-endian bytes codec gives them).
     data = np.arange(-7, 23).reshape(5, 6).astype(dtype)
-    z = zarr.create_array(NVMeStore(tmp_path), shape=data.shape, chunks=(2, 4), dtype=dtype,
-                          zarr_format=2)
+    z = zarr.create_array(
+        NVMeStore(tmp_path), shape=data.shape, chunks=(2, 4), dtype=dtype, zarr_format=2
+    )
     z[...] = data
     for selection in (Ellipsis, (slice(1, 4), 3), (2, 5)):
         got = read(tmp_path, selection)

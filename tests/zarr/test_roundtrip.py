@@ -22,8 +22,22 @@ from arrayio.arrays._dtypes import by_name  # noqa: E402
 from arrayio.testing.strategies import arrays  # noqa: E402
 from arrayio.zarr import NVMeStore  # noqa: E402
 
-DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-          "float16", "float32", "float64", "complex64", "complex128"]
+DTYPES = [
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+]
 STORES = {"nvme": NVMeStore, "local": LocalStore}
 FUSED = "zarr.core.codec_pipeline.FusedCodecPipeline"
 
@@ -38,15 +52,22 @@ def cases(draw: st.DrawFn):
     """(array, chunk shape, codec): up to 3 dimensions of up to 10, at most 4 chunks a
     side, arbitrary bit patterns."""
     shape = tuple(draw(st.lists(st.integers(0, 10), min_size=1, max_size=3)))
-    chunks = tuple(draw(st.integers(max(1, math.ceil(side / 4)), max(side, 1) + 2))
-                   for side in shape)
+    chunks = tuple(
+        draw(st.integers(max(1, math.ceil(side / 4)), max(side, 1) + 2)) for side in shape
+    )
     data = draw(arrays(by_name(draw(st.sampled_from(DTYPES))), shape, layouts=("C",)))
     return data, chunks, draw(st.sampled_from(["none", "zstd"]))
 
 
 def write(store_class, root: str, data: np.ndarray, chunks, codec: str):
-    z = zarr.create_array(store_class(root), shape=data.shape, chunks=chunks, dtype=data.dtype,
-                          compressors=compressors(codec), fill_value=0)
+    z = zarr.create_array(
+        store_class(root),
+        shape=data.shape,
+        chunks=chunks,
+        dtype=data.dtype,
+        compressors=compressors(codec),
+        fill_value=0,
+    )
     z[...] = data
     return z
 
@@ -54,7 +75,8 @@ def write(store_class, root: str, data: np.ndarray, chunks, codec: str):
 # zarr's empty-chunk check compares arbitrary bit patterns (signalling NaNs) with the fill
 # value, which newer NumPy warns about; it happens on write, whichever the store.
 ARBITRARY_BITS = pytest.mark.filterwarnings(
-    "ignore:invalid value encountered in equal:RuntimeWarning")
+    "ignore:invalid value encountered in equal:RuntimeWarning"
+)
 
 
 def assert_same(got, expected: np.ndarray) -> None:
@@ -66,14 +88,12 @@ def assert_same(got, expected: np.ndarray) -> None:
 
 @ARBITRARY_BITS
 @settings(max_examples=60, deadline=None)
-@given(case=cases(), writer=st.sampled_from(sorted(STORES)),
-       reader=st.sampled_from(sorted(STORES)))
+@given(case=cases(), writer=st.sampled_from(sorted(STORES)), reader=st.sampled_from(sorted(STORES)))
 def test_written_by_one_store_read_by_the_other(case, writer, reader):
     data, chunks, codec = case
     with tempfile.TemporaryDirectory() as root:
         write(STORES[writer], root, data, chunks, codec)
-        assert_same(zarr.open_array(STORES[reader](root, read_only=True), mode="r")[...],
-                    data)
+        assert_same(zarr.open_array(STORES[reader](root, read_only=True), mode="r")[...], data)
 
 
 def _files(root: str) -> dict[str, bytes]:
@@ -108,10 +128,12 @@ def test_groups_and_pipelines(tmp_path, pipeline, writer, reader):
     b = rng.integers(-5, 5, size=(100,), dtype=np.int64)
     with zarr.config.set(config):
         group = zarr.open_group(STORES[writer](tmp_path), mode="w")
-        group.create_array("x/a", shape=a.shape, chunks=(8, 8), dtype=a.dtype,
-                           compressors=compressors("zstd"))[...] = a
-        group.create_array("b", shape=b.shape, chunks=(30,), dtype=b.dtype,
-                           compressors=None)[...] = b
+        group.create_array(
+            "x/a", shape=a.shape, chunks=(8, 8), dtype=a.dtype, compressors=compressors("zstd")
+        )[...] = a
+        group.create_array("b", shape=b.shape, chunks=(30,), dtype=b.dtype, compressors=None)[
+            ...
+        ] = b
         group.attrs["note"] = "hello"
         opened = zarr.open_group(STORES[reader](tmp_path, read_only=True), mode="r")
         assert opened.attrs["note"] == "hello"

@@ -55,8 +55,16 @@ def store(tmp_path) -> NVMeStore:
 
 # --------------------------------------------------------------------------- keys
 
-BAD_KEYS = ["../outside/victim", "a/../../outside/victim", "/etc/passwd", "a\\b", "a\x00b",
-            "./zarr.json", "c/./0", "c/.."]
+BAD_KEYS = [
+    "../outside/victim",
+    "a/../../outside/victim",
+    "/etc/passwd",
+    "a\\b",
+    "a\x00b",
+    "./zarr.json",
+    "c/./0",
+    "c/..",
+]
 
 
 def _calls(store: NVMeStore, key: str):
@@ -101,8 +109,11 @@ def test_keys_that_leave_the_root_are_refused_everywhere(tmp_path, store, key):
 @pytest.mark.parametrize("key", ["", "c/", "c/0/"])
 def test_directory_keys_cannot_be_written_or_deleted(store, key):
     store.set_sync("c/0/1", buffer(b"x"))
-    for call in (lambda: store.set_sync(key, buffer(b"y")), lambda: store.delete_sync(key),
-                 lambda: asyncio.run(store.delete(key))):
+    for call in (
+        lambda: store.set_sync(key, buffer(b"y")),
+        lambda: store.delete_sync(key),
+        lambda: asyncio.run(store.delete(key)),
+    ):
         with pytest.raises(InvalidKeyError, match="directory"):
             call()
     assert store.get_sync("c/0/1").to_bytes() == b"x"
@@ -227,8 +238,7 @@ def test_many_concurrent_gets_give_the_right_bytes(filled):
     assert threaded == [values[k] for k in keys * 3]
 
 
-@pytest.mark.parametrize("entry", ["gather", "get_partial_values", "_get_many",
-                                   "get_ranges_sync"])
+@pytest.mark.parametrize("entry", ["gather", "get_partial_values", "_get_many", "get_ranges_sync"])
 def test_reads_are_in_flight_together(monkeypatch, filled, entry):
     """Eight reads must be inside the byte mover at the same time: a barrier of eight
     parties breaks (and the test fails) if the store serialises them."""
@@ -260,7 +270,8 @@ def test_reads_are_in_flight_together(monkeypatch, filled, entry):
         ranges = [RangeByteRequest(i * 300_000, i * 300_000 + 1000) for i in range(8)]
         got = dict(store.get_ranges_sync(key, ranges, prototype=CPU, max_gap_bytes=0))
         assert [got[i].to_bytes() for i in range(8)] == [
-            values[key][r.start : r.end] for r in ranges]
+            values[key][r.start : r.end] for r in ranges
+        ]
     else:
         got = asyncio.run(read_all())
         assert [b.to_bytes() for b in got] == [values[k] for k in keys]
@@ -271,12 +282,25 @@ def test_get_ranges_sync_merges_and_splits_correctly(filled):
     store, values = filled
     key = max(values, key=lambda k: len(values[k]))
     data = values[key]
-    ranges = [RangeByteRequest(0, 10), RangeByteRequest(10, 20), RangeByteRequest(5, 4000),
-              None, OffsetByteRequest(len(data) - 7), SuffixByteRequest(100),
-              RangeByteRequest(2 << 20, (2 << 20) + 4096)]
+    ranges = [
+        RangeByteRequest(0, 10),
+        RangeByteRequest(10, 20),
+        RangeByteRequest(5, 4000),
+        None,
+        OffsetByteRequest(len(data) - 7),
+        SuffixByteRequest(100),
+        RangeByteRequest(2 << 20, (2 << 20) + 4096),
+    ]
     got = dict(store.get_ranges_sync(key, ranges, prototype=CPU))
-    expected = [data[0:10], data[10:20], data[5:4000], data, data[-7:], data[-100:],
-                data[2 << 20 : (2 << 20) + 4096]]
+    expected = [
+        data[0:10],
+        data[10:20],
+        data[5:4000],
+        data,
+        data[-7:],
+        data[-100:],
+        data[2 << 20 : (2 << 20) + 4096],
+    ]
     assert [got[i].to_bytes() for i in range(len(ranges))] == expected
     with pytest.raises(BaseExceptionGroup) as caught:  # noqa: F821 - zarr needs 3.11
         store.get_ranges_sync("c/missing", [None], prototype=CPU)
@@ -292,19 +316,34 @@ def test_get_ranges_sync_splits_merged_groups_in_any_order(filled, monkeypatch):
     store, values = filled
     key = max(values, key=lambda k: len(values[k]))
     data = values[key]
-    ranges = [RangeByteRequest(300, 900), RangeByteRequest(0, 10), RangeByteRequest(5, 400),
-              RangeByteRequest(len(data) - 5, len(data) + 50), SuffixByteRequest(3)]
+    ranges = [
+        RangeByteRequest(300, 900),
+        RangeByteRequest(0, 10),
+        RangeByteRequest(5, 400),
+        RangeByteRequest(len(data) - 5, len(data) + 50),
+        SuffixByteRequest(3),
+    ]
 
     def coalesce_ranges(byte_ranges, *, max_gap_bytes, max_coalesced_bytes):
-        return ([[(0, byte_ranges[0]), (2, byte_ranges[2]), (1, byte_ranges[1])],
-                 [(3, byte_ranges[3])]], [(4, byte_ranges[4])])
+        return (
+            [
+                [(0, byte_ranges[0]), (2, byte_ranges[2]), (1, byte_ranges[1])],
+                [(3, byte_ranges[3])],
+            ],
+            [(4, byte_ranges[4])],
+        )
 
     fake = types.ModuleType("zarr.core._coalesce")
     fake.coalesce_ranges = coalesce_ranges
     monkeypatch.setitem(sys.modules, "zarr.core._coalesce", fake)
     got = dict(store.get_ranges_sync(key, ranges, prototype=CPU))
     assert [got[i].to_bytes() for i in range(len(ranges))] == [
-        data[300:900], data[0:10], data[5:400], data[-5:], data[-3:]]
+        data[300:900],
+        data[0:10],
+        data[5:400],
+        data[-5:],
+        data[-3:],
+    ]
 
 
 # --------------------------------------------------------------------------- byte ranges
@@ -314,14 +353,16 @@ def byte_requests(size_limit: int = 300):
     return st.one_of(
         st.none(),
         st.tuples(st.integers(0, size_limit), st.integers(0, size_limit)).map(
-            lambda se: RangeByteRequest(min(se), max(se))),
+            lambda se: RangeByteRequest(min(se), max(se))
+        ),
         st.integers(0, size_limit).map(OffsetByteRequest),
         st.integers(0, size_limit).map(SuffixByteRequest),
     )
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(size=st.integers(0, 256), request=byte_requests())
 def test_byte_ranges_match_local_store(tmp_path, size, request):
     data = payload(size, size)
@@ -332,10 +373,16 @@ def test_byte_ranges_match_local_store(tmp_path, size, request):
     assert ours.to_bytes() == theirs.to_bytes()
 
 
-@pytest.mark.parametrize("request_, error", [
-    (RangeByteRequest(5, 2), ValueError), (RangeByteRequest(-1, 2), ValueError),
-    (OffsetByteRequest(-1), ValueError), (SuffixByteRequest(-3), ValueError),
-    ((0, 2), TypeError)])
+@pytest.mark.parametrize(
+    "request_, error",
+    [
+        (RangeByteRequest(5, 2), ValueError),
+        (RangeByteRequest(-1, 2), ValueError),
+        (OffsetByteRequest(-1), ValueError),
+        (SuffixByteRequest(-3), ValueError),
+        ((0, 2), TypeError),
+    ],
+)
 def test_malformed_byte_ranges_are_refused(store, request_, error):
     store.set_sync("c/0", buffer(b"0123456789"))
     with pytest.raises(error):
@@ -381,18 +428,22 @@ def test_fused_pipeline_reads_and_writes_through_the_sync_surface(tmp_path, monk
     for name in calls:
         real = getattr(NVMeStore, name)
         if asyncio.iscoroutinefunction(real):
+
             async def spy(self, key, *args, _real=real, _name=name, **kwargs):
                 calls[_name].append(key)
                 return await _real(self, key, *args, **kwargs)
         else:
+
             def spy(self, key, *args, _real=real, _name=name, **kwargs):
                 calls[_name].append(key)
                 return _real(self, key, *args, **kwargs)
+
         monkeypatch.setattr(NVMeStore, name, spy)
     data = np.arange(64 * 48, dtype=np.int32).reshape(64, 48)
     with zarr.config.set({"codec_pipeline.path": FUSED}):
-        z = zarr.create_array(NVMeStore(tmp_path), shape=data.shape, chunks=(16, 16),
-                              dtype=data.dtype)
+        z = zarr.create_array(
+            NVMeStore(tmp_path), shape=data.shape, chunks=(16, 16), dtype=data.dtype
+        )
         z[:] = data
         np.testing.assert_array_equal(zarr.open_array(NVMeStore(tmp_path), mode="r")[:], data)
     chunk_keys = {f"c/{i}/{j}" for i in range(4) for j in range(3)}
@@ -408,8 +459,9 @@ def test_sharded_partial_reads(tmp_path, pipeline):
     config = {"codec_pipeline.path": FUSED} if pipeline == "fused" else {}
     data = np.random.default_rng(0).normal(size=(64, 64)).astype(np.float32)
     with zarr.config.set(config):
-        z = zarr.create_array(NVMeStore(tmp_path), shape=data.shape, shards=(32, 32),
-                              chunks=(8, 8), dtype=data.dtype)
+        z = zarr.create_array(
+            NVMeStore(tmp_path), shape=data.shape, shards=(32, 32), chunks=(8, 8), dtype=data.dtype
+        )
         z[:] = data
         reader = zarr.open_array(NVMeStore(tmp_path, read_only=True), mode="r")
         np.testing.assert_array_equal(reader[3:29, 10:50], data[3:29, 10:50])
@@ -429,13 +481,15 @@ def test_pickled_store_reads_the_same_array(tmp_path):
 def test_dask_reads_through_the_store(tmp_path, monkeypatch):
     da = pytest.importorskip("dask.array")
     data = np.random.default_rng(1).normal(size=(50, 30))
-    z = zarr.create_array(NVMeStore(tmp_path / "a"), shape=data.shape, chunks=(7, 8),
-                          dtype=data.dtype)
+    z = zarr.create_array(
+        NVMeStore(tmp_path / "a"), shape=data.shape, chunks=(7, 8), dtype=data.dtype
+    )
     z[:] = data
     reads = []
     real = store_module.read_value
-    monkeypatch.setattr(store_module, "read_value", lambda path, *a: (reads.append(path),
-                                                                      real(path, *a))[1])
+    monkeypatch.setattr(
+        store_module, "read_value", lambda path, *a: (reads.append(path), real(path, *a))[1]
+    )
     x = da.from_zarr(zarr.open_array(NVMeStore(tmp_path / "a", read_only=True), mode="r"))
     assert x.chunks == ((7,) * 7 + (1,), (8, 8, 8, 6))
     np.testing.assert_array_equal(x.compute(scheduler="threads"), data)
@@ -443,7 +497,8 @@ def test_dask_reads_through_the_store(tmp_path, monkeypatch):
     assert sum("/c/" in path for path in reads) >= 32  # every chunk came through the store
     da.to_zarr(x + 1, NVMeStore(tmp_path / "b"))
     np.testing.assert_array_equal(
-        zarr.open_array(LocalStore(tmp_path / "b"), mode="r")[:], data + 1)
+        zarr.open_array(LocalStore(tmp_path / "b"), mode="r")[:], data + 1
+    )
 
 
 # --------------------------------------------------------------------------- tool choice

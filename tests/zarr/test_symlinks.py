@@ -57,12 +57,12 @@ def kernel(request, monkeypatch) -> None:
 def escapes(tmp_path, kernel) -> tuple[Path, Path]:
     """A store root holding links out of it, and the directory they lead to::
 
-        root/zarr.json                      a key
-        root/leak   -> outside/secret       a file link at the leaf (absolute target)
-        root/out    -> outside              a directory link at the leaf (absolute target)
-        root/a/leak -> ../../outside/secret a file link one level down (relative target)
-        root/a/out  -> ../../outside        a directory link one level down (relative target)
-        outside/secret, outside/sub/secret
+    root/zarr.json                      a key
+    root/leak   -> outside/secret       a file link at the leaf (absolute target)
+    root/out    -> outside              a directory link at the leaf (absolute target)
+    root/a/leak -> ../../outside/secret a file link one level down (relative target)
+    root/a/out  -> ../../outside        a directory link one level down (relative target)
+    outside/secret, outside/sub/secret
     """
     outside, root = tmp_path / "outside", tmp_path / "root"
     (outside / "sub").mkdir(parents=True)
@@ -94,8 +94,11 @@ ESCAPING_KEYS = LINKED_FILES + THROUGH_LINKED_DIRECTORIES
 
 
 def _ranges(store: NVMeStore, key: str) -> bytes:
-    got = dict(store.get_ranges_sync(key, [RangeByteRequest(0, 5), RangeByteRequest(5, 1000)],
-                                     prototype=CPU))
+    got = dict(
+        store.get_ranges_sync(
+            key, [RangeByteRequest(0, 5), RangeByteRequest(5, 1000)], prototype=CPU
+        )
+    )
     return got[0].to_bytes() + got[1].to_bytes()
 
 
@@ -104,9 +107,11 @@ READS = {
     "get": lambda s, k: asyncio.run(s.get(k, CPU)).to_bytes(),
     "get_sync": lambda s, k: s.get_sync(k).to_bytes(),
     "get_sync with a range": lambda s, k: s.get_sync(
-        k, byte_range=RangeByteRequest(0, 1000)).to_bytes(),
+        k, byte_range=RangeByteRequest(0, 1000)
+    ).to_bytes(),
     "get_partial_values": lambda s, k: asyncio.run(
-        s.get_partial_values(CPU, [("zarr.json", None), (k, None)]))[1].to_bytes(),
+        s.get_partial_values(CPU, [("zarr.json", None), (k, None)])
+    )[1].to_bytes(),
     "_get_many": lambda s, k: collect(s._get_many([(k, CPU, None)]))[0][1].to_bytes(),
     "get_ranges_sync": _ranges,
     "exists": lambda s, k: asyncio.run(s.exists(k)),
@@ -137,8 +142,13 @@ WRITES = {
 }
 # Through a linked directory: over an outside file, beside it, and in directories the write
 # would create outside.
-WRITTEN_THROUGH_LINKS = ["out/secret", "out/new", "a/out/sub/new", "out/made/new",
-                         "a/out/made/deeper/new"]
+WRITTEN_THROUGH_LINKS = [
+    "out/secret",
+    "out/new",
+    "a/out/sub/new",
+    "out/made/new",
+    "a/out/made/deeper/new",
+]
 
 
 @pytest.mark.parametrize("key", WRITTEN_THROUGH_LINKS)
@@ -159,8 +169,9 @@ def test_follow_symlinks_restores_writes_out_of_the_root(escapes, write):
 
 @pytest.mark.parametrize("follow_symlinks", [False, True])
 @pytest.mark.parametrize("key", ["leak", "a/leak", "out"])
-def test_a_write_replaces_a_link_at_the_key_and_never_writes_through_it(escapes, key,
-                                                                      follow_symlinks):
+def test_a_write_replaces_a_link_at_the_key_and_never_writes_through_it(
+    escapes, key, follow_symlinks
+):
     # Atomic writes rename a new file over the key: the link goes, its target stays.
     root, outside = escapes
     before = tree(outside)
@@ -238,8 +249,11 @@ def test_listing_shows_no_link_out_of_the_root(escapes):
 
 
 # A prefix without a '/' makes list_prefix walk the root and filter by name: nothing to refuse.
-BELOW_LINKS = [(listing, prefix) for listing in ["list_dir", "getsize_prefix"]
-               for prefix in ["out", "out/", "out/sub", "a/out", "a/out/sub/"]]
+BELOW_LINKS = [
+    (listing, prefix)
+    for listing in ["list_dir", "getsize_prefix"]
+    for prefix in ["out", "out/", "out/sub", "a/out", "a/out/sub/"]
+]
 BELOW_LINKS += [("list_prefix", prefix) for prefix in ["out/", "out/s", "a/out/", "a/out/sub/s"]]
 
 
@@ -265,10 +279,10 @@ def test_follow_symlinks_restores_listing_out_of_the_root(escapes):
 def inside(tmp_path, kernel) -> tuple[NVMeStore, np.ndarray]:
     """A store holding an array ``arr`` and links to it that stay inside the root::
 
-        alias -> arr                 a relative directory link
-        absolute -> <root>/arr       an absolute directory link
-        round -> ../root/arr         leaves the root by name but resolves back inside
-        arr/c/9 -> 0                 a file link
+    alias -> arr                 a relative directory link
+    absolute -> <root>/arr       an absolute directory link
+    round -> ../root/arr         leaves the root by name but resolves back inside
+    arr/c/9 -> 0                 a file link
     """
     root = tmp_path / "root"
     data = np.arange(40, dtype=np.int32)
@@ -299,12 +313,13 @@ def test_listing_lists_file_links_inside_and_does_not_descend_linked_directories
     store, _ = inside
     keys = collect(store.list())
     assert "arr/c/9" in keys and not any(key.startswith(("alias", "round")) for key in keys)
-    assert sorted(collect(store.list_dir(""))) == ["absolute", "alias", "arr", "round",
-                                                   "zarr.json"]
-    assert sorted(collect(store.list_prefix("alias/c/"))) == [f"alias/c/{i}" for i in
-                                                              [0, 1, 2, 3, 9]]
+    assert sorted(collect(store.list_dir(""))) == ["absolute", "alias", "arr", "round", "zarr.json"]
+    assert sorted(collect(store.list_prefix("alias/c/"))) == [
+        f"alias/c/{i}" for i in [0, 1, 2, 3, 9]
+    ]
     assert asyncio.run(store.getsize_prefix("alias/c")) == asyncio.run(
-        store.getsize_prefix("arr/c"))
+        store.getsize_prefix("arr/c")
+    )
 
 
 def test_delete_dir_of_a_link_inside_removes_only_the_link(inside):
@@ -336,12 +351,16 @@ def test_a_root_that_is_a_link_works(tmp_path, kernel):
 
 def test_the_option_survives_copies_of_the_store(tmp_path):
     store = NVMeStore(tmp_path, follow_symlinks=True)
-    for copy in [pickle.loads(pickle.dumps(store)), store.with_read_only(True),
-                 asyncio.run(NVMeStore.open(tmp_path, follow_symlinks=True))]:
+    for copy in [
+        pickle.loads(pickle.dumps(store)),
+        store.with_read_only(True),
+        asyncio.run(NVMeStore.open(tmp_path, follow_symlinks=True)),
+    ]:
         assert copy.follow_symlinks and copy == store
     assert NVMeStore(tmp_path) != store
     assert "follow_symlinks=True" in repr(store) and "follow_symlinks" not in repr(
-        NVMeStore(tmp_path))
+        NVMeStore(tmp_path)
+    )
 
 
 def test_keys_without_links_cost_no_check_where_openat2_runs(tmp_path, monkeypatch):

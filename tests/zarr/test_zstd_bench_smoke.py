@@ -20,8 +20,21 @@ def is_rate(value: object) -> bool:
 
 
 def test_the_zstd_benchmark_runs_tiny_on_the_cpu(tmp_path, run_module):
-    run_module("benchmarks.zstd_decode", "--out", str(tmp_path), "--no-gpu", "--gib", "0.004",
-               "--chunk-mib", "0.25", "1", "--threads", "2", tmp_path=tmp_path, timeout=120)
+    run_module(
+        "benchmarks.zstd_decode",
+        "--out",
+        str(tmp_path),
+        "--no-gpu",
+        "--gib",
+        "0.004",
+        "--chunk-mib",
+        "0.25",
+        "1",
+        "--threads",
+        "2",
+        tmp_path=tmp_path,
+        timeout=120,
+    )
     report = json.loads((tmp_path / "zstd_decode.json").read_text())
     assert report["benchmark"] == "zstd_decode" and report["repeats"] == 3
     assert report["gpu_skipped"] == "--no-gpu"
@@ -30,9 +43,10 @@ def test_the_zstd_benchmark_runs_tiny_on_the_cpu(tmp_path, run_module):
     assert [row["chunk_bytes"] for row in report["rows"]] == [1 << 18, 1 << 20]
     for row in report["rows"]:
         assert row["bytes"] == row["chunks"] * row["chunk_bytes"] and row["ratio"] > 1
-        for kind, names in (("decode", ["numcodecs_1_thread", "numcodecs_threads",
-                                        "zarr_codec"]), ("encode", ["numcodecs_1_thread",
-                                                                    "numcodecs_threads"])):
+        for kind, names in (
+            ("decode", ["numcodecs_1_thread", "numcodecs_threads", "zarr_codec"]),
+            ("encode", ["numcodecs_1_thread", "numcodecs_threads"]),
+        ):
             rates = row[f"{kind}_GBps"]
             assert all(is_rate(rates[name]) for name in names), (kind, rates)
             assert rates["arrayio_gpu"] is None and rates["nvcomp_raw"] is None
