@@ -35,8 +35,9 @@ from ..dispatch.context import cache_state
 from ..dispatch.dispatcher import SMALL_TRANSFER
 from ..dispatch.policy import is_tool_failure
 from ..errors import ToolUnavailableError
+from ..tools._io import BLOCK
 from ._keys import CLOEXEC, MISSING, Boundary
-from ._staging import BLOCK, PIECE, staging
+from ._staging import PIECE, staging
 
 if TYPE_CHECKING:
     from zarr.core.buffer import BufferPrototype

@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BLOCK", "PIECE", "Staging", "staging"]
+from ..tools._io import BLOCK
 
-BLOCK = 4096  # O_DIRECT granularity: host buffers start at the file offset's phase in it
+__all__ = ["PIECE", "Staging", "staging"]
+
 # Big enough for the dispatcher's multi-threaded tools, small enough that 32 threads hold
 # 512 MiB of pinned memory at most.
 PIECE = 8 << 20
