@@ -260,22 +260,6 @@ class _Scheduler:
 _scheduler = _Scheduler()
 
 
-def wait_idle(timeout: float | None = None) -> bool:
-    """Wait until no asynchronous operation is queued or running and no worker thread is left.
-
-    Parameters
-    ----------
-    timeout
-        Seconds to wait at most (None: as long as it takes).
-
-    Returns
-    -------
-    bool
-        False if the timeout passed first.
-    """
-    return _scheduler.wait_idle(timeout)
-
-
 def wait(timeout: float | None = None) -> bool:
     """Wait until every :func:`save_async` and :func:`load_async` submitted so far is done.
 

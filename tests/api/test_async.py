@@ -63,7 +63,7 @@ class Gate:
 @pytest.fixture(autouse=True)
 def no_leftover_threads():
     yield
-    assert _async.wait_idle(TIMEOUT), "async operations still queued"
+    assert _async._scheduler.wait_idle(TIMEOUT), "async operations still queued"
     _async._scheduler.unseen_failures()  # a test's failed saves are not the next one's
     assert not [t for t in threading.enumerate() if t.name == "arrayio-async"]
 
@@ -277,7 +277,7 @@ def test_cancel_before_start(tmp_path, monkeypatch) -> None:
             second.result()
         gate.open()
         first.result(TIMEOUT)
-    assert _async.wait_idle(TIMEOUT)
+    assert _async._scheduler.wait_idle(TIMEOUT)
     assert not (tmp_path / "b.safetensors").exists()
 
 
@@ -324,7 +324,7 @@ def test_cancel_running_load_drops_its_result(tmp_path, monkeypatch) -> None:
     assert started.wait(TIMEOUT)
     assert future.cancel() and future.cancelled()
     release.set()
-    assert _async.wait_idle(TIMEOUT)
+    assert _async._scheduler.wait_idle(TIMEOUT)
     assert future.cancelled()
 
 
@@ -366,7 +366,7 @@ def test_cancelling_the_awaiting_task_cancels_the_operation(tmp_path, monkeypatc
     asyncio.run(main())
     assert future.cancelled()
     gate.open()
-    assert _async.wait_idle(TIMEOUT)
+    assert _async._scheduler.wait_idle(TIMEOUT)
     assert np.array_equal(arrayio.load(path)["x"], np.ones(4))
 
 
@@ -494,7 +494,7 @@ def test_cancelling_a_save_mid_batch_blames_no_tool(tmp_path, monkeypatch, fresh
     assert started.wait(TIMEOUT)
     assert future.cancel()
     release.set()
-    assert _async.wait_idle(TIMEOUT)
+    assert _async._scheduler.wait_idle(TIMEOUT)
     assert len(writes) <= 4  # no second pass over the batch
     back = arrayio.load(path)
     assert all(np.array_equal(back[k], old[k]) for k in old)
