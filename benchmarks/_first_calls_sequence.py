@@ -364,8 +364,21 @@ def prepare(pattern: str, call: int, path: str, drop: bool) -> str | None:
     return None
 
 
+def set_up(peer: PeerInfo, device: str) -> tuple[Callable[[str], Any], dict[str, float]]:
+    """Import ``peer`` (and its framework: a user has it imported already) and make its
+    framework's device context; return its load function and the seconds of both steps."""
+    start = time.perf_counter()
+    for module in peer.modules:
+        importlib.import_module(module)
+    load = LOADERS[peer.name](device)
+    imported = time.perf_counter()
+    ready_device(peer.framework, device)
+    return load, {"import": imported - start, "device": time.perf_counter() - imported}
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run the sequence ``spec`` describes; the result is also written to ``spec["result"]``."""
+    """Run the sequence ``spec`` describes; the result is also written to ``spec["result"]``
+    after every call. An exception ends the sequence: the result says at which stage."""
     peer = PEERS[spec["peer"]]
     cache_dir = os.environ.get("ARRAYIO_CACHE_DIR")
     result: dict[str, Any] = {
@@ -379,25 +392,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             sorted(os.listdir(cache_dir)) if cache_dir and os.path.isdir(cache_dir) else []
         ),
     }
-
-    def save() -> None:
-        h.write_json(result, spec["result"])
-
-    stage = "import"
+    stage = "setup"
     try:
-        start = time.perf_counter()
-        for module in peer.modules:  # the framework too: a user has it imported already
-            importlib.import_module(module)
-        load = LOADERS[peer.name](spec["device"])
-        imported = time.perf_counter()
-        stage = "device"
-        ready_device(peer.framework, spec["device"])
-        result["setup_seconds"] = {
-            "import": imported - start,
-            "device": time.perf_counter() - imported,
-        }
+        load, result["setup_seconds"] = set_up(peer, spec["device"])
         result["versions"] = versions(peer)
-        save()
+        h.write_json(result, spec["result"])
         for call in range(spec["calls"]):
             stage = f"call {call + 1}"
             page_cache = prepare(spec["pattern"], call, spec["path"], spec["drop_caches"])
@@ -415,14 +414,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             result["seconds"].append(seconds)
             result["gc"].append(collector.report())
             result["page_cache"].append(page_cache)
-            save()
+            h.write_json(result, spec["result"])
     except Exception as error:  # noqa: BLE001 - the parent reports it beside the others
         result["error"] = f"{type(error).__name__}: {error}"
         result["failed_at"] = stage
         result["traceback"] = traceback.format_exc(limit=8)
         if stage.startswith("check"):
             result["check"] = result["error"]
-        save()
+        h.write_json(result, spec["result"])
     return result
 
 

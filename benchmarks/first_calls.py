@@ -266,7 +266,9 @@ class Runner:
         with open(spec_path, "w") as f:
             json.dump(spec, f)
         env = dict(os.environ, ARRAYIO_CACHE_DIR=cache_dir)
-        timeout = max(1.0, min(self.timeout, deadline.left()))
+        # The deadline only decides which sequences start: one that started runs to its end
+        # (a minute past the deadline at most), rather than being killed and its peer failed.
+        timeout = min(self.timeout, max(deadline.left(), 0.0) + 60.0)
         start = time.perf_counter()
         try:
             done = subprocess.run(
@@ -359,114 +361,121 @@ def record_of(job: Job, calls: int, nbytes: int, result: dict[str, Any]) -> dict
         "check": result.get("check"),
         "error": result.get("error"),
         "failed_at": result.get("failed_at"),
+        "traceback": result.get("traceback"),
     }
 
 
-def warm_up(
-    runner: Runner, peers: list[str], deadline: h.Deadline, report: dict[str, Any]
-) -> list[str]:
-    """An untimed sequence of one warm call per peer; return the peers that passed. The
-    others are reported unavailable, with the stage that failed and why."""
-    passed = []
-    for peer in peers:
-        job = Job(peer, "warm", -1)
-        result = runner.run(job, 1, deadline)
-        report["warm_up"][peer] = {
-            k: result.get(k) for k in ("process_seconds", "setup_seconds", "check", "error")
-        }
-        report["peers"][peer]["versions"] = result.get("versions", {})
-        if result.get("error"):
-            report["peers_unavailable"][peer] = f"{result.get('failed_at')}: {result['error']}"
-            print(f"  warm-up {peer}: {result['error']}", flush=True)
-        else:
-            passed.append(peer)
-    return passed
+class Rounds:
+    """The measured sequences: the warm-up, then ``repeats`` repetitions of every pattern,
+    each pattern's sequences in a shuffled order with one sample of its ceiling. What would
+    not end by ``deadline`` is skipped and recorded; a peer that fails is not run again."""
 
+    def __init__(
+        self,
+        runner: Runner,
+        ceilings: h.DiskCeilings,
+        calls: dict[str, int],
+        deadline: h.Deadline,
+        report: dict[str, Any],
+    ) -> None:
+        self.runner = runner
+        self.ceilings = ceilings
+        self.calls = calls
+        self.deadline = deadline
+        self.report = report
+        self.nbytes = report["file"]["bytes"]
+        self.predictor = Predictor(self.nbytes)
+        self.failed: set[str] = set()
 
-def run_rounds(
-    args: argparse.Namespace,
-    runner: Runner,
-    peers: list[str],
-    learned: list[str],
-    ceilings: h.DiskCeilings,
-    report: dict[str, Any],
-    out_json: str,
-) -> None:
-    """``--repeats`` repetitions of every pattern, every peer's sequences shuffled among
-    one sample of the pattern's ceiling; the report is rewritten after every pattern."""
-    rng = random.Random(report["seed"])
-    deadline = h.Deadline(args.deadline)
-    nbytes = report["file"]["bytes"]
-    predictor = Predictor(nbytes)
-    for peer, row in report["warm_up"].items():
-        predictor.record(Job(peer, "warm", -1), row["process_seconds"])
-    calls = calls_of(args)
-    failed: dict[str, str] = {}
-    for repetition in range(args.repeats):
-        patterns = list(PATTERNS)
-        rng.shuffle(patterns)
-        for pattern in patterns:
-            jobs: list[Job | None] = [Job(p, pattern, repetition) for p in peers]
-            jobs += [Job(p, pattern, repetition, learned=True) for p in learned]
-            order = phase_order([*jobs, None], rng)
-            report["orders"].append(
-                {
-                    "repetition": repetition,
-                    "pattern": pattern,
-                    "order": [j.series if j else "ceiling" for j in order],
-                }
-            )
-            fresh_ok: set[str] = set()
-            for job in order:
-                if job is None:
-                    sample_ceiling(ceilings, pattern, repetition, runner.files, report)
-                    continue
-                if job.peer in failed:
-                    continue
-                skipped = {"series": job.series, "pattern": pattern, "repetition": repetition}
-                if job.learned and job.peer not in fresh_ok:  # its fresh one was skipped
-                    report["skipped_for_time"].append(skipped)
-                    continue
-                if not deadline.allows(predictor.expect(job, calls[pattern])):
-                    report["skipped_for_time"].append(skipped)
-                    continue
-                result = runner.run(job, calls[pattern], deadline)
-                predictor.record(job, result["process_seconds"])
-                record = record_of(job, calls[pattern], nbytes, result)
-                report["sequences"].append(record)
-                print_sequence(record)
-                if record["error"]:
-                    failed[job.peer] = f"{record['failed_at']}: {record['error']}"
-                    report["peers"][job.peer]["error"] = failed[job.peer]
-                elif not job.learned:
-                    fresh_ok.add(job.peer)
-            report["ceilings"] = ceilings.report()
-            summarize(report)
-            h.write_json(report, out_json)
+    def warm_up(self, peers: list[str]) -> list[str]:
+        """An untimed sequence of one warm call per peer; return the peers that passed. The
+        others are reported unavailable, with the stage that failed and why."""
+        passed = []
+        for peer in peers:
+            job = Job(peer, "warm", -1)
+            result = self.runner.run(job, 1, self.deadline)
+            self.predictor.record(job, result["process_seconds"])
+            self.report["warm_up"][peer] = {
+                k: result.get(k) for k in ("process_seconds", "setup_seconds", "check", "error")
+            }
+            self.report["peers"][peer]["versions"] = result.get("versions", {})
+            if result.get("error"):
+                reason = f"{result.get('failed_at')}: {result['error']}"
+                self.report["peers_unavailable"][peer] = reason
+                print(f"  warm-up {peer}: {result['error']}", flush=True)
+            else:
+                passed.append(peer)
+        return passed
 
+    def run(self, peers: list[str], learned: list[str], repeats: int, out_json: str) -> None:
+        """Every repetition, the report rewritten after every pattern."""
+        rng = random.Random(self.report["seed"])
+        for repetition in range(repeats):
+            patterns = list(PATTERNS)
+            rng.shuffle(patterns)
+            for pattern in patterns:
+                jobs: list[Job | None] = [Job(p, pattern, repetition) for p in peers]
+                jobs += [Job(p, pattern, repetition, learned=True) for p in learned]
+                self.phase(phase_order([*jobs, None], rng), pattern, repetition)
+                self.report["ceilings"] = self.ceilings.report()
+                summarize(self.report)
+                h.write_json(self.report, out_json)
 
-def sample_ceiling(
-    ceilings: h.DiskCeilings,
-    pattern: str,
-    repetition: int,
-    files: dict[str, str],
-    report: dict[str, Any],
-) -> None:
-    """One sample of ``pattern``'s ceiling; the cold one reads the safetensors file."""
-    name = CEILING_OF[pattern]
-    limit = ceilings.limits[name]
-    if limit.tool is None:
-        return
-    ceilings.sample(name, files["safetensors"] if name == "cold_read" else None)
-    report["ceiling_samples"].append(
-        {
-            "ceiling": name,
-            "pattern": pattern,
-            "repetition": repetition,
-            "GBps": h.rate(ceilings.nbytes, limit.samples[-1]),
-            "file": limit.files[-1],
-        }
-    )
+    def phase(self, order: list[Job | None], pattern: str, repetition: int) -> None:
+        """One pattern of one repetition: ``order``'s sequences (None: the ceiling)."""
+        self.report["orders"].append(
+            {
+                "repetition": repetition,
+                "pattern": pattern,
+                "order": [j.series if j else "ceiling" for j in order],
+            }
+        )
+        fresh_ran: set[str] = set()
+        for job in order:
+            if job is None:
+                self.sample_ceiling(pattern, repetition)
+                continue
+            if job.peer in self.failed:
+                continue
+            late = not self.deadline.allows(self.predictor.expect(job, self.calls[pattern]))
+            if late or (job.learned and job.peer not in fresh_ran):  # or its fresh one was
+                self.report["skipped_for_time"].append(
+                    {"series": job.series, "pattern": pattern, "repetition": repetition}
+                )
+            elif self.sequence(job) and not job.learned:
+                fresh_ran.add(job.peer)
+
+    def sequence(self, job: Job) -> bool:
+        """Run ``job`` and record it; return whether it passed."""
+        calls = self.calls[job.pattern]
+        result = self.runner.run(job, calls, self.deadline)
+        self.predictor.record(job, result["process_seconds"])
+        record = record_of(job, calls, self.nbytes, result)
+        self.report["peers"][job.peer].setdefault("versions", result.get("versions", {}))
+        self.report["sequences"].append(record)
+        print_sequence(record)
+        if record["error"]:
+            self.failed.add(job.peer)
+            self.report["peers"][job.peer]["error"] = f"{record['failed_at']}: {record['error']}"
+        return not record["error"]
+
+    def sample_ceiling(self, pattern: str, repetition: int) -> None:
+        """One sample of ``pattern``'s ceiling; the cold one reads the safetensors file."""
+        name = CEILING_OF[pattern]
+        limit = self.ceilings.limits[name]
+        if limit.tool is None:
+            return
+        cold_file = self.runner.files["safetensors"] if name == "cold_read" else None
+        self.ceilings.sample(name, cold_file)
+        self.report["ceiling_samples"].append(
+            {
+                "ceiling": name,
+                "pattern": pattern,
+                "repetition": repetition,
+                "GBps": h.rate(self.ceilings.nbytes, limit.samples[-1]),
+                "file": limit.files[-1],
+            }
+        )
 
 
 # ------------------------------------------------------------------ summaries
@@ -699,27 +708,27 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Argument
     return args, parser
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any] | None:
-    args, parser = parse(argv)
-    if args.replot:
-        h.replot(plot, args.replot)
-        return None
-    if not args.out:
-        parser.error("--out is required")
+def select_peers(
+    args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> tuple[list[str], dict[str, str], list[str]]:
+    """The peers to measure, those unavailable (and why), and the learned front doors."""
     kind = "cuda" if args.device.startswith("cuda") else "cpu"
     wanted = names_option(args.peers, PEERS, parser, "peers") or list(DEFAULT_PEERS[kind])
     peers, unavailable = choose_peers(wanted, args.device)
-    arrayio_peers = {p: None for p in peers if PEERS[p].learns}
-    learned = (
-        []
-        if args.learned == "none"
-        else names_option(
-            args.learned, arrayio_peers, parser, "learned front doors (of those measured)"
-        )
-        or list(arrayio_peers)
-    )
-    os.makedirs(args.out, exist_ok=True)
-    out_json = os.path.join(args.out, "first_calls.json")
+    front_doors = {p: None for p in peers if PEERS[p].learns}
+    if args.learned == "none":
+        return peers, unavailable, []
+    learned = names_option(args.learned, front_doors, parser, "learned (measured arrayio peers)")
+    return peers, unavailable, learned or list(front_doors)
+
+
+def new_report(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    peers: list[str],
+    unavailable: dict[str, str],
+    learned: list[str],
+) -> dict[str, Any]:
     report = h.header("first-calls", "benchmarks.first_calls", argv)
     report.update(
         commit=args.commit or commit(),
@@ -741,30 +750,50 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         ceiling_samples=[],
         skipped_for_time=[],
     )
+    return report
+
+
+def make_file(
+    args: argparse.Namespace, directory: str, report: dict[str, Any]
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """Write the state dict's two files into ``directory`` and describe them in the
+    report; return their paths and what every call must return."""
+    entries = layout(int(args.gib * (1 << 30)), args.d_model, args.vocab)
+    state = make_state(entries)
+    sizes = [t.numel() * t.element_size() for t in state.values()]
+    files = write_files(state, directory)
+    expected = expected_of(state)
+    report["file"] = {
+        "gib": args.gib,
+        "bytes": sum(sizes),
+        "tensors": len(sizes),
+        "layers": sum(1 for name, _ in entries if name.endswith("q_proj.weight")),
+        "d_model": args.d_model,
+        "vocab": args.vocab,
+        "dtype": "bfloat16",
+        "smallest_bytes": min(sizes),
+        "largest_bytes": max(sizes),
+        "file_bytes": {writer: os.path.getsize(path) for writer, path in files.items()},
+        "checked_tensors": list(expected["crc32"]),
+    }
+    return files, expected
+
+
+def measure(
+    args: argparse.Namespace,
+    report: dict[str, Any],
+    peers: list[str],
+    learned: list[str],
+    out_json: str,
+) -> None:
+    """The file, the ceilings' search, the warm-up and the rounds, in a scratch directory
+    removed at the end."""
     started = time.time()
     directory = tempfile.mkdtemp(prefix="arrayio-first-calls-", dir=args.dir)
     ceilings = None
     try:
-        entries = layout(int(args.gib * (1 << 30)), args.d_model, args.vocab)
-        state = make_state(entries)
-        sizes = [t.numel() * t.element_size() for t in state.values()]
-        files = write_files(state, directory)
-        expected = expected_of(state)
-        del state
+        files, expected = make_file(args, directory, report)
         report["machine"] = h.machine()
-        report["file"] = {
-            "gib": args.gib,
-            "bytes": sum(sizes),
-            "tensors": len(sizes),
-            "layers": sum(1 for name, _ in entries if name.endswith("q_proj.weight")),
-            "d_model": args.d_model,
-            "vocab": args.vocab,
-            "dtype": "bfloat16",
-            "smallest_bytes": min(sizes),
-            "largest_bytes": max(sizes),
-            "file_bytes": {writer: os.path.getsize(path) for writer, path in files.items()},
-            "checked_tensors": list(expected["crc32"]),
-        }
         ceilings = h.DiskCeilings(
             directory,
             os.path.getsize(files["safetensors"]),
@@ -781,11 +810,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             drop_caches=args.drop_caches,
             timeout=args.sequence_timeout,
         )
+        rounds = Rounds(runner, ceilings, calls_of(args), h.Deadline(args.deadline), report)
         if args.warm_up:
-            peers = warm_up(runner, peers, h.Deadline(args.deadline), report)
+            peers = rounds.warm_up(peers)
             learned = [p for p in learned if p in peers]
         h.write_json(report, out_json)
-        run_rounds(args, runner, peers, learned, ceilings, report, out_json)
+        rounds.run(peers, learned, args.repeats, out_json)
         report["ceilings"] = ceilings.report()
         summarize(report)
         report["seconds"] = time.time() - started
@@ -794,6 +824,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         if ceilings is not None:
             ceilings.close()
         h.remove(directory)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    args, parser = parse(argv)
+    if args.replot:
+        h.replot(plot, args.replot)
+        return None
+    if not args.out:
+        parser.error("--out is required")
+    peers, unavailable, learned = select_peers(args, parser)
+    os.makedirs(args.out, exist_ok=True)
+    out_json = os.path.join(args.out, "first_calls.json")
+    report = new_report(args, argv, peers, unavailable, learned)
+    measure(args, report, peers, learned, out_json)
     print(table_text(report), flush=True)
     for name, reason in report["peers_unavailable"].items():
         print(f"  unavailable: {name}: {reason}", flush=True)

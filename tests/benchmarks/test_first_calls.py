@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import types
 from pathlib import Path
 
 import numpy as np
@@ -75,8 +76,9 @@ def test_the_smoke_run_reports_every_call_of_every_sequence(smoke) -> None:
     for name in ("cold_read", "warm_read"):
         assert is_rate(report["ceilings"][name]["GBps"]) or report["ceilings"][name]["error"]
     assert "write_fsync" not in report["ceilings"]
-    assert sorted(s["pattern"] for s in report["ceiling_samples"]) == sorted(PATTERNS) or (
-        report["ceilings"]["cold_read"]["error"]
+    assert (
+        sorted(s["pattern"] for s in report["ceiling_samples"]) == sorted(PATTERNS)
+        or (report["ceilings"]["cold_read"]["error"])
     )
     for pattern in PATTERNS:
         assert all(len(m) == 2 for m in report["medians_GBps"][pattern].values())
@@ -236,3 +238,78 @@ def test_read_only_ceilings_write_their_file_plainly(tmp_path: Path) -> None:
         assert (tmp_path / "ceiling.bin").stat().st_size == 2 << 20
     finally:
         ceilings.close()
+
+
+class FakeRunner:
+    """Sequences that take no time: each call at 2 GB/s of 1 GB, or failing for ``failing``."""
+
+    files = {"safetensors": "model.safetensors"}
+
+    def __init__(self, failing: tuple[str, ...] = ()) -> None:
+        self.failing = failing
+        self.ran: list[fc.Job] = []
+
+    def run(self, job: fc.Job, calls: int, deadline: object) -> dict:
+        self.ran.append(job)
+        if job.peer in self.failing:
+            return {"seconds": [], "error": "boom", "failed_at": "call 1", "process_seconds": 0}
+        return {"seconds": [0.5] * calls, "check": "passed", "error": None, "process_seconds": 0}
+
+
+class NoCeilings:
+    """Ceilings that could not be measured, as where O_DIRECT is refused."""
+
+    def __init__(self) -> None:
+        self.limits = {
+            name: types.SimpleNamespace(tool=None) for name in ("cold_read", "warm_read")
+        }
+
+    def report(self) -> dict:
+        return {name: {"GBps": None, "error": "refused"} for name in self.limits}
+
+
+def rounds_report(peers: list[str]) -> dict:
+    return {
+        "file": {"bytes": 10**9},
+        "seed": "s",
+        "peers": {p: {} for p in peers},
+        "peers_unavailable": {},
+        "warm_up": {},
+        "sequences": [],
+        "orders": [],
+        "ceiling_samples": [],
+        "skipped_for_time": [],
+    }
+
+
+def test_rounds_run_every_sequence_and_stop_a_failing_peer(tmp_path: Path) -> None:
+    from benchmarks.peers import _harness as h
+
+    peers = ["a", "b", "bad"]
+    runner, report = FakeRunner(failing=("bad",)), rounds_report(peers)
+    calls = {"warm": 3, "cold_start": 2, "cold_every": 1}
+    rounds = fc.Rounds(runner, NoCeilings(), calls, h.Deadline(None), report)
+    assert rounds.warm_up(peers) == ["a", "b"]
+    assert "boom" in report["peers_unavailable"]["bad"]
+    rounds.run(["a", "b", "bad"], ["b"], 2, str(tmp_path / "r.json"))
+    measured = [(j.series, j.pattern, j.repetition) for j in runner.ran if j.repetition >= 0]
+    assert len(measured) == len(set(measured)) == 2 * 3 * 3 + 1  # "bad" ran once
+    assert report["peers"]["bad"]["error"] == "call 1: boom"
+    for run in report["sequences"]:
+        if run["peer"] != "bad":
+            assert run["GBps"] == [2.0] * calls[run["pattern"]]
+    assert report["table"]["warm"]["b (learned)"]["call 1"]["ratio_to_best"] == 1.0
+    assert json.loads((tmp_path / "r.json").read_text())["sequences"] == report["sequences"]
+    assert not report["skipped_for_time"]
+
+
+def test_rounds_past_their_deadline_are_skipped_and_said(tmp_path: Path) -> None:
+    from benchmarks.peers import _harness as h
+
+    runner, report = FakeRunner(), rounds_report(["a"])
+    calls = dict.fromkeys(PATTERNS, 2)
+    rounds = fc.Rounds(runner, NoCeilings(), calls, h.Deadline(0.0), report)
+    rounds.run(["a"], ["a"], 1, str(tmp_path / "r.json"))
+    assert not runner.ran and not report["sequences"]
+    skipped = {(s["series"], s["pattern"]) for s in report["skipped_for_time"]}
+    assert skipped == {(name, p) for name in ("a", "a (learned)") for p in PATTERNS}
