@@ -6,8 +6,8 @@ and the page cache's ceilings.
 [--deadline EPOCH] [--dir SCRATCH] [--smoke] [--replot DIR/first_calls.json]``
 
 The file is a transformer-like bfloat16 state dict of about ``--gib`` GiB (embeddings, each
-layer's norms, q/k/v/o and MLP weights, a final norm and an output head: tensors from a few
-KiB to a few hundred MiB), written once by ``safetensors.torch.save_file`` and once by
+layer's norms, q/k/v/o and MLP weights, a final norm and an output head: from 4 KiB norms
+to 125 MiB embeddings), written once by ``safetensors.torch.save_file`` and once by
 ``arrayio.save``. Every sequence of calls runs in a process of its own
 (:mod:`benchmarks._first_calls_sequence`), with an ``ARRAYIO_CACHE_DIR`` of its own: empty
 (``fresh``), or for arrayio's front doors named in ``--learned`` also the one that the same
