@@ -489,6 +489,10 @@ class DiskCeilings:
     of the H200 VM's disk can land at 2.4 or at 4.0 GB/s for the same setting). A later size
     tries only the two best settings of the previous one (``prefer``). The file is the one
     the write ceiling writes: one checkpoint's worth of disk.
+
+    ``limits`` keeps only some of the three (a benchmark that only reads names
+    ``("cold_read", "warm_read")``): without the write ceiling, :meth:`search` writes the
+    file plainly before searching the reads.
     """
 
     SAMPLES = 3
@@ -515,6 +519,7 @@ class DiskCeilings:
         *,
         drop: bool,
         prefer: dict[str, list[tuple[str, int, int]]] | None = None,
+        limits: tuple[str, ...] | None = None,
     ) -> None:
         from arrayio.arrays._buffers import aligned_empty
 
@@ -530,6 +535,12 @@ class DiskCeilings:
         self.settings = {"write_fsync": self.WRITE, "cold_read": self.COLD, "warm_read": self.WARM}
         if prefer:
             self.settings.update({k: v for k, v in prefer.items() if v})
+        if limits is not None:
+            unknown = set(limits) - set(self.settings)
+            if unknown:
+                known = list(self.settings)
+                raise ValueError(f"unknown ceilings {sorted(unknown)}, known: {known}")
+            self.settings = {k: v for k, v in self.settings.items() if k in limits}
         self.limits = {name: _Ceiling() for name in self.settings}
         self.pinned_h2d_GBps: float | None = None
         self._labels: dict[tuple[str, int, int], str] = {}
@@ -574,6 +585,8 @@ class DiskCeilings:
         kept for the rounds."""
         from benchmarks import _ceiling_tools
 
+        if "write_fsync" not in self.settings:
+            self._write_plainly()
         for name, settings in self.settings.items():  # writes first: they make the file
             limit = self.limits[name]
             errors = []
@@ -593,8 +606,11 @@ class DiskCeilings:
             if limit.tool is None:
                 limit.error = "; ".join(errors)
         if not os.path.exists(self.path):  # no write setting worked: make the file anyway
-            with open(self.path, "wb") as f:
-                f.write(self.host)
+            self._write_plainly()
+
+    def _write_plainly(self) -> None:
+        with open(self.path, "wb") as f:
+            f.write(self.host)
 
     def best_settings(self) -> dict[str, list[tuple[str, int, int]]]:
         """The two best settings of each ceiling, for the next size's search."""

@@ -1,0 +1,436 @@
+"""One peer's sequence of load calls, in a process of its own: what :mod:`benchmarks.first_calls`
+runs once per peer, pattern, repetition and cache state.
+
+``python -m benchmarks._first_calls_sequence SPEC.json`` imports the peer, makes its framework's
+device context, then makes ``calls`` calls, each prepared (page cache dropped or warmed) as
+the pattern says, timed until the arrays are in device memory and the device synchronized.
+Every call's result is checked for its keys, shapes, dtypes and device; the first call's
+also for the bytes of a few tensors (CRC-32), so that no peer is timed returning less than
+the file. The result is written to ``SPEC["result"]`` after every call, so that a process
+that dies keeps what it measured.
+
+The peers are listed in :data:`PEERS`; this module imports none of them until a sequence
+asks for one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import json
+import os
+import sys
+import time
+import traceback
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from benchmarks.peers import _harness as h
+
+PATTERNS = ("warm", "cold_start", "cold_every")
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerInfo:
+    """A loader under test: which of the two files it reads (``"safetensors"``, written by
+    ``safetensors.torch.save_file``, or ``"arrayio"``, by ``arrayio.save``), the framework
+    whose device context is made before call 1, the modules it needs, the devices it can
+    load to, and the distribution whose version the report records."""
+
+    name: str
+    reads: str
+    framework: str
+    modules: tuple[str, ...]
+    devices: tuple[str, ...]
+    distribution: str
+    note: str
+    learns: bool = False  # keeps a dispatch table in ARRAYIO_CACHE_DIR
+
+
+PEERS = {
+    p.name: p
+    for p in (
+        PeerInfo(
+            "safetensors",
+            "safetensors",
+            "torch",
+            ("safetensors", "torch"),
+            ("cpu", "cuda"),
+            "safetensors",
+            "safetensors.torch.load_file(path, device=...)",
+        ),
+        PeerInfo(
+            "safetensors-numpy",
+            "safetensors",
+            "numpy",
+            ("safetensors", "ml_dtypes"),
+            ("cpu",),
+            "safetensors",
+            "safetensors.numpy.load_file(path) (ml_dtypes imported for bfloat16)",
+        ),
+        PeerInfo(
+            "fastsafetensors",
+            "safetensors",
+            "torch",
+            ("fastsafetensors", "torch"),
+            ("cpu", "cuda"),
+            "fastsafetensors",
+            "fastsafe_open([path], framework='pt', device=..., nogds=True), "
+            "get_tensor of every key",
+        ),
+        PeerInfo(
+            "runai-streamer",
+            "safetensors",
+            "torch",
+            ("runai_model_streamer", "torch"),
+            ("cpu", "cuda"),
+            "runai-model-streamer",
+            "SafetensorsStreamer().stream_file(path), each tensor .to(device) as it arrives "
+            "(.clone() on the CPU: the streamer reuses its buffers)",
+        ),
+        PeerInfo(
+            "instanttensor",
+            "safetensors",
+            "torch",
+            ("instanttensor", "torch"),
+            ("cuda",),
+            "instanttensor",
+            "instanttensor.safe_open(path, framework='pt', device=...), every tensor of "
+            ".tensors(); its default backends (io_uring, then AIO, both direct I/O)",
+        ),
+        PeerInfo(
+            "instanttensor-buffered",
+            "safetensors",
+            "torch",
+            ("instanttensor", "torch"),
+            ("cuda",),
+            "instanttensor",
+            "as instanttensor, with backend=BackendPolicy.BUFFERED (page-cache reads)",
+        ),
+        PeerInfo(
+            "arrayio-torch",
+            "arrayio",
+            "torch",
+            ("arrayio", "torch"),
+            ("cpu", "cuda"),
+            "arrayio",
+            "arrayio.load(path, like='torch', device=...)",
+            learns=True,
+        ),
+        PeerInfo(
+            "arrayio-jax",
+            "arrayio",
+            "jax",
+            ("arrayio", "jax"),
+            ("cpu", "cuda"),
+            "arrayio",
+            "arrayio.load(path, like='jax', device=...)",
+            learns=True,
+        ),
+        PeerInfo(
+            "arrayio-cupy",
+            "arrayio",
+            "cupy",
+            ("arrayio", "cupy"),
+            ("cuda",),
+            "arrayio",
+            "arrayio.load(path, like='cupy', device='cuda')",
+            learns=True,
+        ),
+        PeerInfo(
+            "arrayio-numpy",
+            "arrayio",
+            "numpy",
+            ("arrayio",),
+            ("cpu",),
+            "arrayio",
+            "arrayio.load(path, like='numpy')",
+            learns=True,
+        ),
+    )
+}
+
+
+# ------------------------------------------------------------------ the loaders
+
+
+def _torch_device(device: str) -> str:
+    return "cuda:0" if device == "cuda" else device
+
+
+def _safetensors(device: str) -> Callable[[str], Any]:
+    from safetensors.torch import load_file
+
+    target = _torch_device(device)
+    return lambda path: load_file(path, device=target)
+
+
+def _safetensors_numpy(device: str) -> Callable[[str], Any]:
+    import ml_dtypes  # noqa: F401 - registers the bfloat16 dtype that safetensors.numpy asks for
+    from safetensors.numpy import load_file
+
+    return load_file
+
+
+def _fastsafetensors(device: str) -> Callable[[str], Any]:
+    from fastsafetensors import fastsafe_open
+
+    target = _torch_device(device)
+
+    def load(path: str) -> Any:
+        with fastsafe_open([path], framework="pt", device=target, nogds=True) as f:
+            return {key: f.get_tensor(key).to(target) for key in f.keys()}
+
+    return load
+
+
+def _runai_streamer(device: str) -> Callable[[str], Any]:
+    from runai_model_streamer import SafetensorsStreamer
+
+    target = _torch_device(device)
+
+    def load(path: str) -> Any:
+        out = {}
+        with SafetensorsStreamer() as streamer:
+            streamer.stream_file(path)
+            for name, tensor in streamer.get_tensors():
+                out[name] = tensor.to(target) if target != "cpu" else tensor.clone()
+        return out
+
+    return load
+
+
+def _instanttensor(device: str, buffered: bool) -> Callable[[str], Any]:
+    from instanttensor import BackendPolicy, safe_open
+
+    target = _torch_device(device)
+    options = {"backend": BackendPolicy.BUFFERED} if buffered else {}
+
+    def load(path: str) -> Any:
+        with safe_open(path, framework="pt", device=target, **options) as f:
+            return dict(f.tensors())
+
+    return load
+
+
+def _arrayio(like: str, device: str) -> Callable[[str], Any]:
+    import arrayio
+
+    return lambda path: arrayio.load(path, like=like, device=device)
+
+
+LOADERS: dict[str, Callable[[str], Callable[[str], Any]]] = {
+    "safetensors": _safetensors,
+    "safetensors-numpy": _safetensors_numpy,
+    "fastsafetensors": _fastsafetensors,
+    "runai-streamer": _runai_streamer,
+    "instanttensor": lambda device: _instanttensor(device, buffered=False),
+    "instanttensor-buffered": lambda device: _instanttensor(device, buffered=True),
+    "arrayio-torch": lambda device: _arrayio("torch", device),
+    "arrayio-jax": lambda device: _arrayio("jax", device),
+    "arrayio-cupy": lambda device: _arrayio("cupy", device),
+    "arrayio-numpy": lambda device: _arrayio("numpy", device),
+}
+
+
+def ready_device(framework: str, device: str) -> None:
+    """Make ``framework``'s context on ``device`` before call 1, so that no peer's first call
+    pays for the CUDA context its framework would make for any loader."""
+    cuda = device.startswith("cuda")
+    if framework == "torch":
+        import torch
+
+        if cuda:
+            torch.empty(1, device=_torch_device(device))
+            torch.cuda.synchronize()
+    elif framework == "jax":
+        import jax
+
+        where = jax.devices()[0] if cuda else jax.devices("cpu")[0]
+        jax.block_until_ready(jax.device_put(np.zeros(1, np.float32), where))
+    elif framework == "cupy":
+        import cupy
+
+        cupy.zeros(1)
+        cupy.cuda.runtime.deviceSynchronize()
+
+
+# ------------------------------------------------------------------ the checks
+
+
+def _library(x: Any) -> str:
+    return type(x).__module__.split(".")[0]
+
+
+def host_bytes(x: Any) -> np.ndarray:
+    """The bytes of ``x`` (torch, JAX, CuPy or NumPy, on any device) as a flat uint8 array in
+    host memory."""
+    library = _library(x)
+    if library == "torch":
+        return x.detach().cpu().contiguous().reshape(-1).view(_torch_uint8()).numpy()
+    if library == "cupy":
+        x = x.get()
+    return np.ascontiguousarray(np.asarray(x)).reshape(-1).view(np.uint8)
+
+
+def _torch_uint8() -> Any:
+    import torch
+
+    return torch.uint8
+
+
+def crc32(x: Any) -> int:
+    return zlib.crc32(host_bytes(x))
+
+
+def dtype_name(x: Any) -> str:
+    return str(x.dtype).removeprefix("torch.")
+
+
+def device_kind(x: Any) -> str:
+    """``"cuda"`` or ``"cpu"``: where ``x``'s bytes are."""
+    library = _library(x)
+    if library == "torch":
+        return str(x.device.type)
+    if library == "cupy":
+        return "cuda"
+    if library in ("jax", "jaxlib"):
+        platform = next(iter(x.devices())).platform
+        return "cuda" if platform in ("gpu", "cuda", "rocm") else platform
+    return "cpu"
+
+
+def check_structure(out: Any, expected: dict[str, Any], device: str) -> None:
+    """Raise unless ``out`` holds every tensor of ``expected`` with its shape and dtype, on
+    ``device``."""
+    if not isinstance(out, dict):
+        raise AssertionError(f"got a {type(out).__name__}, expected a dict of arrays")
+    out = h.flatten(out)
+    tensors = expected["tensors"]
+    if set(out) != set(tensors):
+        missing, extra = sorted(set(tensors) - set(out)), sorted(set(out) - set(tensors))
+        raise AssertionError(f"keys differ: missing {missing[:5]}, unexpected {extra[:5]}")
+    want = "cuda" if device.startswith("cuda") else "cpu"
+    for key, (shape, dtype) in tensors.items():
+        x = out[key]
+        if tuple(x.shape) != tuple(shape) or dtype_name(x) != dtype:
+            raise AssertionError(
+                f"{key}: got {dtype_name(x)}{tuple(x.shape)}, expected {dtype}{tuple(shape)}"
+            )
+        if device_kind(x) != want:
+            raise AssertionError(f"{key}: in {device_kind(x)} memory, expected {want}")
+
+
+def check_content(out: Any, expected: dict[str, Any]) -> None:
+    """Raise unless the sampled tensors of ``expected`` have the CRC-32 of the file's."""
+    out = h.flatten(out)
+    for key, want in expected["crc32"].items():
+        got = crc32(out[key])
+        if got != want:
+            raise AssertionError(f"{key}: CRC-32 {got:#010x}, expected {want:#010x}")
+
+
+# ------------------------------------------------------------------ the sequence
+
+
+def versions(peer: PeerInfo) -> dict[str, str]:
+    """The versions of the peer's distribution and of the frameworks this process imported."""
+    out = {}
+    try:
+        out[peer.distribution] = importlib.metadata.version(peer.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        module = sys.modules.get(peer.distribution.replace("-", "_"))
+        out[peer.distribution] = str(getattr(module, "__version__", "unknown"))
+    for name in ("numpy", "torch", "jax", "cupy", "kvikio"):
+        module = sys.modules.get(name)
+        if module is not None:
+            out[name] = str(getattr(module, "__version__", "unknown"))
+    return out
+
+
+def prepare(pattern: str, call: int, path: str, drop: bool) -> str | None:
+    """Put ``path`` in the page-cache state ``pattern`` asks for before call ``call`` (from
+    0); return what was done: ``"warmed"``, ``"evicted"`` (the file's pages),
+    ``"dropped"`` (the whole page cache too), or None."""
+    if pattern == "warm" and call == 0:
+        h.warm(path)
+        return "warmed"
+    if (pattern == "cold_start" and call == 0) or pattern == "cold_every":
+        return "dropped" if h.evict(path, drop) else "evicted"
+    return None
+
+
+def set_up(peer: PeerInfo, device: str) -> tuple[Callable[[str], Any], dict[str, float]]:
+    """Import ``peer`` (and its framework: a user has it imported already) and make its
+    framework's device context; return its load function and the seconds of both steps."""
+    start = time.perf_counter()
+    for module in peer.modules:
+        importlib.import_module(module)
+    load = LOADERS[peer.name](device)
+    imported = time.perf_counter()
+    ready_device(peer.framework, device)
+    return load, {"import": imported - start, "device": time.perf_counter() - imported}
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run the sequence ``spec`` describes; the result is also written to ``spec["result"]``
+    after every call. An exception ends the sequence: the result says at which stage."""
+    peer = PEERS[spec["peer"]]
+    cache_dir = os.environ.get("ARRAYIO_CACHE_DIR")
+    result: dict[str, Any] = {
+        "seconds": [],
+        "gc": [],
+        "page_cache": [],
+        "check": None,
+        "error": None,
+        "failed_at": None,
+        "cache_files_at_start": (
+            sorted(os.listdir(cache_dir)) if cache_dir and os.path.isdir(cache_dir) else []
+        ),
+    }
+    stage = "setup"
+    try:
+        load, result["setup_seconds"] = set_up(peer, spec["device"])
+        result["versions"] = versions(peer)
+        h.write_json(result, spec["result"])
+        for call in range(spec["calls"]):
+            stage = f"call {call + 1}"
+            page_cache = prepare(spec["pattern"], call, spec["path"], spec["drop_caches"])
+            with h.GcMeter() as collector:
+                began = time.perf_counter()
+                out = load(spec["path"])
+                h.settle(jax_tree=out if peer.framework == "jax" else None)
+                seconds = time.perf_counter() - began
+            stage = f"check of call {call + 1}"
+            check_structure(out, spec["expected"], spec["device"])
+            if call == 0:
+                check_content(out, spec["expected"])
+                result["check"] = "passed"
+            del out
+            result["seconds"].append(seconds)
+            result["gc"].append(collector.report())
+            result["page_cache"].append(page_cache)
+            h.write_json(result, spec["result"])
+    except Exception as error:  # noqa: BLE001 - the parent reports it beside the others
+        result["error"] = f"{type(error).__name__}: {error}"
+        result["failed_at"] = stage
+        result["traceback"] = traceback.format_exc(limit=8)
+        if stage.startswith("check"):
+            result["check"] = result["error"]
+        h.write_json(result, spec["result"])
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    with open(args[0]) as f:
+        spec = json.load(f)
+    run(spec)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,315 @@
+"""The first-calls benchmark (``benchmarks.first_calls``): its CPU-only ``--smoke`` run has
+the promised JSON, every call's figure positive and every check passed; its pieces (the
+order of a phase, the checks that keep a lazy peer from winning, the summary's ratios, the
+read-only ceilings) behave as documented.
+
+Nothing here asserts a speed: CI machines are too noisy for that.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import _first_calls_sequence as sequence
+from benchmarks import first_calls as fc
+
+PATTERNS = ("warm", "cold_start", "cold_every")
+
+
+def is_rate(value: object) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and value > 0
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory, run_module) -> tuple[Path, str]:
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    tmp = tmp_path_factory.mktemp("first_calls")
+    done = run_module(
+        "benchmarks.first_calls",
+        "--smoke",
+        "--out",
+        str(tmp / "out"),
+        "--dir",
+        str(tmp),
+        tmp_path=tmp,
+        timeout=120,
+    )
+    return tmp / "out", done.stdout
+
+
+@pytest.mark.slow
+def test_the_smoke_run_reports_every_call_of_every_sequence(smoke) -> None:
+    out, stdout = smoke
+    report = json.loads((out / "first_calls.json").read_text())
+    assert report["benchmark"] == "first-calls" and report["smoke"] is True
+    assert {"date", "command", "machine", "commit", "seed"} <= set(report)
+    assert (out / "first_calls.png").stat().st_size > 0
+    assert {p: v["calls"] for p, v in report["patterns"].items()} == dict.fromkeys(PATTERNS, 2)
+    assert report["file"]["smallest_bytes"] < report["file"]["largest_bytes"]
+    assert report["file"]["checked_tensors"]
+    peers = set(fc.SMOKE_PEERS) - set(report["peers_unavailable"])
+    assert {"arrayio-numpy", "arrayio-torch", "safetensors"} <= peers
+    assert report["learned"] == ["arrayio-numpy"]
+    assert set(report["warm_up"]) == peers
+    series = sorted(peers) + ["arrayio-numpy (learned)"]
+    runs = {(s["pattern"], s["series"]): s for s in report["sequences"]}
+    assert len(runs) == len(report["sequences"]) == len(PATTERNS) * len(series)
+    for (pattern, name), run in runs.items():
+        where = (pattern, name)
+        assert run["error"] is None and run["check"] == "passed", where
+        assert len(run["GBps"]) == 2 and all(is_rate(v) for v in run["GBps"]), where
+        assert run["setup_seconds"]["import"] >= 0, where
+        # A fresh sequence starts with an empty cache dir, a learned one with a table.
+        assert bool(run["cache_files_at_start"]) == name.endswith("(learned)"), where
+    assert runs["warm", "safetensors"]["page_cache"] == ["warmed", None]
+    assert runs["cold_start", "safetensors"]["page_cache"] == ["evicted", None]
+    assert runs["cold_every", "safetensors"]["page_cache"] == ["evicted", "evicted"]
+    # The ceilings, sampled once per pattern (O_DIRECT may be refused: then it says why).
+    for name in ("cold_read", "warm_read"):
+        assert is_rate(report["ceilings"][name]["GBps"]) or report["ceilings"][name]["error"]
+    assert "write_fsync" not in report["ceilings"]
+    assert (
+        sorted(s["pattern"] for s in report["ceiling_samples"]) == sorted(PATTERNS)
+        or (report["ceilings"]["cold_read"]["error"])
+    )
+    for pattern in PATTERNS:
+        assert all(len(m) == 2 for m in report["medians_GBps"][pattern].values())
+        table = report["table"][pattern]
+        assert table["best"]["calls 3-6"] is None and is_rate(table["best"]["call 1"])
+        ratios = [table[name]["call 1"]["ratio_to_best"] for name in series]
+        assert max(ratios) == 1.0 and all(0 < r <= 1 for r in ratios)
+        assert f"\n{pattern}: 2 calls" in stdout
+    assert "arrayio-numpy (learned)" in stdout
+
+
+@pytest.mark.slow
+def test_the_plot_can_be_redrawn_from_the_json(smoke, tmp_path: Path, run_module) -> None:
+    out, _ = smoke
+    copy = tmp_path / "first_calls.json"
+    copy.write_text((out / "first_calls.json").read_text())
+    run_module("benchmarks.first_calls", "--replot", str(copy), tmp_path=tmp_path, timeout=120)
+    assert (tmp_path / "first_calls.png").stat().st_size > 0
+
+
+def test_a_learned_sequence_runs_after_its_fresh_one() -> None:
+    jobs = [fc.Job(p, "warm", 0) for p in ("a", "b", "c")]
+    jobs += [fc.Job(p, "warm", 0, learned=True) for p in ("a", "c")]
+    for seed in range(50):
+        order = fc.phase_order([*jobs, None], random.Random(seed))
+        assert sorted(order, key=repr) == sorted([*jobs, None], key=repr)
+        names = [j.series if j else "ceiling" for j in order]
+        for peer in ("a", "c"):
+            assert names.index(peer) < names.index(f"{peer} (learned)")
+    # A learned sequence shares its fresh one's cache dir.
+    assert jobs[3].cache_name == jobs[0].cache_name and jobs[3].name != jobs[0].name
+
+
+def test_the_state_dict_looks_like_a_decoder() -> None:
+    entries = fc.layout(64 << 20, d_model=256, vocab=4096)
+    total = sum(math.prod(shape) * 2 for _, shape in entries)
+    assert 0.8 < total / (64 << 20) < 1.2
+    names = [name for name, _ in entries]
+    assert names[0] == "model.embed_tokens.weight" and names[-1] == "lm_head.weight"
+    assert "model.layers.0.self_attn.k_proj.weight" in names
+    sizes = sorted(math.prod(shape) for _, shape in entries)
+    assert sizes[0] == 256 and sizes[-1] == 4096 * 256
+
+
+def test_the_checked_tensors_fit_their_budget() -> None:
+    torch = pytest.importorskip("torch")
+    state = {f"t{i}": torch.zeros(1 << 10, dtype=torch.bfloat16) for i in range(20)}
+    assert len(fc.checked_keys(state, 1 << 30)) == 8
+    keys = fc.checked_keys(state, 5 << 10)  # room for two of 2 KiB
+    assert keys == ["t0", "t3"]
+    assert fc.checked_keys({"big": torch.zeros(1 << 20)}, 1) == ["big"]  # at least one
+
+
+def expected_for(arrays: dict[str, np.ndarray]) -> dict:
+    return {
+        "tensors": {k: [list(a.shape), sequence.dtype_name(a)] for k, a in arrays.items()},
+        "crc32": {k: sequence.crc32(a) for k, a in arrays.items()},
+    }
+
+
+def test_the_checks_refuse_less_than_the_file() -> None:
+    rng = np.random.default_rng(0)
+    arrays = {"a": rng.standard_normal((4, 8)).astype(np.float32), "b": np.arange(5)}
+    expected = expected_for(arrays)
+    sequence.check_structure(arrays, expected, "cpu")
+    sequence.check_content(arrays, expected)
+    with pytest.raises(AssertionError, match="missing"):
+        sequence.check_structure({"a": arrays["a"]}, expected, "cpu")
+    with pytest.raises(AssertionError, match="float32"):
+        sequence.check_structure({**arrays, "a": arrays["a"][:2]}, expected, "cpu")
+    with pytest.raises(AssertionError, match="cuda"):
+        sequence.check_structure(arrays, expected, "cuda")
+    with pytest.raises(AssertionError, match="CRC-32"):
+        sequence.check_content({**arrays, "b": np.zeros(5, dtype=arrays["b"].dtype)}, expected)
+
+
+def test_a_sequence_reports_where_it_failed(tmp_path: Path) -> None:
+    import arrayio
+
+    arrays = {"w": np.arange(1024, dtype=np.float32).reshape(32, 32)}
+    path = tmp_path / "w.safetensors"
+    arrayio.save(path, arrays)
+    spec = {
+        "peer": "arrayio-numpy",
+        "device": "cpu",
+        "path": str(path),
+        "pattern": "cold_every",
+        "calls": 2,
+        "drop_caches": False,
+        "expected": expected_for(arrays),
+        "result": str(tmp_path / "result.json"),
+    }
+    result = sequence.run(spec)
+    assert result["error"] is None and result["check"] == "passed"
+    assert len(result["seconds"]) == 2 and result["page_cache"] == ["evicted", "evicted"]
+    assert json.loads((tmp_path / "result.json").read_text())["seconds"] == result["seconds"]
+    wrong = expected_for({"w": arrays["w"] + 1})
+    result = sequence.run({**spec, "expected": wrong})
+    assert result["failed_at"] == "check of call 1" and "CRC-32" in result["check"]
+    assert result["seconds"] == []
+    result = sequence.run({**spec, "path": str(tmp_path / "missing.safetensors")})
+    assert result["failed_at"] == "call 1" and result["check"] is None
+
+
+def test_unavailable_peers_say_why() -> None:
+    chosen, unavailable = fc.choose_peers(["arrayio-numpy", "arrayio-cupy"], "cpu")
+    assert chosen == ["arrayio-numpy"] and "not cpu" in unavailable["arrayio-cupy"]
+    chosen, unavailable = fc.choose_peers(["safetensors-numpy"], "cuda")
+    assert not chosen and "not cuda" in unavailable["safetensors-numpy"]
+    # Every peer the benchmark can name has a loader, and the defaults are peers.
+    assert set(sequence.LOADERS) == set(sequence.PEERS)
+    for names in (*fc.DEFAULT_PEERS.values(), fc.SMOKE_PEERS, fc.SMOKE_LEARNED):
+        assert set(names) <= set(sequence.PEERS)
+
+
+def test_the_table_compares_each_column_with_its_best() -> None:
+    def run(series: str, pattern: str, gbps: list[float], error: str | None = None) -> dict:
+        return {"series": series, "pattern": pattern, "GBps": gbps, "error": error}
+
+    report = {
+        "peers": {"x": {}, "y": {}},
+        "patterns": {p: {"calls": 8} for p in PATTERNS},
+        "ceilings": {"cold_read": {"GBps": 2.0}, "warm_read": {"GBps": 30.0}},
+        "sequences": [
+            run("x", "warm", [1, 2, 4, 4, 4, 4, 8, 8]),
+            run("x", "warm", [3, 2, 4, 4, 4, 4, 8, 8]),
+            run("y", "warm", [4, 1, 2, 2, 2, 2, 2, 2]),
+            run("y (learned)", "warm", [1, 1, 1, 1, 1, 1, 1, 1]),
+            run("y", "warm", [100] * 8, error="check failed"),  # never counted
+        ],
+    }
+    fc.summarize(report)
+    assert report["medians_GBps"]["warm"]["x"] == [2, 2, 4, 4, 4, 4, 8, 8]
+    table = report["table"]["warm"]
+    assert table["best"] == {"call 1": 4, "call 2": 2, "calls 3-6": 4, "later": 8}
+    assert table["x"]["call 1"] == {"GBps": 2, "ratio_to_best": 0.5}
+    assert table["y"]["later"] == {"GBps": 2, "ratio_to_best": 0.25}
+    assert list(table) == ["x", "y", "y (learned)", "best"]
+    assert report["ceilings_GBps"] == {"warm_read": 30.0, "cold_read": 2.0}
+    text = fc.table_text(report)
+    assert "page-cache read ceiling 30.00 GB/s" in text and "2.00 (0.50)" in text
+    assert report["table"]["cold_start"] == {"best": dict.fromkeys(table["best"])}
+
+
+def test_read_only_ceilings_write_their_file_plainly(tmp_path: Path) -> None:
+    from benchmarks.peers import _harness as h
+
+    with pytest.raises(ValueError, match="unknown ceilings"):
+        h.DiskCeilings(str(tmp_path), 1 << 20, drop=False, limits=("cold_reads",))
+    ceilings = h.DiskCeilings(str(tmp_path), 2 << 20, drop=False, limits=("cold_read", "warm_read"))
+    try:
+        ceilings.search()
+        assert set(ceilings.report()) == {"bytes", "cold_read", "warm_read"}
+        assert is_rate(ceilings.report()["warm_read"]["GBps"])
+        ceilings.sample("warm_read")
+        assert len(ceilings.limits["warm_read"].samples) == 1
+        assert (tmp_path / "ceiling.bin").stat().st_size == 2 << 20
+    finally:
+        ceilings.close()
+
+
+class FakeRunner:
+    """Sequences that take no time: each call at 2 GB/s of 1 GB, or failing for ``failing``."""
+
+    files = {"safetensors": "model.safetensors"}
+
+    def __init__(self, failing: tuple[str, ...] = ()) -> None:
+        self.failing = failing
+        self.ran: list[fc.Job] = []
+
+    def run(self, job: fc.Job, calls: int, deadline: object) -> dict:
+        self.ran.append(job)
+        if job.peer in self.failing:
+            return {"seconds": [], "error": "boom", "failed_at": "call 1", "process_seconds": 0}
+        return {"seconds": [0.5] * calls, "check": "passed", "error": None, "process_seconds": 0}
+
+
+class NoCeilings:
+    """Ceilings that could not be measured, as where O_DIRECT is refused."""
+
+    def __init__(self) -> None:
+        self.limits = {
+            name: types.SimpleNamespace(tool=None) for name in ("cold_read", "warm_read")
+        }
+
+    def report(self) -> dict:
+        return {name: {"GBps": None, "error": "refused"} for name in self.limits}
+
+
+def rounds_report(peers: list[str]) -> dict:
+    return {
+        "file": {"bytes": 10**9},
+        "seed": "s",
+        "peers": {p: {} for p in peers},
+        "peers_unavailable": {},
+        "warm_up": {},
+        "sequences": [],
+        "orders": [],
+        "ceiling_samples": [],
+        "skipped_for_time": [],
+    }
+
+
+def test_rounds_run_every_sequence_and_stop_a_failing_peer(tmp_path: Path) -> None:
+    from benchmarks.peers import _harness as h
+
+    peers = ["a", "b", "bad"]
+    runner, report = FakeRunner(failing=("bad",)), rounds_report(peers)
+    calls = {"warm": 3, "cold_start": 2, "cold_every": 1}
+    rounds = fc.Rounds(runner, NoCeilings(), calls, h.Deadline(None), report)
+    assert rounds.warm_up(peers) == ["a", "b"]
+    assert "boom" in report["peers_unavailable"]["bad"]
+    rounds.run(["a", "b", "bad"], ["b"], 2, str(tmp_path / "r.json"))
+    measured = [(j.series, j.pattern, j.repetition) for j in runner.ran if j.repetition >= 0]
+    assert len(measured) == len(set(measured)) == 2 * 3 * 3 + 1  # "bad" ran once
+    assert report["peers"]["bad"]["error"] == "call 1: boom"
+    for run in report["sequences"]:
+        if run["peer"] != "bad":
+            assert run["GBps"] == [2.0] * calls[run["pattern"]]
+    assert report["table"]["warm"]["b (learned)"]["call 1"]["ratio_to_best"] == 1.0
+    assert json.loads((tmp_path / "r.json").read_text())["sequences"] == report["sequences"]
+    assert not report["skipped_for_time"]
+
+
+def test_rounds_past_their_deadline_are_skipped_and_said(tmp_path: Path) -> None:
+    from benchmarks.peers import _harness as h
+
+    runner, report = FakeRunner(), rounds_report(["a"])
+    calls = dict.fromkeys(PATTERNS, 2)
+    rounds = fc.Rounds(runner, NoCeilings(), calls, h.Deadline(0.0), report)
+    rounds.run(["a"], ["a"], 1, str(tmp_path / "r.json"))
+    assert not runner.ran and not report["sequences"]
+    skipped = {(s["series"], s["pattern"]) for s in report["skipped_for_time"]}
+    assert skipped == {(name, p) for name in ("a", "a (learned)") for p in PATTERNS}
