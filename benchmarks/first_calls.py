@@ -42,6 +42,7 @@ later calls, with each figure's ratio to the best peer's.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import importlib.util
 import json
@@ -583,6 +584,21 @@ def table_text(report: dict[str, Any]) -> str:
 # ------------------------------------------------------------------ plot
 
 
+def repetitions_text(report: dict[str, Any]) -> str:
+    """How many repetitions the medians are of, as they ran (a deadline can cut them short)."""
+    counts = collections.Counter(
+        (sequence["pattern"], sequence["peer"], bool(sequence.get("learned")))
+        for sequence in report.get("sequences", [])
+    )
+    ran = sorted(set(counts.values()))
+    if not ran or ran == [report["repeats"]]:
+        return f"medians of {report['repeats']} repetitions"
+    return (
+        f"medians of {ran[0]} to {ran[-1]} repetitions ({report['repeats']} asked; the "
+        "deadline cut the rest)"
+    )
+
+
 def plot(report: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, MaxNLocator
@@ -633,7 +649,7 @@ def plot(report: dict[str, Any], path: str) -> None:
     size = report["file"]["bytes"] / 1e9
     fig.suptitle(
         f"First calls: GB/s per call, each sequence in a fresh process; {size:.3g} GB bfloat16 "
-        f"state dict; medians of {report['repeats']} repetitions; {report['date'][:10]}, "
+        f"state dict; {repetitions_text(report)}; {report['date'][:10]}, "
         f"{report['machine']['summary']}; dotted: ceilings sampled in the same run",
         fontsize=10,
     )
