@@ -260,11 +260,20 @@ CANDIDATES: tuple[Row, ...] = (
 )
 
 
+def bypasses_the_cache(arm: Arm) -> bool:
+    """Whether ``arm`` reads with ``O_DIRECT``, leaving nothing in the page cache."""
+    return arm.name == "direct" or dict(arm.params).get("direct") is True
+
+
 def candidate_arms(context: Context) -> list[Arm]:
     """The arms worth trying in ``context``, best guess first (before availability): those
-    of the first row of :data:`CANDIDATES` that covers it, without the tools that cannot
-    checksum where the context needs a checksum that the GPU cannot compute for them."""
-    arms = next((row.arms for row in CANDIDATES if row.covers(context)), ())
+    of the first row of :data:`CANDIDATES` that covers it, without the ``O_DIRECT`` arms
+    where the bytes are to stay in the page cache (``context.keep``), and without the tools
+    that cannot checksum where the context needs a checksum that the GPU cannot compute for
+    them."""
+    arms: tuple[Arm, ...] = next((row.arms for row in CANDIDATES if row.covers(context)), ())
+    if context.keep:
+        arms = tuple(arm for arm in arms if not bypasses_the_cache(arm))
     # Asked only for device memory: finding out imports CuPy.
     if context.checksum and not (context.memory == "cuda" and _device_checksum.available()):
         return [arm for arm in arms if arm.name not in BLIND_TO_HOST]

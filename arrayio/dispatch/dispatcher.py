@@ -34,6 +34,7 @@ from ..arrays._buffers import scatter_from_host, synchronize_device
 from ..errors import ConfigError, UnknownToolError
 from ..integrity import _device_checksum
 from ..integrity._checksum import ChecksumParts, checksum
+from ..runtime import _memory
 from ..tools import Buffer, Tool, buffer_kind
 from ..tools._io import flush_range, preallocate
 from . import batches
@@ -82,6 +83,13 @@ class _Abandoned(BaseException):
 
 
 _SMALL_CHOICE = (None, Arm.of("naive"))
+
+
+def fits_in_the_page_cache(nbytes: int) -> bool:
+    """Whether ``nbytes`` read now can stay in the page cache for the next read: the memory
+    available holds them twice over (a load also needs room for its results)."""
+    available = _memory.available_host_bytes(max_age=1.0)
+    return available is not None and 2 * nbytes <= available
 
 
 def _preallocate_span(fd: int, requests: Sequence[Request]) -> None:
@@ -268,6 +276,7 @@ class Dispatcher:
             self.in_flight.bucket(),
             checksum,
             pieces,
+            keep=direction == "read" and cache != "warm" and fits_in_the_page_cache(span),
         )
 
     def batch_context(

@@ -10,6 +10,7 @@ that claims more than the machine holds (a hostile header, a sparse file) into
 from __future__ import annotations
 
 import contextlib
+import time
 
 __all__ = ["available_host_bytes"]
 
@@ -40,12 +41,26 @@ def _read_int(path: str) -> int | None:
     return None
 
 
-def available_host_bytes() -> int | None:
+_last: tuple[float, int | None] = (-1e9, None)  # (monotonic time, bytes) of the last reading
+
+
+def available_host_bytes(max_age: float = 0.0) -> int | None:
     """Bytes of host memory this process can still fill, or None where unknown (not Linux).
 
     The kernel's ``MemAvailable`` plus free swap, bounded by the container's memory limit
-    less what the container already uses.
+    less what the container already uses. ``max_age``: a reading up to that many seconds
+    old will do (reading costs tens of microseconds, too much for every transfer).
     """
+    global _last
+    now = time.monotonic()
+    if now - _last[0] <= max_age:
+        return _last[1]
+    available = _read_available()
+    _last = (now, available)
+    return available
+
+
+def _read_available() -> int | None:
     available = _meminfo_bytes("MemAvailable", "SwapFree")
     for limit_file, usage_file in _CGROUP_FILES:
         limit, usage = _read_int(limit_file), _read_int(usage_file)

@@ -761,6 +761,8 @@ def test_a_large_batch_of_pieces_also_tries_deeper_writes():
     reason="needs O_DIRECT and page-cache probing (Linux)",
 )
 def test_o_direct_refused_falls_back_and_explain_says_why(tmp_path, fresh, monkeypatch):
+    # Memory too short to keep the files in the page cache: cold reads try O_DIRECT.
+    monkeypatch.setattr(dispatcher, "fits_in_the_page_cache", lambda nbytes: False)
     real_open = os.open
     refused: list[str] = []
 
@@ -862,3 +864,73 @@ def test_the_table_is_saved_between_transfers_without_waiting_for_the_disk(tmp_p
         assert json.loads(table.read_text())["contexts"]
     finally:
         active.close()
+
+
+# ---- what stays in the page cache ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("memory", ["host", "cuda"])
+@pytest.mark.parametrize("size_class", [21, 24, 27, 30, 34])
+@pytest.mark.parametrize("cache", ["cold", "mixed", "-"])
+def test_reads_kept_in_the_page_cache_never_bypass_it(memory, size_class, cache):
+    from arrayio.dispatch.candidates import bypasses_the_cache
+    from arrayio.dispatch.context import Context
+
+    def arms(keep: bool) -> list[Arm]:
+        return dispatcher.candidate_arms(
+            Context("read", memory, size_class, "vda", cache, 1, True, keep=keep)
+        )
+
+    kept = arms(keep=True)
+    assert kept and not any(bypasses_the_cache(arm) for arm in kept)
+    assert kept == [arm for arm in arms(keep=False) if not bypasses_the_cache(arm)]
+
+
+@pytest.mark.parametrize(
+    ("available", "direction", "cache", "keep"),
+    [
+        (1 << 40, "read", "cold", True),  # room to spare: read through the cache
+        (1 << 40, "read", "mixed", True),
+        (1 << 40, "read", "warm", False),  # already there: nothing to decide
+        (1 << 40, "write", "-", False),
+        (3 << 20, "read", "cold", False),  # 2 MiB does not fit twice in 3 MiB
+        (None, "read", "cold", False),  # the machine does not say
+    ],
+)
+def test_a_read_is_kept_in_the_page_cache_when_memory_holds_it_twice(
+    tmp_path, fresh, monkeypatch, available, direction, cache, keep
+):
+    from arrayio.runtime import _memory
+
+    monkeypatch.setattr(_memory, "available_host_bytes", lambda max_age=0.0: available)
+    monkeypatch.setattr(dispatcher, "cache_state", lambda fd, offset, nbytes: cache)
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"\0" * (2 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        context = fresh.context(direction, fd, 0, 2 << 20, "host", True)
+    finally:
+        os.close(fd)
+    assert context.keep is keep and context.key().endswith("/keep") is keep
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs page-cache eviction")
+def test_a_cold_load_of_what_fits_in_memory_leaves_it_in_the_page_cache(tmp_path, fresh):
+    """The next load of the same file is then a page-cache load (an O_DIRECT read would have
+    left the cache empty, and every later load would read the disk again)."""
+    from arrayio.dispatch.context import cache_state
+
+    tree = random_tree(7, {"w": 16 * MiB})
+    path = tmp_path / "kept.safetensors"
+    arrayio.save(path, tree)
+    for _ in range(4):  # every arm the dispatcher explores
+        evict(path)
+        assert_same(arrayio.load(path), tree)
+        assert fresh.last[0].cache == "cold" and fresh.last[0].keep
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if cache_state(fd, 0, path.stat().st_size) == "-":
+                pytest.skip("the kernel cannot tell what is cached here")
+            assert cache_state(fd, 0, path.stat().st_size) == "warm", fresh.last[1].label
+        finally:
+            os.close(fd)
