@@ -113,9 +113,9 @@ class CupyDeviceBuffer:
             stream.synchronize()
 
     def pinned_empty(self, nbytes: int) -> np.ndarray:
-        import cupyx
+        from ..tools._pinned import allocate_pinned
 
-        return cupyx.empty_pinned((nbytes,), dtype=np.uint8)
+        return allocate_pinned(nbytes)
 
 
 @dataclasses.dataclass

@@ -7,21 +7,21 @@ against. It serves every memory kind and never fails for a reason other than the
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from collections.abc import Iterator
 
 import numpy as np
 
 from .. import config
 from ..arrays._buffers import DeviceBuffer
 from ..integrity._checksum import ChecksumParts
+from . import _pinned as pinned
 from ._io import pread_checksummed, pread_full, pwrite_full
-from ._lending import BufferPool
 from .base import Buffer, Capabilities, IOFuture, Tool
 
 __all__ = ["NaiveTool"]
 
 _HOST_CHUNK = 64 << 20  # writes go out in pieces this size, each checksummed first
-_MIN_STAGING = 1 << 20
 
 
 class NaiveTool(Tool):
@@ -30,22 +30,13 @@ class NaiveTool(Tool):
     name = "naive"
     capabilities = Capabilities(frozenset({"host", "cuda"}))
 
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        # Pinned staging buffers, one per call in flight (concurrent calls must not share).
-        self._staging = BufferPool(keep=2)
-
-    def _host_for(self, device: DeviceBuffer) -> Any:
+    @staticmethod
+    @contextlib.contextmanager
+    def _host_for(device: DeviceBuffer) -> Iterator[np.ndarray]:
+        """Pinned staging of at most ``staging_bytes``, from the process's pool."""
         need = min(config.get().staging_bytes, max(device.nbytes, 1))
-        # Pinned memory is slow to allocate whatever its size: sizes are rounded up (a power
-        # of two, 1 MiB at least) so that one spare fits any small array that comes next,
-        # rather than growing a few kilobytes at a time as larger ones arrive.
-        size = min(config.get().staging_bytes, max(_MIN_STAGING, 1 << (need - 1).bit_length()))
-        return self._staging.lend(
-            device.device_index,
-            lambda: device.pinned_empty(size),
-            fits=lambda buffer: buffer.nbytes >= need,
-        )
+        with pinned.pool.lend(need, device.pinned_empty) as host:
+            yield host[:need]
 
     def pread(
         self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
@@ -95,6 +86,3 @@ class NaiveTool(Tool):
                     checksum.add_data(start, chunk)
                 pwrite_full(fd, chunk, file_offset + start)
         return IOFuture.completed(buffer.nbytes)
-
-    def close(self) -> None:
-        self._staging.clear()

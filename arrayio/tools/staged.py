@@ -2,14 +2,16 @@
 
 The range is cut into chunks of at most ``chunk_size`` (smaller when that spreads a request
 over more workers, see :func:`~arrayio.tools._io.task_bytes`), dealt round-robin to
-``threads`` workers. Each worker borrows two pinned buffers for its task (concurrent calls
-never share them) and has one CUDA stream, and double-buffers: while the copy of one chunk to the
-device is in flight, it reads the next chunk from the file into its other buffer (``pread``,
-or ``O_DIRECT`` with ``direct=True``, which keeps cold reads off the page cache and keeps the
-disk's queue full) and checksums it while it is in cache. Writes run the same pipeline the
-other way: device to pinned buffer, checksum, ``pwrite`` (``O_DIRECT`` for the whole blocks
-with ``direct=True``; the partial blocks at either end go through the page cache, since
-``O_DIRECT`` cannot write part of a block). With several workers, disk I/O, checksums and
+``threads`` workers. Each worker borrows pinned buffers of its task's chunk from the
+process's pool (:mod:`~arrayio.tools._pinned`; concurrent calls never share one, and the
+second is taken for the second chunk) and has one CUDA stream, and double-buffers: while
+the copy of one chunk to the device is in flight, it reads the next chunk from the file
+into its other buffer (``pread``, or ``O_DIRECT`` with ``direct=True``, which keeps cold
+reads off the page cache and keeps the disk's queue full) and checksums it while it is in
+cache. Writes run the same pipeline the other way: device to pinned buffer, checksum,
+``pwrite`` (``O_DIRECT`` for the whole blocks with ``direct=True``; the partial blocks at
+either end go through the page cache, since ``O_DIRECT`` cannot write part of a block).
+With several workers, disk I/O, checksums and
 PCIe copies of different chunks overlap. :meth:`StagedTool.pwritev` writes several device
 buffers that follow each other in the file as one range, its chunks cut across their
 boundaries: a batch of 16 MiB arrays reaches the disk in 64 MiB requests, as the raw write
@@ -44,7 +46,7 @@ from ._io import (
     pwrite_full,
     task_bytes,
 )
-from ._lending import BufferPool
+from ._pinned import SLACK, Borrowed
 from ._threaded import ThreadedTool
 from .base import Availability, Buffer, Capabilities, IOFuture
 
@@ -57,7 +59,7 @@ class StagedTool(ThreadedTool):
     Parameters
     ----------
     threads
-        Workers, each with two pinned buffers of ``chunk_size`` bytes and one CUDA stream.
+        Workers, each with up to two pinned buffers of a chunk and one CUDA stream.
     chunk_size
         Bytes per chunk (rounded up to 4096).
     direct
@@ -75,7 +77,6 @@ class StagedTool(ThreadedTool):
         chunk_size = align_up(chunk_size)
         super().__init__(threads, chunk_size=chunk_size, direct=direct, **params)
         self.chunk_size, self.direct = chunk_size, direct
-        self._pinned = BufferPool(keep=threads)
         self._streams = threading.local()  # each worker thread keeps its stream per device
 
     @classmethod
@@ -91,25 +92,6 @@ class StagedTool(ThreadedTool):
         except Exception as error:  # noqa: BLE001 - any CUDA failure means "not here"
             return Availability(False, f"CUDA is not usable: {error}")
         return Availability(True)
-
-    def _slots(self, device_index: int) -> Any:
-        """Lend a worker its two pinned buffers for the length of its task: workers of
-        concurrent calls each get their own."""
-        import cupyx
-
-        def make() -> tuple[np.ndarray, np.ndarray]:
-            # One block of slack before the data lets the bytes sit at the same offset within
-            # a block as in the file (O_DIRECT needs both aligned), one after covers the
-            # rounded-up length.
-            size = self.chunk_size + 2 * BLOCK
-            pair = []
-            for _ in range(2):
-                raw = cupyx.empty_pinned((size + BLOCK,), dtype=np.uint8)
-                start = -raw.ctypes.data % BLOCK  # page-aligned already, but be sure
-                pair.append(raw[start : start + size])
-            return pair[0], pair[1]
-
-        return self._pinned.lend(device_index, make)
 
     def _stream(self, device_index: int) -> Any:
         import cupy
@@ -184,7 +166,8 @@ class StagedTool(ThreadedTool):
         def worker(k: int) -> int:
             events: list[Any] = [None, None]
             total = 0
-            with self._slots(buffer.device_index) as slots, cupy.cuda.Device(buffer.device_index):
+            # Pinned buffers of this transfer's chunk, the second taken for the second chunk.
+            with Borrowed(chunk + SLACK) as slots, cupy.cuda.Device(buffer.device_index):
                 stream = self._stream(buffer.device_index)
                 for j, start in enumerate(chunks[k :: self.threads]):
                     if events[j % 2] is not None:
@@ -261,7 +244,7 @@ class StagedTool(ThreadedTool):
         def worker(k: int) -> int:
             total = 0
             pending: tuple[np.ndarray, int, int, Any] | None = None
-            with self._slots(device_index) as slots, cupy.cuda.Device(device_index):
+            with Borrowed(chunk + SLACK) as slots, cupy.cuda.Device(device_index):
                 stream = self._stream(device_index)
                 for j, start in enumerate(chunks[k :: self.threads]):
                     length = min(chunk, nbytes - start)
@@ -280,10 +263,6 @@ class StagedTool(ThreadedTool):
             return total
 
         return self._fan_out(pool, worker, len(chunks), write_fd if write_fd != fd else None)
-
-    def close(self) -> None:
-        super().close()
-        self._pinned.clear()
 
 
 class _Pieces:

@@ -34,13 +34,13 @@ class Staging(threading.local):
 
     def piece(self, index: int, nbytes: int) -> np.ndarray:
         """Pinned piece ``index`` (0 or 1), at least ``nbytes`` plus a block of slack."""
-        import cupyx
+        from ..tools._pinned import allocate_pinned
 
         while len(self.pieces) <= index:
             self.pieces.append(np.empty(0, np.uint8))
         need = min(PIECE, -(-nbytes // BLOCK) * BLOCK) + BLOCK
         if self.pieces[index].nbytes < need:
-            raw = cupyx.empty_pinned((need + BLOCK,), dtype=np.uint8)
+            raw = allocate_pinned(need + BLOCK)
             start = -raw.ctypes.data % BLOCK
             self.pieces[index] = raw[start : start + need]
         return self.pieces[index]

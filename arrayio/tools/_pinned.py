@@ -1,0 +1,164 @@
+"""Pinned (page-locked) host memory, lent from one pool shared by every tool of the process.
+
+Pinning costs about as much time per byte as reading the bytes from the page cache (the
+kernel faults in, locks and maps every page), so a first call that pins everything a
+pipeline might use spends more time pinning than moving data, and an exploration that tries
+a new arm pins its buffers all over again. So:
+
+- one pool serves every tool and every call: a spare buffer of one arm is lent to another
+  that it fits;
+- sizes are rounded up to a power of two (1 MiB at least) plus a little slack, so that a
+  spare fits the next request of a similar size instead of growing a few kilobytes at a time;
+- borrowers take a buffer when they need it, not before (a pipeline worker takes its second
+  buffer for its second chunk), so a transfer pins no more than it uses;
+- the spares kept are bounded in bytes (:data:`KEEP_BYTES`), the oldest dropped first.
+
+A buffer is lent to one borrower at a time: two concurrent transfers through one staging
+buffer would mix their bytes.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+__all__ = ["KEEP_BYTES", "Borrowed", "PinnedPool", "allocate_pinned", "pool"]
+
+BLOCK = 4096
+SLACK = 2 * BLOCK  # room for a block-aligned O_DIRECT span around an unaligned range
+MIN_CLASS = 1 << 20
+# Spares kept between calls. It covers the largest candidate pipeline's buffers (16 workers,
+# two 16 MiB buffers each), so that steady calls never pin again.
+KEEP_BYTES = 1 << 30
+
+Allocate = Callable[[int], np.ndarray]
+
+
+def size_class(nbytes: int) -> int:
+    """The payload size a buffer for ``nbytes`` gets: a power of two, 1 MiB at least, such
+    that the payload plus :data:`SLACK` holds ``nbytes``."""
+    payload = max(nbytes - SLACK, 1)
+    return max(MIN_CLASS, 1 << (payload - 1).bit_length())
+
+
+def allocate_pinned(nbytes: int) -> np.ndarray:
+    """``nbytes`` of pinned host memory as a NumPy byte array (through CuPy, without
+    importing ``cupyx``, which imports SciPy)."""
+    import cupy
+
+    memory = cupy.cuda.alloc_pinned_memory(nbytes)
+    return np.frombuffer(memory, np.uint8, nbytes)  # keeps ``memory`` alive
+
+
+class PinnedPool:
+    """Block-aligned pinned buffers, lent one borrower at a time; see the module docstring.
+
+    Parameters
+    ----------
+    keep_bytes
+        The most bytes of spare buffers kept between loans.
+    allocate
+        Makes ``n`` bytes of pinned host memory (default :func:`allocate_pinned`).
+    """
+
+    def __init__(self, keep_bytes: int = KEEP_BYTES, allocate: Allocate = allocate_pinned) -> None:
+        self.keep_bytes = keep_bytes
+        self._allocate = allocate
+        self._spare: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
+        self._spare_bytes = 0
+        self._lock = threading.Lock()
+        self.allocated = 0  # buffers made, for tests and explain
+
+    def _take(self, nbytes: int) -> np.ndarray | None:
+        """The smallest spare that holds ``nbytes``, taken out of the pool; lock held."""
+        best_key, best = None, None
+        for key, buffer in self._spare.items():
+            if buffer.nbytes >= nbytes and (best is None or buffer.nbytes < best.nbytes):
+                best_key, best = key, buffer
+        if best_key is None or best is None:
+            return None
+        del self._spare[best_key]
+        self._spare_bytes -= best.nbytes
+        return best
+
+    def _make(self, nbytes: int, allocate: Allocate | None) -> np.ndarray:
+        size = size_class(nbytes) + SLACK
+        raw = (allocate or self._allocate)(size + BLOCK)
+        start = -raw.ctypes.data % BLOCK  # pinned memory is page-aligned already; be sure
+        self.allocated += 1
+        return raw[start : start + size]
+
+    @contextlib.contextmanager
+    def lend(self, nbytes: int, allocate: Allocate | None = None) -> Iterator[np.ndarray]:
+        """A block-aligned pinned buffer of at least ``nbytes``, for the ``with`` block;
+        ``allocate`` makes a new one (default: the pool's)."""
+        with self._lock:
+            buffer = self._take(nbytes)
+        if buffer is None:
+            buffer = self._make(nbytes, allocate)
+        try:
+            yield buffer
+        finally:
+            self._give_back(buffer)
+
+    def _give_back(self, buffer: np.ndarray) -> None:
+        with self._lock:
+            self._spare[id(buffer)] = buffer
+            self._spare_bytes += buffer.nbytes
+            while self._spare_bytes > self.keep_bytes and self._spare:
+                _, oldest = self._spare.popitem(last=False)
+                self._spare_bytes -= oldest.nbytes
+
+    def clear(self) -> None:
+        """Drop every spare buffer."""
+        with self._lock:
+            self._spare.clear()
+            self._spare_bytes = 0
+
+    @property
+    def spare_bytes(self) -> int:
+        return self._spare_bytes
+
+
+pool = PinnedPool()
+"""The process's pool."""
+
+
+class Borrowed:
+    """A worker's buffers of ``nbytes`` each, borrowed from ``source`` on first use (index 0,
+    1...) and all given back when the ``with`` block ends."""
+
+    def __init__(self, nbytes: int, source: PinnedPool | None = None) -> None:
+        self.nbytes = nbytes
+        self._source = source if source is not None else pool
+        self._loans = contextlib.ExitStack()
+        self._buffers: list[np.ndarray] = []
+
+    def __enter__(self) -> Borrowed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._buffers.clear()
+        self._loans.close()
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        while len(self._buffers) <= index:
+            self._buffers.append(self._loans.enter_context(self._source.lend(self.nbytes)))
+        return self._buffers[index]
+
+
+def _after_fork_in_child() -> None:
+    # A lock a parent's thread held at the fork stays held in the child; and pinned memory
+    # is the parent's CUDA context's, of no use to the child.
+    pool._lock = threading.Lock()
+    pool._spare = collections.OrderedDict()
+    pool._spare_bytes = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
