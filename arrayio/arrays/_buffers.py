@@ -8,6 +8,7 @@ through torch for torch tensors, so that torch users need no CuPy.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -152,6 +153,23 @@ class TorchDeviceBuffer:
         import torch
 
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+
+
+def cuda_device_count() -> int:
+    """The CUDA devices visible, from torch when it is imported and has made its CUDA context
+    (asking it is free), else from CuPy (imported for it).
+
+    Raises
+    ------
+    Exception
+        Whatever the CUDA runtime raises where it cannot run.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return int(torch.cuda.device_count())
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceCount())
 
 
 def synchronize_device(buffer: DeviceBuffer) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .. import config, tools
-from ..arrays._buffers import scatter_from_host, synchronize_device
+from ..arrays._buffers import DeviceBuffer, aligned_empty, scatter_from_host, synchronize_device
 from ..errors import ConfigError, UnknownToolError
 from ..integrity import _device_checksum
 from ..integrity._checksum import ChecksumParts, checksum
@@ -53,6 +53,8 @@ _SAVE_INTERVAL = 5.0  # seconds between saves of the learned table
 # straight to the naive tool, with no context probe, no timing and no learning, whose cost
 # (several microseconds) would exceed any difference between tools.
 SMALL_TRANSFER = 1 << 20
+# A read's small requests are gathered in host memory up to this many bytes at a time.
+SMALL_GATHER_BYTES = 64 << 20
 
 
 class _Once:
@@ -490,10 +492,11 @@ class Dispatcher:
         runs = batches.runs(requests, small, batches.RUN_GAP if direction == "read" else 0)
 
         def move_small() -> None:
+            if direction == "read":
+                self._read_runs(fd, requests, runs, path, with_checksum, results, done)
+                return
             for run in runs:
-                if len(run) > 1 and direction == "read":
-                    self._read_run(fd, requests, run, path, with_checksum, results)
-                elif len(run) > 1:
+                if len(run) > 1:
                     self._write_run(fd, requests, run, with_checksum, results)
                 else:
                     offset, buffer = requests[run[0]]
@@ -544,38 +547,94 @@ class Dispatcher:
                 results[i] = crc
         return results
 
-    def _read_run(
+    def _read_runs(
         self,
         fd: int,
         requests: Sequence[Request],
-        run: list[int],
+        runs: list[list[int]],
+        path: str,
+        with_checksum: bool,
+        results: list[int | None],
+        done: Callable[[int], None] | None,
+    ) -> None:
+        """Read small requests, each run of neighbours in the file with one read, into host
+        memory laid end to end (up to :data:`SMALL_GATHER_BYTES` at a time), then checksum
+        each piece and copy it; the device pieces with one host-to-device copy per device
+        and a copy on the device each (:func:`~arrayio.arrays._buffers.scatter_from_host`).
+        A cold 4 KiB read costs a whole disk latency, and a copy from pageable host memory
+        waits for the GPU: a checkpoint has hundreds of biases and norms, not neighbours of
+        each other when each layer's weights lie between them.
+
+        Reads go through the naive tool, as small transfers alone do, never the policy:
+        this may run inside a batch, whose transfers would make this read's context one of
+        two in flight, a context nothing was learned for. A host request alone in its run
+        is read straight into its buffer."""
+        self.last = _SMALL_CHOICE
+        group: list[tuple[list[int], int, int]] = []  # (run, file offset, bytes)
+        gathered = 0
+        for run in runs:
+            if len(run) == 1 and isinstance(requests[run[0]][1], np.ndarray):
+                offset, buffer = requests[run[0]]
+                results[run[0]] = self.read(
+                    fd, buffer, offset, path=path, with_checksum=with_checksum
+                )
+                if done is not None:
+                    done(run[0])
+                continue
+            first, end = batches.extent([requests[i] for i in run])
+            if group and gathered + end - first > SMALL_GATHER_BYTES:
+                self._read_gathered(fd, requests, group, gathered, path, with_checksum, results)
+                self._report(group, done)
+                group, gathered = [], 0
+            group.append((run, first, end - first))
+            gathered += end - first
+        if group:
+            self._read_gathered(fd, requests, group, gathered, path, with_checksum, results)
+            self._report(group, done)
+
+    @staticmethod
+    def _report(
+        group: list[tuple[list[int], int, int]], done: Callable[[int], None] | None
+    ) -> None:
+        if done is not None:
+            for run, _, _ in group:
+                for i in run:
+                    done(i)
+
+    def _read_gathered(
+        self,
+        fd: int,
+        requests: Sequence[Request],
+        group: list[tuple[list[int], int, int]],
+        gathered: int,
         path: str,
         with_checksum: bool,
         results: list[int | None],
     ) -> None:
-        """Read small requests that are neighbours in the file with one read into host
-        memory, then checksum each piece and copy it (device pieces through
-        :func:`~arrayio.arrays._buffers.scatter_from_host`): a cold 4 KiB read costs a whole
-        disk latency, and a checkpoint has hundreds of biases."""
-        start, span, pieces = batches.span(requests, run)
-        # Through the naive tool, as a small transfer alone, never the policy: this may run
-        # inside a batch, whose transfers would make this read's context one of two in
-        # flight, a context nothing was learned for.
-        self.last = _SMALL_CHOICE
-        if self._naive.read(fd, span, start) != span.nbytes:
-            # Say which array is short: read them one by one.
+        host = aligned_empty(gathered)
+        on_device: list[tuple[int, DeviceBuffer]] = []
+        at = 0
+        for run, first, length in group:
+            span = host[at : at + length]
+            if self._naive.read(fd, span, first) != length:
+                # Say which array is short: read them one by one.
+                for i in run:
+                    offset, buffer = requests[i]
+                    results[i] = self.read(
+                        fd, buffer, offset, path=path, with_checksum=with_checksum
+                    )
+                at += length
+                continue
             for i in run:
                 offset, buffer = requests[i]
-                results[i] = self.read(fd, buffer, offset, path=path, with_checksum=with_checksum)
-            return
-        on_device = []
-        for i, piece, buffer in pieces:
-            if isinstance(buffer, np.ndarray):
-                np.copyto(buffer, piece)
-            else:
-                on_device.append((requests[i][0] - start, buffer))
-            results[i] = checksum(piece) if with_checksum else None
-        scatter_from_host(span, on_device)
+                piece = span[offset - first : offset - first + buffer.nbytes]
+                if isinstance(buffer, np.ndarray):
+                    np.copyto(buffer, piece)
+                else:
+                    on_device.append((at + offset - first, buffer))
+                results[i] = checksum(piece) if with_checksum else None
+            at += length
+        scatter_from_host(host, on_device)
 
     def _write_run(
         self,

@@ -104,6 +104,11 @@ class KvikioTool(Tool):
                 kvikio.defaults.set("num_threads", self.threads)
             if kvikio.defaults.get("task_size") != self.task_size:
                 kvikio.defaults.set("task_size", self.task_size)
+            # In compatibility mode every thread stages its task through a pinned bounce
+            # buffer; a larger one than the task is never filled, and pinning it costs a
+            # fresh process's first read a fraction of a second.
+            if kvikio.defaults.get("bounce_buffer_size") != self.task_size:
+                kvikio.defaults.set("bounce_buffer_size", self.task_size)
         return kvikio.CuFile(os.readlink(f"/proc/self/fd/{fd}"), flags)
 
     @staticmethod

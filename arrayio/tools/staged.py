@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import functools
+import importlib.util
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays._buffers import DeviceBuffer, synchronize_device
+from ..arrays._buffers import DeviceBuffer, cuda_device_count, synchronize_device
 from ..integrity._checksum import ChecksumParts
 from ._io import (
     BLOCK,
@@ -82,16 +83,16 @@ class StagedTool(ThreadedTool):
     @classmethod
     @functools.cache
     def availability(cls) -> Availability:
-        try:
-            import cupy
-        except ImportError:
+        # Asked for every GPU transfer's candidates, before any is chosen: importing CuPy
+        # costs a fresh process a tenth of a second, so a framework that already runs CUDA
+        # (torch) is asked for the device count, and CuPy is only looked for.
+        if importlib.util.find_spec("cupy") is None:
             return Availability(False, "CuPy is not installed (pip install 'arrayio[gpu]')")
         try:
-            if cupy.cuda.runtime.getDeviceCount() < 1:
-                return Availability(False, "no CUDA device")
+            count = cuda_device_count()
         except Exception as error:  # noqa: BLE001 - any CUDA failure means "not here"
             return Availability(False, f"CUDA is not usable: {error}")
-        return Availability(True)
+        return Availability(True) if count > 0 else Availability(False, "no CUDA device")
 
     def _stream(self, device_index: int) -> Any:
         import cupy

@@ -1,7 +1,8 @@
 """The candidate arms of every context, pinned: a change to the table must be deliberate.
 
 ``candidate_arms.json`` holds, for each combination of direction, memory, cache state, batch
-of pieces, checksum and whether the GPU can compute checksums, the arms offered at each size
+of pieces, checksum, whether the GPU can compute checksums and (for reads not all cached)
+whether the bytes are to stay in the page cache, the arms offered at each size
 class from 10 to 36: runs of size classes that get the same list (``"10-20 L1, 21-36 L4"``),
 the lists named once under ``"lists"``. After a deliberate change to
 :mod:`arrayio.dispatch.candidates`, rewrite it with ``python tests/dispatch/test_candidates.py``
@@ -24,41 +25,52 @@ from arrayio.integrity import _device_checksum
 
 PINNED = Path(__file__).with_name("candidate_arms.json")
 SIZE_CLASSES = range(10, 37)
-GRID = list(
-    itertools.product(
+GRID = [
+    cell
+    for cell in itertools.product(
         ("read", "write"),
         ("host", "cuda"),
         ("warm", "cold", "mixed", "-"),
         (0, 25),
         (False, True),
         (False, True),
+        (False, True),
     )
-)
+    if not cell[-1] or (cell[0] == "read" and cell[2] != "warm")  # where keep can be set
+]
 
 
 def _group(
-    direction: str, memory: str, cache: str, pieces: int, checksum: bool, gpu_checksums: bool
+    direction: str,
+    memory: str,
+    cache: str,
+    pieces: int,
+    checksum: bool,
+    gpu_checksums: bool,
+    keep: bool,
 ) -> str:
     return (
         f"{direction}/{memory}/cache={cache}/pieces={pieces}/checksum={checksum}"
-        f"/gpu_checksums={gpu_checksums}"
+        f"/gpu_checksums={gpu_checksums}" + ("/keep" if keep else "")
     )
 
 
 def observed(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[list[Any]]]:
     """For each group of the grid, ``[first, last, labels]`` runs over the size classes."""
     found: dict[str, list[list[Any]]] = {}
-    for direction, memory, cache, pieces, checksum, gpu_checksums in GRID:
+    for direction, memory, cache, pieces, checksum, gpu_checksums, keep in GRID:
         monkeypatch.setattr(_device_checksum, "available", lambda on=gpu_checksums: on)
         runs: list[list[Any]] = []
         for size_class in SIZE_CLASSES:
-            context = Context(direction, memory, size_class, "vda", cache, 1, checksum, pieces)
+            context = Context(
+                direction, memory, size_class, "vda", cache, 1, checksum, pieces, keep
+            )
             labels = [arm.label for arm in dispatcher.candidate_arms(context)]
             if runs and runs[-1][2] == labels:
                 runs[-1][1] = size_class
             else:
                 runs.append([size_class, size_class, labels])
-        found[_group(direction, memory, cache, pieces, checksum, gpu_checksums)] = runs
+        found[_group(direction, memory, cache, pieces, checksum, gpu_checksums, keep)] = runs
     return found
 
 
