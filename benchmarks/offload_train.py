@@ -93,14 +93,14 @@ def _stats(off: arrayio.Offloader | None) -> dict[str, int] | None:
 @contextlib.contextmanager
 def _no_flush() -> Any:
     """The experiment: the dispatcher's per-write flush replaced by a no-op."""
-    from arrayio.dispatch import dispatcher
+    from arrayio.dispatch import batches
 
-    real = dispatcher.flush_range
-    dispatcher.flush_range = lambda fd, offset, nbytes: None
+    real = batches.flush_range
+    batches.flush_range = lambda fd, offset, nbytes: None
     try:
         yield
     finally:
-        dispatcher.flush_range = real
+        batches.flush_range = real
 
 
 def _median(values: list[float]) -> float | None:

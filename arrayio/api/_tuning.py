@@ -216,7 +216,9 @@ def tune(
         raise ValueError(f"sizes must be positive byte counts, got {sizes}")
     check = config.get().verify_checksums if verify is None else verify
     tuned: dict[str, Context] = {}
-    with config.set(tool=None):  # tuning learns what the dispatcher would choose
+    # Tuning learns what the dispatcher would choose, one whole call per arm: quick to
+    # converge, and its calls are its own, not a user's to slow down.
+    with config.set(tool=None), active.policy.whole_calls():
         if sizes:
             _tune_sizes(
                 active, directory, device, sizes, directions, caches, check, max_calls, tuned

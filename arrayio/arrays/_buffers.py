@@ -73,6 +73,10 @@ class DeviceBuffer(Protocol):
 
     def pinned_empty(self, nbytes: int) -> np.ndarray: ...
 
+    def part(self, start: int, stop: int) -> DeviceBuffer:
+        """Bytes ``start`` to ``stop`` of the buffer, as a buffer of the same memory."""
+        ...
+
 
 @dataclasses.dataclass
 class CupyDeviceBuffer:
@@ -118,6 +122,9 @@ class CupyDeviceBuffer:
 
         return allocate_pinned(nbytes)
 
+    def part(self, start: int, stop: int) -> CupyDeviceBuffer:
+        return CupyDeviceBuffer(self.array[start:stop])
+
 
 @dataclasses.dataclass
 class TorchDeviceBuffer:
@@ -153,6 +160,9 @@ class TorchDeviceBuffer:
         import torch
 
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+
+    def part(self, start: int, stop: int) -> TorchDeviceBuffer:
+        return TorchDeviceBuffer(self.tensor[start:stop])
 
 
 def cuda_device_count() -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .arm import Arm
 from .explain import ArmReport, Explanation
 from .failures import is_tool_failure
-from .policy import Policy
+from .policy import Policy, Split
 from .table import ArmStats, ContextEntry, Table
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "ContextEntry",
     "Explanation",
     "Policy",
+    "Split",
     "Table",
     "is_tool_failure",
 ]

@@ -127,6 +127,20 @@ class Exploration:
                 pick, pick_load = arm, load
         return pick if pick is not None else fallback  # all being measured: the best
 
+    def rival(self, entry: ContextEntry, candidates: Candidates) -> tuple[Arm, Arm] | None:
+        """While the context explores: its best arm so far (the incumbent) and the first
+        other arm, in order, that needs a sample (the rival); None before any arm has an
+        estimate, or when no other arm needs one."""
+        if entry.phase != EXPLORING:
+            return None
+        eligible, best, bars = self.scan(entry, candidates)
+        if best is None:
+            return None
+        for arm, stats in eligible:
+            if arm != best and self.needs_samples(stats, bars):
+                return best, arm
+        return None
+
     def settle(self, entry: ContextEntry, candidates: Candidates) -> None:
         """Derive the phase and the chosen arm from the samples (after any change)."""
         eligible, best, bars = self.scan(entry, candidates)

@@ -11,6 +11,7 @@ write (:func:`runs`, :func:`span`); a tool that writes several device buffers as
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -34,13 +35,17 @@ __all__ = [
     "Request",
     "cannot_checksum",
     "checksum_on_gpu",
+    "cut",
+    "divide",
     "extent",
     "read_batch",
+    "read_one",
     "runs",
     "span",
     "submit_windowed",
     "truncated",
     "write_batch",
+    "write_one",
 ]
 
 # A batch keeps at most this many of its transfers submitted at once: enough to keep every
@@ -164,7 +169,9 @@ def submit_windowed(
         if error is not None:
             break
         try:
-            with in_batch():  # the batch keeps the tool's threads busy: no spreading
+            # The batch keeps the tool's threads busy: no spreading. A transfer alone spreads
+            # over them (and one task runs in the caller's thread).
+            with in_batch() if len(starts) > 1 else contextlib.nullcontext():
                 pending.append((index, start()))
         except BaseException as exc:  # noqa: BLE001 - re-raised once all are done
             error = exc
@@ -175,6 +182,79 @@ def submit_windowed(
     if error is not None:
         raise error
     return counts
+
+
+def divide(batch: Sequence[Request], share: float) -> tuple[list[int], list[int]] | None:
+    """Indices of at most ``share`` of the batch's bytes (taken from its end; where no
+    request is that small, the smallest one if within half as much again), and of the rest;
+    None where no such part exists (one request holds most of the bytes)."""
+    total = sum(buffer.nbytes for _, buffer in batch)
+    target = share * total
+    chosen: list[int] = []
+    taken = 0
+    for i in range(len(batch) - 1, -1, -1):
+        size = batch[i][1].nbytes
+        if size and taken + size <= target:
+            chosen.append(i)
+            taken += size
+    if not chosen:
+        sizes = [(buffer.nbytes, i) for i, (_, buffer) in enumerate(batch) if buffer.nbytes]
+        size, smallest = min(sizes, default=(0, -1))
+        if 0 < size <= 1.5 * target:
+            chosen, taken = [smallest], size
+    if not chosen or taken < target / 4 or len(chosen) == len(batch):
+        return None
+    chosen.sort()
+    picked = set(chosen)
+    return chosen, [i for i in range(len(batch)) if i not in picked]
+
+
+# A transfer alone is cut in two for an exploration only from this size: a part smaller than
+# a few of a tool's tasks measures its setup more than its rate.
+CUT_MIN_BYTES = 16 << 20
+_CUT_ALIGNMENT = 1 << 20
+
+
+def cut(request: Request, share: float) -> list[Request] | None:
+    """One transfer as two on views of its buffer, the second with about ``share`` of the
+    bytes (a whole number of MiB); None where the transfer is too small to cut, or its
+    buffer cannot be viewed in parts."""
+    offset, buffer = request
+    nbytes = buffer.nbytes
+    second = int(share * nbytes) // _CUT_ALIGNMENT * _CUT_ALIGNMENT
+    if nbytes < CUT_MIN_BYTES or second <= 0 or second >= nbytes:
+        return None
+    first = nbytes - second
+    if isinstance(buffer, np.ndarray):
+        return [(offset, buffer[:first]), (offset + first, buffer[first:])]
+    part = getattr(buffer, "part", None)
+    if part is None:
+        return None
+    return [(offset, part(0, first)), (offset + first, part(first, nbytes))]
+
+
+def read_one(t: Tool, fd: int, request: Request, path: str, with_checksum: bool) -> int | None:
+    """A small read alone, with no batch's lists, window or GPU kernels around it (their
+    microseconds count for transfers this small): the tool checksums the bytes as they
+    pass, which is where :func:`checksum_on_gpu` puts the checksum of any transfer below
+    :data:`GPU_CHECKSUM_MIN_BYTES` by a tool that can."""
+    offset, buffer = request
+    if with_checksum and not t.capabilities.checksums:
+        raise cannot_checksum(t)
+    parts = ChecksumParts(buffer.nbytes) if with_checksum else None
+    got = t.read(fd, buffer, offset, checksum=parts)
+    if got != buffer.nbytes:
+        raise truncated(path, offset, buffer.nbytes, got)
+    return parts.value() if parts is not None else None
+
+
+def write_one(t: Tool, fd: int, request: Request, with_checksum: bool) -> int | None:
+    """A small write alone (see :func:`read_one`), left to the final ``fsync``: waiting for
+    each would serialise thousands of small arrays on the disk."""
+    offset, buffer = request
+    parts = ChecksumParts(buffer.nbytes) if with_checksum and t.capabilities.checksums else None
+    t.write(fd, buffer, offset, checksum=parts)
+    return parts.value() if parts is not None else None
 
 
 def cannot_checksum(t: Tool) -> ToolUnavailableError:
@@ -202,8 +282,6 @@ def read_batch(
     report: Callable[[int], None],
     meanwhile: Callable[[], None] | None = None,
 ) -> list[int | None]:
-    # The single-transfer twin is Dispatcher.read's operation, kept apart: a batch's lists,
-    # partials and window cost microseconds that small transfers cannot spare.
     on_gpu = [with_checksum and checksum_on_gpu(buffer, t) for _, buffer in batch]
     if with_checksum and not t.capabilities.checksums and not all(on_gpu):
         raise cannot_checksum(t)

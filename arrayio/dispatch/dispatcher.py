@@ -30,18 +30,18 @@ from typing import Any
 import numpy as np
 
 from .. import config, tools
-from ..arrays._buffers import DeviceBuffer, aligned_empty, scatter_from_host, synchronize_device
+from ..arrays._buffers import DeviceBuffer, aligned_empty, scatter_from_host
 from ..errors import ConfigError, UnknownToolError
-from ..integrity import _device_checksum
-from ..integrity._checksum import ChecksumParts, checksum
+from ..integrity._checksum import checksum, combine
 from ..runtime import _memory
 from ..tools import Buffer, Tool, buffer_kind
-from ..tools._io import flush_range, preallocate
+from ..tools._io import preallocate
 from . import batches
 from .batches import Request
 from .candidates import candidate_arms
 from .context import Context, InFlight, cache_state, piece_class, size_class, storage_of
-from .policy import Arm, Policy
+from .failures import is_tool_failure
+from .policy import Arm, Policy, Split
 from .table import Table
 
 __all__ = ["Dispatcher", "candidate_arms", "get", "machine_fingerprint", "parse_arm", "reset"]
@@ -85,6 +85,12 @@ class _Abandoned(BaseException):
 
 
 _SMALL_CHOICE = (None, Arm.of("naive"))
+
+Operation = Callable[[Tool], list[int | None]]
+
+
+def _ignore(index: int) -> None:
+    """The progress callback of a transfer alone."""
 
 
 def fits_in_the_page_cache(nbytes: int) -> bool:
@@ -239,6 +245,7 @@ class Dispatcher:
     ) -> None:
         self.table_path = table_path
         self.table = Table.load(table_path) if table_path else Table()
+        self._clock = clock
         self.policy = Policy(self.candidates, self.table, clock=clock, sample_every=4)
         self.in_flight = InFlight()
         self._last_save = time.monotonic()
@@ -330,24 +337,14 @@ class Dispatcher:
         TruncatedFileError
             If the file ends before the buffer is full (a data error: no fallback).
         """
-        nbytes = buffer.nbytes
-        if nbytes == 0:
+        if buffer.nbytes == 0:
             return 0 if with_checksum else None
         forced = self.forced_arm(tool)
-
-        def operation(t: Tool) -> int | None:
-            on_gpu = with_checksum and batches.checksum_on_gpu(buffer, t)
-            if with_checksum and not on_gpu and not t.capabilities.checksums:
-                raise batches.cannot_checksum(t)
-            parts = ChecksumParts(nbytes) if with_checksum and not on_gpu else None
-            got = t.read(fd, buffer, file_offset, checksum=parts)
-            if got != nbytes:
-                raise batches.truncated(path, file_offset, nbytes, got)
-            if on_gpu:  # (through the host if the kernel failed meanwhile, in any thread)
-                return _device_checksum.checksum_anywhere(buffer)  # type: ignore[arg-type]
-            return parts.value() if parts is not None else None
-
-        return self._dispatch("read", fd, buffer, file_offset, with_checksum, forced, operation)
+        request = (file_offset, buffer)
+        if forced is None and buffer.nbytes < SMALL_TRANSFER:
+            self.last = _SMALL_CHOICE
+            return batches.read_one(self._naive, fd, request, path, with_checksum)
+        return self._batch("read", fd, [request], path, with_checksum, forced, _ignore)[0]
 
     def write(
         self,
@@ -360,59 +357,15 @@ class Dispatcher:
     ) -> int | None:
         """Write all of ``buffer`` at ``file_offset``; return its CRC-32C if asked and the
         tool could compute one (a forced tool without checksums gives None)."""
-        nbytes = buffer.nbytes
-        if nbytes == 0:
+        if buffer.nbytes == 0:
             return 0 if with_checksum else None
         forced = self.forced_arm(tool)
-        flush = nbytes >= SMALL_TRANSFER
-        if flush:  # before any tool runs: every arm, timed or learned, meets the same file
-            preallocate(fd, file_offset, nbytes)
-
-        def operation(t: Tool) -> int | None:
-            if with_checksum and batches.checksum_on_gpu(buffer, t):
-                synchronize_device(buffer)  # type: ignore[arg-type]
-                crc = _device_checksum.checksum_anywhere(buffer)  # type: ignore[arg-type]
-                t.write(fd, buffer, file_offset)
-                if flush:
-                    flush_range(fd, file_offset, nbytes)
-                return crc
-            parts = ChecksumParts(nbytes) if with_checksum and t.capabilities.checksums else None
-            t.write(fd, buffer, file_offset, checksum=parts)
-            # arrayio's writes are durable (saves fsync before renaming). Flushing the range
-            # here makes the timing honest (a tool that only fills the page cache would
-            # otherwise look faster than one that reaches the disk) and bounds dirty pages.
-            # Small writes, which are neither timed nor learned, leave it to the final fsync:
-            # waiting for each would serialise thousands of small arrays on the disk.
-            if flush:
-                flush_range(fd, file_offset, nbytes)
-            return parts.value() if parts is not None else None
-
-        return self._dispatch("write", fd, buffer, file_offset, with_checksum, forced, operation)
-
-    def _dispatch(
-        self,
-        direction: str,
-        fd: int,
-        buffer: Buffer,
-        file_offset: int,
-        with_checksum: bool,
-        forced: Arm | None,
-        operation: Callable[[Tool], int | None],
-    ) -> int | None:
-        """Run ``operation`` with the naive tool (small transfers), the forced arm, or the
-        arm the policy chooses in this transfer's context."""
-        nbytes = buffer.nbytes
-        if forced is None and nbytes < SMALL_TRANSFER:
+        request = (file_offset, buffer)
+        if forced is None and buffer.nbytes < SMALL_TRANSFER:
             self.last = _SMALL_CHOICE
-            return operation(self._naive)
-        with self.in_flight:
-            context = self.context(
-                direction, fd, file_offset, nbytes, buffer_kind(buffer), with_checksum
-            )
-            result, arm = self.policy.run(context, nbytes, operation, force=forced)
-        self.last = (context, arm)
-        self._maybe_save()
-        return result
+            return batches.write_one(self._naive, fd, request, with_checksum)
+        _preallocate_span(fd, [request])  # before any tool runs: every arm meets one file
+        return self._batch("write", fd, [request], "<file>", with_checksum, forced, _ignore)[0]
 
     # ------------------------------------------------------------------ batches
 
@@ -681,22 +634,113 @@ class Dispatcher:
         report: Callable[[int], None],
         meanwhile: _Once | None = None,
     ) -> list[int | None]:
+        """Move ``batch`` (one transfer alone is a batch of one) with the arm the policy
+        chooses in its context, or ``forced``; while the context explores, with the best arm
+        so far and a rival sharing it (:meth:`_explore`). Returns each request's CRC-32C,
+        when asked."""
         ranges = [(offset, buffer.nbytes) for offset, buffer in batch]
         nbytes = sum(size for _, size in ranges)
 
-        def operation(t: Tool) -> list[int | None]:
+        def operation(requests: list[Request], report: Callable[[int], None]) -> Operation:
             if direction == "read":
-                return batches.read_batch(t, fd, batch, path, with_checksum, report, meanwhile)
-            return batches.write_batch(t, fd, batch, with_checksum, report)
+                return lambda t: batches.read_batch(
+                    t, fd, requests, path, with_checksum, report, meanwhile
+                )
+            return lambda t: batches.write_batch(t, fd, requests, with_checksum, report)
 
         with self.in_flight:
             context = self.batch_context(
                 direction, fd, ranges, buffer_kind(batch[0][1]), with_checksum
             )
-            result, arm = self.policy.run(context, nbytes, operation, force=forced)
-        self.last = self.last_batch = (context, arm)
+            split = self.policy.split(context) if forced is None else None
+            if split is None:
+                result, arm = self.policy.run(
+                    context, nbytes, operation(batch, report), force=forced
+                )
+            else:
+                result, arm = self._explore(context, split, batch, with_checksum, report, operation)
+        self.last = (context, arm)
+        if len(batch) > 1:
+            self.last_batch = self.last
         self._maybe_save()
         return result
+
+    def _explore(
+        self,
+        context: Context,
+        split: Split,
+        batch: list[Request],
+        with_checksum: bool,
+        report: Callable[[int], None],
+        operation: Callable[[list[Request], Callable[[int], None]], Operation],
+    ) -> tuple[list[int | None], Arm]:
+        """Move a batch of an exploring context in two parts, one after the other, each
+        timed and recorded for its arm: about ``split.share`` of the bytes with the rival,
+        the rest with the incumbent (or, where the rival fails, all of it). A transfer alone
+        is cut in two; a batch or transfer that cannot be divided goes whole to the
+        incumbent. Learning within calls bounds what exploring costs a call (see
+        :meth:`Policy.split <arrayio.dispatch.policy.Policy.split>`)."""
+        requests, whole = batch, None
+        if len(batch) == 1:
+            pieces = batches.cut(batch[0], split.share)
+            if pieces is not None:
+                requests, whole = pieces, batch[0][1].nbytes
+        parts = batches.divide(requests, split.share) if len(requests) > 1 else None
+        if parts is None:
+            nbytes = sum(buffer.nbytes for _, buffer in batch)
+            start = self._clock()
+            if self.policy.undivided(context, split) == split.rival:
+                try:
+                    result, arm = self.policy.run(
+                        context, nbytes, operation(batch, report), force=split.rival
+                    )
+                    self.policy.account(context, self._clock() - start, rival=True)
+                    return result, arm
+                except Exception as error:
+                    if not is_tool_failure(error):
+                        raise
+                    self.policy.fail(context, split.rival, error)
+            result, arm = self.policy.run(
+                context, nbytes, operation(batch, report), prefer=split.incumbent
+            )
+            self.policy.account(context, self._clock() - start, rival=False)
+            return result, arm
+        rival_part, incumbent_part = parts
+        results: dict[int, int | None] = {}
+
+        def run(indices: list[int], **choice: Arm) -> Arm:
+            def part_report(k: int) -> None:
+                if whole is None:  # a cut transfer reports once, at the end
+                    report(indices[k])
+
+            got, arm = self.policy.run(
+                context,
+                sum(requests[i][1].nbytes for i in indices),
+                operation([requests[i] for i in indices], part_report),
+                **choice,
+            )
+            results.update(zip(indices, got, strict=True))
+            return arm
+
+        start = self._clock()
+        try:
+            run(rival_part, force=split.rival)
+        except Exception as error:
+            if not is_tool_failure(error):
+                raise
+            self.policy.fail(context, split.rival, error)
+            incumbent_part = sorted(rival_part + incumbent_part)
+        middle = self._clock()
+        arm = run(incumbent_part, prefer=split.incumbent)
+        self.policy.account(context, middle - start, rival=True)
+        self.policy.account(context, self._clock() - middle, rival=False)
+        if whole is None:
+            return [results[i] for i in range(len(batch))], arm
+        report(0)
+        first, second = results[0], results[1]
+        if first is None or second is None:
+            return [None], arm
+        return [combine(first, second, requests[1][1].nbytes)], arm
 
     def _maybe_save(self, force: bool = False) -> None:
         if self.table_path is None:

@@ -9,10 +9,12 @@ fails; what it learns goes into a :class:`~arrayio.dispatch.table.Table`. The ru
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import ToolUnavailableError
@@ -27,11 +29,23 @@ if TYPE_CHECKING:
     from ..tools import Tool
     from .context import Context
 
-__all__ = ["Arm", "ArmReport", "Explanation", "Policy", "is_tool_failure"]
+__all__ = ["Arm", "ArmReport", "Explanation", "Policy", "Split", "is_tool_failure"]
 
 logger = logging.getLogger("arrayio.dispatch")
 
 R = TypeVar("R")
+
+MAX_SHARE = 0.5  # a rival never takes more of a call than the incumbent
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Split:
+    """How a call of an exploring context is shared: ``share`` of its bytes go to the
+    ``rival`` arm being measured, the rest to the ``incumbent``, the best arm so far."""
+
+    incumbent: Arm
+    rival: Arm
+    share: float
 
 
 class Policy:
@@ -71,6 +85,10 @@ class Policy:
     sample_every
         Once a context exploits, time and record only one call in this many; the others go
         straight to the chosen tool.
+    regret, first_share
+        While a context explores, a call that can be divided gives a rival arm a share of its
+        bytes (:meth:`split`): ``first_share`` before the rival has an estimate, then as
+        much as keeps the time lost to it under ``regret`` of the call's, at most half.
 
     Raises
     ------
@@ -95,6 +113,8 @@ class Policy:
         unavailable_ttl: float | None = 24 * 3600.0,
         skip_first_call: bool = True,
         sample_every: int = 1,
+        regret: float = 0.1,
+        first_share: float = 1 / 64,
     ) -> None:
         self.exploration = Exploration(
             explore_samples,
@@ -105,6 +125,17 @@ class Policy:
         self.measures = Measures(drift_ratio, drift_patience, min_bytes_to_learn, unavailable_ttl)
         if sample_every < 1:
             raise ValueError(f"sample_every must be at least 1, got {sample_every}")
+        if not 0 < regret < 1:
+            raise ValueError(f"regret must be in (0, 1), got {regret}")
+        if not 0 < first_share <= MAX_SHARE:
+            raise ValueError(f"first_share must be in (0, {MAX_SHARE}], got {first_share}")
+        self.regret, self.first_share = regret, first_share
+        # Whether exploring contexts share calls between arms (:meth:`split`); tune() turns
+        # it off, to learn quickly on calls of its own.
+        self.within_calls = True
+        # Per context: seconds of its exploring calls, and of those a rival ran whole.
+        self._spent: dict[str, float] = {}
+        self._explored: dict[str, float] = {}
         self._candidates = candidates
         self.table = table if table is not None else Table()
         self._clock = clock
@@ -215,13 +246,24 @@ class Policy:
             return arm
 
     def _choose(
-        self, context: Context, key: str, exclude: Iterable[Arm], *, reserve: bool
+        self,
+        context: Context,
+        key: str,
+        exclude: Iterable[Arm],
+        *,
+        reserve: bool,
+        prefer: Arm | None = None,
     ) -> Arm | None:
-        """The arm for the next call; with ``reserve``, counted in flight until released:
-        while several threads explore one context, each takes an arm no other is measuring."""
+        """The arm for the next call (``prefer`` where it is an available candidate not
+        excluded); with ``reserve``, counted in flight until released: while several
+        threads explore one context, each takes an arm no other is measuring."""
         entry, candidates = self._known(context, key)
         arm = None
-        if entry.phase == EXPLOITING and entry.chosen is not None:
+        if prefer is not None and prefer not in exclude and prefer in candidates.order:
+            stats = entry.arms.get(prefer.label)
+            if stats is None or stats.unavailable is None:
+                arm = prefer
+        if arm is None and entry.phase == EXPLOITING and entry.chosen is not None:
             arm = candidates.by_label.get(entry.chosen)
             if arm is not None and arm in exclude:
                 arm = None
@@ -232,6 +274,66 @@ class Policy:
             slot = (key, arm.label)
             self._in_flight[slot] = self._in_flight.get(slot, 0) + 1
         return arm
+
+    def split(self, context: Context) -> Split | None:
+        """How to share a call of ``context`` between the best arm so far and a rival that
+        needs a sample, so that exploring costs a bounded part of the call; None: the whole
+        call goes to :meth:`choose`'s arm (the context exploits, or nothing was measured
+        yet, in which case that arm is the prior).
+
+        The rival's share is :attr:`first_share` while it has no estimate (or its tool is
+        yet to be made, whose first use is not recorded); once measured at a fraction ``r``
+        of the incumbent's bandwidth, its part of the call takes ``1 / r`` times as long as
+        the incumbent would, so a share of ``regret / (1 / r - 1)`` loses at most
+        ``regret`` of the call (at most :data:`MAX_SHARE`). An arm below the prune ratio
+        gets no more samples at all.
+        """
+        if not self.within_calls:
+            return None
+        key = context.key()
+        with self._lock:
+            entry, candidates = self._known(context, key)
+            pair = self.exploration.rival(entry, candidates)
+            if pair is None:
+                return None
+            incumbent, rival = pair
+            best = entry.arms[incumbent.label].estimate
+            stats = entry.arms.get(rival.label)
+            estimate = stats.estimate if stats is not None else None
+        share = self.first_share
+        if estimate is not None and best and not self._is_fresh(rival):
+            slowdown = best / estimate - 1 if estimate > 0 else float("inf")
+            share = MAX_SHARE if slowdown <= 0 else min(MAX_SHARE, self.regret / slowdown)
+            share = max(share, self.first_share)
+        return Split(incumbent, rival, share)
+
+    def undivided(self, context: Context, split: Split) -> Arm:
+        """The arm for a whole call of an exploring context that cannot be divided (one
+        small transfer): the rival while the seconds such calls gave rivals stay within
+        :attr:`regret` of all the context's exploring calls, else the incumbent. The bound
+        holds over the calls rather than within each."""
+        key = context.key()
+        with self._lock:
+            allowed = self._explored.get(key, 0.0) <= self.regret * self._spent.get(key, 0.0)
+        return split.rival if allowed else split.incumbent
+
+    def account(self, context: Context, seconds: float, *, rival: bool) -> None:
+        """Count an exploring call's ``seconds``, as a rival's with ``rival``."""
+        key = context.key()
+        with self._lock:
+            self._spent[key] = self._spent.get(key, 0.0) + seconds
+            if rival:
+                self._explored[key] = self._explored.get(key, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def whole_calls(self) -> Iterator[None]:
+        """Explore one whole call per arm in the ``with`` block, as :func:`arrayio.tune`
+        does: learning converges in fewer calls, each paid in full."""
+        previous, self.within_calls = self.within_calls, False
+        try:
+            yield
+        finally:
+            self.within_calls = previous
 
     def _release(self, key: str, arm: Arm) -> None:
         slot = (key, arm.label)
@@ -314,6 +416,7 @@ class Policy:
         operation: Callable[[Tool], R],
         *,
         force: Arm | None = None,
+        prefer: Arm | None = None,
     ) -> tuple[R, Arm]:
         """Run ``operation`` with the chosen tool, falling back to others when tools fail.
 
@@ -327,6 +430,9 @@ class Policy:
             Does the I/O with the tool it is given and returns its result (bytes moved).
         force
             Use this arm only: no choice, no fallback; the measurement is still recorded.
+        prefer
+            Try this arm first (the incumbent of a :class:`Split` call), then fall back as
+            usual.
 
         Returns
         -------
@@ -350,7 +456,7 @@ class Policy:
                 self.record(context, force, nbytes, self._clock() - start)
             return result, force
         key = context.key()
-        if self.sample_every > 1:
+        if self.sample_every > 1 and prefer is None:
             fast = self._exploit_untimed(key, operation)
             if fast is not None:
                 return fast
@@ -359,7 +465,7 @@ class Policy:
         last_error: BaseException | None = None
         while True:
             with self._lock:
-                arm = self._choose(context, key, tried, reserve=True)
+                arm = self._choose(context, key, tried, reserve=True, prefer=prefer)
             if arm is None:
                 break
             try:

@@ -12,10 +12,12 @@ import collections
 import errno
 import json
 import logging
+import os
 import random
 import threading
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -831,6 +833,208 @@ def test_the_policy_module_still_offers_every_name_it_had() -> None:
     import arrayio.dispatch
     from arrayio.dispatch import policy
 
-    assert set(policy.__all__) == {"Arm", "ArmReport", "Explanation", "Policy", "is_tool_failure"}
+    assert set(policy.__all__) >= {"Arm", "ArmReport", "Explanation", "Policy", "is_tool_failure"}
     for name in policy.__all__:
         assert getattr(policy, name) is getattr(arrayio.dispatch, name)
+
+
+# -- learning within calls --------------------------------------------------------------------
+
+
+def learn_a(policy: Policy, ctx: Context, samples: int = 2) -> None:
+    """Give arm A (the prior) its samples: whole calls, before anything can be split."""
+    for _ in range(samples):
+        assert policy.split(ctx) is None  # nothing measured: the prior takes the call
+        assert call(policy, ctx) == A
+
+
+def test_nothing_is_split_before_the_prior_is_measured_or_once_exploiting():
+    world = World({"a": 2 * GB, "b": 1 * GB})
+    policy = make_policy(world, [A, B])
+    ctx = context()
+    assert policy.split(ctx) is None
+    call(policy, ctx)  # A, measured
+    split = policy.split(ctx)
+    assert split is not None and (split.incumbent, split.rival) == (A, B)
+    for _ in range(2):
+        call(policy, ctx, force=B)
+    call(policy, ctx, force=A)
+    assert entry_of(policy, ctx).phase == EXPLOITING
+    assert policy.split(ctx) is None
+    with policy.whole_calls():
+        assert policy.split(ctx) is None and not policy.within_calls
+    assert policy.within_calls
+
+
+@pytest.mark.parametrize(
+    ("rival_speed", "expected"),
+    [(None, 1 / 64), (0.8, 0.4), (0.6, 0.15), (1.0, 0.5), (0.51, 0.104)],
+)
+def test_a_rivals_share_bounds_the_time_it_loses(rival_speed, expected):
+    world = World({"a": 1 * GB, "b": (rival_speed or 1) * GB})
+    policy = make_policy(world, [A, B], explore_samples=3, contend_samples=3)
+    ctx = context()
+    call(policy, ctx)
+    if rival_speed is not None:
+        call(policy, ctx, force=B)
+    split = policy.split(ctx)
+    assert split is not None and split.rival == B
+    assert split.share == pytest.approx(expected, rel=0.01)
+    # What it loses, as a fraction of the call: share * (1 / ratio - 1) <= regret.
+    if rival_speed is not None:
+        assert split.share * (1 / rival_speed - 1) <= policy.regret + 1e-9
+
+
+def test_a_rival_whose_tool_is_fresh_gets_the_first_share_again():
+    world = World({"a": 1 * GB, "b": 1 * GB})
+    policy = make_policy(world, [A, B], skip_first_call=True)
+    ctx = context()
+    call(policy, ctx)
+    call(policy, ctx)  # A's second call: its first one paid its setup
+    split = policy.split(ctx)
+    assert split is not None and split.rival == B and split.share == policy.first_share
+
+
+def test_the_policy_refuses_out_of_range_shares():
+    world = World({"a": 1 * GB})
+    with pytest.raises(ValueError, match="regret"):
+        make_policy(world, [A], regret=0)
+    with pytest.raises(ValueError, match="first_share"):
+        make_policy(world, [A], first_share=0.75)
+
+
+def test_an_undivided_call_goes_to_the_rival_only_within_the_regret_budget():
+    world = World({"a": 1 * GB, "b": 1 * GB})
+    policy = make_policy(world, [A, B])
+    ctx = context()
+    call(policy, ctx)
+    split = policy.split(ctx)
+    assert policy.undivided(ctx, split) == B  # nothing spent yet: the first rival call
+    policy.account(ctx, 1.0, rival=True)
+    assert policy.undivided(ctx, split) == A
+    for _ in range(9):
+        policy.account(ctx, 1.0, rival=False)
+    assert policy.undivided(ctx, split) == B  # 1 s of 10 s: within 10 %
+
+
+# -- the dispatcher's calls, divided --------------------------------------------------------
+
+
+class ExploringDispatcher:
+    """A dispatcher on fake tools and the world's clock, over a real scratch file."""
+
+    def __init__(self, world: World, arms: list[Arm], tmp_path, nbytes: int) -> None:
+        from arrayio.dispatch.dispatcher import Dispatcher
+
+        self.world = world
+        self.dispatcher = Dispatcher(None, clock=world.clock)
+        self.dispatcher.policy = make_policy(world, arms)
+        self.path = tmp_path / "data.bin"
+        self.path.write_bytes(b"\0" * nbytes)
+        self.fd = os.open(self.path, os.O_RDONLY)
+
+    def read_many(self, sizes: list[int]) -> float:
+        """Seconds of one batch read of arrays of ``sizes`` (on the world's clock)."""
+        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        requests = [(o, np.empty(s, np.uint8)) for o, s in zip(offsets, sizes, strict=True)]
+        start = self.world.clock()
+        self.dispatcher.read_many(self.fd, requests)
+        return self.world.clock() - start
+
+    def read(self, nbytes: int, with_checksum: bool = False) -> tuple[float, int | None]:
+        start = self.world.clock()
+        crc = self.dispatcher.read(
+            self.fd, np.empty(nbytes, np.uint8), 0, with_checksum=with_checksum
+        )
+        return self.world.clock() - start, crc
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+@pytest.fixture
+def exploring(tmp_path):
+    made: list[ExploringDispatcher] = []
+
+    def make(speeds: dict[str, float], arms: list[Arm], nbytes: int) -> ExploringDispatcher:
+        made.append(ExploringDispatcher(World(speeds), arms, tmp_path, nbytes))
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.close()
+
+
+def test_no_call_of_a_batch_loses_more_than_the_regret_to_exploring(exploring):
+    # The prior is the fastest; the others are 1.25x to 8x slower. Every call costs at most
+    # the regret (10 %) more than the prior alone would, or for a rival's first sample,
+    # before anything is known of it, its first share times its slowdown (7/64 here).
+    speeds = {"a": 8 * GB, "b": 6.4 * GB, "c": 4 * GB, "d": 1 * GB}
+    sizes = [16 * MiB] * 64
+    world = exploring(speeds, [A, B, C, Arm("d")], sum(sizes))
+    policy = world.dispatcher.policy
+    prior_alone = sum(sizes) / speeds["a"]
+    ratios = [world.read_many(sizes) / prior_alone for _ in range(40)]
+    first_sample_loss = policy.first_share * (speeds["a"] / speeds["d"] - 1)
+    assert max(ratios) <= 1 + max(policy.regret, first_sample_loss) + 1e-9, ratios
+    assert sorted(ratios)[-2] <= 1 + policy.regret + 1e-9, ratios  # that one call alone
+    [key] = [key for key, _ in policy.table.items()]
+    entry = policy.table.get(key)
+    assert entry.phase == EXPLOITING and entry.chosen == "a"
+    assert all(entry.arms[label].samples >= 1 for label in "bcd")  # every rival measured
+    assert ratios[-1] == pytest.approx(1.0)  # settled: no more exploring
+
+
+def test_a_faster_rival_found_within_calls_takes_over(exploring):
+    speeds = {"a": 2 * GB, "b": 8 * GB}
+    sizes = [8 * MiB] * 64
+    world = exploring(speeds, [A, B], sum(sizes))
+    for _ in range(12):
+        world.read_many(sizes)
+    [key] = [key for key, _ in world.dispatcher.policy.table.items()]
+    assert world.dispatcher.policy.table.get(key).chosen == "b"
+    assert world.read_many(sizes) == pytest.approx(sum(sizes) / speeds["b"])
+
+
+def test_a_rival_that_fails_leaves_its_part_to_the_incumbent(exploring):
+    speeds = {"a": 2 * GB, "b": 8 * GB}
+    sizes = [8 * MiB] * 64
+    world = exploring(speeds, [A, B], sum(sizes))
+    world.world.fail("b", lambda: ToolUnavailableError("b cannot run here"))
+    for _ in range(4):
+        world.read_many(sizes)
+    moved = world.world.calls
+    assert moved["a"] >= 4 * 64 - 1  # every request read once by a (b's part redone by a)
+    [key] = [key for key, _ in world.dispatcher.policy.table.items()]
+    assert world.dispatcher.policy.table.get(key).arms["b"].unavailable
+
+
+def test_a_transfer_alone_is_cut_in_two_and_its_checksum_is_whole(tmp_path):
+    # Real tools and a real file: the two parts' CRCs combine into the whole one's.
+    from arrayio.dispatch.dispatcher import Dispatcher
+    from arrayio.integrity._checksum import checksum
+
+    data = np.random.default_rng(0).integers(0, 256, 64 * MiB, dtype=np.uint8)
+    path = tmp_path / "d.bin"
+    path.write_bytes(data.tobytes())
+    arms = [Arm.of("posix", threads=2, task_size=4 * MiB), Arm.of("naive")]
+    dispatcher = Dispatcher(None)
+    dispatcher.policy = Policy(lambda _context: arms, Table())
+    parts: list[int] = []
+    real_run = dispatcher.policy.run
+
+    def run(ctx, nbytes, operation, **kwargs):
+        parts.append(nbytes)
+        return real_run(ctx, nbytes, operation, **kwargs)
+
+    dispatcher.policy.run = run
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for _ in range(4):
+            out = np.empty(data.nbytes, np.uint8)
+            crc = dispatcher.read(fd, out, 0, with_checksum=True)
+            assert crc == checksum(data) and out.tobytes() == data.tobytes()
+    finally:
+        os.close(fd)
+        dispatcher.close()
+    assert any(0 < part < data.nbytes for part in parts), parts  # a call was cut
