@@ -97,6 +97,7 @@ DEFAULT_PEERS = {
 SMOKE_PEERS = ("safetensors", "safetensors-numpy", "arrayio-numpy", "arrayio-torch")
 SMOKE_LEARNED = ("arrayio-numpy",)
 CHECKED_BYTES = 192 << 20  # the CRC-32 check's budget: a few tensors, copied to the host
+FRAMEWORKS = frozenset({"torch", "jax", "jaxlib", "cupy", "numpy", "ml_dtypes"})
 
 
 # ------------------------------------------------------------------ the file
@@ -713,12 +714,19 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Argument
     )
     parser.add_argument("--seed", default=None, help="the rounds' shuffle (default: a new one)")
     parser.add_argument("--no-warm-up", dest="warm_up", action="store_false")
+    parser.add_argument(
+        "--no-precompile",
+        dest="precompile",
+        action="store_false",
+        help="do not compile arrayio's and the loaders' bytecode first",
+    )
     parser.add_argument("--sequence-timeout", type=float, default=300.0)
     parser.add_argument("--commit", default=None, help="the commit measured (default: git's)")
     args = parser.parse_args(argv)
     if args.smoke:
         args.device, args.gib, args.d_model, args.vocab, args.repeats = "cpu", 0.004, 128, 1024, 1
         args.warm_calls, args.reloads, args.cold_calls = 2, 1, 2
+        args.precompile = False
         args.peers = args.peers or ",".join(SMOKE_PEERS)
         args.learned = args.learned or ",".join(SMOKE_LEARNED)
     return args, parser
@@ -795,6 +803,30 @@ def make_file(
     return files, expected
 
 
+def precompile(peers: list[str]) -> list[str]:
+    """Compile the bytecode of arrayio and of every peer's modules, so that no sequence
+    compiles Python source inside a timed call, as none would where the packages were
+    installed (pip writes the bytecode; a machine with ``PYTHONDONTWRITEBYTECODE`` set would
+    otherwise compile them again in every fresh process). Returns the directories
+    compiled."""
+    import compileall
+
+    names = {"arrayio", "benchmarks"}
+    for peer in peers:
+        names.update(module.split(".")[0] for module in PEERS[peer].modules)
+    names -= FRAMEWORKS  # imported before call 1, untimed; and large
+    compiled = []
+    for name in sorted(names):
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        for location in spec.submodule_search_locations:
+            if os.access(location, os.W_OK):
+                compileall.compile_dir(location, quiet=1, workers=os.cpu_count() or 1)
+                compiled.append(location)
+    return compiled
+
+
 def measure(
     args: argparse.Namespace,
     report: dict[str, Any],
@@ -805,6 +837,8 @@ def measure(
     """The file, the ceilings' search, the warm-up and the rounds, in a scratch directory
     removed at the end."""
     started = time.time()
+    if args.precompile:
+        report["precompiled"] = precompile(peers)
     directory = tempfile.mkdtemp(prefix="arrayio-first-calls-", dir=args.dir)
     ceilings = None
     try:

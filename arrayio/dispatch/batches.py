@@ -12,6 +12,7 @@ write (:func:`runs`, :func:`span`); a tool that writes several device buffers as
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -35,7 +36,7 @@ __all__ = [
     "Request",
     "cannot_checksum",
     "checksum_on_gpu",
-    "cut",
+    "Division",
     "divide",
     "extent",
     "read_batch",
@@ -184,53 +185,67 @@ def submit_windowed(
     return counts
 
 
-def divide(batch: Sequence[Request], share: float) -> tuple[list[int], list[int]] | None:
-    """Indices of at most ``share`` of the batch's bytes (taken from its end; where no
-    request is that small, the smallest one if within half as much again), and of the rest;
-    None where no such part exists (one request holds most of the bytes)."""
-    total = sum(buffer.nbytes for _, buffer in batch)
-    target = share * total
-    chosen: list[int] = []
-    taken = 0
-    for i in range(len(batch) - 1, -1, -1):
-        size = batch[i][1].nbytes
-        if size and taken + size <= target:
-            chosen.append(i)
-            taken += size
-    if not chosen:
-        sizes = [(buffer.nbytes, i) for i, (_, buffer) in enumerate(batch) if buffer.nbytes]
-        size, smallest = min(sizes, default=(0, -1))
-        if 0 < size <= 1.5 * target:
-            chosen, taken = [smallest], size
-    if not chosen or taken < target / 4 or len(chosen) == len(batch):
-        return None
-    chosen.sort()
-    picked = set(chosen)
-    return chosen, [i for i in range(len(batch)) if i not in picked]
+@dataclasses.dataclass(frozen=True, slots=True)
+class Division:
+    """A batch shared between two arms: its requests, one of them possibly cut in two on
+    views of its buffer (``owners[k]``: the batch's request that piece ``k`` is part of),
+    and the pieces each arm moves."""
+
+    pieces: list[Request]
+    owners: list[int]
+    rival: list[int]
+    incumbent: list[int]
 
 
-# A transfer alone is cut in two for an exploration only from this size: a part smaller than
-# a few of a tool's tasks measures its setup more than its rate.
-CUT_MIN_BYTES = 16 << 20
-_CUT_ALIGNMENT = 1 << 20
+# A rival's part is a whole number of MiB, one at least: a smaller part measures a tool's
+# setup more than its rate.
+_PART_ALIGNMENT = 1 << 20
 
 
-def cut(request: Request, share: float) -> list[Request] | None:
-    """One transfer as two on views of its buffer, the second with about ``share`` of the
-    bytes (a whole number of MiB); None where the transfer is too small to cut, or its
-    buffer cannot be viewed in parts."""
-    offset, buffer = request
-    nbytes = buffer.nbytes
-    second = int(share * nbytes) // _CUT_ALIGNMENT * _CUT_ALIGNMENT
-    if nbytes < CUT_MIN_BYTES or second <= 0 or second >= nbytes:
-        return None
-    first = nbytes - second
+def _split_at(buffer: Buffer, at: int) -> tuple[Buffer, Buffer] | None:
+    """The buffer's bytes before and from ``at``, as views of the same memory; None for a
+    buffer that cannot be viewed in parts."""
     if isinstance(buffer, np.ndarray):
-        return [(offset, buffer[:first]), (offset + first, buffer[first:])]
+        return buffer[:at], buffer[at:]
     part = getattr(buffer, "part", None)
     if part is None:
         return None
-    return [(offset, part(0, first)), (offset + first, part(first, nbytes))]
+    return part(0, at), part(at, buffer.nbytes)
+
+
+def divide(batch: Sequence[Request], share: float) -> Division | None:
+    """About ``share`` of the batch's bytes for a rival (a whole number of MiB, at most the
+    share), taken from its end: whole requests, then the tail of the next one; the rest for
+    the incumbent. None where that is less than a MiB, or every byte."""
+    total = sum(buffer.nbytes for _, buffer in batch)
+    need = int(share * total) // _PART_ALIGNMENT * _PART_ALIGNMENT
+    if need <= 0 or need >= total:
+        return None
+    pieces: list[Request] = list(batch)
+    owners = list(range(len(batch)))
+    rival: list[int] = []
+    for i in range(len(batch) - 1, -1, -1):
+        offset, buffer = batch[i]
+        if buffer.nbytes <= need:
+            rival.append(i)
+            need -= buffer.nbytes
+        else:
+            tail = need // _PART_ALIGNMENT * _PART_ALIGNMENT
+            halves = _split_at(buffer, buffer.nbytes - tail) if tail else None
+            if halves is not None:
+                pieces[i] = (offset, halves[0])
+                pieces.insert(i + 1, (offset + halves[0].nbytes, halves[1]))
+                owners.insert(i + 1, i)
+                rival = [k + 1 for k in rival]  # they followed request i
+                rival.append(i + 1)
+            break
+        if need < _PART_ALIGNMENT:
+            break
+    if not rival or len(rival) == len(pieces):
+        return None
+    rival.sort()
+    taken = set(rival)
+    return Division(pieces, owners, rival, [k for k in range(len(pieces)) if k not in taken])
 
 
 def read_one(t: Tool, fd: int, request: Request, path: str, with_checksum: bool) -> int | None:

@@ -15,6 +15,7 @@ The candidate arms per context come from the table in :mod:`~arrayio.dispatch.ca
 from __future__ import annotations
 
 import atexit
+import collections
 import functools
 import hashlib
 import inspect
@@ -653,12 +654,18 @@ class Dispatcher:
                 direction, fd, ranges, buffer_kind(batch[0][1]), with_checksum
             )
             split = self.policy.split(context) if forced is None else None
+            start = self._clock()
             if split is None:
                 result, arm = self.policy.run(
                     context, nbytes, operation(batch, report), force=forced
                 )
+                explored = 0.0
             else:
-                result, arm = self._explore(context, split, batch, with_checksum, report, operation)
+                result, arm, explored = self._explore(
+                    context, split, batch, with_checksum, report, operation
+                )
+            if forced is None:
+                self.policy.account(context, self._clock() - start, explored)
         self.last = (context, arm)
         if len(batch) > 1:
             self.last_batch = self.last
@@ -673,29 +680,26 @@ class Dispatcher:
         with_checksum: bool,
         report: Callable[[int], None],
         operation: Callable[[list[Request], Callable[[int], None]], Operation],
-    ) -> tuple[list[int | None], Arm]:
+    ) -> tuple[list[int | None], Arm, float]:
         """Move a batch of an exploring context in two parts, one after the other, each
-        timed and recorded for its arm: about ``split.share`` of the bytes with the rival,
-        the rest with the incumbent (or, where the rival fails, all of it). A transfer alone
-        is cut in two; a batch or transfer that cannot be divided goes whole to the
-        incumbent. Learning within calls bounds what exploring costs a call (see
-        :meth:`Policy.split <arrayio.dispatch.policy.Policy.split>`)."""
-        requests, whole = batch, None
-        if len(batch) == 1:
-            pieces = batches.cut(batch[0], split.share)
-            if pieces is not None:
-                requests, whole = pieces, batch[0][1].nbytes
-        parts = batches.divide(requests, split.share) if len(requests) > 1 else None
-        if parts is None:
-            nbytes = sum(buffer.nbytes for _, buffer in batch)
-            start = self._clock()
-            if self.policy.undivided(context, split) == split.rival:
+        timed and recorded for its arm: about ``split.share`` of the bytes with the rival
+        (whole requests from the batch's end, then the tail of one cut on views of its
+        buffer: a transfer alone is cut too), the rest with the incumbent (all of it, where
+        the rival fails). Learning within calls bounds what exploring costs a call (see
+        :meth:`Policy.split <arrayio.dispatch.policy.Policy.split>`). A batch that cannot be
+        divided goes whole to one arm (:meth:`Policy.undivided
+        <arrayio.dispatch.policy.Policy.undivided>`). Returns the CRCs, the arm of the
+        incumbent's part (or of the whole call) and the seconds the rival ran."""
+        division = batches.divide(batch, split.share)
+        nbytes = sum(buffer.nbytes for _, buffer in batch)
+        start = self._clock()
+        if division is None:
+            if self.policy.undivided(context, split, nbytes) == split.rival:
                 try:
                     result, arm = self.policy.run(
                         context, nbytes, operation(batch, report), force=split.rival
                     )
-                    self.policy.account(context, self._clock() - start, rival=True)
-                    return result, arm
+                    return result, arm, self._clock() - start
                 except Exception as error:
                     if not is_tool_failure(error):
                         raise
@@ -703,44 +707,51 @@ class Dispatcher:
             result, arm = self.policy.run(
                 context, nbytes, operation(batch, report), prefer=split.incumbent
             )
-            self.policy.account(context, self._clock() - start, rival=False)
-            return result, arm
-        rival_part, incumbent_part = parts
-        results: dict[int, int | None] = {}
+            return result, arm, self._clock() - start
+        pieces, owners = division.pieces, division.owners
+        crcs: list[int | None] = [None] * len(pieces)
+        left = collections.Counter(owners)  # pieces of each request still to land
 
         def run(indices: list[int], **choice: Arm) -> Arm:
-            def part_report(k: int) -> None:
-                if whole is None:  # a cut transfer reports once, at the end
-                    report(indices[k])
+            def landed(k: int) -> None:
+                left[owners[indices[k]]] -= 1
+                if not left[owners[indices[k]]]:
+                    report(owners[indices[k]])
 
             got, arm = self.policy.run(
                 context,
-                sum(requests[i][1].nbytes for i in indices),
-                operation([requests[i] for i in indices], part_report),
+                sum(pieces[k][1].nbytes for k in indices),
+                operation([pieces[k] for k in indices], landed),
                 **choice,
             )
-            results.update(zip(indices, got, strict=True))
+            for k, crc in zip(indices, got, strict=True):
+                crcs[k] = crc
             return arm
 
-        start = self._clock()
+        incumbent = division.incumbent
         try:
-            run(rival_part, force=split.rival)
+            run(division.rival, force=split.rival)
         except Exception as error:
             if not is_tool_failure(error):
                 raise
             self.policy.fail(context, split.rival, error)
-            incumbent_part = sorted(rival_part + incumbent_part)
-        middle = self._clock()
-        arm = run(incumbent_part, prefer=split.incumbent)
-        self.policy.account(context, middle - start, rival=True)
-        self.policy.account(context, self._clock() - middle, rival=False)
-        if whole is None:
-            return [results[i] for i in range(len(batch))], arm
-        report(0)
-        first, second = results[0], results[1]
-        if first is None or second is None:
-            return [None], arm
-        return [combine(first, second, requests[1][1].nbytes)], arm
+            left = collections.Counter(owners)
+            incumbent = list(range(len(pieces)))
+        explored = self._clock() - start
+        arm = run(incumbent, prefer=split.incumbent)
+        results: list[int | None] = [None] * len(batch)
+        for k, owner in enumerate(owners):
+            if with_checksum and k and owners[k - 1] == owner:  # a cut request's tail
+                head = results[owner]
+                tail = crcs[k]
+                results[owner] = (
+                    combine(head, tail, pieces[k][1].nbytes)
+                    if head is not None and tail is not None
+                    else None
+                )
+            else:
+                results[owner] = crcs[k]
+        return results, arm, explored
 
     def _maybe_save(self, force: bool = False) -> None:
         if self.table_path is None:

@@ -133,7 +133,7 @@ class Policy:
         # Whether exploring contexts share calls between arms (:meth:`split`); tune() turns
         # it off, to learn quickly on calls of its own.
         self.within_calls = True
-        # Per context: seconds of its exploring calls, and of those a rival ran whole.
+        # Per context: seconds of its calls, and of those the seconds rivals ran.
         self._spent: dict[str, float] = {}
         self._explored: dict[str, float] = {}
         self._candidates = candidates
@@ -307,23 +307,28 @@ class Policy:
             share = max(share, self.first_share)
         return Split(incumbent, rival, share)
 
-    def undivided(self, context: Context, split: Split) -> Arm:
-        """The arm for a whole call of an exploring context that cannot be divided (one
-        small transfer): the rival while the seconds such calls gave rivals stay within
-        :attr:`regret` of all the context's exploring calls, else the incumbent. The bound
+    def undivided(self, context: Context, split: Split, nbytes: int) -> Arm:
+        """The arm for a whole call of ``nbytes`` in an exploring context that cannot be
+        divided (one small transfer): the rival if, counting this call at half the
+        incumbent's bandwidth (the prune ratio's bar), the seconds rivals ran stay within
+        :attr:`regret` of the seconds of the context's calls; else the incumbent. The bound
         holds over the calls rather than within each."""
         key = context.key()
         with self._lock:
-            allowed = self._explored.get(key, 0.0) <= self.regret * self._spent.get(key, 0.0)
+            stats = self.table.get(key)
+            best = stats.arms.get(split.incumbent.label) if stats is not None else None
+            rate = best.estimate if best is not None else None
+            expected = 2 * nbytes / rate if rate else 0.0
+            explored = self._explored.get(key, 0.0) + expected
+            allowed = explored <= self.regret * (self._spent.get(key, 0.0) + expected)
         return split.rival if allowed else split.incumbent
 
-    def account(self, context: Context, seconds: float, *, rival: bool) -> None:
-        """Count an exploring call's ``seconds``, as a rival's with ``rival``."""
+    def account(self, context: Context, seconds: float, explored: float = 0.0) -> None:
+        """Count a call's ``seconds`` in its context, ``explored`` of them a rival's."""
         key = context.key()
         with self._lock:
             self._spent[key] = self._spent.get(key, 0.0) + seconds
-            if rival:
-                self._explored[key] = self._explored.get(key, 0.0) + seconds
+            self._explored[key] = self._explored.get(key, 0.0) + explored
 
     @contextlib.contextmanager
     def whole_calls(self) -> Iterator[None]:

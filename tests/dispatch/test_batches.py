@@ -758,3 +758,51 @@ def test_an_error_of_the_small_neighbours_inside_a_batch_is_no_tool_failure(
         _read_into(fresh, path, ranges, done=done)
     assert slow.running == 0
     assert all(not e.unavailable for e in arrayio.explain().explanations)
+
+
+# -- dividing a batch between two arms ------------------------------------------------------
+
+
+def _requests(sizes: list[int]) -> list[tuple[int, np.ndarray]]:
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [(o, np.empty(s, np.uint8)) for o, s in zip(offsets, sizes, strict=True)]
+
+
+def test_a_division_gives_the_rival_whole_requests_from_the_end():
+    batch = _requests([8 * MiB] * 8)
+    division = batches.divide(batch, 0.25)
+    assert division is not None
+    assert division.rival == [6, 7] and division.incumbent == list(range(6))
+    assert division.pieces == batch and division.owners == list(range(8))
+
+
+def test_a_division_cuts_a_request_for_the_rest_of_the_share():
+    batch = _requests([32 * MiB] * 4)
+    division = batches.divide(batch, 1 / 64)  # 2 MiB: the tail of the last request
+    assert division is not None
+    assert division.owners == [0, 1, 2, 3, 3]
+    head, tail = division.pieces[3], division.pieces[4]
+    assert (head[0], head[1].nbytes) == (96 * MiB, 30 * MiB)
+    assert (tail[0], tail[1].nbytes) == (126 * MiB, 2 * MiB)
+    assert np.shares_memory(tail[1], batch[3][1])  # a view: the bytes land in place
+    assert division.rival == [4] and division.incumbent == [0, 1, 2, 3]
+
+
+def test_a_division_is_whole_mebibytes_and_never_more_than_the_share():
+    for sizes, share in (([5 * MiB, 3 * MiB, 7 * MiB], 0.3), ([64 * MiB], 0.1)):
+        division = batches.divide(_requests(sizes), share)
+        assert division is not None
+        rival = sum(division.pieces[k][1].nbytes for k in division.rival)
+        assert rival % MiB == 0 and 0 < rival <= share * sum(sizes)
+        assert rival + sum(division.pieces[k][1].nbytes for k in division.incumbent) == sum(sizes)
+
+
+def test_nothing_to_divide_below_a_mebibyte_or_without_views():
+    assert batches.divide(_requests([8 * MiB]), 1 / 64) is None  # 128 KiB
+    assert batches.divide(_requests([8 * MiB, 8 * MiB]), 0.99) is not None
+
+    class Opaque:  # a device buffer that cannot be viewed in parts
+        nbytes = 64 * MiB
+        device_index = 0
+
+    assert batches.divide([(0, Opaque())], 0.25) is None

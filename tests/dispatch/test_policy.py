@@ -907,14 +907,15 @@ def test_an_undivided_call_goes_to_the_rival_only_within_the_regret_budget():
     world = World({"a": 1 * GB, "b": 1 * GB})
     policy = make_policy(world, [A, B])
     ctx = context()
-    call(policy, ctx)
+    call(policy, ctx)  # a: 1 GB/s, so a call of 1 GB takes 1 s, a rival's at most 2 s
     split = policy.split(ctx)
-    assert policy.undivided(ctx, split) == B  # nothing spent yet: the first rival call
-    policy.account(ctx, 1.0, rival=True)
-    assert policy.undivided(ctx, split) == A
-    for _ in range(9):
-        policy.account(ctx, 1.0, rival=False)
-    assert policy.undivided(ctx, split) == B  # 1 s of 10 s: within 10 %
+    policy.account(ctx, 1.0)
+    assert policy.undivided(ctx, split, int(GB)) == A  # 2 s of 3 s would be a rival's
+    for _ in range(20):
+        policy.account(ctx, 1.0)
+    assert policy.undivided(ctx, split, int(GB)) == B  # 2 s of 23 s: within 10 %
+    policy.account(ctx, 2.0, explored=2.0)
+    assert policy.undivided(ctx, split, int(GB)) == A
 
 
 # -- the dispatcher's calls, divided --------------------------------------------------------
@@ -1038,3 +1039,38 @@ def test_a_transfer_alone_is_cut_in_two_and_its_checksum_is_whole(tmp_path):
         os.close(fd)
         dispatcher.close()
     assert any(0 < part < data.nbytes for part in parts), parts  # a call was cut
+
+
+def test_a_batch_divided_within_a_request_returns_each_requests_whole_crc(tmp_path):
+    from arrayio.dispatch.dispatcher import Dispatcher
+    from arrayio.integrity._checksum import checksum
+
+    sizes = [24 * MiB, 40 * MiB]
+    data = np.random.default_rng(1).integers(0, 256, sum(sizes), dtype=np.uint8)
+    path = tmp_path / "d.bin"
+    path.write_bytes(data.tobytes())
+    arms = [Arm.of("posix", threads=2, task_size=4 * MiB), Arm.of("naive")]
+    dispatcher = Dispatcher(None)
+    dispatcher.policy = Policy(lambda _context: arms, Table())
+    pieces: list[int] = []
+    real_run = dispatcher.policy.run
+
+    def run(ctx, nbytes, operation, **kwargs):
+        pieces.append(nbytes)
+        return real_run(ctx, nbytes, operation, **kwargs)
+
+    dispatcher.policy.run = run
+    done: list[int] = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for _ in range(4):
+            outs = [np.empty(size, np.uint8) for size in sizes]
+            requests = [(0, outs[0]), (sizes[0], outs[1])]
+            crcs = dispatcher.read_many(fd, requests, with_checksum=True, done=done.append)
+            assert crcs == [checksum(data[: sizes[0]]), checksum(data[sizes[0] :])]
+            assert b"".join(o.tobytes() for o in outs) == data.tobytes()
+    finally:
+        os.close(fd)
+        dispatcher.close()
+    assert any(part % MiB == 0 and part < sizes[1] for part in pieces), pieces  # cut
+    assert sorted(done) == [0, 0, 0, 0, 1, 1, 1, 1]  # each request reported once per call
