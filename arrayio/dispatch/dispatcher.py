@@ -694,7 +694,7 @@ class Dispatcher:
         nbytes = sum(buffer.nbytes for _, buffer in batch)
         start = self._clock()
         if division is None:
-            if self.policy.undivided(context, split, nbytes) == split.rival:
+            if split.share and self.policy.undivided(context, split, nbytes) == split.rival:
                 try:
                     result, arm = self.policy.run(
                         context, nbytes, operation(batch, report), force=split.rival

@@ -146,6 +146,10 @@ class Policy:
         # Apart from the table's lock: making a tool can take seconds (importing KvikIO).
         self._tools_lock = threading.Lock()
         self._arms: dict[str, Candidates] = {}
+        # Arms whose tools are set up (made and prepared), and those being set up in the
+        # background before a rival's first share of a call.
+        self._ready: set[Arm] = set()
+        self._preparing: set[Arm] = set()
         self._in_flight: dict[tuple[str, str], int] = {}
         self._tools: dict[Arm, Tool] = {}
 
@@ -211,6 +215,34 @@ class Policy:
                 self._tools[arm] = tool
             return tool
 
+    def _prepared(self, arm: Arm) -> bool:
+        """Whether ``arm``'s tool is set up for a fair measurement; if not, set it up in the
+        background (once): a rival's first share of a user's call would otherwise pay for
+        its threads, pinned buffers and imports, ten times the transfer's own time. Tools
+        that skip no first call (fakes in tests) need no setting up."""
+        if not self.skip_first_call:
+            return True
+        with self._tools_lock:
+            if arm in self._ready:
+                return True
+            if arm in self._preparing:
+                return False
+            self._preparing.add(arm)
+        threading.Thread(
+            target=self._prepare, args=(arm,), name="arrayio-prepare", daemon=True
+        ).start()
+        return False
+
+    def _prepare(self, arm: Arm) -> None:
+        try:
+            self.tool(arm).prepare()
+        except Exception as error:  # noqa: BLE001 - a call measures it, and marks it
+            logger.info("setting up %s failed: %s", arm.label, error)
+        finally:
+            with self._tools_lock:
+                self._preparing.discard(arm)
+                self._ready.add(arm)
+
     def _is_fresh(self, arm: Arm) -> bool:
         """Whether ``arm``'s tool is yet to be made. Its first call then also pays for
         setting it up (thread pool, pinned buffers, CUDA streams): no fair sample, so it is
@@ -224,6 +256,7 @@ class Policy:
         """Close the tools the policy made (they are made again if needed)."""
         with self._tools_lock:
             tools, self._tools = list(self._tools.values()), {}
+            self._ready.clear()
         for tool in tools:
             tool.close()
 
@@ -300,6 +333,8 @@ class Policy:
             best = entry.arms[incumbent.label].estimate
             stats = entry.arms.get(rival.label)
             estimate = stats.estimate if stats is not None else None
+        if not self._prepared(rival):
+            return Split(incumbent, rival, 0.0)  # the incumbent's, while it is set up
         share = self.first_share
         if estimate is not None and best and not self._is_fresh(rival):
             slowdown = best / estimate - 1 if estimate > 0 else float("inf")

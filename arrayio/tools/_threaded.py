@@ -42,6 +42,15 @@ class ThreadedTool(Tool):
                 self._pool = _Pool(self.threads, thread_name_prefix=f"arrayio-{self.name}")
             return self._pool
 
+    def prepare(self) -> None:
+        """Start every worker thread (a pool starts one per task submitted, as needed)."""
+        pool = self._executor()
+        started = threading.Barrier(self.threads + 1)
+        waits = [pool.submit(started.wait, 10.0) for _ in range(self.threads)]
+        started.wait(10.0)
+        for wait in waits:
+            wait.result()
+
     def close(self) -> None:
         with self._lock:
             pool, self._pool = self._pool, None

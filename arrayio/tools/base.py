@@ -205,6 +205,11 @@ class Tool(abc.ABC):
         """Blocking :meth:`pwrite`."""
         return self.pwrite(fd, buffer, file_offset, checksum=checksum).get()
 
+    def prepare(self) -> None:  # noqa: B027 - optional hook, nothing to set up by default
+        """Set up what the first transfer would (threads, pinned buffers, libraries), so
+        that it measures the transfer alone; the dispatcher calls it in the background
+        before it measures a new arm on a user's call."""
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release threads and buffers; the tool may be used again afterwards."""
 

@@ -14,6 +14,7 @@ import ctypes
 import functools
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,20 +30,25 @@ __all__ = ["KvikioTool"]
 _settings_lock = threading.Lock()
 
 
+def _nothing() -> None:
+    """A handle already given back."""
+
+
 class _Future(IOFuture[int]):
-    """A KvikIO future that closes its file handle once the transfer is done."""
+    """A KvikIO future that gives its file handle back once the transfer is done."""
 
-    __slots__ = ("_kvikio_future", "_handle")
+    __slots__ = ("_kvikio_future", "_release")
 
-    def __init__(self, kvikio_future: Any, handle: Any) -> None:
+    def __init__(self, kvikio_future: Any, release: Callable[[], None]) -> None:
         super().__init__()
-        self._kvikio_future, self._handle = kvikio_future, handle
+        self._kvikio_future, self._release = kvikio_future, release
 
     def get(self) -> int:
         try:
             return int(self._kvikio_future.get())
         finally:
-            self._handle.close()
+            release, self._release = self._release, _nothing
+            release()
 
     def done(self) -> bool:
         return bool(self._kvikio_future.done())
@@ -65,6 +71,10 @@ class KvikioTool(Tool):
     def __init__(self, threads: int = 16, task_size: int = 4 << 20, **params: Any) -> None:
         super().__init__(threads=threads, task_size=task_size, **params)
         self.threads, self.task_size = threads, task_size
+        # One handle per descriptor and mode while transfers through it are in flight: a
+        # batch's hundred arrays share one instead of opening the file a hundred times.
+        self._handles: dict[tuple[int, str], list[Any]] = {}
+        self._handles_lock = threading.Lock()
 
     @classmethod
     @functools.cache
@@ -93,7 +103,9 @@ class KvikioTool(Tool):
         except RuntimeError:
             return "compat"
 
-    def _open(self, fd: int, flags: str) -> Any:
+    def _open(self, fd: int, flags: str) -> tuple[Any, Callable[[], None]]:
+        """A handle on ``fd``'s file (shared with the transfers in flight on it), and the
+        function that gives it back."""
         if not self.availability():
             raise ToolUnavailableError(self.availability().reason)
         import kvikio
@@ -109,7 +121,24 @@ class KvikioTool(Tool):
             # fresh process's first read a fraction of a second.
             if kvikio.defaults.get("bounce_buffer_size") != self.task_size:
                 kvikio.defaults.set("bounce_buffer_size", self.task_size)
-        return kvikio.CuFile(os.readlink(f"/proc/self/fd/{fd}"), flags)
+        key = (fd, flags)
+        with self._handles_lock:
+            entry = self._handles.get(key)
+            if entry is None:
+                entry = self._handles[key] = [
+                    kvikio.CuFile(os.readlink(f"/proc/self/fd/{fd}"), flags),
+                    0,
+                ]
+            entry[1] += 1
+
+        def release() -> None:
+            with self._handles_lock:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._handles[key]
+                    entry[0].close()
+
+        return entry[0], release
 
     @staticmethod
     def _target(buffer: Buffer) -> Any:
@@ -125,13 +154,13 @@ class KvikioTool(Tool):
         size = max(0, min(buffer.nbytes, os.fstat(fd).st_size - file_offset))
         if size == 0:
             return IOFuture.completed(0)
-        handle = self._open(fd, "r")
+        handle, release = self._open(fd, "r")
         try:
             future = handle.pread(self._target(buffer), size, file_offset, self.task_size)
         except BaseException:
-            handle.close()
+            release()
             raise
-        return _Future(future, handle)
+        return _Future(future, release)
 
     def pwrite(
         self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
@@ -142,10 +171,10 @@ class KvikioTool(Tool):
             return IOFuture.completed(0)
         if not isinstance(buffer, np.ndarray):
             synchronize_device(buffer)  # the producer's kernels must be done
-        handle = self._open(fd, "r+")
+        handle, release = self._open(fd, "r+")
         try:
             future = handle.pwrite(self._target(buffer), buffer.nbytes, file_offset, self.task_size)
         except BaseException:
-            handle.close()
+            release()
             raise
-        return _Future(future, handle)
+        return _Future(future, release)

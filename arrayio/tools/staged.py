@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import contextlib
 import functools
 import importlib.util
 import os
@@ -48,6 +49,7 @@ from ._io import (
     task_bytes,
 )
 from ._pinned import SLACK, Borrowed
+from ._pinned import pool as pinned_pool
 from ._threaded import ThreadedTool
 from .base import Availability, Buffer, Capabilities, IOFuture
 
@@ -103,6 +105,16 @@ class StagedTool(ThreadedTool):
         if device_index not in streams:
             streams[device_index] = cupy.cuda.Stream(non_blocking=True)
         return streams[device_index]
+
+    def prepare(self) -> None:
+        """Import CuPy, start the workers and pin a full pipeline's buffers into the shared
+        pool (two of a chunk per worker): pinning is the costly part of a first call."""
+        import cupy  # noqa: F401
+
+        super().prepare()
+        with contextlib.ExitStack() as loans:
+            for _ in range(2 * self.threads):
+                loans.enter_context(pinned_pool.lend(self.chunk_size + SLACK))
 
     @staticmethod
     def _device_bytes(buffer: DeviceBuffer) -> Any:

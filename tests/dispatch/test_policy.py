@@ -15,6 +15,7 @@ import logging
 import os
 import random
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -885,14 +886,42 @@ def test_a_rivals_share_bounds_the_time_it_loses(rival_speed, expected):
         assert split.share * (1 / rival_speed - 1) <= policy.regret + 1e-9
 
 
-def test_a_rival_whose_tool_is_fresh_gets_the_first_share_again():
-    world = World({"a": 1 * GB, "b": 1 * GB})
-    policy = make_policy(world, [A, B], skip_first_call=True)
-    ctx = context()
-    call(policy, ctx)
-    call(policy, ctx)  # A's second call: its first one paid its setup
-    split = policy.split(ctx)
-    assert split is not None and split.rival == B and split.share == policy.first_share
+def test_a_rival_is_set_up_in_the_background_before_its_first_share(exploring):
+    # Its threads, pinned buffers and imports would cost its first share ten times the
+    # transfer: until they are ready, the incumbent takes whole calls.
+    prepared = threading.Event()
+    release = threading.Event()
+
+    class Slow(FakeTool):
+        def prepare(self) -> None:
+            release.wait(10)
+            prepared.set()
+
+    speeds = {"a": 1 * GB, "b": 1 * GB}
+    sizes = [8 * MiB] * 64
+    world = exploring(speeds, [A, B], sum(sizes))
+    policy = world.dispatcher.policy = make_policy(world.world, [A, B], skip_first_call=True)
+    policy._make = lambda arm: Slow(world.world, arm)
+    ctx_calls = [world.read_many(sizes) for _ in range(3)]
+    assert world.world.calls["b"] == 0 and all(c > 0 for c in ctx_calls)
+    [key] = [key for key, _ in policy.table.items()]
+    split = policy.split(_context_of(world.dispatcher))
+    assert split is not None and split.rival == B and split.share == 0
+    release.set()
+    assert prepared.wait(10)
+    for _ in range(50):  # the background thread marks it ready right after
+        split = policy.split(_context_of(world.dispatcher))
+        if split is not None and split.share:
+            break
+        time.sleep(0.01)
+    assert split is not None and split.share == policy.first_share
+    world.read_many(sizes)
+    assert world.world.calls["b"] >= 1  # its first share, recorded: the tool was set up
+    assert policy.table.get(key).arms["b"].samples == 1
+
+
+def _context_of(dispatcher) -> Context:
+    return dispatcher.last[0]
 
 
 def test_the_policy_refuses_out_of_range_shares():
