@@ -811,7 +811,7 @@ def precompile(peers: list[str]) -> list[str]:
     compiled."""
     import compileall
 
-    names = {"arrayio", "benchmarks"}
+    names = {"arrayio", "benchmarks", "kvikio", "cuda"}  # cuda: KvikIO's cuda.pathfinder
     for peer in peers:
         names.update(module.split(".")[0] for module in PEERS[peer].modules)
     names -= FRAMEWORKS  # imported before call 1, untimed; and large

@@ -36,6 +36,9 @@ logger = logging.getLogger("arrayio.dispatch")
 R = TypeVar("R")
 
 MAX_SHARE = 0.5  # a rival never takes more of a call than the incumbent
+# Rivals are set up (in the background, which costs the calls that run meanwhile) only once
+# the incumbent has this many samples: a script that loads once never pays for it.
+PREPARE_AFTER = 2
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -333,8 +336,10 @@ class Policy:
             best = entry.arms[incumbent.label].estimate
             stats = entry.arms.get(rival.label)
             estimate = stats.estimate if stats is not None else None
-        if not self._prepared(rival):
-            return Split(incumbent, rival, 0.0)  # the incumbent's, while it is set up
+        if self.skip_first_call and (
+            entry.arms[incumbent.label].samples < PREPARE_AFTER or not self._prepared(rival)
+        ):
+            return Split(incumbent, rival, 0.0)  # the incumbent's, until the rival is set up
         share = self.first_share
         if estimate is not None and best and not self._is_fresh(rival):
             slowdown = best / estimate - 1 if estimate > 0 else float("inf")

@@ -29,6 +29,7 @@ import functools
 import importlib.util
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -54,6 +55,8 @@ from ._threaded import ThreadedTool
 from .base import Availability, Buffer, Capabilities, IOFuture
 
 __all__ = ["StagedTool"]
+
+_PREPARE_PAUSE = 0.02  # seconds between the pinned buffers prepare() allocates
 
 
 class StagedTool(ThreadedTool):
@@ -115,6 +118,9 @@ class StagedTool(ThreadedTool):
         with contextlib.ExitStack() as loans:
             for _ in range(2 * self.threads):
                 loans.enter_context(pinned_pool.lend(self.chunk_size + SLACK))
+                # Pinning holds the CUDA driver, and the user's transfers run meanwhile:
+                # a buffer at a time, with pauses, rather than all at once.
+                time.sleep(_PREPARE_PAUSE)
 
     @staticmethod
     def _device_bytes(buffer: DeviceBuffer) -> Any:
