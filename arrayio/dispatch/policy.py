@@ -221,8 +221,8 @@ class Policy:
     def _prepared(self, arm: Arm) -> bool:
         """Whether ``arm``'s tool is set up for a fair measurement; if not, set it up in the
         background (once): a rival's first share of a user's call would otherwise pay for
-        its threads, pinned buffers and imports, ten times the transfer's own time. Tools
-        that skip no first call (fakes in tests) need no setting up."""
+        its threads, pinned buffers and imports, which take longer than a share's transfer.
+        Tools that skip no first call (fakes in tests) need no setting up."""
         if not self.skip_first_call:
             return True
         with self._tools_lock:

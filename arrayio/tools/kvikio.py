@@ -32,7 +32,7 @@ _settings_lock = threading.Lock()
 
 class _DeviceBytes:
     """Device bytes as a bare ``__cuda_array_interface__``: torch builds a tensor's in Python
-    on every access, which cost a checkpoint's load a fraction of a millisecond per array.
+    on every access, a cost paid per array of a checkpoint.
     No stream is named: a write's producer is synchronized before KvikIO runs, and a read
     fills memory nothing else uses yet."""
 
@@ -135,8 +135,8 @@ class KvikioTool(Tool):
             if kvikio.defaults.get("task_size") != self.task_size:
                 kvikio.defaults.set("task_size", self.task_size)
             # In compatibility mode every thread stages its task through a pinned bounce
-            # buffer; a larger one than the task is never filled, and pinning it costs a
-            # fresh process's first read a fraction of a second.
+            # buffer; a larger one than the task is never filled, and pinning is slow (a
+            # fresh process pays it on its first read).
             if kvikio.defaults.get("bounce_buffer_size") != self.task_size:
                 kvikio.defaults.set("bounce_buffer_size", self.task_size)
         key = (fd, flags)

@@ -89,8 +89,8 @@ class StagedTool(ThreadedTool):
     @functools.cache
     def availability(cls) -> Availability:
         # Asked for every GPU transfer's candidates, before any is chosen: importing CuPy
-        # costs a fresh process a tenth of a second, so a framework that already runs CUDA
-        # (torch) is asked for the device count, and CuPy is only looked for.
+        # is slow, and a torch user's load may never need it, so a framework that already
+        # runs CUDA (torch) is asked for the device count, and CuPy is only looked for.
         if importlib.util.find_spec("cupy") is None:
             return Availability(False, "CuPy is not installed (pip install 'arrayio[gpu]')")
         try:
