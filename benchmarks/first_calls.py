@@ -2,6 +2,7 @@
 and the page cache's ceilings.
 
 ``python -m benchmarks.first_calls --out DIR [--gib 1.5] [--repeats 3] [--drop-caches]
+[--patterns warm,cold_start,cold_every]
 [--peers A,B] [--learned A,B|none] [--warm-calls 12] [--reloads 6] [--cold-calls 6]
 [--deadline EPOCH] [--dir SCRATCH] [--smoke] [--replot DIR/first_calls.json]``
 
@@ -319,7 +320,9 @@ def phase_order(jobs: list[Job | None], rng: random.Random) -> list[Job | None]:
 
 
 def calls_of(args: argparse.Namespace) -> dict[str, int]:
-    return {"warm": args.warm_calls, "cold_start": 1 + args.reloads, "cold_every": args.cold_calls}
+    """The calls of each pattern run (``--patterns``), in :data:`PATTERNS`' order."""
+    calls = {"warm": args.warm_calls, "cold_start": 1 + args.reloads, "cold_every": args.cold_calls}
+    return {pattern: calls[pattern] for pattern in PATTERNS if pattern in args.patterns}
 
 
 class Predictor:
@@ -413,7 +416,7 @@ class Rounds:
         """Every repetition, the report rewritten after every pattern."""
         rng = random.Random(self.report["seed"])
         for repetition in range(repeats):
-            patterns = list(PATTERNS)
+            patterns = list(self.calls)
             rng.shuffle(patterns)
             for pattern in patterns:
                 jobs: list[Job | None] = [Job(p, pattern, repetition) for p in peers]
@@ -515,7 +518,7 @@ def summarize(report: dict[str, Any]) -> None:
     each column's median and its ratio to the best series' in that column."""
     medians: dict[str, Any] = {}
     table: dict[str, Any] = {}
-    for pattern in PATTERNS:
+    for pattern in report["patterns"]:
         rows = {name: samples(report, pattern, name) for name in series_of(report)}
         rows = {name: r for name, r in rows.items() if r}
         medians[pattern] = {name: per_call_medians(r) for name, r in rows.items()}
@@ -555,7 +558,7 @@ def table_text(report: dict[str, Any]) -> str:
     """The text table: per pattern, each column's median GB/s and its ratio to the best."""
     lines = []
     ceilings = report.get("ceilings_GBps", {})
-    for pattern in PATTERNS:
+    for pattern in report["patterns"]:
         rows = report["table"].get(pattern, {})
         ceiling = CEILING_OF[pattern]
         value = ceilings.get(ceiling)
@@ -604,11 +607,12 @@ def plot(report: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-    fig, axes = plt.subplots(1, len(PATTERNS), figsize=(18, 5.6), squeeze=False)
+    patterns = list(report["patterns"])
+    fig, axes = plt.subplots(1, len(patterns), figsize=(6 * len(patterns), 5.6), squeeze=False)
     names = series_of(report)
     colors = {peer: f"C{i}" for i, peer in enumerate(report["peers"])}
     ceilings = report.get("ceilings_GBps", {})
-    for ax, pattern in zip(axes[0], PATTERNS, strict=True):
+    for ax, pattern in zip(axes[0], patterns, strict=True):
         for name in names:
             medians = report["medians_GBps"].get(pattern, {}).get(name)
             if not medians:
@@ -694,6 +698,12 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Argument
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     h.common_arguments(parser)
     parser.add_argument("--gib", type=float, default=1.5, help="the state dict's size, GiB")
+    parser.add_argument(
+        "--patterns",
+        type=lambda value: [p.strip() for p in value.split(",") if p.strip()],
+        default=list(PATTERNS),
+        help=f"the patterns to run, of {','.join(PATTERNS)} (default: all)",
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--d-model", type=int, default=2048)
     parser.add_argument("--vocab", type=int, default=32000)
@@ -723,6 +733,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Argument
     parser.add_argument("--sequence-timeout", type=float, default=300.0)
     parser.add_argument("--commit", default=None, help="the commit measured (default: git's)")
     args = parser.parse_args(argv)
+    unknown = [p for p in args.patterns if p not in PATTERNS]
+    if unknown or not args.patterns:
+        parser.error(f"--patterns takes some of {', '.join(PATTERNS)}, got {args.patterns}")
     if args.smoke:
         args.device, args.gib, args.d_model, args.vocab, args.repeats = "cpu", 0.004, 128, 1024, 1
         args.warm_calls, args.reloads, args.cold_calls = 2, 1, 2

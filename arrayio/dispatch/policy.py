@@ -36,8 +36,10 @@ logger = logging.getLogger("arrayio.dispatch")
 R = TypeVar("R")
 
 MAX_SHARE = 0.5  # a rival never takes more of a call than the incumbent
-# Rivals are set up (in the background, which costs the calls that run meanwhile) only once
-# the incumbent has this many samples: a script that loads once never pays for it.
+# Rivals are set up (in the background, which slows the calls that run meanwhile: pinning
+# memory holds the CUDA driver) only once the incumbent has this many samples and the
+# context's calls have taken ``Policy.setup_after`` seconds; the setting up is then charged
+# to the context's regret. A script that loads a model once never pays for it.
 PREPARE_AFTER = 2
 
 
@@ -92,6 +94,9 @@ class Policy:
         While a context explores, a call that can be divided gives a rival arm a share of its
         bytes (:meth:`split`): ``first_share`` before the rival has an estimate, then as
         much as keeps the time lost to it under ``regret`` of the call's, at most half.
+    setup_after
+        Seconds a context's calls must have taken before its rivals are set up (with
+        ``skip_first_call``; see :data:`PREPARE_AFTER`).
 
     Raises
     ------
@@ -118,6 +123,7 @@ class Policy:
         sample_every: int = 1,
         regret: float = 0.1,
         first_share: float = 1 / 64,
+        setup_after: float = 2.0,
     ) -> None:
         self.exploration = Exploration(
             explore_samples,
@@ -133,6 +139,7 @@ class Policy:
         if not 0 < first_share <= MAX_SHARE:
             raise ValueError(f"first_share must be in (0, {MAX_SHARE}], got {first_share}")
         self.regret, self.first_share = regret, first_share
+        self.setup_after = setup_after
         # Whether exploring contexts share calls between arms (:meth:`split`); tune() turns
         # it off, to learn quickly on calls of its own.
         self.within_calls = True
@@ -218,7 +225,25 @@ class Policy:
                 self._tools[arm] = tool
             return tool
 
-    def _prepared(self, arm: Arm) -> bool:
+    def _set_up(self, key: str, entry: ContextEntry, incumbent: Arm, rival: Arm) -> bool:
+        """Whether ``rival`` is ready for a share of this context's calls; starts setting it
+        up when the context has earned it (:data:`PREPARE_AFTER` samples,
+        :attr:`setup_after` seconds, and the seconds spent on rivals within the regret)."""
+        with self._tools_lock:
+            if rival in self._ready:
+                return True
+        with self._lock:
+            spent = self._spent.get(key, 0.0)
+            explored = self._explored.get(key, 0.0)
+        if (
+            entry.arms[incumbent.label].samples < PREPARE_AFTER
+            or spent < self.setup_after
+            or explored > self.regret * spent
+        ):
+            return False
+        return self._prepared(rival, key)
+
+    def _prepared(self, arm: Arm, key: str | None = None) -> bool:
         """Whether ``arm``'s tool is set up for a fair measurement; if not, set it up in the
         background (once): a rival's first share of a user's call would otherwise pay for
         its threads, pinned buffers and imports, which take longer than a share's transfer.
@@ -232,11 +257,12 @@ class Policy:
                 return False
             self._preparing.add(arm)
         threading.Thread(
-            target=self._prepare, args=(arm,), name="arrayio-prepare", daemon=True
+            target=self._prepare, args=(arm, key), name="arrayio-prepare", daemon=True
         ).start()
         return False
 
-    def _prepare(self, arm: Arm) -> None:
+    def _prepare(self, arm: Arm, key: str | None) -> None:
+        start = time.perf_counter()
         try:
             self.tool(arm).prepare()
         except Exception as error:  # noqa: BLE001 - a call measures it, and marks it
@@ -245,6 +271,10 @@ class Policy:
             with self._tools_lock:
                 self._preparing.discard(arm)
                 self._ready.add(arm)
+            if key is not None:  # what it cost the calls meanwhile, at most its duration
+                with self._lock:
+                    seconds = time.perf_counter() - start
+                    self._explored[key] = self._explored.get(key, 0.0) + seconds
 
     def _is_fresh(self, arm: Arm) -> bool:
         """Whether ``arm``'s tool is yet to be made. Its first call then also pays for
@@ -336,9 +366,7 @@ class Policy:
             best = entry.arms[incumbent.label].estimate
             stats = entry.arms.get(rival.label)
             estimate = stats.estimate if stats is not None else None
-        if self.skip_first_call and (
-            entry.arms[incumbent.label].samples < PREPARE_AFTER or not self._prepared(rival)
-        ):
+        if self.skip_first_call and not self._set_up(key, entry, incumbent, rival):
             return Split(incumbent, rival, 0.0)  # the incumbent's, until the rival is set up
         share = self.first_share
         if estimate is not None and best and not self._is_fresh(rival):

@@ -270,6 +270,7 @@ class NoCeilings:
 
 def rounds_report(peers: list[str]) -> dict:
     return {
+        "patterns": {pattern: {} for pattern in fc.PATTERNS},
         "file": {"bytes": 10**9},
         "seed": "s",
         "peers": {p: {} for p in peers},
@@ -313,3 +314,11 @@ def test_rounds_past_their_deadline_are_skipped_and_said(tmp_path: Path) -> None
     assert not runner.ran and not report["sequences"]
     skipped = {(s["series"], s["pattern"]) for s in report["skipped_for_time"]}
     assert skipped == {(name, p) for name in ("a", "a (learned)") for p in PATTERNS}
+
+
+def test_patterns_can_be_chosen_and_keep_their_order() -> None:
+    args, _ = fc.parse(["--out", "x", "--patterns", "cold_every,warm"])
+    assert list(fc.calls_of(args)) == ["warm", "cold_every"]
+    assert list(fc.calls_of(fc.parse(["--out", "x"])[0])) == list(fc.PATTERNS)
+    with pytest.raises(SystemExit):
+        fc.parse(["--out", "x", "--patterns", "tepid"])

@@ -902,8 +902,13 @@ def test_a_rival_is_set_up_in_the_background_before_its_first_share(exploring):
     world = exploring(speeds, [A, B], sum(sizes))
     policy = world.dispatcher.policy = make_policy(world.world, [A, B], skip_first_call=True)
     policy._make = lambda arm: Slow(world.world, arm)
-    ctx_calls = [world.read_many(sizes) for _ in range(3)]
-    assert world.world.calls["b"] == 0 and all(c > 0 for c in ctx_calls)
+    # Each call takes 0.54 s: set up only once the context's calls took 2 s, after the
+    # incumbent's two samples (its first call, which set its tool up, is not one).
+    seconds = []
+    while not policy._preparing and len(seconds) < 10:
+        seconds.append(world.read_many(sizes))
+    assert len(seconds) == 5 and sum(seconds[:4]) >= 2.0 > sum(seconds[:3])
+    assert world.world.calls["b"] == 0
     [key] = [key for key, _ in policy.table.items()]
     split = policy.split(_context_of(world.dispatcher))
     assert split is not None and split.rival == B and split.share == 0
@@ -1049,7 +1054,7 @@ def test_a_transfer_alone_is_cut_in_two_and_its_checksum_is_whole(tmp_path):
     path.write_bytes(data.tobytes())
     arms = [Arm.of("posix", threads=2, task_size=4 * MiB), Arm.of("naive")]
     dispatcher = Dispatcher(None)
-    dispatcher.policy = Policy(lambda _context: arms, Table())
+    dispatcher.policy = Policy(lambda _context: arms, Table(), setup_after=0.0)
     parts: list[int] = []
     real_run = dispatcher.policy.run
 
@@ -1083,7 +1088,7 @@ def test_a_batch_divided_within_a_request_returns_each_requests_whole_crc(tmp_pa
     path.write_bytes(data.tobytes())
     arms = [Arm.of("posix", threads=2, task_size=4 * MiB), Arm.of("naive")]
     dispatcher = Dispatcher(None)
-    dispatcher.policy = Policy(lambda _context: arms, Table())
+    dispatcher.policy = Policy(lambda _context: arms, Table(), setup_after=0.0)
     pieces: list[int] = []
     real_run = dispatcher.policy.run
 
