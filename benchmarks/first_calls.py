@@ -591,8 +591,7 @@ def table_text(report: dict[str, Any]) -> str:
 def repetitions_text(report: dict[str, Any]) -> str:
     """How many repetitions the medians are of, as they ran (a deadline can cut them short)."""
     counts = collections.Counter(
-        (sequence["pattern"], sequence["peer"], bool(sequence.get("learned")))
-        for sequence in report.get("sequences", [])
+        (sequence["pattern"], sequence["series"]) for sequence in report.get("sequences", [])
     )
     ran = sorted(set(counts.values()))
     if not ran or ran == [report["repeats"]]:
@@ -654,7 +653,7 @@ def plot(report: dict[str, Any], path: str) -> None:
     size = report["file"]["bytes"] / 1e9
     fig.suptitle(
         f"First calls: GB/s per call, each sequence in a fresh process; {size:.3g} GB bfloat16 "
-        f"state dict; {repetitions_text(report)}; {report['date'][:10]}, "
+        f"state dict; {repetitions_text(report)}\n{report['date'][:10]}, "
         f"{report['machine']['summary']}; dotted: ceilings sampled in the same run",
         fontsize=10,
     )
