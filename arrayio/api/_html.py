@@ -209,6 +209,7 @@ def dispatch_report_html(report: DispatchReport) -> str:
         parts.append(
             f"<details><summary><code>{_e(explanation.key)}</code>: "
             f"{_e(explanation.chosen or '-')} [{_e(explanation.reason)}]</summary>"
+            + (f"<p>page cache: {_e(explanation.rule)}</p>" if explanation.rule else "")
             + _table(
                 ("arm", "state", "GB/s", "best GB/s", "samples", "calls", "failures", "note"),
                 rows,

@@ -58,6 +58,8 @@ class DispatchReport:
         for explanation in self.explanations:
             lines.append("")
             lines.append(f"{explanation.key}: {explanation.chosen or '-'}  [{explanation.reason}]")
+            if explanation.rule is not None:
+                lines.append(f"    page cache: {explanation.rule}")
             for arm in explanation.arms:
                 figure = f"{arm.gbps:8.2f} GB/s" if arm.gbps is not None else " " * 13
                 extra = (

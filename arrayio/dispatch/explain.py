@@ -55,6 +55,9 @@ class Explanation:
         The neighbour's winner explored first, if any.
     reexplorations
         Times this context went back to exploring.
+    rule
+        For reads, the page-cache rule that chose between buffered and ``O_DIRECT`` arms,
+        and why.
     """
 
     key: str
@@ -64,6 +67,7 @@ class Explanation:
     arms: tuple[ArmReport, ...]
     seed: str | None = None
     reexplorations: int = 0
+    rule: str | None = None
 
     @property
     def unavailable(self) -> dict[str, str]:
@@ -82,6 +86,23 @@ class Explanation:
         return data
 
 
+def cache_rule(attributes: dict[str, Any]) -> str | None:
+    """Which page-cache rule a read's context falls under, and why (None for writes)."""
+    if attributes.get("direction") != "read":
+        return None
+    cache = attributes.get("cache")
+    if cache == "warm":
+        return "in the page cache: buffered reads"
+    if attributes.get("keep"):
+        return (
+            "not all in the page cache, and fits twice in the memory available: read through "
+            "the page cache (no O_DIRECT arm), so that the next load is a page-cache load"
+        )
+    if cache in ("cold", "mixed"):
+        return "not all in the page cache, and too large to keep there: O_DIRECT arms first"
+    return None
+
+
 def explanation(
     key: str,
     entry: ContextEntry,
@@ -89,10 +110,12 @@ def explanation(
     seed: str | None,
     exploration: Exploration,
     force: Arm | None = None,
+    within_calls: str | None = None,
 ) -> Explanation:
     """What the next call in the context ``key`` would use and why, from its entry and
-    candidates (``force``: the arm it is forced to use); changes nothing. Hold the table's
-    lock."""
+    candidates (``force``: the arm it is forced to use; ``within_calls``: how the policy
+    shares an exploring call between the best arm so far and a rival, if it does);
+    changes nothing. Hold the table's lock."""
     eligible, _, bars = exploration.scan(entry, candidates)
     left = sum(
         exploration.needs_samples(stats, bars, contending=entry.phase == EXPLORING)
@@ -107,9 +130,12 @@ def explanation(
         phase, chosen = EXPLOITING, entry.chosen
         reason = f"fastest of {measured} measured"
     else:
-        arm = exploration.pick(entry, candidates, ())
+        pair = exploration.rival(entry, candidates) if within_calls is not None else None
+        arm = pair[0] if pair is not None else exploration.pick(entry, candidates, ())
         phase, chosen = EXPLORING, arm.label if arm is not None else None
         reason = f"exploring: {left} arm{'s' if left != 1 else ''} left"
+        if pair is not None:
+            reason += f"; {pair[1].label} {within_calls}"
         if entry.reexplorations:
             reason += f" (re-exploration {entry.reexplorations})"
         if seed is not None:
@@ -139,6 +165,7 @@ def explanation(
         arms=tuple(reports),
         seed=seed,
         reexplorations=entry.reexplorations,
+        rule=cache_rule(entry.attributes),
     )
 
 

@@ -620,11 +620,35 @@ class Policy:
             seed = entry.seed if entry is not None else nearest_winner(self.table, context, key)
             if candidates is None:
                 candidates = order(self._candidates(context), seed)
+            known = entry if entry is not None else ContextEntry(attributes(context))
             return explanation(
                 key,
-                entry if entry is not None else ContextEntry(),
+                known,
                 candidates,
                 seed,
                 self.exploration,
                 force,
+                self._within_calls_state(key, known, candidates),
             )
+
+    def _within_calls_state(
+        self, key: str, entry: ContextEntry, candidates: Candidates
+    ) -> str | None:
+        """How the next exploring call of ``key`` is shared, in words (None: it is not);
+        hold the table's lock. Changes nothing (:meth:`split` starts setting rivals up)."""
+        if not self.within_calls:
+            return None
+        pair = self.exploration.rival(entry, candidates)
+        if pair is None:
+            return None
+        incumbent, rival = pair
+        with self._tools_lock:
+            ready, preparing = rival in self._ready, rival in self._preparing
+        if ready or not self.skip_first_call:
+            return f"measured on a share of each call, {incumbent.label} moving the rest"
+        if preparing:
+            return "being set up in the background; the calls go to the best arm so far"
+        return (
+            f"set up once the context's calls have taken {self.setup_after:g} s; "
+            "until then the calls go to the best arm so far"
+        )

@@ -377,8 +377,15 @@ def test_explain_does_not_change_anything():
     assert [arm.state for arm in explanation.arms] == ["unmeasured"] * 3
     assert ctx.key() not in policy.table
     labels(policy, ctx, 4)  # a has both its samples; b and c one each
-    assert policy.explain(ctx).reason == "exploring: 2 arms left"
-    assert policy.explain(ctx).chosen == "b"
+    # A dispatcher's call goes to the best so far (c), b measured on a share of it.
+    explained = policy.explain(ctx)
+    assert explained.reason == (
+        "exploring: 2 arms left; b measured on a share of each call, c moving the rest"
+    )
+    assert explained.chosen == "c"
+    with policy.whole_calls():  # tune(): the whole next call measures b
+        assert policy.explain(ctx).reason == "exploring: 2 arms left"
+        assert policy.explain(ctx).chosen == "b"
     data = policy.explain(ctx).as_dict()
     assert data["key"] == ctx.key() and isinstance(data["arms"], list)
     assert data["arms"][0]["label"] == "a"
@@ -1115,3 +1122,27 @@ def test_a_batch_divided_within_a_request_returns_each_requests_whole_crc(tmp_pa
     assert any(part % MiB == 0 and part < sizes[1] for part in pieces), pieces  # cut
     calls = len(done) // 2
     assert sorted(done) == [0] * calls + [1] * calls  # each request reported once per call
+
+
+def test_explain_says_which_page_cache_rule_a_read_falls_under():
+    world = World({"a": 1 * GB})
+    policy = make_policy(world, [A])
+    keep = Context("read", "cuda", 30, "vda", "cold", 1, keep=True)
+    cold = Context("read", "cuda", 30, "vda", "cold", 1)
+    warm = Context("read", "cuda", 30, "vda", "warm", 1)
+    write = Context("write", "cuda", 30, "vda", "-", 1)
+    assert "fits twice in the memory available" in policy.explain(keep).rule
+    assert "no O_DIRECT arm" in policy.explain(keep).rule
+    assert "O_DIRECT arms first" in policy.explain(cold).rule
+    assert "in the page cache" in policy.explain(warm).rule
+    assert policy.explain(write).rule is None
+    assert policy.explain(keep).as_dict()["rule"] == policy.explain(keep).rule
+
+
+def test_explain_says_a_rival_waits_to_be_set_up():
+    world = World({"a": 1 * GB, "b": 1 * GB})
+    policy = make_policy(world, [A, B], skip_first_call=True)
+    ctx = context()
+    labels(policy, ctx, 3)  # a's first call set it up; two samples
+    assert "set up once the context's calls have taken 2 s" in policy.explain(ctx).reason
+    assert not policy._preparing  # explaining started nothing
