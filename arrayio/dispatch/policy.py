@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -160,6 +162,7 @@ class Policy:
         # background before a rival's first share of a call.
         self._ready: set[Arm] = set()
         self._preparing: set[Arm] = set()
+        _policies.add(self)
         self._in_flight: dict[tuple[str, str], int] = {}
         self._tools: dict[Arm, Tool] = {}
 
@@ -652,3 +655,16 @@ class Policy:
             f"set up once the context's calls have taken {self.setup_after:g} s; "
             "until then the calls go to the best arm so far"
         )
+
+
+_policies: weakref.WeakSet[Policy] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # The threads setting rivals up are the parent's: in the child they never finish.
+    for policy in list(_policies):
+        policy._preparing = set()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

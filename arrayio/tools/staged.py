@@ -28,6 +28,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -117,6 +118,8 @@ class StagedTool(ThreadedTool):
         super().prepare()
         with contextlib.ExitStack() as loans:
             for _ in range(2 * self.threads):
+                if sys.is_finalizing():  # a background thread must not pin during teardown
+                    return
                 loans.enter_context(pinned_pool.lend(self.chunk_size + SLACK))
                 # Pinning holds the CUDA driver, and the user's transfers run meanwhile:
                 # a buffer at a time, with pauses, rather than all at once.
