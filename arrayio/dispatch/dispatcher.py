@@ -43,6 +43,7 @@ from .candidates import candidate_arms
 from .context import Context, InFlight, cache_state, piece_class, size_class, storage_of
 from .failures import is_tool_failure
 from .policy import Arm, Policy, Split
+from .rereads import ReReads
 from .table import Table
 
 __all__ = ["Dispatcher", "candidate_arms", "get", "machine_fingerprint", "parse_arm", "reset"]
@@ -94,11 +95,12 @@ def _ignore(index: int) -> None:
     """The progress callback of a transfer alone."""
 
 
-def fits_in_the_page_cache(nbytes: int) -> bool:
+def fits_in_the_page_cache(nbytes: int, copies: int = 2) -> bool:
     """Whether ``nbytes`` read now can stay in the page cache for the next read: the memory
-    available holds them twice over (a load also needs room for its results)."""
+    available holds them ``copies`` times over (twice: a load also needs room for its
+    results; once for a file read again, whose next read is likely)."""
     available = _memory.available_host_bytes(max_age=1.0)
-    return available is not None and 2 * nbytes <= available
+    return available is not None and copies * nbytes <= available
 
 
 def _preallocate_span(fd: int, requests: Sequence[Request]) -> None:
@@ -249,6 +251,7 @@ class Dispatcher:
         self._clock = clock
         self.policy = Policy(self.candidates, self.table, clock=clock, sample_every=4)
         self.in_flight = InFlight()
+        self.rereads = ReReads()
         self._last_save = time.monotonic()
         self._save_lock = threading.Lock()
         self._naive = tools.make("naive")  # small transfers: no lookup on their path
@@ -277,6 +280,10 @@ class Dispatcher:
         ``nbytes``) from ``file_offset``."""
         span = nbytes if span is None else span
         cache = cache_state(fd, file_offset, span) if direction == "read" else "-"
+        keep = False
+        if direction == "read":
+            reread = self.rereads.read(fd)
+            keep = cache != "warm" and fits_in_the_page_cache(span, 1 if reread else 2)
         return Context(
             direction,
             memory,
@@ -286,7 +293,7 @@ class Dispatcher:
             self.in_flight.bucket(),
             checksum,
             pieces,
-            keep=direction == "read" and cache != "warm" and fits_in_the_page_cache(span),
+            keep=keep,
         )
 
     def batch_context(

@@ -95,8 +95,9 @@ def cache_rule(attributes: dict[str, Any]) -> str | None:
         return "in the page cache: buffered reads"
     if attributes.get("keep"):
         return (
-            "not all in the page cache, and fits twice in the memory available: read through "
-            "the page cache (no O_DIRECT arm), so that the next load is a page-cache load"
+            "not all in the page cache, and fits twice in the memory available (once, for a "
+            "file this process reads again): read through the page cache (no O_DIRECT arm), "
+            "so that the next load is a page-cache load"
         )
     if cache in ("cold", "mixed"):
         return "not all in the page cache, and too large to keep there: O_DIRECT arms first"

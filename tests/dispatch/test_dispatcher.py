@@ -765,7 +765,7 @@ def test_a_large_batch_of_pieces_also_tries_deeper_writes():
 )
 def test_o_direct_refused_falls_back_and_explain_says_why(tmp_path, fresh, monkeypatch):
     # Memory too short to keep the files in the page cache: cold reads try O_DIRECT.
-    monkeypatch.setattr(dispatcher, "fits_in_the_page_cache", lambda nbytes: False)
+    monkeypatch.setattr(dispatcher, "fits_in_the_page_cache", lambda nbytes, copies=2: False)
     real_open = os.open
     refused: list[str] = []
 
@@ -937,3 +937,52 @@ def test_a_cold_load_of_what_fits_in_memory_leaves_it_in_the_page_cache(tmp_path
             assert cache_state(fd, 0, path.stat().st_size) == "warm", fresh.last[1].label
         finally:
             os.close(fd)
+
+
+def test_a_file_read_again_is_kept_when_memory_holds_it_once(tmp_path, fresh, monkeypatch):
+    # 2 MiB with 3 MiB available: too much to keep on its first read, kept from the second;
+    # and so is a file of the same directory, once one of its files was read again.
+    from arrayio.runtime import _memory
+
+    monkeypatch.setattr(_memory, "available_host_bytes", lambda max_age=0.0: 3 << 20)
+    monkeypatch.setattr(dispatcher, "cache_state", lambda fd, offset, nbytes: "cold")
+    first, second = tmp_path / "a.bin", tmp_path / "b.bin"
+    for path in (first, second):
+        path.write_bytes(b"\0" * (2 << 20))
+
+    def keep(path: Path) -> bool:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return fresh.context("read", fd, 0, 2 << 20, "host", True).keep
+        finally:
+            os.close(fd)
+
+    assert [keep(first), keep(first), keep(second)] == [False, True, True]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "c.bin").write_bytes(b"\0" * (2 << 20))
+    assert keep(other / "c.bin") is False  # nothing of that directory was read again
+
+
+def test_rereads_are_remembered_within_bounds(tmp_path):
+    from arrayio.dispatch.rereads import ReReads
+
+    rereads = ReReads(remembered=2)
+    paths = [tmp_path / f"{i}" / "f.bin" for i in range(3)]  # a directory each
+    for path in paths:
+        path.parent.mkdir()
+        path.write_bytes(b"x")
+
+    def read(path: Path) -> str | None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return rereads.read(fd)
+        finally:
+            os.close(fd)
+
+    assert [read(path) for path in paths] == [None, None, None]
+    assert read(paths[0]) is None  # forgotten: only the latest two are remembered
+    assert read(paths[2]) == "file"
+    paths[2].write_bytes(b"longer")  # rewritten: another file, in a directory read again
+    assert read(paths[2]) == "directory"
+    assert read(paths[2]) == "file"
