@@ -282,7 +282,7 @@ class Dispatcher:
         cache = cache_state(fd, file_offset, span) if direction == "read" else "-"
         keep = False
         if direction == "read":
-            reread = self.rereads.read(fd)
+            reread = self.rereads.read(fd, ask=cache != "warm")
             keep = cache != "warm" and fits_in_the_page_cache(span, 1 if reread else 2)
         return Context(
             direction,
