@@ -1146,3 +1146,106 @@ def test_explain_says_a_rival_waits_to_be_set_up():
     labels(policy, ctx, 3)  # a's first call set it up; two samples
     assert "set up once the context's calls have taken 2 s" in policy.explain(ctx).reason
     assert not policy._preparing  # explaining started nothing
+
+
+class PartedDevice:
+    """Host bytes posing as device memory that can be viewed in parts, as torch's and CuPy's
+    buffers can: what a cut request's two pieces write must land in the one array."""
+
+    device_index = 0
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data, self.nbytes = data, data.nbytes
+
+    def copy_to_host(self, offset: int, dst: np.ndarray) -> None:
+        dst[...] = self.data[offset : offset + dst.nbytes]
+
+    def copy_from_host(self, offset: int, src: np.ndarray) -> None:
+        self.data[offset : offset + src.nbytes] = src
+
+    def pinned_empty(self, nbytes: int) -> np.ndarray:
+        return np.empty(nbytes, np.uint8)
+
+    def part(self, start: int, stop: int) -> PartedDevice:
+        return PartedDevice(self.data[start:stop])
+
+
+def test_device_requests_divided_between_two_arms_land_in_place(tmp_path):
+    from arrayio.dispatch.dispatcher import Dispatcher
+    from arrayio.integrity._checksum import checksum
+    from arrayio.tools.naive import NaiveTool
+
+    sizes = [24 * MiB, 40 * MiB]
+    data = np.random.default_rng(2).integers(0, 256, sum(sizes), dtype=np.uint8)
+    path = tmp_path / "d.bin"
+    path.write_bytes(data.tobytes())
+    arms = [Arm("naive"), Arm("naive-again")]  # two arms, one tool that serves devices
+    dispatcher = Dispatcher(None)
+    dispatcher.policy = Policy(
+        lambda _context: arms, Table(), make=lambda _arm: NaiveTool(), setup_after=0.0
+    )
+    pieces: list[int] = []
+    real_run = dispatcher.policy.run
+
+    def run(ctx, nbytes, operation, **kwargs):
+        pieces.append(nbytes)
+        return real_run(ctx, nbytes, operation, **kwargs)
+
+    dispatcher.policy.run = run
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for _ in range(12):
+            outs = [PartedDevice(np.zeros(size, np.uint8)) for size in sizes]
+            requests = [(0, outs[0]), (sizes[0], outs[1])]
+            crcs = dispatcher.read_many(fd, requests, with_checksum=True)
+            assert crcs == [checksum(data[: sizes[0]]), checksum(data[sizes[0] :])]
+            assert b"".join(o.data.tobytes() for o in outs) == data.tobytes()
+            if any(part % MiB == 0 and part < sizes[1] for part in pieces):
+                break
+            time.sleep(0.05)
+    finally:
+        os.close(fd)
+        dispatcher.close()
+    assert any(part % MiB == 0 and part < sizes[1] for part in pieces), pieces  # cut
+
+
+def test_device_writes_divided_between_two_arms_write_every_byte_once(tmp_path):
+    from arrayio.dispatch.dispatcher import Dispatcher
+    from arrayio.integrity._checksum import checksum
+    from arrayio.tools.naive import NaiveTool
+
+    sizes = [24 * MiB, 40 * MiB]
+    rng = np.random.default_rng(3)
+    arms = [Arm("naive"), Arm("naive-again")]
+    dispatcher = Dispatcher(None)
+    dispatcher.policy = Policy(
+        lambda _context: arms, Table(), make=lambda _arm: NaiveTool(), setup_after=0.0
+    )
+    pieces: list[int] = []
+    real_run = dispatcher.policy.run
+
+    def run(ctx, nbytes, operation, **kwargs):
+        pieces.append(nbytes)
+        return real_run(ctx, nbytes, operation, **kwargs)
+
+    dispatcher.policy.run = run
+    try:
+        for i in range(12):
+            data = rng.integers(0, 256, sum(sizes), dtype=np.uint8)
+            path = tmp_path / f"w{i}.bin"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                ins = [PartedDevice(data[: sizes[0]].copy()), PartedDevice(data[sizes[0] :].copy())]
+                crcs = dispatcher.write_many(
+                    fd, [(0, ins[0]), (sizes[0], ins[1])], with_checksum=True
+                )
+            finally:
+                os.close(fd)
+            assert crcs == [checksum(data[: sizes[0]]), checksum(data[sizes[0] :])]
+            assert path.read_bytes() == data.tobytes()
+            if any(part % MiB == 0 and part < sizes[1] for part in pieces):
+                break
+            time.sleep(0.05)
+    finally:
+        dispatcher.close()
+    assert any(part % MiB == 0 and part < sizes[1] for part in pieces), pieces  # cut
