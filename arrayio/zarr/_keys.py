@@ -28,6 +28,7 @@ __all__ = [
     "Boundary",
     "InvalidKeyError",
     "check_key",
+    "check_prefix",
     "files_below",
     "split_key",
 ]
@@ -58,6 +59,14 @@ def check_key(key: object, *, what: str = "key") -> str:
             f"store {what} {key!r} has a '.' or '..' component; keys cannot leave the root"
         )
     return key
+
+
+def check_prefix(prefix: object) -> str:
+    """Return a listing's ``prefix`` if it is a relative path below the root, ``""`` for one
+    made of slashes alone (``"/"``: the root, as zarr's stores list it); raise otherwise."""
+    if isinstance(prefix, str) and prefix and not prefix.strip("/"):
+        return ""
+    return check_key(prefix, what="prefix")
 
 
 def split_key(key: str) -> tuple[str, str]:

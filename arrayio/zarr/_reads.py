@@ -109,23 +109,24 @@ def byte_span(byte_range: ByteRequest | None, size: int) -> tuple[int, int]:
     """The ``(file_offset, nbytes)`` a byte range selects in a file of ``size`` bytes.
 
     As for LocalStore, a range that starts past the end is empty and one that ends past it
-    stops at the end.
+    stops at the end; as for zarr's memory store (and zarr's store tests, which slice the
+    value), a range that ends before it starts is empty.
 
     Raises
     ------
     TypeError
         For something that is not a byte request.
     ValueError
-        For negative offsets or lengths, or a range that ends before it starts.
+        For negative offsets or lengths.
     """
     if byte_range is None:
         return 0, size
     if isinstance(byte_range, RangeByteRequest):
         start, end = byte_range.start, byte_range.end
-        if start < 0 or end < start:
-            raise ValueError(f"invalid byte range [{start}, {end}): need 0 <= start <= end")
+        if start < 0 or end < 0:
+            raise ValueError(f"invalid byte range [{start}, {end}): need 0 <= start and end")
         start = min(start, size)
-        return start, min(end, size) - start
+        return start, max(0, min(end, size) - start)  # one that ends before it starts: empty
     if isinstance(byte_range, OffsetByteRequest):
         if byte_range.offset < 0:
             raise ValueError(f"invalid byte offset {byte_range.offset}: need 0 or more")

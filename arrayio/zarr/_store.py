@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
+import shutil
 import stat
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -29,6 +31,7 @@ from ._keys import (
     Boundary,
     InvalidKeyError,
     check_key,
+    check_prefix,
     files_below,
     split_key,
 )
@@ -493,7 +496,7 @@ class NVMeStore(Store):
         InvalidKeyError
             If ``prefix`` would leave the root.
         """
-        folder = check_key(prefix, what="prefix").rstrip("/")
+        folder = check_prefix(prefix).rstrip("/")
 
         def total() -> int:
             return sum(entry.stat().st_size for _, entry in self._keys_below(folder, name=prefix))
@@ -578,6 +581,37 @@ class NVMeStore(Store):
         finally:
             os.close(directory)
 
+    async def move(self, dest_root: str | os.PathLike[str]) -> None:
+        """Move the store's directory to ``dest_root``, which must not exist (its parent is
+        created), as LocalStore's ``move`` does; the store then works there.
+
+        Raises
+        ------
+        FileExistsError
+            If ``dest_root`` exists.
+        ValueError
+            If the store is read-only.
+        """
+        self._check_writable()
+        destination = Path(dest_root)
+        if os.path.lexists(destination):
+            raise FileExistsError(f"cannot move {self} to {destination}: it exists")
+
+        def move() -> None:
+            os.makedirs(destination.parent, exist_ok=True)
+            os.rename(self._root, destination)  # one file system: a rename, whole or not at all
+
+        try:
+            await in_pool(move)
+        except OSError as error:
+            if error.errno != errno.EXDEV:
+                raise
+            await in_pool(shutil.move, self._root, os.fspath(destination))
+        self.root = destination
+        self._root = os.fspath(destination)
+        self._boundary = Boundary(self._root, self.follow_symlinks)
+        self._cleaned = set()
+
     async def delete_dir(self, prefix: str) -> None:
         """Remove every key below ``prefix`` (all of them for ``""``; the root stays).
 
@@ -651,7 +685,7 @@ class NVMeStore(Store):
         InvalidKeyError
             If the directory ``prefix`` lies in would leave the root.
         """
-        check_key(prefix, what="prefix")
+        prefix = check_prefix(prefix)
         # The directory to walk, spelled as list() spells keys ("c//0" walks "c", and no key
         # starts with "c//").
         folder = "/".join(part for part in prefix.rpartition("/")[0].split("/") if part)
@@ -668,7 +702,7 @@ class NVMeStore(Store):
         InvalidKeyError
             If ``prefix`` would leave the root.
         """
-        folder = check_key(prefix, what="prefix").rstrip("/")
+        folder = check_prefix(prefix).rstrip("/")
 
         def names() -> list[str]:
             try:

@@ -1,0 +1,42 @@
+"""zarr-python's stateful tests (``zarr.testing.stateful``) with NVMeStore as the store: random
+sequences of hierarchy and store operations, each checked against zarr's own memory store."""
+
+from __future__ import annotations
+
+import pytest
+
+zarr = pytest.importorskip("zarr")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
+from zarr.testing.stateful import (  # noqa: E402
+    ZarrHierarchyStateMachine,
+    ZarrStoreStateMachine,
+)
+
+from arrayio.zarr import NVMeStore  # noqa: E402
+
+# The machines draw every data type zarr has, some of them without a v3 specification yet.
+pytestmark = pytest.mark.filterwarnings("ignore::zarr.errors.UnstableSpecificationWarning")
+
+# Bounded for CI's two cores; zarr's own run uses hypothesis' defaults.
+SETTINGS = settings(
+    max_examples=50,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+def test_zarr_hierarchy_state_machine(tmp_path) -> None:
+    def machine() -> ZarrHierarchyStateMachine:
+        return ZarrHierarchyStateMachine(NVMeStore(tmp_path / "hierarchy"))
+
+    run_state_machine_as_test(machine, settings=SETTINGS)
+
+
+def test_zarr_store_state_machine(tmp_path) -> None:
+    def machine() -> ZarrStoreStateMachine:
+        return ZarrStoreStateMachine(NVMeStore(tmp_path / "store"))
+
+    run_state_machine_as_test(machine, settings=SETTINGS)
