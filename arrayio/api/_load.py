@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import FormatError, KeyNotFoundError, UnsupportedFormatError
+from ..formats import shards
 from ._reader import Reader
 
 __all__ = ["load", "open", "read_into"]
@@ -39,7 +42,24 @@ def open(path: PathLike, *, verify: bool | None = None, tool: Any = None) -> Rea
     FileNotFoundError
         If ``path`` does not exist.
     """
-    return Reader(path, verify=verify, tool=tool)
+    return Reader(_one_file(path, "arrayio.open"), verify=verify, tool=tool)
+
+
+def _one_file(path: PathLike, what: str) -> PathLike:
+    """``path``, or the single ``.safetensors`` file of the directory it names.
+
+    Raises
+    ------
+    UnsupportedFormatError
+        For a checkpoint in several files, which only :func:`load` reads.
+    """
+    found = shards.find(path)
+    if isinstance(found, shards.ShardIndex):
+        raise UnsupportedFormatError(
+            f"{found.path}: a checkpoint in several files; {what} reads one file, "
+            "arrayio.load reads them all"
+        )
+    return found if found is not None else path
 
 
 def load(
@@ -53,12 +73,16 @@ def load(
     tool: Any = None,
     progress: bool | None = None,
 ) -> Any:
-    """Load what :func:`save` wrote (or any safetensors / ``.npy`` file).
+    """Load what :func:`save` wrote (or any safetensors / ``.npy`` file, or a checkpoint in
+    several safetensors files).
 
     Parameters
     ----------
     path
-        The file.
+        The file; or a Hugging Face checkpoint in several files, by its
+        ``*.safetensors.index.json`` or the directory holding it (a flat ``dict`` of its
+        tensors comes back; ``keys`` opens only the shards that hold them). A directory
+        holding a single ``.safetensors`` file loads that file.
     like
         The framework of the result: ``"numpy"``, ``"jax"``, ``"cupy"``, ``"torch"``, or an
         example array (whose device is also used when ``device`` is not given). Default: NumPy,
@@ -88,10 +112,55 @@ def load(
     ------
     KeyNotFoundError, ChecksumError, FormatError, UnsupportedDtypeError, DeviceError
     """
-    with Reader(path, verify=verify, tool=tool) as reader:
+    found = shards.find(path)
+    if isinstance(found, shards.ShardIndex):
+        if structure is not None:
+            raise UnsupportedFormatError(
+                f"{found.path}: structure= is not supported for a checkpoint in several files"
+            )
+        return _load_shards(found, keys, like, device, verify, tool, progress)
+    with Reader(found if found is not None else path, verify=verify, tool=tool) as reader:
         return reader.load(
             keys=keys, like=like, device=device, structure=structure, progress=progress
         )
+
+
+def _load_shards(
+    index: shards.ShardIndex,
+    keys: str | Sequence[str] | None,
+    like: Any,
+    device: Any,
+    verify: bool | None,
+    tool: Any,
+    progress: bool | None,
+) -> Any:
+    """The tensors ``keys`` selects from a checkpoint in several files, as one flat dict in
+    the index's order (or the one array an exact key names); only the shards holding them
+    are opened, several at once."""
+    by_file = index.select(keys)
+
+    def load_file(file: str, names: list[str]) -> dict[str, Any]:
+        try:
+            with Reader(file, verify=verify, tool=tool) as reader:
+                part = reader.load(keys=names, like=like, device=device, progress=progress)
+        except KeyNotFoundError as error:
+            raise FormatError(
+                f"{index.path}: the index places tensors in {os.path.basename(file)} that it "
+                f"does not hold ({error})"
+            ) from None
+        return dict(part)
+
+    workers = min(len(by_file), 8)
+    with concurrent.futures.ThreadPoolExecutor(workers, "arrayio-shards") as pool:
+        parts = list(pool.map(lambda item: load_file(*item), by_file.items()))
+    loaded: dict[str, Any] = {}
+    for part in parts:
+        loaded.update(part)
+    ordered = {name: loaded[name] for names in by_file.values() for name in names}
+    ordered = {name: ordered[name] for name in index.files if name in ordered}
+    if isinstance(keys, str) and keys in index.files:
+        return ordered[keys]
+    return ordered
 
 
 def read_into(
@@ -131,5 +200,5 @@ def read_into(
     UnsupportedObjectError
         For a JAX array (immutable) or a non-contiguous ``out``.
     """
-    with Reader(path, verify=verify, tool=tool) as reader:
+    with Reader(_one_file(path, "arrayio.read_into"), verify=verify, tool=tool) as reader:
         return reader.read_into(out, key)

@@ -1,0 +1,137 @@
+"""Checkpoints in several safetensors files with a Hugging Face index: loaded whole, in part
+(opening only the shards needed), by the index or its directory; hostile indexes refused
+before any shard is opened."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import arrayio
+from arrayio.errors import FormatError, KeyNotFoundError, UnsupportedFormatError
+from arrayio.formats import shards
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+
+def write_checkpoint(directory: Path, files: int = 3) -> dict[str, np.ndarray]:
+    """A Hugging Face-style checkpoint: ``model-0000i-of-0000n.safetensors`` and its index,
+    the shards written by safetensors itself."""
+    rng = np.random.default_rng(0)
+    tensors: dict[str, np.ndarray] = {"model.embed.weight": rng.standard_normal((8, 4))}
+    for layer in range(4):
+        tensors[f"model.layers.{layer}.w"] = rng.standard_normal((4, 4)).astype(np.float32)
+        tensors[f"model.layers.{layer}.norm"] = np.ones(4, np.float16)
+    tensors["lm_head.weight"] = rng.standard_normal((8, 4)).astype(np.float32)
+    names = list(tensors)
+    weight_map = {}
+    for i in range(files):
+        part = names[i::files]
+        file_name = f"model-{i + 1:05d}-of-{files:05d}.safetensors"
+        safetensors_numpy.save_file({n: tensors[n] for n in part}, directory / file_name)
+        weight_map.update(dict.fromkeys(part, file_name))
+    index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}}
+    index["weight_map"] = {name: weight_map[name] for name in names}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    return tensors
+
+
+def same(loaded: dict, expected: dict) -> None:
+    assert list(loaded) == list(expected)
+    for name, array in expected.items():
+        assert loaded[name].dtype == array.dtype and np.array_equal(loaded[name], array), name
+
+
+def test_a_checkpoint_loads_by_its_directory_or_its_index(tmp_path):
+    tensors = write_checkpoint(tmp_path)
+    same(arrayio.load(tmp_path), tensors)
+    same(arrayio.load(tmp_path / "model.safetensors.index.json"), tensors)
+
+
+def test_keys_open_only_the_shards_that_hold_them(tmp_path, monkeypatch):
+    tensors = write_checkpoint(tmp_path)
+    opened: list[str] = []
+    real = arrayio.api._reader.Reader.__init__
+
+    def recording(self, path, **kwargs):
+        opened.append(Path(path).name)
+        real(self, path, **kwargs)
+
+    monkeypatch.setattr(arrayio.api._reader.Reader, "__init__", recording)
+    layer = arrayio.load(tmp_path, keys="model.layers.1")  # a subtree: a flat dict
+    same(layer, {n: t for n, t in tensors.items() if n.startswith("model.layers.1.")})
+    index = shards.find(tmp_path)
+    assert sorted(opened) == sorted({Path(index.files[n]).name for n in layer})
+    one = arrayio.load(tmp_path, keys="lm_head.weight")  # one exact name: the array
+    assert np.array_equal(one, tensors["lm_head.weight"])
+    both = arrayio.load(tmp_path, keys=["lm_head.weight", "model.embed.weight"])
+    assert list(both) == ["model.embed.weight", "lm_head.weight"]  # the index's order
+    with pytest.raises(KeyNotFoundError):
+        arrayio.load(tmp_path, keys="model.layers.9")
+
+
+def test_a_directory_of_one_file_loads_it_and_open_reads_one_file(tmp_path):
+    tensors = {"a": np.arange(3.0)}
+    safetensors_numpy.save_file(tensors, tmp_path / "model.safetensors")
+    same(arrayio.load(tmp_path), tensors)
+    with arrayio.open(tmp_path) as reader:
+        assert list(reader.keys()) == ["a"]
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    write_checkpoint(sharded)
+    with pytest.raises(UnsupportedFormatError, match="arrayio.load reads them all"):
+        arrayio.open(sharded)
+    with pytest.raises(UnsupportedFormatError, match="structure="):
+        arrayio.load(sharded, structure={"a": 0})
+
+
+def test_ambiguous_directories_are_refused_with_the_reason(tmp_path):
+    for name in ("a.safetensors", "b.safetensors"):
+        safetensors_numpy.save_file({"x": np.zeros(1)}, tmp_path / name)
+    with pytest.raises(UnsupportedFormatError, match="no \\*.safetensors.index.json"):
+        arrayio.load(tmp_path)
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.safetensors.index.json").write_text("{}")
+    with pytest.raises(UnsupportedFormatError, match="several checkpoint indexes"):
+        arrayio.load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("index", "message"),
+    [
+        ("not json", "not JSON"),
+        ("[1, 2]", "weight_map"),
+        ('{"weight_map": {}}', "weight_map"),
+        ('{"weight_map": {"a": "../outside.safetensors"}}', "plain file names"),
+        ('{"weight_map": {"a": "/etc/passwd"}}', "plain file names"),
+        ('{"weight_map": {"a": "missing.safetensors"}}', "not there"),
+        ('{"weight_map": {"a": 3}}', "map names to file names"),
+        ('{"weight_map": {"a": "model-00001-of-00003.safetensors"}, "metadata": 1}', "metadata"),
+        ("[" * 100000 + "]" * 100000, "not JSON"),
+    ],
+)
+def test_hostile_indexes_are_refused_before_any_shard_opens(tmp_path, index, message):
+    write_checkpoint(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(FormatError, match=message):
+        arrayio.load(tmp_path)
+
+
+def test_an_index_too_large_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    write_checkpoint(tmp_path)
+    monkeypatch.setattr(shards, "MAX_INDEX_BYTES", 64)
+    with pytest.raises(FormatError, match="over the 64"):
+        arrayio.load(tmp_path)
+
+
+def test_an_index_that_misplaces_a_tensor_is_a_format_error(tmp_path):
+    write_checkpoint(tmp_path)
+    path = tmp_path / "model.safetensors.index.json"
+    index = json.loads(path.read_text())
+    index["weight_map"]["lm_head.weight"] = "model-00002-of-00003.safetensors"  # not there
+    path.write_text(json.dumps(index))
+    with pytest.raises(FormatError, match="does not hold"):
+        arrayio.load(tmp_path)
