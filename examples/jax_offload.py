@@ -17,8 +17,9 @@ Run it (CPU or GPU)::
 
     python examples/jax_offload.py --budget-mib 2
 
-It trains a few steps with and without offloading, checks that the losses and gradients
-are identical, and prints the offloader's statistics.
+It trains a few steps of plain gradient descent with and without offloading, checks that
+every step's loss and the trained parameters are identical, and prints the offloader's
+statistics.
 
 Limits
 ------
@@ -66,6 +67,22 @@ def block(params, x):
 stage = jax.jit(block)
 stage_vjp = jax.jit(lambda params, x, g: jax.vjp(block, params, x)[1](g))
 loss_and_grad = jax.jit(jax.value_and_grad(lambda y: jnp.mean(jnp.square(y))))
+update = jax.jit(lambda p, g, lr: jax.tree.map(lambda a, b: a - lr * b, p, g))
+
+
+def train(params, x, steps, lr, off=None):
+    """``steps`` of gradient descent; returns each step's loss (before its update), the
+    trained parameters and the last gradients."""
+    losses = []
+    for step in range(steps):
+        start = time.perf_counter()
+        loss, grads = train_step(params, x, off)
+        params = [update(p, g, lr) for p, g in zip(params, grads, strict=True)]
+        jax.block_until_ready(params)
+        losses.append(float(loss))
+        if off is not None:
+            print(f"step {step}: loss {float(loss):.6f} in {time.perf_counter() - start:.3f} s")
+    return losses, params, grads
 
 
 def train_step(params, x, off=None, *, prefetch=2):
@@ -99,6 +116,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--budget-mib", type=float, default=2.0)
+    parser.add_argument("--lr", type=float, default=0.1, help="gradient descent's step")
     parser.add_argument("--dir", default=None, help="spill directory (default: a temporary one)")
     args = parser.parse_args()
 
@@ -115,30 +133,30 @@ def main() -> None:
         )
     x = jax.random.normal(key, (args.batch, args.width))
 
-    reference = train_step(params, x)  # also compiles
-    jax.block_until_ready(reference)
+    reference = train(params, x, args.steps, args.lr)  # also compiles
     with (
         tempfile.TemporaryDirectory() as scratch,
         arrayio.Offloader(
             args.dir or scratch, device_budget_bytes=int(args.budget_mib * 2**20)
         ) as off,
     ):
-        for step in range(args.steps):
-            start = time.perf_counter()
-            loss, grads = train_step(params, x, off)
-            jax.block_until_ready(grads)
-            print(f"step {step}: loss {float(loss):.6f} in {time.perf_counter() - start:.3f} s")
+        losses, trained, grads = train(params, x, args.steps, args.lr, off)
         stats = off.stats()
         print(
             f"offloader: budget {stats.budget_bytes / 2**20:.1f} MiB, peak held "
             f"{stats.peak_resident_bytes / 2**20:.1f} MiB, written "
             f"{stats.bytes_written / 2**20:.1f} MiB, read {stats.bytes_read / 2**20:.1f} MiB"
         )
-    same = float(loss) == float(reference[0]) and all(
+    print(f"loss went from {losses[0]:.6f} to {losses[-1]:.6f}")
+    same = losses == reference[0] and all(
         np.array_equal(np.asarray(a), np.asarray(b))
-        for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(reference[1]), strict=True)
+        for a, b in zip(
+            jax.tree.leaves((trained, grads)),
+            jax.tree.leaves((reference[1], reference[2])),
+            strict=True,
+        )
     )
-    print("gradients identical to the run without offloading:", same)
+    print("losses and parameters identical to the run without offloading:", same)
     if not same:
         raise SystemExit(1)
 
