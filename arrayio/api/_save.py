@@ -33,6 +33,7 @@ def save(
     metadata: Mapping[str, Any] | None = None,
     tool: Any = None,
     progress: bool | None = None,
+    max_shard_size: int | str | None = None,
 ) -> None:
     """Save an array, or a pytree of arrays, atomically.
 
@@ -58,6 +59,15 @@ def save(
         Show a progress bar (tqdm): ``None`` (default) for long saves where someone watches
         (a terminal or Jupyter), ``True`` also in logs, ``False`` never; also
         ``ARRAYIO_PROGRESS``.
+    max_shard_size
+        Write a Hugging Face checkpoint in several files instead: shards of at most this
+        many bytes (an ``int``, or ``"5GiB"``, ``"500M"``: binary units) named
+        ``model-00001-of-0000N.safetensors`` beside ``model.safetensors.index.json``, in the
+        directory ``path`` (or beside ``path``, named after it, for a ``.safetensors``
+        name). The arrays' names are flat (``"model.layers.0.weight"``); ``transformers``
+        and ``safetensors`` read the files as they are, and :func:`load` reads them back.
+        The index is written last, atomically: an interrupted save leaves the previous
+        checkpoint whole.
 
     Raises
     ------
@@ -77,6 +87,11 @@ def save(
     over ``path``: an interrupted save leaves any previous file intact. Each array's CRC-32C is
     recorded and checked on load.
     """
+    if max_shard_size is not None:
+        from ._save_shards import save_shards
+
+        save_shards(path, obj, max_shard_size, metadata=metadata, tool=tool, progress=progress)
+        return
     write_prepared(prepare_save(path, obj, metadata), tool=tool, progress=progress)
 
 

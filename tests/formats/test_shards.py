@@ -135,3 +135,108 @@ def test_an_index_that_misplaces_a_tensor_is_a_format_error(tmp_path):
     path.write_text(json.dumps(index))
     with pytest.raises(FormatError, match="does not hold"):
         arrayio.load(tmp_path)
+
+
+# -- writing them --------------------------------------------------------------------------------
+
+
+def state_dict(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    state = {"model.embed.weight": rng.standard_normal((64, 32)).astype(np.float32)}  # 8 KiB
+    for layer in range(6):
+        state[f"model.layers.{layer}.w"] = rng.standard_normal((16, 32)).astype(np.float32)
+        state[f"model.layers.{layer}.norm"] = np.ones(32, np.float16)
+    return state
+
+
+def files_of(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_a_sharded_save_writes_hugging_face_files_that_load_back(tmp_path):
+    from arrayio.api._save_shards import shard_groups
+
+    state = state_dict()
+    arrayio.save(tmp_path, state, max_shard_size=4096)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    sizes = [a.nbytes for a in state.values()]
+    groups = shard_groups(sizes, 4096)
+    count = len(groups)
+    assert count > 2
+    assert files_of(tmp_path) == sorted(
+        [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+        + ["model.safetensors.index.json"]
+    )
+    assert index["metadata"]["total_size"] == sum(sizes)
+    assert list(index["weight_map"]) == list(state)
+    for file_name in set(index["weight_map"].values()):  # safetensors reads each shard
+        with safetensors_numpy.safe_open(tmp_path / file_name, framework="np") as shard:
+            assert shard.metadata()["format"] == "pt"  # or transformers refuses the file
+        part = safetensors_numpy.load_file(tmp_path / file_name)
+        for name, array in part.items():
+            assert index["weight_map"][name] == file_name and np.array_equal(array, state[name])
+    same(arrayio.load(tmp_path), state)
+
+
+def test_shards_are_cut_as_transformers_cuts_them():
+    from arrayio.api._save_shards import shard_groups
+
+    assert shard_groups([3, 3, 3, 3], 6) == [[0, 1], [2, 3]]
+    assert shard_groups([2, 9, 2, 2], 5) == [[0], [1], [2, 3]]  # too large: a shard alone
+    assert shard_groups([1, 1, 1], 100) == [[0, 1, 2]]
+
+
+def test_a_new_sharded_save_replaces_the_old_one_whole(tmp_path):
+    arrayio.save(tmp_path, state_dict(0), max_shard_size=4096)
+    (tmp_path / "config.json").write_text("{}")  # what else lives beside a checkpoint stays
+    first = files_of(tmp_path)
+    arrayio.save(tmp_path, state_dict(1), max_shard_size=4096)
+    second = files_of(tmp_path)
+    assert "config.json" in second
+    shards_now = set(
+        json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"].values()
+    )
+    assert not shards_now & set(first)  # the same count: new names, so no index ever mixes
+    assert set(second) == shards_now | {"model.safetensors.index.json", "config.json"}
+    same(arrayio.load(tmp_path), state_dict(1))
+    arrayio.save(tmp_path, state_dict(2), max_shard_size=4096)  # the standard names again
+    same(arrayio.load(tmp_path), state_dict(2))
+    assert len(files_of(tmp_path)) == len(first)
+
+
+def test_an_interrupted_sharded_save_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
+    from arrayio.integrity import _atomic
+
+    arrayio.save(tmp_path, state_dict(0), max_shard_size=4096)
+    real = _atomic.atomic_write
+
+    def failing(path, **kwargs):
+        if str(path).endswith(".index.json"):
+            raise OSError("disk went away")
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(_atomic, "atomic_write", failing)
+    with pytest.raises(OSError, match="went away"):
+        arrayio.save(tmp_path, state_dict(1), max_shard_size=4096)
+    same(arrayio.load(tmp_path), state_dict(0))  # the old index, the old shards
+    monkeypatch.setattr(_atomic, "atomic_write", real)
+    arrayio.save(tmp_path, state_dict(2), max_shard_size=4096)  # and the next save tidies up
+    same(arrayio.load(tmp_path), state_dict(2))
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert set(files_of(tmp_path)) == set(index["weight_map"].values()) | {
+        "model.safetensors.index.json"
+    }
+
+
+def test_one_shard_is_a_single_file_and_retires_an_old_index(tmp_path):
+    arrayio.save(tmp_path / "model.safetensors", state_dict(0), max_shard_size=4096)
+    arrayio.save(tmp_path / "model.safetensors", state_dict(1), max_shard_size="1G")
+    assert files_of(tmp_path) == ["model.safetensors"]
+    same(arrayio.load(tmp_path), state_dict(1))
+
+
+def test_sharded_saves_refuse_what_they_cannot_write(tmp_path):
+    with pytest.raises(ValueError, match="max_shard_size"):
+        arrayio.save(tmp_path, state_dict(), max_shard_size=0)
+    with pytest.raises(UnsupportedFormatError):
+        arrayio.save(tmp_path / "x.npz", state_dict(), max_shard_size=4096)
