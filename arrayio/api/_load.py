@@ -72,8 +72,9 @@ def load(
     verify: bool | None = None,
     tool: Any = None,
     progress: bool | None = None,
+    sharding: Any = None,
 ) -> Any:
-    """Load what :func:`save` wrote (or any safetensors / ``.npy`` file, or a checkpoint in
+    r"""Load what :func:`save` wrote (or any safetensors / ``.npy`` file, or a checkpoint in
     several safetensors files).
 
     Parameters
@@ -103,6 +104,12 @@ def load(
         Force a transfer tool (see :func:`save`).
     progress
         Show a progress bar for long loads (see :func:`save`).
+    sharding
+        Global ``jax.Array``\ s with this ``jax.sharding.Sharding`` (or, for a mapping or a
+        function, the one it gives for each key): each of this process's devices gets only
+        its piece, read on its own (only the rows it covers), and the pieces are joined
+        with ``jax.make_array_from_single_device_arrays``. Implies ``like="jax"``; no
+        ``device``.
 
     Returns
     -------
@@ -118,10 +125,15 @@ def load(
             raise UnsupportedFormatError(
                 f"{found.path}: structure= is not supported for a checkpoint in several files"
             )
-        return _load_shards(found, keys, like, device, verify, tool, progress)
+        return _load_shards(found, keys, like, device, verify, tool, progress, sharding)
     with Reader(found if found is not None else path, verify=verify, tool=tool) as reader:
         return reader.load(
-            keys=keys, like=like, device=device, structure=structure, progress=progress
+            keys=keys,
+            like=like,
+            device=device,
+            structure=structure,
+            progress=progress,
+            sharding=sharding,
         )
 
 
@@ -133,6 +145,7 @@ def _load_shards(
     verify: bool | None,
     tool: Any,
     progress: bool | None,
+    sharding: Any = None,
 ) -> Any:
     """The tensors ``keys`` selects from a checkpoint in several files, as one flat dict in
     the index's order (or the one array an exact key names); only the shards holding them
@@ -142,7 +155,9 @@ def _load_shards(
     def load_file(file: str, names: list[str]) -> dict[str, Any]:
         try:
             with Reader(file, verify=verify, tool=tool) as reader:
-                part = reader.load(keys=names, like=like, device=device, progress=progress)
+                part = reader.load(
+                    keys=names, like=like, device=device, progress=progress, sharding=sharding
+                )
         except KeyNotFoundError as error:
             raise FormatError(
                 f"{index.path}: the index places tensors in {os.path.basename(file)} that it "

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import operator
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from ..errors import (
     KeyNotFoundError,
     MismatchError,
     OutOfMemoryError,
+    UnsupportedObjectError,
 )
 from ..runtime import _gcpause, _memory, _progress
 from ..runtime._units import format_bytes
@@ -475,6 +477,7 @@ class Reader:
         device: Any = None,
         structure: Any = None,
         progress: bool | None = None,
+        sharding: Any = None,
     ) -> Any:
         """Read arrays into the saved structure; see :func:`arrayio.load`."""
         chosen = (
@@ -483,21 +486,42 @@ class Reader:
             else self._select([keys] if isinstance(keys, str) else keys)
         )
         total = sum(self._stored[key].nbytes for key in chosen)
+        read_all = self._read_all
+        if sharding is not None:
+            if like not in (None, "jax") or device is not None:
+                raise UnsupportedObjectError(
+                    "sharding= gives jax.Arrays placed by the sharding: pass like='jax' (or "
+                    "nothing) and no device"
+                )
+            like = "jax"
+            read_all = functools.partial(self._read_sharded, sharding)
         request = parse_target(like, device)
         self._check_memory(total, len(chosen), request)
         with _progress.bar(total, desc=f"loading {self.path}", progress=progress) as advance:
-            return self._load(keys, request, structure, advance)
+            return self._load(keys, request, structure, advance, read_all)
+
+    def _read_sharded(
+        self, sharding: Any, keys: Sequence[str], request: Request, advance: Any
+    ) -> dict[str, Any]:
+        from ._sharded_load import read_sharded
+
+        return read_sharded(self, sharding, list(keys), advance)
 
     def _load(
-        self, keys: str | Sequence[str] | None, request: Request, structure: Any, advance: Any
+        self,
+        keys: str | Sequence[str] | None,
+        request: Request,
+        structure: Any,
+        advance: Any,
+        read_all: Callable[[Sequence[str], Request, Any], dict[str, Any]],
     ) -> Any:
         if keys is not None:
             if isinstance(keys, str):
                 if keys in self._stored:
-                    return self._read_all([keys], request, advance)[keys]
+                    return read_all([keys], request, advance)[keys]
                 keys = [keys]  # a subtree: a flat dict of the arrays below it
             chosen = self._select(keys)
-            return self._read_all(chosen, request, advance)
+            return read_all(chosen, request, advance)
         if structure is not None:
             constants = _pytree.leaves_by_key(_pytree.unflatten(self._tree, lambda key: _ARRAY))
             wanted = _pytree.example_keys(structure)
@@ -511,13 +535,11 @@ class Reader:
                     f"{self.path}: the structure asks for {missing[0]!r}, "
                     f"which the file lacks (keys: {self.keys()[:5]}...)"
                 )
-            arrays = self._read_all(
-                [key for key in wanted if key in self._stored], request, advance
-            )
+            arrays = read_all([key for key in wanted if key in self._stored], request, advance)
             return _pytree.rebuild_like(
                 structure, lambda key: arrays[key] if key in arrays else constants[key]
             )
-        arrays = self._read_all(self._leaf_keys, request, advance)
+        arrays = read_all(self._leaf_keys, request, advance)
         return _pytree.unflatten(self._tree, arrays.__getitem__, where=f"{self.path}: ")
 
     def _select(self, keys: Sequence[str]) -> list[str]:
