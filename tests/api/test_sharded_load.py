@@ -1,7 +1,8 @@
 """load(..., sharding=...) on 8 JAX host devices (a process of its own, started with
 ``--xla_force_host_platform_device_count=8``): every device gets only its piece, read on its
 own, and the global arrays equal what was saved, for shardings along any axis, replicated
-ones, and a checkpoint in several files."""
+ones, and a checkpoint in several files; and in two ``jax.distributed`` processes of 4
+devices each, every process reads only its own rows."""
 
 from __future__ import annotations
 
@@ -94,3 +95,75 @@ def test_sharded_loads_on_eight_host_devices(tmp_path: Path) -> None:
     assert "('w', None)" not in rows  # never the whole of w
     # Along the second axis only, every device needs all rows: w is read once, whole.
     assert report["columns one.safetensors"].count("('w', None)") == 1
+
+
+PROCESS = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import jax
+    process, port, directory = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process)
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import arrayio
+    from arrayio.api import _reader
+
+    assert len(jax.devices()) == 8 and len(jax.local_devices()) == 4
+    reads = []
+    real = _reader.Reader.read
+    def counting(self, key=None, index=None, **kwargs):
+        out = real(self, key, index, **kwargs)
+        rows = None if index is None else list(index.indices(64))
+        reads.append([key, rows, int(np.asarray(out).nbytes)])
+        return out
+    _reader.Reader.read = counting
+    mesh = Mesh(np.array(jax.devices()).reshape(8), ("data",))
+    rows = NamedSharding(mesh, P("data"))
+    w = arrayio.load(directory + "/w.safetensors", sharding=rows, keys="w")
+    expected = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
+    for shard in w.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), expected[shard.index])
+    print(json.dumps(reads))
+    jax.distributed.shutdown()
+    """
+)
+
+
+def test_each_process_reads_only_its_own_rows(tmp_path: Path) -> None:
+    import socket
+
+    import numpy as np
+
+    import arrayio
+
+    arrayio.save(
+        tmp_path / "w.safetensors", {"w": np.arange(64 * 4, dtype=np.float32).reshape(64, 4)}
+    )
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        port = str(probe.getsockname()[1])
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+    }
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", PROCESS, str(rank), port, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in range(2)
+    ]
+    outputs = [process.communicate(timeout=180) for process in processes]
+    for process, (out, err) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, out + err
+    reads = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    rows = [sorted(tuple(r[1]) for r in process_reads) for process_reads in reads]
+    assert rows == [
+        [(start, start + 8, 1) for start in range(0, 32, 8)],
+        [(start, start + 8, 1) for start in range(32, 64, 8)],
+    ]
+    assert [sum(r[2] for r in process_reads) for process_reads in reads] == [512, 512]
