@@ -1053,23 +1053,13 @@ def test_a_rival_that_fails_leaves_its_part_to_the_incumbent(exploring):
 
 def test_a_transfer_alone_is_cut_in_two_and_its_checksum_is_whole(tmp_path):
     # Real tools and a real file: the two parts' CRCs combine into the whole one's.
-    from arrayio.dispatch.dispatcher import Dispatcher
     from arrayio.integrity._checksum import checksum
 
     data = np.random.default_rng(0).integers(0, 256, 64 * MiB, dtype=np.uint8)
     path = tmp_path / "d.bin"
     path.write_bytes(data.tobytes())
     arms = [Arm.of("posix", threads=2, task_size=4 * MiB), Arm.of("naive")]
-    dispatcher = Dispatcher(None)
-    dispatcher.policy = Policy(lambda _context: arms, Table(), setup_after=0.0)
-    parts: list[int] = []
-    real_run = dispatcher.policy.run
-
-    def run(ctx, nbytes, operation, **kwargs):
-        parts.append(nbytes)
-        return real_run(ctx, nbytes, operation, **kwargs)
-
-    dispatcher.policy.run = run
+    dispatcher, parts = recording_dispatcher(arms)
     fd = os.open(path, os.O_RDONLY)
     try:
         for _ in range(12):  # the rival is set up in the background after a few calls
@@ -1085,34 +1075,43 @@ def test_a_transfer_alone_is_cut_in_two_and_its_checksum_is_whole(tmp_path):
     assert any(0 < part < data.nbytes for part in parts), parts  # a call was cut
 
 
-def test_a_batch_divided_within_a_request_returns_each_requests_whole_crc(tmp_path):
-    from arrayio.dispatch.dispatcher import Dispatcher
+@pytest.mark.parametrize("memory", ["host", "device"])
+def test_a_batch_divided_within_a_request_returns_each_requests_whole_crc(tmp_path, memory):
     from arrayio.integrity._checksum import checksum
+    from arrayio.tools.naive import NaiveTool
 
     sizes = [24 * MiB, 40 * MiB]
     data = np.random.default_rng(1).integers(0, 256, sum(sizes), dtype=np.uint8)
     path = tmp_path / "d.bin"
     path.write_bytes(data.tobytes())
-    arms = [Arm.of("posix", threads=2, task_size=4 * MiB), Arm.of("naive")]
-    dispatcher = Dispatcher(None)
-    dispatcher.policy = Policy(lambda _context: arms, Table(), setup_after=0.0)
-    pieces: list[int] = []
-    real_run = dispatcher.policy.run
+    if memory == "host":
+        arms = [Arm.of("posix", threads=2, task_size=4 * MiB), Arm.of("naive")]
+        dispatcher, pieces = recording_dispatcher(arms)
 
-    def run(ctx, nbytes, operation, **kwargs):
-        pieces.append(nbytes)
-        return real_run(ctx, nbytes, operation, **kwargs)
+        def buffer(size: int):
+            return np.empty(size, np.uint8)
 
-    dispatcher.policy.run = run
+        def content(out) -> bytes:
+            return out.tobytes()
+    else:  # a cut request's pieces are views of one device buffer: both land in it
+        arms = [Arm("naive"), Arm("naive-again")]  # two arms, one tool that serves devices
+        dispatcher, pieces = recording_dispatcher(arms, make=lambda _arm: NaiveTool())
+
+        def buffer(size: int):
+            return PartedDevice(np.zeros(size, np.uint8))
+
+        def content(out) -> bytes:
+            return out.data.tobytes()
+
     done: list[int] = []
     fd = os.open(path, os.O_RDONLY)
     try:
         for _ in range(12):  # the rival is set up in the background after a few calls
-            outs = [np.empty(size, np.uint8) for size in sizes]
+            outs = [buffer(size) for size in sizes]
             requests = [(0, outs[0]), (sizes[0], outs[1])]
             crcs = dispatcher.read_many(fd, requests, with_checksum=True, done=done.append)
             assert crcs == [checksum(data[: sizes[0]]), checksum(data[sizes[0] :])]
-            assert b"".join(o.tobytes() for o in outs) == data.tobytes()
+            assert b"".join(content(o) for o in outs) == data.tobytes()
             if any(part % MiB == 0 and part < sizes[1] for part in pieces):
                 break
             time.sleep(0.05)
@@ -1122,30 +1121,6 @@ def test_a_batch_divided_within_a_request_returns_each_requests_whole_crc(tmp_pa
     assert any(part % MiB == 0 and part < sizes[1] for part in pieces), pieces  # cut
     calls = len(done) // 2
     assert sorted(done) == [0] * calls + [1] * calls  # each request reported once per call
-
-
-def test_explain_says_which_page_cache_rule_a_read_falls_under():
-    world = World({"a": 1 * GB})
-    policy = make_policy(world, [A])
-    keep = Context("read", "cuda", 30, "vda", "cold", 1, keep=True)
-    cold = Context("read", "cuda", 30, "vda", "cold", 1)
-    warm = Context("read", "cuda", 30, "vda", "warm", 1)
-    write = Context("write", "cuda", 30, "vda", "-", 1)
-    assert "fits twice in the memory available" in policy.explain(keep).rule
-    assert "no O_DIRECT arm" in policy.explain(keep).rule
-    assert "O_DIRECT arms first" in policy.explain(cold).rule
-    assert "in the page cache" in policy.explain(warm).rule
-    assert policy.explain(write).rule is None
-    assert policy.explain(keep).as_dict()["rule"] == policy.explain(keep).rule
-
-
-def test_explain_says_a_rival_waits_to_be_set_up():
-    world = World({"a": 1 * GB, "b": 1 * GB})
-    policy = make_policy(world, [A, B], skip_first_call=True)
-    ctx = context()
-    labels(policy, ctx, 3)  # a's first call set it up; two samples
-    assert "set up once the context's calls have taken 2 s" in policy.explain(ctx).reason
-    assert not policy._preparing  # explaining started nothing
 
 
 class PartedDevice:
@@ -1170,65 +1145,14 @@ class PartedDevice:
         return PartedDevice(self.data[start:stop])
 
 
-def test_device_requests_divided_between_two_arms_land_in_place(tmp_path):
-    from arrayio.dispatch.dispatcher import Dispatcher
-    from arrayio.integrity._checksum import checksum
-    from arrayio.tools.naive import NaiveTool
-
-    sizes = [24 * MiB, 40 * MiB]
-    data = np.random.default_rng(2).integers(0, 256, sum(sizes), dtype=np.uint8)
-    path = tmp_path / "d.bin"
-    path.write_bytes(data.tobytes())
-    arms = [Arm("naive"), Arm("naive-again")]  # two arms, one tool that serves devices
-    dispatcher = Dispatcher(None)
-    dispatcher.policy = Policy(
-        lambda _context: arms, Table(), make=lambda _arm: NaiveTool(), setup_after=0.0
-    )
-    pieces: list[int] = []
-    real_run = dispatcher.policy.run
-
-    def run(ctx, nbytes, operation, **kwargs):
-        pieces.append(nbytes)
-        return real_run(ctx, nbytes, operation, **kwargs)
-
-    dispatcher.policy.run = run
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for _ in range(12):
-            outs = [PartedDevice(np.zeros(size, np.uint8)) for size in sizes]
-            requests = [(0, outs[0]), (sizes[0], outs[1])]
-            crcs = dispatcher.read_many(fd, requests, with_checksum=True)
-            assert crcs == [checksum(data[: sizes[0]]), checksum(data[sizes[0] :])]
-            assert b"".join(o.data.tobytes() for o in outs) == data.tobytes()
-            if any(part % MiB == 0 and part < sizes[1] for part in pieces):
-                break
-            time.sleep(0.05)
-    finally:
-        os.close(fd)
-        dispatcher.close()
-    assert any(part % MiB == 0 and part < sizes[1] for part in pieces), pieces  # cut
-
-
 def test_device_writes_divided_between_two_arms_write_every_byte_once(tmp_path):
-    from arrayio.dispatch.dispatcher import Dispatcher
     from arrayio.integrity._checksum import checksum
     from arrayio.tools.naive import NaiveTool
 
     sizes = [24 * MiB, 40 * MiB]
     rng = np.random.default_rng(3)
     arms = [Arm("naive"), Arm("naive-again")]
-    dispatcher = Dispatcher(None)
-    dispatcher.policy = Policy(
-        lambda _context: arms, Table(), make=lambda _arm: NaiveTool(), setup_after=0.0
-    )
-    pieces: list[int] = []
-    real_run = dispatcher.policy.run
-
-    def run(ctx, nbytes, operation, **kwargs):
-        pieces.append(nbytes)
-        return real_run(ctx, nbytes, operation, **kwargs)
-
-    dispatcher.policy.run = run
+    dispatcher, pieces = recording_dispatcher(arms, make=lambda _arm: NaiveTool())
     try:
         for i in range(12):
             data = rng.integers(0, 256, sum(sizes), dtype=np.uint8)
@@ -1249,3 +1173,45 @@ def test_device_writes_divided_between_two_arms_write_every_byte_once(tmp_path):
     finally:
         dispatcher.close()
     assert any(part % MiB == 0 and part < sizes[1] for part in pieces), pieces  # cut
+
+
+def recording_dispatcher(arms: list[Arm], **policy) -> tuple:
+    """A dispatcher on real tools whose policy records the bytes of every run: a call cut
+    in two shows as two runs smaller than the whole. Rivals are set up at once."""
+    from arrayio.dispatch.dispatcher import Dispatcher
+
+    dispatcher = Dispatcher(None)
+    dispatcher.policy = Policy(lambda _context: arms, Table(), setup_after=0.0, **policy)
+    parts: list[int] = []
+    real_run = dispatcher.policy.run
+
+    def run(ctx, nbytes, operation, **kwargs):
+        parts.append(nbytes)
+        return real_run(ctx, nbytes, operation, **kwargs)
+
+    dispatcher.policy.run = run
+    return dispatcher, parts
+
+
+def test_explain_says_which_page_cache_rule_a_read_falls_under():
+    world = World({"a": 1 * GB})
+    policy = make_policy(world, [A])
+    keep = Context("read", "cuda", 30, "vda", "cold", 1, keep=True)
+    cold = Context("read", "cuda", 30, "vda", "cold", 1)
+    warm = Context("read", "cuda", 30, "vda", "warm", 1)
+    write = Context("write", "cuda", 30, "vda", "-", 1)
+    assert "fits twice in the memory available" in policy.explain(keep).rule
+    assert "no O_DIRECT arm" in policy.explain(keep).rule
+    assert "O_DIRECT arms first" in policy.explain(cold).rule
+    assert "in the page cache" in policy.explain(warm).rule
+    assert policy.explain(write).rule is None
+    assert policy.explain(keep).as_dict()["rule"] == policy.explain(keep).rule
+
+
+def test_explain_says_a_rival_waits_to_be_set_up():
+    world = World({"a": 1 * GB, "b": 1 * GB})
+    policy = make_policy(world, [A, B], skip_first_call=True)
+    ctx = context()
+    labels(policy, ctx, 3)  # a's first call set it up; two samples
+    assert "set up once the context's calls have taken 2 s" in policy.explain(ctx).reason
+    assert not policy._preparing  # explaining started nothing
