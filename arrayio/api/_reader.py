@@ -15,6 +15,7 @@ import math
 import operator
 import os
 import stat
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -40,6 +41,23 @@ from ..runtime._units import format_bytes
 __all__ = ["ArrayInfo", "Reader"]
 
 _ARRAY = object()  # stands for an array leaf where only constants are wanted
+
+
+def _shardings_of(structure: Any) -> dict[str, Any] | None:
+    """The shardings the ``jax.ShapeDtypeStruct`` leaves of an example carry, by key (as
+    orbax's restore takes them); None when none carries one."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return None
+    shardings = {
+        key: leaf.sharding
+        for key, leaf in _pytree.example_leaves(structure).items()
+        if isinstance(leaf, jax.ShapeDtypeStruct)
+        and isinstance(getattr(leaf, "sharding", None), jax.sharding.Sharding)
+    }
+    return shardings or None
+
+
 # Host memory a loaded array takes beyond its data (its objects), for the check before a load.
 _OBJECT_BYTES = 512
 # Loads smaller than this skip that check (reading what is available costs tens of µs).
@@ -487,6 +505,8 @@ class Reader:
         )
         total = sum(self._stored[key].nbytes for key in chosen)
         read_all = self._read_all
+        if sharding is None and structure is not None and like in (None, "jax") and device is None:
+            sharding = _shardings_of(structure)  # placeholders that say where they go
         if sharding is not None:
             if like not in (None, "jax") or device is not None:
                 raise UnsupportedObjectError(
@@ -502,7 +522,7 @@ class Reader:
 
     def _read_sharded(
         self, sharding: Any, keys: Sequence[str], request: Request, advance: Any
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any]:  # see _sharded_load
         from ._sharded_load import read_sharded
 
         return read_sharded(self, sharding, list(keys), advance)

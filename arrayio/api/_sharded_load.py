@@ -23,21 +23,20 @@ __all__ = ["read_sharded", "sharding_for"]
 
 def sharding_for(sharding: Any, key: str) -> Any:
     """The sharding of the array ``key``: ``sharding`` itself, or its entry for ``key`` (a
-    mapping), or what it returns for ``key`` (a function).
+    mapping; None where it has none: the array goes whole to the default device), or what
+    it returns for ``key`` (a function).
 
     Raises
     ------
     UnsupportedObjectError
-        For a mapping without ``key``.
+        For anything else given as ``sharding``.
     """
     import jax
 
     if isinstance(sharding, jax.sharding.Sharding):
         return sharding
     if isinstance(sharding, Mapping):
-        if key not in sharding:
-            raise UnsupportedObjectError(f"sharding= has no entry for {key!r}")
-        return sharding[key]
+        return sharding.get(key)  # None: read whole onto the default device
     if callable(sharding):
         return sharding(key)
     raise UnsupportedObjectError(
@@ -67,6 +66,10 @@ def read_sharded(
         info = reader[key]
         shape = tuple(info.shape)
         target = sharding_for(sharding, key)
+        if target is None:
+            results[key] = reader.read(key, like="jax")
+            advance(info.nbytes)
+            continue
         pieces = []
         read: dict[tuple[Any, ...], Any] = {}  # rows -> the first device's piece
         for device, index in target.addressable_devices_indices_map(shape).items():

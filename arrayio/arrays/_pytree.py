@@ -266,17 +266,25 @@ def rebuild_like(structure: Any, lookup: Callable[[str], Any]) -> Any:
     The example's leaves may be arrays, ``jax.ShapeDtypeStruct`` placeholders or constants;
     only its shape as a tree matters. Custom JAX nodes are rebuilt with JAX's own unflatten.
     """
-    return _walk_example(structure, "", lookup, rebuild=True)
+    return _walk_example(structure, "", lambda key, _: lookup(key), rebuild=True)
 
 
 def example_keys(structure: Any) -> list[str]:
     """The keys :func:`rebuild_like` asks ``lookup`` for, in order, without rebuilding."""
     keys: list[str] = []
-    _walk_example(structure, "", keys.append, rebuild=False)
+    _walk_example(structure, "", lambda key, _: keys.append(key), rebuild=False)
     return keys
 
 
-def _walk_example(x: Any, key: str, leaf: Callable[[str], Any], *, rebuild: bool) -> Any:
+def example_leaves(structure: Any) -> dict[str, Any]:
+    r"""The example's leaves (arrays, ``jax.ShapeDtypeStruct``\ s, constants) by the keys
+    :func:`rebuild_like` asks for."""
+    leaves: dict[str, Any] = {}
+    _walk_example(structure, "", leaves.__setitem__, rebuild=False)
+    return leaves
+
+
+def _walk_example(x: Any, key: str, leaf: Callable[[str, Any], Any], *, rebuild: bool) -> Any:
     def visit(x: Any, key: str) -> Any:
         return _walk_example(x, key, leaf, rebuild=rebuild)
 
@@ -293,7 +301,7 @@ def _walk_example(x: Any, key: str, leaf: Callable[[str], Any], *, rebuild: bool
         return None
     children = None if is_array(x) or _constant(x) is not None else _jax_children(x)
     if children is None:
-        return leaf(key or SINGLE_ARRAY_KEY)
+        return leaf(key or SINGLE_ARRAY_KEY, x)
     values = [visit(child, _join(key, name)) for name, child in children]
     if not rebuild:
         return None

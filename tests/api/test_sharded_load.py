@@ -67,6 +67,17 @@ CHILD = textwrap.dedent(
             report[name + " " + source] = sorted(set(map(str, reads)))
     one = arrayio.load(directory + "/one.safetensors", sharding=NamedSharding(mesh, P()), keys="b")
     assert one.sharding.is_fully_replicated
+    # As orbax restores: placeholders that carry shardings (the scalar carries none).
+    rows = NamedSharding(mesh, P("data"))
+    example = {
+        "w": jax.ShapeDtypeStruct((64, 12), np.float32, sharding=rows),
+        "b": jax.ShapeDtypeStruct((16,), np.float32, sharding=NamedSharding(mesh, P("model"))),
+        "scalar": jax.ShapeDtypeStruct((), np.float32),
+    }
+    restored = arrayio.load(directory + "/one.safetensors", structure=example)
+    assert restored["w"].sharding == rows and restored["b"].sharding.spec == P("model")
+    for key, array in state.items():
+        np.testing.assert_array_equal(np.asarray(restored[key]), array)
     print(json.dumps(report))
     """
 )
