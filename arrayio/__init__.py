@@ -17,6 +17,7 @@ from .api._async import AsyncFuture, load_async, save_async, wait
 from .api._load import load, open, read_into
 from .api._reader import ArrayInfo, Reader
 from .api._save import save
+from .api._sharded_reader import ShardedReader
 from .api._tuning import DispatchReport, explain, tune
 from .errors import (
     ArrayioError,
@@ -58,6 +59,7 @@ __all__ = [
     "Offloader",
     "OutOfMemoryError",
     "Reader",
+    "ShardedReader",
     "ToolUnavailableError",
     "TruncatedFileError",
     "UnknownToolError",

@@ -17,7 +17,7 @@ __all__ = ["load", "open", "read_into"]
 PathLike = str | os.PathLike[str]
 
 
-def open(path: PathLike, *, verify: bool | None = None, tool: Any = None) -> Reader:
+def open(path: PathLike, *, verify: bool | None = None, tool: Any = None) -> Any:
     """Open a file lazily: its keys, dtypes, shapes and metadata, without reading data.
 
     Parameters
@@ -33,7 +33,9 @@ def open(path: PathLike, *, verify: bool | None = None, tool: Any = None) -> Rea
     -------
     Reader
         Use it as a context manager; ``reader.read(key, index=slice(1000, 2000))`` reads only
-        those rows.
+        those rows. For a checkpoint in several files (its ``*.safetensors.index.json`` or
+        its directory), a :class:`~arrayio.ShardedReader` with the same ``keys``, ``read``
+        and ``load``, opening each shard when first needed.
 
     Raises
     ------
@@ -42,7 +44,12 @@ def open(path: PathLike, *, verify: bool | None = None, tool: Any = None) -> Rea
     FileNotFoundError
         If ``path`` does not exist.
     """
-    return Reader(_one_file(path, "arrayio.open"), verify=verify, tool=tool)
+    found = shards.find(path)
+    if isinstance(found, shards.ShardIndex):
+        from ._sharded_reader import ShardedReader
+
+        return ShardedReader(found, verify=verify, tool=tool)
+    return Reader(found if found is not None else path, verify=verify, tool=tool)
 
 
 def _one_file(path: PathLike, what: str) -> PathLike:

@@ -83,7 +83,7 @@ def test_a_directory_of_one_file_loads_it_and_open_reads_one_file(tmp_path):
     sharded.mkdir()
     write_checkpoint(sharded)
     with pytest.raises(UnsupportedFormatError, match="arrayio.load reads them all"):
-        arrayio.open(sharded)
+        arrayio.read_into(sharded, np.empty(1))
     with pytest.raises(UnsupportedFormatError, match="structure="):
         arrayio.load(sharded, structure={"a": 0})
 
@@ -240,3 +240,26 @@ def test_sharded_saves_refuse_what_they_cannot_write(tmp_path):
         arrayio.save(tmp_path, state_dict(), max_shard_size=0)
     with pytest.raises(UnsupportedFormatError):
         arrayio.save(tmp_path / "x.npz", state_dict(), max_shard_size=4096)
+
+
+def test_open_reads_a_checkpoint_in_several_files_one_shard_at_a_time(tmp_path):
+    tensors = write_checkpoint(tmp_path)
+    index = shards.find(tmp_path)
+    with arrayio.open(tmp_path) as reader:
+        assert reader.keys() == list(tensors) and len(reader) == len(tensors)
+        assert "lm_head.weight" in reader and "nothing" not in reader
+        assert reader.metadata["total_size"] == sum(t.nbytes for t in tensors.values())
+        assert reader["model.embed.weight"].shape == (8, 4)
+        assert len(reader._open) == 1  # only the shard that holds it
+        rows = reader.read("model.embed.weight", slice(2, 5))  # a tensor-parallel slice
+        np.testing.assert_array_equal(rows, tensors["model.embed.weight"][2:5])
+        same(
+            reader.load(keys="model.layers.2"),
+            {n: t for n, t in tensors.items() if n.startswith("model.layers.2.")},
+        )
+        with pytest.raises(KeyNotFoundError):
+            reader.read("nothing")
+        opened = list(reader._open.values())
+        assert "tensors in 3 files" in repr(reader)
+        assert len(set(index.files.values())) == 3
+    assert all(r.closed for r in opened)
