@@ -78,12 +78,7 @@ def save_shards(
     leaves, _ = _pytree.flatten(obj)
     if not leaves:
         raise UnsupportedObjectError("a checkpoint in shards needs at least one array")
-    sizes = []
-    for key, leaf in leaves:
-        exported = export(leaf)
-        if exported is None:
-            raise UnsupportedObjectError(f"{key!r}: shards hold arrays, got {type(leaf).__name__}")
-        sizes.append(_nbytes(exported))
+    sizes = [_nbytes(key, leaf) for key, leaf in leaves]
     groups = shard_groups(sizes, limit)
     # transformers refuses a safetensors file whose metadata does not name its format.
     metadata = {"format": "pt", **(metadata or {})}
@@ -129,10 +124,16 @@ def _orphans(directory: str, stem: str) -> set[str]:
     }
 
 
-def _nbytes(exported: Any) -> int:
-    data = exported.data
-    nbytes = getattr(data, "nbytes", None)
-    return int(nbytes) if nbytes is not None else int(data.size)
+def _nbytes(key: str, leaf: Any) -> int:
+    """The array's size in bytes, without exporting it (each shard's save exports its own
+    arrays; exporting a sharded ``jax.Array`` gathers it)."""
+    nbytes = getattr(leaf, "nbytes", None)
+    if nbytes is not None:
+        return int(nbytes)
+    exported = export(leaf)
+    if exported is None:
+        raise UnsupportedObjectError(f"{key!r}: shards hold arrays, got {type(leaf).__name__}")
+    return int(exported.data.nbytes)
 
 
 def _referenced(index_path: str) -> set[str]:

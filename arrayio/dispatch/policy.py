@@ -229,12 +229,16 @@ class Policy:
             return tool
 
     def _set_up(self, key: str, entry: ContextEntry, incumbent: Arm, rival: Arm) -> bool:
-        """Whether ``rival`` is ready for a share of this context's calls; starts setting it
-        up when the context has earned it (:data:`PREPARE_AFTER` samples,
-        :attr:`setup_after` seconds, and the seconds spent on rivals within the regret)."""
+        """Whether ``rival``'s tool is set up for a fair measurement; if not, and the context
+        has earned it (:data:`PREPARE_AFTER` samples, :attr:`setup_after` seconds, and the
+        seconds spent on rivals within the regret), set it up in the background, once: a
+        rival's first share of a user's call would otherwise pay for its threads, pinned
+        buffers and imports, which take longer than a share's transfer."""
         with self._tools_lock:
             if rival in self._ready:
                 return True
+            if rival in self._preparing:
+                return False
         with self._lock:
             spent = self._spent.get(key, 0.0)
             explored = self._explored.get(key, 0.0)
@@ -244,27 +248,16 @@ class Policy:
             or explored > self.regret * spent
         ):
             return False
-        return self._prepared(rival, key)
-
-    def _prepared(self, arm: Arm, key: str | None = None) -> bool:
-        """Whether ``arm``'s tool is set up for a fair measurement; if not, set it up in the
-        background (once): a rival's first share of a user's call would otherwise pay for
-        its threads, pinned buffers and imports, which take longer than a share's transfer.
-        Tools that skip no first call (fakes in tests) need no setting up."""
-        if not self.skip_first_call:
-            return True
         with self._tools_lock:
-            if arm in self._ready:
-                return True
-            if arm in self._preparing:
-                return False
-            self._preparing.add(arm)
+            if rival in self._preparing or rival in self._ready:
+                return rival in self._ready
+            self._preparing.add(rival)
         threading.Thread(
-            target=self._prepare, args=(arm, key), name="arrayio-prepare", daemon=True
+            target=self._prepare, args=(rival, key), name="arrayio-prepare", daemon=True
         ).start()
         return False
 
-    def _prepare(self, arm: Arm, key: str | None) -> None:
+    def _prepare(self, arm: Arm, key: str) -> None:
         start = time.perf_counter()
         try:
             self.tool(arm).prepare()
@@ -274,10 +267,9 @@ class Policy:
             with self._tools_lock:
                 self._preparing.discard(arm)
                 self._ready.add(arm)
-            if key is not None:  # what it cost the calls meanwhile, at most its duration
-                with self._lock:
-                    seconds = time.perf_counter() - start
-                    self._explored[key] = self._explored.get(key, 0.0) + seconds
+            with self._lock:  # what it cost the calls meanwhile, at most its duration
+                seconds = time.perf_counter() - start
+                self._explored[key] = self._explored.get(key, 0.0) + seconds
 
     def _is_fresh(self, arm: Arm) -> bool:
         """Whether ``arm``'s tool is yet to be made. Its first call then also pays for
@@ -350,8 +342,8 @@ class Policy:
         call goes to :meth:`choose`'s arm (the context exploits, or nothing was measured
         yet, in which case that arm is the prior).
 
-        The rival's share is :attr:`first_share` while it has no estimate (or its tool is
-        yet to be made, whose first use is not recorded); once measured at a fraction ``r``
+        The rival's share is :attr:`first_share` while it has no estimate (and none until
+        its tool is set up, see :meth:`_set_up`); once measured at a fraction ``r``
         of the incumbent's bandwidth, its part of the call takes ``1 / r`` times as long as
         the incumbent would, so a share of ``regret / (1 / r - 1)`` loses at most
         ``regret`` of the call (at most :data:`MAX_SHARE`). An arm below the prune ratio
@@ -372,7 +364,7 @@ class Policy:
         if self.skip_first_call and not self._set_up(key, entry, incumbent, rival):
             return Split(incumbent, rival, 0.0)  # the incumbent's, until the rival is set up
         share = self.first_share
-        if estimate is not None and best and not self._is_fresh(rival):
+        if estimate is not None and best:
             slowdown = best / estimate - 1 if estimate > 0 else float("inf")
             share = MAX_SHARE if slowdown <= 0 else min(MAX_SHARE, self.regret / slowdown)
             share = max(share, self.first_share)
