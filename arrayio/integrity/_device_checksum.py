@@ -2,17 +2,18 @@
 
 Verifying a read into GPU memory on the host costs a pass over the bytes there, on the
 threads that should be moving them; with GPUDirect Storage the bytes never touch the host at
-all. So device buffers are checksummed where they are: one CUDA kernel (through CuPy, one
-launch for a group of buffers) splits each range into segments, each thread computes the
-standard CRC-32C of its segment (slicing-by-4 tables in shared memory), shifts it to its
-place in the range by multiplying by ``x^(8 * bytes after it)`` modulo the polynomial (the
-arithmetic of zlib's ``crc32_combine``), and the shifted values are XORed together. The host
-finishes with one :func:`~arrayio.integrity._checksum.combine` for the last, possibly
-shorter, segment.
+all. So device buffers are checksummed where they are: one CUDA kernel (launched through
+CuPy or torch, :mod:`~arrayio.integrity._launchers`; one launch for a group of buffers)
+splits each range into segments, each thread computes the standard CRC-32C of its segment
+(slicing-by-4 tables in shared memory), shifts it to its place in the range by multiplying
+by ``x^(8 * bytes after it)`` modulo the polynomial (the arithmetic of zlib's
+``crc32_combine``), and the shifted values are XORed together. The host finishes with one
+:func:`~arrayio.integrity._checksum.combine` for the last, possibly shorter, segment.
 
 No library offers this (nvCOMP has no CRC-32C; CuPy has no CRC at all), hence the kernel.
-Without CuPy (a torch-only install) :func:`device_checksum` returns None and the tools
-checksum on the host as the bytes pass through their staging buffers.
+Where neither can run it (no CuPy, and no torch running CUDA) :func:`device_checksum`
+returns None and the tools checksum on the host as the bytes pass through their staging
+buffers.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import _launchers
 from ._checksum import _POLY, _x8n, combine
+from ._launchers import Launcher
 
 if TYPE_CHECKING:
     from ..arrays._buffers import DeviceBuffer
@@ -86,13 +89,14 @@ __device__ __forceinline__ unsigned int word(const unsigned int (*t)[256], unsig
 }
 
 __global__ void crc32c_group(const unsigned long long* __restrict__ meta, int count,
-                             unsigned long long total,
+                             int total_segments,
                              const unsigned int* __restrict__ tables,
                              unsigned int* __restrict__ out) {
     // A group of buffers in one launch: thread i takes segment i of their segments laid end
     // to end. meta holds FIELDS numbers a buffer: address, bytes, bytes per segment, its
     // first segment's index in the group, its row of out, the address of its segment's
     // powers of x.
+    const unsigned long long total = (unsigned int)total_segments;
     __shared__ unsigned int t[4][256];
     for (int i = threadIdx.x; i < 1024; i += blockDim.x) t[i >> 8][i & 255] = tables[i];
     __syncthreads();
@@ -178,57 +182,69 @@ def segment_powers(segment: int) -> np.ndarray:
 
 
 _lock = threading.Lock()
-_on_device: dict[tuple[Any, ...], Any] = {}  # what _made_once made, per GPU
+_on_device: dict[tuple[Any, ...], Any] = {}  # what _made_once made, per launcher and GPU
 
 
-def _made_once(cupy: Any, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+def _made_once(launcher: Launcher, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
     """``make()`` on the current GPU, the first time ``key`` is asked for there (a
     host-to-device copy per call would cost more than the kernel on a megabyte)."""
+    key = (launcher.name, *key)
     with _lock:
         made = _on_device.get(key)
         if made is None:
             made = make()
             # Kernels on other streams use what was copied (DeviceChecksums' own stream):
             # the copies from pageable memory must have landed before anyone gets them.
-            cupy.cuda.get_current_stream().synchronize()
+            launcher.current_stream(key[2]).synchronize()
             _on_device[key] = made
         return made
 
 
-def _kernel(cupy: Any, device_index: int) -> tuple[Any, Any]:
+def _kernel(launcher: Launcher, device_index: int) -> tuple[Any, Any]:
     """The compiled kernel and its tables on ``device_index`` (current)."""
-    return _made_once(
-        cupy,
+    return _made_once(  # type: ignore[no-any-return]
+        launcher,
         ("kernel", device_index),
-        lambda: (cupy.RawKernel(_SOURCE, "crc32c_group"), cupy.asarray(slicing_tables())),
+        lambda: (
+            launcher.compile(_SOURCE, "crc32c_group"),
+            launcher.upload(slicing_tables()),
+        ),
     )
 
 
-def _segment_powers_on(cupy: Any, device_index: int, segment: int) -> int:
+def _segment_powers_on(launcher: Launcher, device_index: int, segment: int) -> int:
     """The address of ``segment_powers(segment)`` on ``device_index`` (current)."""
-    return _made_once(
-        cupy, ("powers", device_index, segment), lambda: cupy.asarray(segment_powers(segment))
-    ).data.ptr
+    return launcher.address(
+        _made_once(
+            launcher,
+            ("powers", device_index, segment),
+            lambda: launcher.upload(segment_powers(segment)),
+        )
+    )
 
 
-# Why the kernel cannot run here (no CuPy, or it failed once: no NVRTC, say); None: it can.
+# Why the kernel cannot run here (no CuPy nor torch running CUDA, or it failed once: no
+# NVRTC, say); None: it can.
 _unavailable: str | None = None
+_chosen: Launcher | None = None
 
 
-@functools.cache
-def _cupy() -> Any:
-    global _unavailable
-    try:
-        import cupy
-    except ImportError:
-        _unavailable = "CuPy is not installed"
-        return None
-    return cupy
+def _launcher() -> Launcher | None:
+    """The framework that runs the kernel in this process (:func:`_launchers.choose`), chosen
+    at its first use; None where none can."""
+    global _unavailable, _chosen
+    with _lock:
+        if _chosen is None and _unavailable is None:
+            _chosen = _launchers.choose()
+            if _chosen is None:
+                _unavailable = "neither CuPy nor torch running CUDA is here"
+        return _chosen if _unavailable is None else None
 
 
 def available() -> bool:
-    """Whether device buffers can be checksummed on the GPU here (imports CuPy once)."""
-    return _cupy() is not None and _unavailable is None
+    """Whether device buffers can be checksummed on the GPU here. Imports nothing: asked
+    for every GPU transfer's candidates, before any is chosen."""
+    return _unavailable is None and (_chosen is not None or _launchers.usable())
 
 
 def segment_for(nbytes: int) -> int:
@@ -241,7 +257,8 @@ def segment_for(nbytes: int) -> int:
 def device_checksum(buffer: DeviceBuffer, segment: int | None = None) -> int | None:
     """The CRC-32C of a device buffer's bytes, computed on its GPU.
 
-    The kernel runs on CuPy's current stream, and this function waits for it.
+    The kernel runs on the current stream of the framework that launches it, and this
+    function waits for it.
     ``segment`` (bytes per GPU thread) is for tests; by default it follows the size.
 
     Returns
@@ -288,7 +305,8 @@ class DeviceChecksums:
     costs the host tens of microseconds, a tenth of a warm load of hundreds of arrays
     (docs/design/loads.md).
 
-    The kernels run on CuPy's current stream, after whatever was queued there to fill the
+    The kernels run on the launching framework's current stream (CuPy's or torch's; both
+    default to the device's legacy stream), after whatever was queued there to fill the
     buffers. With ``own_stream`` they run on a non-blocking stream of arrayio's own per
     device instead, so that they neither wait for nor hold up the tools' copies on other
     streams; then every write into a buffer must be complete when it is launched (a
@@ -296,7 +314,7 @@ class DeviceChecksums:
     copy still in flight on another stream, such as CuPy's from pageable memory, would
     race the kernel.
 
-    Where the GPU cannot compute them (no CuPy, or a kernel that fails: no NVRTC, say), the
+    Where the GPU cannot compute them (no launcher, or a kernel that fails: no NVRTC, say), the
     checksums are computed through the host instead, and the GPU is not tried again.
 
     As a context manager, it calls :meth:`abandon` when the block raises: a failed
@@ -327,6 +345,7 @@ class DeviceChecksums:
         self._ready_bytes: dict[int, int] = {}
         self._metas: list[Any] = []  # each launch's description, alive until the results
         self._on_gpu = bool(self._rows) and available()
+        self._gpu: Launcher | None = None  # chosen at the first launch
 
     def __enter__(self) -> DeviceChecksums:
         return self
@@ -356,9 +375,9 @@ class DeviceChecksums:
             self.launch(index)
         for device in list(self._ready):
             self._flush(device)
-        if self._on_gpu:
+        if self._on_gpu and self._gpu is not None:
             try:
-                return self._collect(_cupy())
+                return self._collect(self._gpu)
             except MemoryError:
                 raise
             except Exception as error:  # noqa: BLE001 - as in _flush
@@ -369,13 +388,13 @@ class DeviceChecksums:
         """Wait for the kernels already started, without their results: before the buffers
         are freed or filled again (a failed read, a fallback to another tool)."""
         self._ready.clear()
-        if not self._on_gpu or not self._metas:
+        gpu = self._gpu
+        if not self._on_gpu or not self._metas or gpu is None:
             return
-        cupy = _cupy()
         for device in self._counts:
             try:
-                with cupy.cuda.Device(device):
-                    self._stream(cupy, device).synchronize()
+                with gpu.device(device):
+                    self._stream(gpu, device).synchronize()
             except Exception:  # noqa: BLE001 - the caller is already failing
                 pass
 
@@ -385,23 +404,28 @@ class DeviceChecksums:
         self._ready_bytes[device] = 0
         if not group or not self._on_gpu:
             return
+        if self._gpu is None:
+            self._gpu = _launcher()
+            if self._gpu is None:  # none after all: through the host
+                self._on_gpu = False
+                return
         try:
-            self._launch_group(_cupy(), device, group)
+            self._launch_group(self._gpu, device, group)
         except MemoryError:
             raise
         except Exception as error:  # noqa: BLE001 - a kernel that cannot be built or run here
             self._give_up(error)
 
-    def _launch_group(self, cupy: Any, device: int, group: list[int]) -> None:
+    def _launch_group(self, gpu: Launcher, device: int, group: list[int]) -> None:
         meta = np.empty((len(group), 6), dtype=np.uint64)
         total = 0
-        with cupy.cuda.Device(device), self._stream(cupy, device):
+        with gpu.device(device), gpu.on_stream(self._stream(gpu, device)):
             for k, index in enumerate(group):
                 buffer = self.buffers[index]
                 nbytes = buffer.nbytes
                 per_thread = self._segment or segment_for(nbytes)
                 segments = -(-nbytes // per_thread)
-                # The address as a number, not a CuPy view of the buffer: a view of a torch
+                # The address as a number, not a view of the buffer: a CuPy view of a torch
                 # tensor costs tens of microseconds.
                 meta[k] = (
                     buffer.data_ptr,
@@ -409,27 +433,27 @@ class DeviceChecksums:
                     per_thread,
                     total,
                     self._rows[index][1],
-                    _segment_powers_on(cupy, device, per_thread),
+                    _segment_powers_on(gpu, device, per_thread),
                 )
                 self._shapes[index] = (nbytes, per_thread, segments)
                 total += segments
+            if total >= 1 << 31:  # the kernel counts segments in a C int
+                raise OverflowError(f"{total} segments in one launch")
             out = self._out.get(device)
             if out is None:
-                out = self._out[device] = cupy.zeros((self._counts[device], 2), cupy.uint32)
-            kernel, tables = _kernel(cupy, device)
-            on_device = cupy.asarray(meta)  # on this stream, before the kernel
-            self._metas.append(on_device)
-            kernel(
-                (-(-total // _THREADS),),
-                (_THREADS,),
-                (on_device, np.int32(len(group)), np.uint64(total), tables, out),
+                out = self._out[device] = gpu.zeros_uint32((self._counts[device], 2))
+            kernel, tables = _kernel(gpu, device)
+            on_device = gpu.upload(meta)  # on this stream, before the kernel
+            self._metas.append((meta, on_device))
+            gpu.launch(
+                kernel, -(-total // _THREADS), _THREADS, (on_device, len(group), total, tables, out)
             )
 
-    def _collect(self, cupy: Any) -> list[int]:
+    def _collect(self, gpu: Launcher) -> list[int]:
         values = {}
         for device, out in self._out.items():
-            with cupy.cuda.Device(device), self._stream(cupy, device) as stream:
-                values[device] = out.get(stream=stream)
+            with gpu.device(device):
+                values[device] = gpu.download(out, self._stream(gpu, device))
         self._metas.clear()  # the wait above: the kernels are done with them
         results = [0] * len(self.buffers)
         for index, (nbytes, segment, segments) in self._shapes.items():
@@ -438,9 +462,9 @@ class DeviceChecksums:
             results[index] = combine(shifted, last, nbytes - (segments - 1) * segment)
         return results
 
-    def _stream(self, cupy: Any, device: int) -> Any:
+    def _stream(self, gpu: Launcher, device: int) -> Any:
         """The stream the kernels run on (call with ``device`` current)."""
-        return _own_stream(cupy, device) if self._own_stream else cupy.cuda.get_current_stream()
+        return gpu.own_stream(device) if self._own_stream else gpu.current_stream(device)
 
     def _give_up(self, error: Exception) -> None:
         global _unavailable
@@ -448,18 +472,6 @@ class DeviceChecksums:
         self._on_gpu = False
         _unavailable = f"{type(error).__name__}: {error}"
         logger.warning("arrayio: checksums of GPU memory fall back to the host: %s", _unavailable)
-
-
-_streams: dict[int, Any] = {}
-
-
-def _own_stream(cupy: Any, device: int) -> Any:
-    """arrayio's checksum stream on ``device`` (current), made once."""
-    with _lock:
-        stream = _streams.get(device)
-        if stream is None:
-            stream = _streams[device] = cupy.cuda.Stream(non_blocking=True)
-        return stream
 
 
 def host_checksum(buffer: DeviceBuffer) -> int:

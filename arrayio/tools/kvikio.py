@@ -28,6 +28,7 @@ __all__ = ["KvikioTool"]
 
 # KvikIO's thread pool and task size are process-wide: set them under a lock, only on change.
 _settings_lock = threading.Lock()
+_bounce_sized = False  # whether arrayio has set KvikIO's bounce buffer size yet
 
 
 class _DeviceBytes:
@@ -135,10 +136,15 @@ class KvikioTool(Tool):
             if kvikio.defaults.get("task_size") != self.task_size:
                 kvikio.defaults.set("task_size", self.task_size)
             # In compatibility mode every thread stages its task through a pinned bounce
-            # buffer; a larger one than the task is never filled, and pinning is slow (a
-            # fresh process pays it on its first read).
-            if kvikio.defaults.get("bounce_buffer_size") != self.task_size:
+            # buffer, and pinning is slow (a fresh process pays it on its first read): the
+            # first transfer pins buffers of its own task size, not KvikIO's larger default;
+            # later ones only grow them, since a change frees KvikIO's buffers and pins
+            # them all again, and a larger buffer than the task serves it as well.
+            global _bounce_sized
+            bounce = kvikio.defaults.get("bounce_buffer_size")
+            if bounce < self.task_size or (not _bounce_sized and bounce != self.task_size):
                 kvikio.defaults.set("bounce_buffer_size", self.task_size)
+            _bounce_sized = True
         key = (fd, flags)
         with self._handles_lock:
             entry = self._handles.get(key)

@@ -886,7 +886,9 @@ def test_reads_kept_in_the_page_cache_never_bypass_it(memory, size_class, cache)
 
     kept = arms(keep=True)
     assert kept and not any(bypasses_the_cache(arm) for arm in kept)
-    assert kept == [arm for arm in arms(keep=False) if not bypasses_the_cache(arm)]
+    # Buffered, but in requests as large as the disk needs to reach its rate.
+    first = dict(kept[0].params)
+    assert first.get("task_size", first.get("chunk_size", 0)) >= 16 << 20
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,10 @@ kernel itself against the host CRC on the GPU machine."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -187,10 +191,30 @@ def test_checksums_launched_one_by_one_in_any_order_match_the_host() -> None:
     assert sums.results() == [checksum(h) for h in hosts]
 
 
+@pytest.fixture(params=["cupy", "torch"])
+def launcher(request, monkeypatch):
+    """Each framework that can launch the kernel, chosen for the test."""
+    from arrayio.integrity import _device_checksum, _launchers
+
+    if request.param == "cupy":
+        import cupy
+
+        chosen = _launchers.CupyLauncher(cupy)
+    else:
+        torch = pytest.importorskip("torch")
+        torch.empty(1, device="cuda")  # torch runs CUDA, as where it is chosen
+        chosen = _launchers.TorchLauncher(torch)
+    monkeypatch.setattr(_device_checksum, "_unavailable", None)
+    monkeypatch.setattr(_device_checksum, "_chosen", chosen)
+    return chosen
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("group_buffers", [1, 3, 128])
 @pytest.mark.parametrize("segment", [None, 16, 48])
-def test_groups_of_many_buffers_match_the_host(monkeypatch, group_buffers, segment) -> None:
+def test_groups_of_many_buffers_match_the_host(
+    monkeypatch, launcher, group_buffers, segment
+) -> None:
     # Buffers of a few segments each put several buffers in one warp (each lane adds its
     # segment to its own buffer's row), large ones span many blocks; launched in groups of
     # 1, 3 or up to 128, ready out of order, some left to results().
@@ -217,6 +241,32 @@ def test_groups_of_many_buffers_match_the_host(monkeypatch, group_buffers, segme
         checksum(host[b.array.data.ptr - misaligned.data.ptr :][: b.nbytes]) for b in buffers
     ]
     assert sums.results() == expected
+    assert sums._gpu is launcher
+
+
+@pytest.mark.gpu
+def test_a_torch_load_checksums_on_the_gpu_without_importing_cupy(tmp_path) -> None:
+    # CuPy's import costs a fresh process's first load more than the load itself: where
+    # torch runs CUDA, torch launches the kernel.
+    pytest.importorskip("torch")
+    script = f"""
+import sys, numpy as np, torch
+torch.empty(1, device="cuda")
+import arrayio
+from arrayio.integrity import _device_checksum
+state = {{"a": np.arange(3 << 20, dtype=np.float32), "b": np.ones(7, np.uint8)}}
+arrayio.save({str(tmp_path / "m.safetensors")!r}, state)
+out = arrayio.load({str(tmp_path / "m.safetensors")!r}, like="torch", device="cuda")
+assert out["a"].is_cuda and int(out["a"][-1]) == (3 << 20) - 1
+assert "cupy" not in sys.modules, "CuPy imported"
+assert _device_checksum._chosen is not None and _device_checksum._chosen.name == "torch"
+print("ok")
+"""
+    env = {**os.environ, "ARRAYIO_CACHE_DIR": "none"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
 @pytest.mark.gpu
@@ -255,3 +305,45 @@ def test_the_host_fallback_takes_empty_buffers_too(monkeypatch) -> None:
     data = np.arange(5000, dtype=np.uint8)
     buffers = [_HostBackedDevice(data[:0]), _HostBackedDevice(data), _HostBackedDevice(data[:0])]
     assert _device_checksum.checksums_anywhere(buffers) == [0, checksum(data), 0]  # type: ignore[arg-type]
+
+
+def test_the_launcher_is_cupy_where_imported_else_torch_where_it_runs_cuda(monkeypatch) -> None:
+    import types
+
+    from arrayio.integrity import _launchers
+
+    def fake_torch(initialized: bool) -> types.SimpleNamespace:
+        cuda = types.SimpleNamespace(is_initialized=lambda: initialized)
+        return types.SimpleNamespace(cuda=cuda, version=types.SimpleNamespace(cuda="13.0"))
+
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(True))
+    chosen = _launchers.choose()
+    assert isinstance(chosen, _launchers.TorchLauncher) and "cupy" not in sys.modules
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace())
+    assert isinstance(_launchers.choose(), _launchers.CupyLauncher)  # imported: no cost
+    assert isinstance(_launchers.choose(avoid=frozenset({"cupy"})), _launchers.TorchLauncher)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(False))  # torch without CUDA yet
+    assert _launchers.choose(avoid=frozenset({"cupy"})) is None
+
+
+def test_a_built_kernel_is_kept_in_the_cache_directory(tmp_path, monkeypatch) -> None:
+    import arrayio
+    from arrayio.integrity import _launchers
+
+    builds = []
+
+    def build(*key: str) -> bytes:
+        builds.append(key)
+        return b"binary of " + repr(key).encode()
+
+    monkeypatch.setattr(_launchers, "_nvrtc", build)
+    with arrayio.config.set(cache_dir=str(tmp_path)):
+        first = _launchers._cubin("source", "k", "sm_90", "13")
+        assert _launchers._cubin("source", "k", "sm_90", "13") == first  # a later process
+        assert len(builds) == 1 and len(list(tmp_path.glob("kernel-*.cubin"))) == 1
+        assert _launchers._cubin("source", "k", "sm_80", "13") != first  # another GPU
+        assert len(builds) == 2
+    with arrayio.config.set(cache_dir=None):  # nothing kept: built each time
+        _launchers._cubin("source", "k", "sm_90", "13")
+        assert len(builds) == 3

@@ -1,0 +1,349 @@
+"""Two ways to run the device checksum's kernel: through CuPy, or through torch.
+
+CuPy compiles and launches raw kernels, but importing it costs a fresh process about as much
+as a warm load of a gigabyte, a cost a torch user's first load would pay for a checksum
+alone. Where torch already runs CUDA, the same source is built with NVRTC and launched with
+the CUDA driver on torch's streams (:class:`TorchLauncher`), so such a process never imports
+CuPy. Both work on raw device addresses, so either checksums any framework's memory.
+
+:func:`choose` picks one per process: CuPy where it is imported already, torch where it
+runs CUDA (and has the compiler), CuPy otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import importlib.util
+import os
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CupyLauncher", "Launcher", "TorchLauncher", "choose", "usable"]
+
+
+class Launcher:
+    """What the checksum needs from a GPU framework. Device arrays are the framework's own;
+    every method runs on the current device (:meth:`device`)."""
+
+    name = ""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self._lock = threading.Lock()
+        self._streams: dict[int, Any] = {}
+
+    def device(self, index: int) -> contextlib.AbstractContextManager[Any]:
+        raise NotImplementedError
+
+    def current_stream(self, index: int) -> Any:
+        raise NotImplementedError
+
+    def new_stream(self, index: int) -> Any:
+        raise NotImplementedError
+
+    def own_stream(self, index: int) -> Any:
+        """A non-blocking stream of arrayio's own on ``index``, made once."""
+        with self._lock:
+            stream = self._streams.get(index)
+            if stream is None:
+                stream = self._streams[index] = self.new_stream(index)
+            return stream
+
+    def on_stream(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
+        raise NotImplementedError
+
+    def upload(self, array: np.ndarray) -> Any:
+        """``array`` copied to the current device, on the current stream."""
+        raise NotImplementedError
+
+    def zeros_uint32(self, shape: tuple[int, ...]) -> Any:
+        raise NotImplementedError
+
+    def address(self, array: Any) -> int:
+        raise NotImplementedError
+
+    def download(self, array: Any, stream: Any) -> np.ndarray:
+        """``array``'s values as ``uint32``, once ``stream`` has reached this point."""
+        raise NotImplementedError
+
+    def compile(self, source: str, name: str) -> Any:
+        """Kernel ``name`` of ``source``, built for the current device."""
+        raise NotImplementedError
+
+    def launch(self, kernel: Any, grid: int, block: int, args: tuple[Any, ...]) -> None:
+        """Launch ``kernel`` on the current stream; ``args`` are device arrays and ints
+        (passed as C ``int``)."""
+        raise NotImplementedError
+
+
+class CupyLauncher(Launcher):
+    name = "cupy"
+
+    def device(self, index: int) -> contextlib.AbstractContextManager[Any]:
+        return self.module.cuda.Device(index)
+
+    def current_stream(self, index: int) -> Any:
+        return self.module.cuda.get_current_stream()
+
+    def new_stream(self, index: int) -> Any:
+        with self.module.cuda.Device(index):
+            return self.module.cuda.Stream(non_blocking=True)
+
+    def on_stream(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
+        return stream  # type: ignore[no-any-return]
+
+    def upload(self, array: np.ndarray) -> Any:
+        return self.module.asarray(array)
+
+    def zeros_uint32(self, shape: tuple[int, ...]) -> Any:
+        return self.module.zeros(shape, self.module.uint32)
+
+    def address(self, array: Any) -> int:
+        return int(array.data.ptr)
+
+    def download(self, array: Any, stream: Any) -> np.ndarray:
+        return array.get(stream=stream)  # type: ignore[no-any-return]
+
+    def compile(self, source: str, name: str) -> Any:
+        return self.module.RawKernel(source, name)
+
+    def launch(self, kernel: Any, grid: int, block: int, args: tuple[Any, ...]) -> None:
+        kernel((grid,), (block,), tuple(np.int32(a) if isinstance(a, int) else a for a in args))
+
+
+class TorchLauncher(Launcher):
+    """Kernels built with NVRTC and launched with the CUDA driver (both through ``ctypes``,
+    libraries torch has loaded already) on torch's streams. ``torch.cuda._compile_kernel``
+    would do the same, but imports ``torch.utils.cpp_extension`` (and setuptools) first,
+    which costs more than CuPy's import. The built binary is kept in arrayio's cache
+    directory, so a later process loads it instead of compiling."""
+
+    name = "torch"
+
+    def device(self, index: int) -> contextlib.AbstractContextManager[Any]:
+        return self.module.cuda.device(index)  # type: ignore[no-any-return]
+
+    def current_stream(self, index: int) -> Any:
+        return self.module.cuda.current_stream(index)
+
+    def new_stream(self, index: int) -> Any:
+        return self.module.cuda.Stream(device=index)  # torch's streams do not block on 0
+
+    def on_stream(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
+        return self.module.cuda.stream(stream)  # type: ignore[no-any-return]
+
+    def upload(self, array: np.ndarray) -> Any:
+        torch = self.module
+        host = torch.from_numpy(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+        return host.to(torch.device("cuda", torch.cuda.current_device()), non_blocking=True)
+
+    def zeros_uint32(self, shape: tuple[int, ...]) -> Any:
+        torch = self.module
+        return torch.zeros(shape, dtype=torch.int32, device=torch.cuda.current_device())
+
+    def address(self, array: Any) -> int:
+        return int(array.data_ptr())
+
+    def download(self, array: Any, stream: Any) -> np.ndarray:
+        with self.module.cuda.stream(stream):
+            host = array.to("cpu")  # waits for the stream
+        return host.numpy().view(np.uint32)  # type: ignore[no-any-return]
+
+    def compile(self, source: str, name: str) -> Any:
+        torch = self.module
+        major, minor = torch.cuda.get_device_capability(torch.cuda.current_device())
+        cuda_major = str(torch.version.cuda or "").split(".")[0]
+        _make_current(torch.cuda.current_device())
+        return _driver_kernel(_cubin(source, name, f"sm_{major}{minor}", cuda_major), name)
+
+    def launch(self, kernel: Any, grid: int, block: int, args: tuple[Any, ...]) -> None:
+        values = [
+            ctypes.c_int(a) if isinstance(a, int) else ctypes.c_void_p(self.address(a))
+            for a in args
+        ]
+        params = (ctypes.c_void_p * len(values))(
+            *(ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values)
+        )
+        torch = self.module
+        _make_current(torch.cuda.current_device())
+        stream = torch.cuda.current_stream().cuda_stream
+        _check(
+            _libcuda().cuLaunchKernel(
+                kernel,
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                0,
+                ctypes.c_void_p(stream),
+                ctypes.cast(params, ctypes.c_void_p),
+                None,
+            ),
+            "cuLaunchKernel",
+        )
+
+
+@functools.cache
+def _libcuda() -> Any:
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    libcuda.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
+    libcuda.cuModuleGetFunction.argtypes = [
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_void_p,
+        ctypes.c_char_p,
+    ]
+    libcuda.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+    libcuda.cuLaunchKernel.argtypes = (
+        [ctypes.c_void_p]
+        + [ctypes.c_uint] * 7
+        + [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
+    )
+    return libcuda
+
+
+_contexts: dict[int, ctypes.c_void_p] = {}
+
+
+def _make_current(device: int) -> None:
+    """Make ``device``'s primary context (the one torch's runtime uses) current in this
+    thread: the driver calls below need one, and a thread that torch has not run CUDA in
+    has none."""
+    libcuda = _libcuda()
+    context = _contexts.get(device)
+    if context is None:
+        handle, context = ctypes.c_int(), ctypes.c_void_p()
+        _check(libcuda.cuDeviceGet(ctypes.byref(handle), device), "cuDeviceGet")
+        _check(
+            libcuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), handle),
+            "cuDevicePrimaryCtxRetain",
+        )
+        _contexts[device] = context  # retained for the process's life, as torch's is
+    _check(libcuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        raise RuntimeError(f"{what} failed: CUDA error {result}")
+
+
+def _driver_kernel(binary: bytes, name: str) -> ctypes.c_void_p:
+    """Kernel ``name`` of ``binary``, loaded into the current device's context."""
+    libcuda = _libcuda()
+    module, function = ctypes.c_void_p(), ctypes.c_void_p()
+    _check(libcuda.cuModuleLoadData(ctypes.byref(module), binary), "cuModuleLoadData")
+    _check(
+        libcuda.cuModuleGetFunction(ctypes.byref(function), module, name.encode()),
+        "cuModuleGetFunction",
+    )
+    return function  # the module stays loaded for the process's life, as CuPy's do
+
+
+def _cubin(source: str, name: str, arch: str, cuda_major: str) -> bytes:
+    """``source`` built by NVRTC for ``arch``, from arrayio's cache directory where a
+    process built it before."""
+    from .. import config
+
+    key = hashlib.sha256(f"{source}\0{name}\0{arch}\0{cuda_major}".encode()).hexdigest()[:20]
+    directory = config.get().cache_dir
+    path = os.path.join(directory, f"kernel-{key}.cubin") if directory else None
+    if path is not None:
+        try:
+            with open(path, "rb") as cached:
+                return cached.read()
+        except OSError:
+            pass
+    binary = _nvrtc(source, name, arch, cuda_major)
+    if path is not None:
+        try:  # a cache, written whole or not at all
+            os.makedirs(directory, exist_ok=True)  # type: ignore[arg-type]
+            partial = f"{path}.{os.getpid()}.partial"
+            with open(partial, "wb") as out:
+                out.write(binary)
+            os.replace(partial, path)
+        except OSError:
+            pass
+    return binary
+
+
+def _nvrtc(source: str, name: str, arch: str, cuda_major: str) -> bytes:
+    nvrtc = None
+    for library in (f"libnvrtc.so.{cuda_major}", "libnvrtc.so"):
+        try:
+            nvrtc = ctypes.CDLL(library)
+            break
+        except OSError:
+            continue
+    if nvrtc is None:
+        raise RuntimeError("NVRTC is not found")
+    program = ctypes.c_void_p()
+    _check(
+        nvrtc.nvrtcCreateProgram(
+            ctypes.byref(program), source.encode(), f"{name}.cu".encode(), 0, None, None
+        ),
+        "nvrtcCreateProgram",
+    )
+    try:
+        options = (ctypes.c_char_p * 1)(f"--gpu-architecture={arch}".encode())
+        if nvrtc.nvrtcCompileProgram(program, 1, options) != 0:
+            size = ctypes.c_size_t()
+            nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            nvrtc.nvrtcGetProgramLog(program, log)
+            raise RuntimeError(f"NVRTC could not build {name}: {log.value.decode()}")
+        size = ctypes.c_size_t()
+        _check(nvrtc.nvrtcGetCUBINSize(program, ctypes.byref(size)), "nvrtcGetCUBINSize")
+        binary = ctypes.create_string_buffer(size.value)
+        _check(nvrtc.nvrtcGetCUBIN(program, binary), "nvrtcGetCUBIN")
+        return binary.raw
+    finally:
+        nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
+
+
+def _torch_running_cuda() -> Any:
+    """torch, where it is imported and runs CUDA (not ROCm) already; else None."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.version.cuda and torch.cuda.is_initialized():
+            return torch
+    except Exception:  # noqa: BLE001 - a broken install is "not usable"
+        pass
+    return None
+
+
+def usable() -> bool:
+    """Whether :func:`choose` can give a launcher here, without importing anything."""
+    if "cupy" in sys.modules or _torch_running_cuda() is not None:
+        return True
+    try:
+        return importlib.util.find_spec("cupy") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def choose(avoid: frozenset[str] = frozenset()) -> Launcher | None:
+    """The launcher for this process (see the module docstring), other than those named in
+    ``avoid`` (ones that failed); None where there is none."""
+    if "cupy" not in avoid and "cupy" in sys.modules:
+        return CupyLauncher(sys.modules["cupy"])
+    torch = _torch_running_cuda()
+    if "torch" not in avoid and torch is not None:
+        return TorchLauncher(torch)
+    if "cupy" not in avoid:
+        try:
+            import cupy
+        except ImportError:
+            return None
+        return CupyLauncher(cupy)
+    return None
