@@ -8,7 +8,6 @@ through torch for torch tensors, so that torch users need no CuPy.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -163,23 +162,6 @@ class TorchDeviceBuffer:
 
     def part(self, start: int, stop: int) -> TorchDeviceBuffer:
         return TorchDeviceBuffer(self.tensor[start:stop])
-
-
-def cuda_device_count() -> int:
-    """The CUDA devices visible, from torch when it is imported and has made its CUDA context
-    (asking it is free), else from CuPy (imported for it).
-
-    Raises
-    ------
-    Exception
-        Whatever the CUDA runtime raises where it cannot run.
-    """
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return int(torch.cuda.device_count())
-    import cupy
-
-    return int(cupy.cuda.runtime.getDeviceCount())
 
 
 def synchronize_device(buffer: DeviceBuffer) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import hashlib
 import importlib.util
 import os
@@ -23,6 +22,8 @@ import threading
 from typing import Any
 
 import numpy as np
+
+from ..arrays import _cuda
 
 __all__ = ["CupyLauncher", "Launcher", "TorchLauncher", "choose", "usable"]
 
@@ -159,7 +160,7 @@ class TorchLauncher(Launcher):
         torch = self.module
         major, minor = torch.cuda.get_device_capability(torch.cuda.current_device())
         cuda_major = str(torch.version.cuda or "").split(".")[0]
-        _make_current(torch.cuda.current_device())
+        _cuda.make_current(torch.cuda.current_device())
         return _driver_kernel(_cubin(source, name, f"sm_{major}{minor}", cuda_major), name)
 
     def launch(self, kernel: Any, grid: int, block: int, args: tuple[Any, ...]) -> None:
@@ -171,10 +172,10 @@ class TorchLauncher(Launcher):
             *(ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values)
         )
         torch = self.module
-        _make_current(torch.cuda.current_device())
+        _cuda.make_current(torch.cuda.current_device())
         stream = torch.cuda.current_stream().cuda_stream
-        _check(
-            _libcuda().cuLaunchKernel(
+        _cuda.check(
+            _cuda.driver().cuLaunchKernel(
                 kernel,
                 grid,
                 1,
@@ -191,59 +192,12 @@ class TorchLauncher(Launcher):
         )
 
 
-@functools.cache
-def _libcuda() -> Any:
-    libcuda = ctypes.CDLL("libcuda.so.1")
-    libcuda.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
-    libcuda.cuModuleGetFunction.argtypes = [
-        ctypes.POINTER(ctypes.c_void_p),
-        ctypes.c_void_p,
-        ctypes.c_char_p,
-    ]
-    libcuda.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
-    libcuda.cuLaunchKernel.argtypes = (
-        [ctypes.c_void_p]
-        + [ctypes.c_uint] * 7
-        + [
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-        ]
-    )
-    return libcuda
-
-
-_contexts: dict[int, ctypes.c_void_p] = {}
-
-
-def _make_current(device: int) -> None:
-    """Make ``device``'s primary context (the one torch's runtime uses) current in this
-    thread: the driver calls below need one, and a thread that torch has not run CUDA in
-    has none."""
-    libcuda = _libcuda()
-    context = _contexts.get(device)
-    if context is None:
-        handle, context = ctypes.c_int(), ctypes.c_void_p()
-        _check(libcuda.cuDeviceGet(ctypes.byref(handle), device), "cuDeviceGet")
-        _check(
-            libcuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), handle),
-            "cuDevicePrimaryCtxRetain",
-        )
-        _contexts[device] = context  # retained for the process's life, as torch's is
-    _check(libcuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        raise RuntimeError(f"{what} failed: CUDA error {result}")
-
-
 def _driver_kernel(binary: bytes, name: str) -> ctypes.c_void_p:
     """Kernel ``name`` of ``binary``, loaded into the current device's context."""
-    libcuda = _libcuda()
+    libcuda = _cuda.driver()
     module, function = ctypes.c_void_p(), ctypes.c_void_p()
-    _check(libcuda.cuModuleLoadData(ctypes.byref(module), binary), "cuModuleLoadData")
-    _check(
+    _cuda.check(libcuda.cuModuleLoadData(ctypes.byref(module), binary), "cuModuleLoadData")
+    _cuda.check(
         libcuda.cuModuleGetFunction(ctypes.byref(function), module, name.encode()),
         "cuModuleGetFunction",
     )
@@ -288,7 +242,7 @@ def _nvrtc(source: str, name: str, arch: str, cuda_major: str) -> bytes:
     if nvrtc is None:
         raise RuntimeError("NVRTC is not found")
     program = ctypes.c_void_p()
-    _check(
+    _cuda.check(
         nvrtc.nvrtcCreateProgram(
             ctypes.byref(program), source.encode(), f"{name}.cu".encode(), 0, None, None
         ),
@@ -303,9 +257,9 @@ def _nvrtc(source: str, name: str, arch: str, cuda_major: str) -> bytes:
             nvrtc.nvrtcGetProgramLog(program, log)
             raise RuntimeError(f"NVRTC could not build {name}: {log.value.decode()}")
         size = ctypes.c_size_t()
-        _check(nvrtc.nvrtcGetCUBINSize(program, ctypes.byref(size)), "nvrtcGetCUBINSize")
+        _cuda.check(nvrtc.nvrtcGetCUBINSize(program, ctypes.byref(size)), "nvrtcGetCUBINSize")
         binary = ctypes.create_string_buffer(size.value)
-        _check(nvrtc.nvrtcGetCUBIN(program, binary), "nvrtcGetCUBIN")
+        _cuda.check(nvrtc.nvrtcGetCUBIN(program, binary), "nvrtcGetCUBIN")
         return binary.raw
     finally:
         nvrtc.nvrtcDestroyProgram(ctypes.byref(program))

@@ -47,12 +47,11 @@ def size_class(nbytes: int) -> int:
 
 
 def allocate_pinned(nbytes: int) -> np.ndarray:
-    """``nbytes`` of pinned host memory as a NumPy byte array (through CuPy, without
-    importing ``cupyx``, which imports SciPy)."""
-    import cupy
+    """``nbytes`` of pinned host memory as a NumPy byte array, from the CUDA driver (no
+    framework imported for it)."""
+    from ..arrays import _cuda
 
-    memory = cupy.cuda.alloc_pinned_memory(nbytes)
-    return np.frombuffer(memory, np.uint8, nbytes)  # keeps ``memory`` alive
+    return _cuda.alloc_pinned(nbytes)
 
 
 class PinnedPool:

@@ -17,7 +17,9 @@ buffers that follow each other in the file as one range, its chunks cut across t
 boundaries: a batch of 16 MiB arrays reaches the disk in 64 MiB requests, as the raw write
 ceiling's do.
 
-Needs CuPy and a GPU; device buffers owned by torch are viewed through CuPy, zero-copy.
+Needs a GPU and its driver, no framework: the copies go through the CUDA driver
+(:mod:`~arrayio.arrays._cuda`) on raw device addresses, so a torch or JAX process never
+imports CuPy for them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import bisect
 import concurrent.futures
 import contextlib
 import functools
-import importlib.util
 import os
 import sys
 import threading
@@ -36,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays._buffers import DeviceBuffer, cuda_device_count, synchronize_device
+from ..arrays import _cuda
+from ..arrays._buffers import DeviceBuffer, synchronize_device
 from ..integrity._checksum import ChecksumParts
 from ._io import (
     BLOCK,
@@ -89,32 +91,29 @@ class StagedTool(ThreadedTool):
     @classmethod
     @functools.cache
     def availability(cls) -> Availability:
-        # Asked for every GPU transfer's candidates, before any is chosen: importing CuPy
-        # is slow, and a torch user's load may never need it, so a framework that already
-        # runs CUDA (torch) is asked for the device count, and CuPy is only looked for.
-        if importlib.util.find_spec("cupy") is None:
-            return Availability(False, "CuPy is not installed (pip install 'arrayio[gpu]')")
         try:
-            count = cuda_device_count()
+            count = _cuda.device_count()
+        except OSError:
+            return Availability(False, "no libcuda.so.1: the pipeline needs the NVIDIA driver")
         except Exception as error:  # noqa: BLE001 - any CUDA failure means "not here"
             return Availability(False, f"CUDA is not usable: {error}")
         return Availability(True) if count > 0 else Availability(False, "no CUDA device")
 
-    def _stream(self, device_index: int) -> Any:
-        import cupy
-
+    def _stream(self, device_index: int) -> _cuda.Stream:
+        """This worker thread's stream on ``device_index``, whose context it makes current."""
         streams = getattr(self._streams, "by_device", None)
         if streams is None:
             streams = self._streams.by_device = {}
-        if device_index not in streams:
-            streams[device_index] = cupy.cuda.Stream(non_blocking=True)
-        return streams[device_index]
+        stream = streams.get(device_index)
+        if stream is None:
+            stream = streams[device_index] = _cuda.Stream(device_index)
+        else:
+            _cuda.make_current(device_index)
+        return stream
 
     def prepare(self) -> None:
-        """Import CuPy, start the workers and pin a full pipeline's buffers into the shared
-        pool (two of a chunk per worker): pinning is the costly part of a first call."""
-        import cupy  # noqa: F401
-
+        """Start the workers and pin a full pipeline's buffers into the shared pool (two of
+        a chunk per worker): pinning is the costly part of a first call."""
         super().prepare()
         with contextlib.ExitStack() as loans:
             for _ in range(2 * self.threads):
@@ -124,12 +123,6 @@ class StagedTool(ThreadedTool):
                 # Pinning holds the CUDA driver, and the user's transfers run meanwhile:
                 # a buffer at a time, with pauses, rather than all at once.
                 time.sleep(_PREPARE_PAUSE)
-
-    @staticmethod
-    def _device_bytes(buffer: DeviceBuffer) -> Any:
-        import cupy
-
-        return cupy.asarray(buffer.cuda_array).reshape(-1).view(cupy.uint8)
 
     def _fan_out(
         self,
@@ -160,10 +153,8 @@ class StagedTool(ThreadedTool):
             raise TypeError("staged moves device memory; use another tool for host memory")
         if buffer.nbytes == 0:
             return IOFuture.completed(0)
-        import cupy
-
         pool = self._executor()
-        device = self._device_bytes(buffer)
+        address = buffer.data_ptr
         nbytes = buffer.nbytes
         read_fd = open_direct(fd, os.O_RDONLY) if self.direct else fd
         chunk = task_bytes(nbytes, self.threads, self.chunk_size)
@@ -186,19 +177,20 @@ class StagedTool(ThreadedTool):
             return slot[skip : skip + got], length
 
         def worker(k: int) -> int:
-            events: list[Any] = [None, None]
+            events: list[_cuda.Event | None] = [None, None]
             total = 0
             # Pinned buffers of this transfer's chunk, the second taken for the second chunk.
-            with Borrowed(chunk + SLACK) as slots, cupy.cuda.Device(buffer.device_index):
+            with Borrowed(chunk + SLACK) as slots:
                 stream = self._stream(buffer.device_index)
                 for j, start in enumerate(chunks[k :: self.threads]):
-                    if events[j % 2] is not None:
-                        events[j % 2].synchronize()  # its previous copy has left the buffer
+                    event = events[j % 2]
+                    if event is not None:
+                        event.synchronize()  # its previous copy has left the buffer
                     data, length = read_chunk(slots[j % 2], start)
                     if checksum is not None and self.direct:
                         checksum.add_data(start, data)
-                    device[start : start + data.nbytes].set(data, stream=stream)
-                    events[j % 2] = stream.record()
+                    _cuda.copy_to_device(address + start, data, stream)
+                    events[j % 2] = (event or _cuda.Event()).record(stream)
                     total += data.nbytes
                     if data.nbytes < length:
                         break  # end of file
@@ -233,8 +225,6 @@ class StagedTool(ThreadedTool):
         pieces = _Pieces(devices, checksums)
         if pieces.nbytes == 0:
             return IOFuture.completed(0)
-        import cupy
-
         device_index = devices[0].device_index
         synchronize_device(devices[0])  # the producer's kernels must be done
         pool = self._executor()
@@ -265,15 +255,16 @@ class StagedTool(ThreadedTool):
 
         def worker(k: int) -> int:
             total = 0
-            pending: tuple[np.ndarray, int, int, Any] | None = None
-            with Borrowed(chunk + SLACK) as slots, cupy.cuda.Device(device_index):
+            pending: tuple[np.ndarray, int, int, _cuda.Event] | None = None
+            with Borrowed(chunk + SLACK) as slots:
                 stream = self._stream(device_index)
+                events = [_cuda.Event(), _cuda.Event()]
                 for j, start in enumerate(chunks[k :: self.threads]):
                     length = min(chunk, nbytes - start)
                     slot = slots[j % 2]
                     skip = (file_offset + start) % BLOCK if self.direct else 0
                     pieces.copy_to_host(start, slot[skip : skip + length], stream)
-                    event = stream.record()
+                    event = events[j % 2].record(stream)
                     if pending is not None:  # write the previous chunk while this one copies
                         previous, previous_start, previous_length, previous_event = pending
                         previous_event.synchronize()
@@ -295,14 +286,14 @@ class _Pieces:
         self, buffers: Sequence[DeviceBuffer], checksums: Sequence[ChecksumParts | None] | None
     ) -> None:
         self.starts: list[int] = []
-        self.views: list[Any] = []
+        self.views: list[DeviceBuffer] = []
         self.checksums: list[ChecksumParts | None] = []
         position = 0
         for i, buffer in enumerate(buffers):
             if buffer.nbytes == 0:
                 continue
             self.starts.append(position)
-            self.views.append(StagedTool._device_bytes(buffer))
+            self.views.append(buffer)
             self.checksums.append(checksums[i] if checksums is not None else None)
             position += buffer.nbytes
         self.nbytes = position
@@ -319,9 +310,9 @@ class _Pieces:
                 yield i, first - self.starts[i], first - start, stop - first
             i += 1
 
-    def copy_to_host(self, start: int, out: np.ndarray, stream: Any) -> None:
+    def copy_to_host(self, start: int, out: np.ndarray, stream: _cuda.Stream) -> None:
         for i, inside, at, length in self._overlapping(start, out.nbytes):
-            self.views[i][inside : inside + length].get(stream=stream, out=out[at : at + length])
+            _cuda.copy_to_host(out[at : at + length], self.views[i].data_ptr + inside, stream)
 
     def checksum(self, start: int, data: np.ndarray) -> None:
         for i, inside, at, length in self._overlapping(start, data.nbytes):

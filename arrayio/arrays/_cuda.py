@@ -1,0 +1,199 @@
+"""The CUDA driver through ``ctypes``: what the transfer pipelines need (contexts, pinned
+host memory, streams, events, asynchronous copies), without importing a GPU framework.
+
+Importing CuPy costs a fresh process about 0.2 s, more than a warm load of a gigabyte takes,
+and a torch or JAX user would pay it for a few copies. The driver library is loaded already
+wherever a framework runs CUDA, and every framework (torch, CuPy, JAX) works in each device's
+primary context, so raw device addresses from any of them are valid here once that context
+is current in the calling thread (:func:`make_current`). ``ctypes`` releases the GIL for
+every call, so worker threads copy in parallel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "CudaError",
+    "Event",
+    "Stream",
+    "alloc_pinned",
+    "check",
+    "copy_to_device",
+    "copy_to_host",
+    "device_count",
+    "driver",
+    "make_current",
+]
+
+_PORTABLE = 0x01  # CU_MEMHOSTALLOC_PORTABLE: pinned for every context, not one
+_NON_BLOCKING = 0x01  # CU_STREAM_NON_BLOCKING: no implicit wait on the legacy stream
+_DISABLE_TIMING = 0x02  # CU_EVENT_DISABLE_TIMING: the cheapest event
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed."""
+
+
+@functools.cache
+def driver() -> Any:
+    """The CUDA driver library, initialized (raises :class:`OSError` where there is none)."""
+    library = ctypes.CDLL("libcuda.so.1")
+    pointer, size, handle = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p
+    signatures: dict[str, list[Any]] = {
+        "cuInit": [ctypes.c_uint],
+        "cuDeviceGetCount": [ctypes.POINTER(ctypes.c_int)],
+        "cuDeviceGet": [ctypes.POINTER(ctypes.c_int), ctypes.c_int],
+        "cuDevicePrimaryCtxRetain": [ctypes.POINTER(handle), ctypes.c_int],
+        "cuCtxSetCurrent": [handle],
+        "cuCtxGetCurrent": [ctypes.POINTER(handle)],
+        "cuMemHostAlloc": [ctypes.POINTER(pointer), size, ctypes.c_uint],
+        "cuMemFreeHost": [pointer],
+        "cuStreamCreate": [ctypes.POINTER(handle), ctypes.c_uint],
+        "cuStreamDestroy_v2": [handle],
+        "cuStreamSynchronize": [handle],
+        "cuEventCreate": [ctypes.POINTER(handle), ctypes.c_uint],
+        "cuEventDestroy_v2": [handle],
+        "cuEventRecord": [handle, handle],
+        "cuEventSynchronize": [handle],
+        "cuMemcpyHtoDAsync_v2": [ctypes.c_uint64, pointer, size, handle],
+        "cuMemcpyDtoHAsync_v2": [pointer, ctypes.c_uint64, size, handle],
+        "cuModuleLoadData": [ctypes.POINTER(handle), ctypes.c_char_p],
+        "cuModuleGetFunction": [ctypes.POINTER(handle), handle, ctypes.c_char_p],
+        "cuLaunchKernel": [handle, *[ctypes.c_uint] * 7, handle, pointer, pointer],
+    }
+    for name, argtypes in signatures.items():
+        function = getattr(library, name)
+        function.argtypes, function.restype = argtypes, ctypes.c_int
+    check(library.cuInit(0), "cuInit")
+    return library
+
+
+def check(result: int, what: str) -> None:
+    if result != 0:
+        raise CudaError(f"{what} failed: CUDA error {result}")
+
+
+def device_count() -> int:
+    """The CUDA devices visible here (raises :class:`OSError` or :class:`CudaError` where
+    CUDA cannot run)."""
+    count = ctypes.c_int()
+    check(driver().cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
+    return count.value
+
+
+_contexts: dict[int, ctypes.c_void_p] = {}
+_contexts_lock = threading.Lock()
+
+
+def make_current(device: int) -> None:
+    """Make ``device``'s primary context (the one the frameworks use) current in this
+    thread: a thread no framework has run CUDA in has none."""
+    library = driver()
+    context = _contexts.get(device)
+    if context is None:
+        with _contexts_lock:
+            context = _contexts.get(device)
+            if context is None:
+                handle, context = ctypes.c_int(), ctypes.c_void_p()
+                check(library.cuDeviceGet(ctypes.byref(handle), device), "cuDeviceGet")
+                check(
+                    library.cuDevicePrimaryCtxRetain(ctypes.byref(context), handle),
+                    "cuDevicePrimaryCtxRetain",
+                )
+                _contexts[device] = context  # retained for the process's life, as theirs are
+    check(library.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+
+
+def _has_context() -> bool:
+    current = ctypes.c_void_p()
+    return driver().cuCtxGetCurrent(ctypes.byref(current)) == 0 and bool(current.value)
+
+
+def _free_host(address: int) -> None:
+    try:
+        driver().cuMemFreeHost(address)
+    except Exception:  # noqa: BLE001 - at exit the driver may be gone: the OS frees it
+        pass
+
+
+def alloc_pinned(nbytes: int) -> np.ndarray:
+    """``nbytes`` of pinned (page-locked) host memory as a NumPy byte array, usable by every
+    device; freed when the array and its views are."""
+    if not _has_context():
+        make_current(0)  # portable memory: any context will do for the allocation
+    address = ctypes.c_void_p()
+    check(
+        driver().cuMemHostAlloc(ctypes.byref(address), max(nbytes, 1), _PORTABLE),
+        "cuMemHostAlloc",
+    )
+    if not address.value:
+        raise CudaError("cuMemHostAlloc returned no memory")
+    memory = (ctypes.c_ubyte * max(nbytes, 1)).from_address(address.value)
+    weakref.finalize(memory, _free_host, address.value)
+    return np.frombuffer(memoryview(memory).cast("B"), np.uint8, nbytes)  # keeps ``memory`` alive
+
+
+class Stream:
+    """A non-blocking stream on ``device`` (made current in the calling thread)."""
+
+    __slots__ = ("__weakref__", "device", "handle")
+
+    def __init__(self, device: int) -> None:
+        make_current(device)
+        self.device = device
+        self.handle = ctypes.c_void_p()
+        check(driver().cuStreamCreate(ctypes.byref(self.handle), _NON_BLOCKING), "cuStreamCreate")
+        weakref.finalize(self, _destroy, "cuStreamDestroy_v2", self.handle.value)
+
+    def synchronize(self) -> None:
+        check(driver().cuStreamSynchronize(self.handle), "cuStreamSynchronize")
+
+
+class Event:
+    """An event, recorded again and again (:meth:`record`)."""
+
+    __slots__ = ("__weakref__", "handle")
+
+    def __init__(self) -> None:
+        self.handle = ctypes.c_void_p()
+        check(driver().cuEventCreate(ctypes.byref(self.handle), _DISABLE_TIMING), "cuEventCreate")
+        weakref.finalize(self, _destroy, "cuEventDestroy_v2", self.handle.value)
+
+    def record(self, stream: Stream) -> Event:
+        check(driver().cuEventRecord(self.handle, stream.handle), "cuEventRecord")
+        return self
+
+    def synchronize(self) -> None:
+        check(driver().cuEventSynchronize(self.handle), "cuEventSynchronize")
+
+
+def _destroy(function: str, handle: int | None) -> None:
+    try:
+        getattr(driver(), function)(handle)
+    except Exception:  # noqa: BLE001 - at exit the context may be gone with it
+        pass
+
+
+def copy_to_device(address: int, source: np.ndarray, stream: Stream) -> None:
+    """Queue a copy of ``source`` (pinned, for the copy to be asynchronous) to device memory
+    at ``address`` on ``stream``."""
+    check(
+        driver().cuMemcpyHtoDAsync_v2(address, source.ctypes.data, source.nbytes, stream.handle),
+        "cuMemcpyHtoDAsync",
+    )
+
+
+def copy_to_host(target: np.ndarray, address: int, stream: Stream) -> None:
+    """Queue a copy of ``target.nbytes`` from device memory at ``address`` into ``target``
+    (pinned) on ``stream``."""
+    check(
+        driver().cuMemcpyDtoHAsync_v2(target.ctypes.data, address, target.nbytes, stream.handle),
+        "cuMemcpyDtoHAsync",
+    )
