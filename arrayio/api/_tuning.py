@@ -220,7 +220,8 @@ def tune(
     tuned: dict[str, Context] = {}
     # Tuning learns what the dispatcher would choose, one whole call per arm: quick to
     # converge, and its calls are its own, not a user's to slow down.
-    with config.set(tool=None), active.policy.whole_calls():
+    # Its scratch files say nothing of what a program reads again (dispatch.rereads).
+    with config.set(tool=None), active.policy.whole_calls(), active.rereads.untracked():
         if sizes:
             _tune_sizes(
                 active, directory, device, sizes, directions, caches, check, max_calls, tuned

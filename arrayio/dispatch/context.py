@@ -48,8 +48,9 @@ class Context:
     # whose typical piece is of its whole size's class.
     pieces: int = 0
     # Reads not yet in the page cache that fit in free memory twice over (once, for a file
-    # read again, see dispatch.rereads): read through the cache (no O_DIRECT), so that the
-    # next read of the same bytes is a page-cache read.
+    # read again, see dispatch.rereads), and writes into a directory whose written files this
+    # process read back: through the cache (no O_DIRECT), so that the next read of the same
+    # bytes is a page-cache read.
     keep: bool = False
     _key: str = dataclasses.field(init=False, repr=False, compare=False)
 

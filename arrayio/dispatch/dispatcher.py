@@ -280,10 +280,11 @@ class Dispatcher:
         ``nbytes``) from ``file_offset``."""
         span = nbytes if span is None else span
         cache = cache_state(fd, file_offset, span) if direction == "read" else "-"
-        keep = False
         if direction == "read":
             reread = self.rereads.read(fd, ask=cache != "warm")
             keep = cache != "warm" and fits_in_the_page_cache(span, 1 if reread else 2)
+        else:
+            keep = self.rereads.wrote(fd) and fits_in_the_page_cache(span, 2)
         return Context(
             direction,
             memory,

@@ -56,8 +56,8 @@ class Explanation:
     reexplorations
         Times this context went back to exploring.
     rule
-        For reads, the page-cache rule that chose between buffered and ``O_DIRECT`` arms,
-        and why.
+        The page-cache rule that chose between buffered and ``O_DIRECT`` arms, and why:
+        every read not in the page cache, and writes kept there.
     """
 
     key: str
@@ -87,7 +87,15 @@ class Explanation:
 
 
 def cache_rule(attributes: dict[str, Any]) -> str | None:
-    """Which page-cache rule a read's context falls under, and why (None for writes)."""
+    """Which page-cache rule a context falls under, and why (None where none applies)."""
+    if attributes.get("direction") == "write":
+        if attributes.get("keep"):
+            return (
+                "this process read back files it wrote into this directory, and this one "
+                "fits twice in the memory available: written through the page cache (no "
+                "O_DIRECT arm), so that its next load is a page-cache load"
+            )
+        return None
     if attributes.get("direction") != "read":
         return None
     cache = attributes.get("cache")

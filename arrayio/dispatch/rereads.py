@@ -4,19 +4,33 @@ page cache when it fits in the memory available once, not only twice.
 A file is known by its device, inode, size and modification time (a rewritten file is a new
 one); a directory by its device and inode. A file read before is a re-read; so is every file
 of a directory one of whose files was re-read (an evaluation loop over a model's shards, a
-notebook re-running a cell). What is remembered is bounded (the latest :data:`REMEMBERED`
-files) and lives as long as the process.
+notebook re-running a cell).
+
+Writes get the same thought: a file this process wrote and then read (a checkpoint saved,
+then loaded for an evaluation or a test) marks its directory, and the next files written
+there stay in the page cache, so that their loads are page-cache loads. A written file is
+known by its device and inode alone (its size and time change as it is written; an atomic
+save's rename keeps its inode).
+
+What is remembered is bounded (the latest :data:`REMEMBERED` files of each kind) and lives
+as long as the process.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import os
 import threading
+from collections.abc import Iterator
 
 __all__ = ["REMEMBERED", "ReReads"]
 
 REMEMBERED = 4096
+
+# Within untracked(): transfers that are nobody's use of their files (tune()'s scratch files).
+_untracked: contextvars.ContextVar[bool] = contextvars.ContextVar("untracked", default=False)
 
 
 class ReReads:
@@ -26,7 +40,39 @@ class ReReads:
         self.remembered = remembered
         self._files: collections.OrderedDict[tuple[int, ...], int] = collections.OrderedDict()
         self._reread_directories: set[tuple[int, int]] = set()
+        self._written: collections.OrderedDict[tuple[int, int], int] = collections.OrderedDict()
+        self._read_after_write: set[tuple[int, int]] = set()  # directories
         self._lock = threading.Lock()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def untracked() -> Iterator[None]:
+        """Within the block (in this thread), transfers are neither recorded nor answered
+        as re-reads: :func:`arrayio.tune`'s scratch files say nothing of what a program
+        reads again."""
+        token = _untracked.set(True)
+        try:
+            yield
+        finally:
+            _untracked.reset(token)
+
+    def wrote(self, fd: int) -> bool:
+        """Record a write to ``fd``'s file; return whether this process has read back a file
+        it wrote into the same directory (so this one is likely read soon too)."""
+        if _untracked.get():
+            return False
+        try:
+            stat = os.fstat(fd)
+        except OSError:
+            return False
+        with self._lock:
+            self._written[(stat.st_dev, stat.st_ino)] = 1
+            self._written.move_to_end((stat.st_dev, stat.st_ino))
+            while len(self._written) > self.remembered:
+                self._written.popitem(last=False)
+            if not self._read_after_write:
+                return False
+        return _directory_of(fd) in self._read_after_write
 
     def read(self, fd: int, *, ask: bool = True) -> str | None:
         """Record a read of ``fd``'s file; with ``ask``, say whether it is a re-read:
@@ -34,11 +80,20 @@ class ReReads:
         None. Without ``ask`` (a read from the page cache, where nothing is to be decided)
         the directory is only looked up to mark it, on a re-read: ``fstat`` alone costs a
         microsecond, the directory's lookup ten."""
+        if _untracked.get():
+            return None
         try:
             stat = os.fstat(fd)
         except OSError:
             return None
         key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        with self._lock:
+            written = self._written.pop((stat.st_dev, stat.st_ino), None) is not None
+        if written:  # read back after this process wrote it
+            folder = _directory_of(fd)
+            if folder is not None:
+                with self._lock:
+                    self._read_after_write.add(folder)
         with self._lock:
             seen = key in self._files
             self._files[key] = 1

@@ -565,6 +565,10 @@ _EXPLOIT = """
     directory = Path(sys.argv[1])
     before = {e.key: [e.phase, e.chosen] for e in arrayio.explain().explanations}
     assert dispatcher.get().last is None  # nothing transferred yet
+    # As in the first process, whose saves after its first load went through the page
+    # cache (it had read back what it wrote there): a small file written and read back.
+    arrayio.save(directory / "prime.safetensors", {"p": np.zeros(2 << 20, np.uint8)})
+    arrayio.load(directory / "prime.safetensors")
     rng = np.random.default_rng(1)
     used = {}
     for key, array in {"a": rng.standard_normal(1 << 20, dtype=np.float32),
@@ -988,3 +992,70 @@ def test_rereads_are_remembered_within_bounds(tmp_path):
     paths[2].write_bytes(b"longer")  # rewritten: another file, in a directory read again
     assert read(paths[2]) == "directory"
     assert read(paths[2]) == "file"
+
+
+def test_writes_are_kept_once_this_process_read_back_what_it_wrote_there(
+    tmp_path, fresh, monkeypatch
+):
+    # A checkpoint saved, then loaded (an evaluation, a test): the next saves into that
+    # directory go through the page cache, so that their loads are page-cache loads.
+    from arrayio.dispatch.candidates import bypasses_the_cache
+    from arrayio.dispatch.context import Context
+    from arrayio.runtime import _memory
+
+    monkeypatch.setattr(_memory, "available_host_bytes", lambda max_age=0.0: 1 << 40)
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+
+    def write_context(path: Path) -> Context:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT)
+        try:
+            return fresh.context("write", fd, 0, 256 << 20, "host", True)
+        finally:
+            os.close(fd)
+
+    first = tmp_path / "step-1.safetensors"
+    assert not write_context(first).keep  # nothing known yet: the disk's best arms
+    os.replace(first, tmp_path / "renamed.safetensors")  # as an atomic save commits
+    fd = os.open(tmp_path / "renamed.safetensors", os.O_RDONLY)
+    try:
+        fresh.context("read", fd, 0, 1 << 20, "host", True)  # read back
+    finally:
+        os.close(fd)
+    kept = write_context(tmp_path / "step-2.safetensors")
+    assert kept.keep and kept.key().endswith("/keep")
+    assert fresh.candidates(kept) and not any(bypasses_the_cache(a) for a in fresh.candidates(kept))
+    assert not write_context(other / "step-2.safetensors").keep  # another directory
+    monkeypatch.setattr(_memory, "available_host_bytes", lambda max_age=0.0: 300 << 20)
+    assert not write_context(tmp_path / "step-3.safetensors").keep  # does not fit twice
+
+
+def test_a_kept_write_says_why_in_explain(tmp_path, fresh, monkeypatch):
+    from arrayio.dispatch.explain import cache_rule
+
+    assert cache_rule({"direction": "write", "keep": False}) is None
+    assert "read back" in cache_rule({"direction": "write", "keep": True})
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs page-cache eviction")
+def test_a_checkpoint_saved_again_after_a_load_stays_in_the_page_cache(tmp_path, fresh):
+    from arrayio.dispatch.candidates import bypasses_the_cache
+    from arrayio.dispatch.context import cache_state
+
+    tree = {"w": np.arange(8 << 20, dtype=np.float32)}  # 32 MiB
+    path = tmp_path / "ckpt.safetensors"
+    arrayio.save(path, tree)
+    assert not fresh.last[0].keep  # nothing known about this directory yet
+    assert_same(arrayio.load(path), tree)  # read back what this process wrote
+    for _ in range(4):  # every arm the dispatcher explores
+        arrayio.save(path, tree)
+        context, arm = fresh.last
+        assert context.direction == "write" and context.keep and not bypasses_the_cache(arm)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            state = cache_state(fd, 0, path.stat().st_size)
+        finally:
+            os.close(fd)
+        if state == "-":
+            pytest.skip("the kernel cannot tell what is cached here")
+        assert state == "warm", arm.label
