@@ -3,7 +3,7 @@ against zarr's LocalStore and KvikIO's GDSStore, beside the disk's ceiling, in o
 
 ``python -m benchmarks.zarr_read --out DIR [--size 2G] [--chunk 16M] [--memory cuda|host]
 [--repeats 3] [--drop-caches] [--codecs none,zstd] [--decoders arrayio,zarr]
-[--pipeline batched|fused] [--concurrency N] [--batch-size N] [--dir DIR]``
+[--pipeline batched|fused|arrayio] [--concurrency N] [--batch-size N] [--dir DIR]``
 
 In one run, on files in ``--dir``:
 
@@ -57,6 +57,7 @@ STORES = ("arrayio", "zarr.LocalStore", "kvikio.GDSStore")
 PEERS = STORES[1:]
 ARRAYIO_ZSTD = "arrayio.zarr.codecs.ZstdCodec"
 FUSED = "zarr.core.codec_pipeline.FusedCodecPipeline"
+ARRAYIO_PIPELINE = "arrayio.zarr.CodecPipeline"
 _BLOCK = 4096
 _ROW = 1024  # int32 elements per row: rows of 4 KiB
 
@@ -292,6 +293,9 @@ def run_case(
         config, skip_all = decoder_config(decoder)
     if args.pipeline == "fused":
         config["codec_pipeline.path"] = FUSED
+    elif args.pipeline == "arrayio":
+        importlib.import_module("arrayio.zarr")  # registers it
+        config["codec_pipeline.path"] = ARRAYIO_PIPELINE
     if args.concurrency:
         config["async.concurrency"] = args.concurrency
     if args.batch_size:
@@ -495,7 +499,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--decoders", default="arrayio,zarr")
     parser.add_argument("--stores", default=",".join(STORES))
     parser.add_argument("--cache", default="cold,warm")
-    parser.add_argument("--pipeline", default="batched", choices=("batched", "fused"))
+    parser.add_argument(
+        "--pipeline",
+        default="batched",
+        choices=("batched", "fused", "arrayio"),
+        help="zarr's codec pipeline: its default (batched), its fused one (zarr >= 3.4), or "
+        "arrayio.zarr.CodecPipeline (whole-batch reads)",
+    )
     parser.add_argument(
         "--concurrency", type=int, default=None, help="zarr's async.concurrency (default: zarr's)"
     )

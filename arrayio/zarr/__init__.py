@@ -7,6 +7,10 @@ are atomic. :func:`read` returns a Zarr array (or a part of it) as a NumPy, JAX,
 torch array, filled in place with no extra copy. :class:`ZstdCodec` is zarr's ``zstd``
 codec with a GPU path (nvCOMP) for chunks in GPU memory; importing this package registers
 it, and ``zarr.config.set({"codecs.zstd": "arrayio.zarr.codecs.ZstdCodec"})`` selects it.
+:class:`CodecPipeline` reads the chunks of a selection as one batch (files read through the
+dispatcher, zstd decoded in one call, on the GPU by nvCOMP); importing this package
+registers it, and ``zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"})``
+selects it.
 
 This subpackage is the optional extra ``zarr`` (``pip install 'arrayio[zarr]'``);
 ``import arrayio`` never imports it.
@@ -29,8 +33,11 @@ if int(zarr.__version__.split(".")[0]) < 3 or zarr.__version__.startswith("3.0."
     )
 
 from ._keys import InvalidKeyError
+from ._pipeline import CodecPipeline, register
 from ._read import read
 from ._store import NVMeStore
 from .codecs import ZstdCodec
 
-__all__ = ["InvalidKeyError", "NVMeStore", "ZstdCodec", "read"]
+register()  # selectable as codec_pipeline.path "arrayio.zarr.CodecPipeline"
+
+__all__ = ["CodecPipeline", "InvalidKeyError", "NVMeStore", "ZstdCodec", "read"]

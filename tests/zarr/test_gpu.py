@@ -44,7 +44,7 @@ def payload(nbytes: int, seed: int) -> bytes:
 
 
 @pytest.mark.parametrize("codec", ["none", "zstd"])
-@pytest.mark.parametrize("pipeline", ["batched", "fused"])
+@pytest.mark.parametrize("pipeline", ["batched", "fused", "arrayio"])
 def test_arrays_written_on_the_cpu_read_into_the_gpu(tmp_path, cupy, codec, pipeline):
     if pipeline == "fused" and not HAS_FUSED:
         pytest.skip(f"zarr {zarr.__version__} has no FusedCodecPipeline (zarr >= 3.4)")
@@ -57,11 +57,39 @@ def test_arrays_written_on_the_cpu_read_into_the_gpu(tmp_path, cupy, codec, pipe
         compressors=None if codec == "none" else zarr.codecs.ZstdCodec(),
     )
     z[...] = data
-    config = {"codec_pipeline.path": FUSED} if pipeline == "fused" else {}
+    paths = {"fused": FUSED, "arrayio": "arrayio.zarr.CodecPipeline"}
+    config = {"codec_pipeline.path": paths[pipeline]} if pipeline in paths else {}
     with zarr.config.enable_gpu(), zarr.config.set(config):
-        got = zarr.open_array(NVMeStore(tmp_path, read_only=True), mode="r")[...]
-    assert isinstance(got, cupy.ndarray)
+        array = zarr.open_array(NVMeStore(tmp_path, read_only=True), mode="r")
+        got = array[...]
+        part = array[17:250, 3]
+    assert isinstance(got, cupy.ndarray) and isinstance(part, cupy.ndarray)
     np.testing.assert_array_equal(cupy.asnumpy(got), data)
+    np.testing.assert_array_equal(cupy.asnumpy(part), data[17:250, 3])
+
+
+def test_the_pipeline_decodes_a_read_in_one_gpu_batch(tmp_path, cupy, monkeypatch):
+    # Every zstd chunk of the selection goes to nvCOMP in one call, with zarr's defaults.
+    from arrayio.zarr import _gpu_worker
+
+    data = np.random.default_rng(2).normal(size=(256, 256)).astype(np.float32)
+    z = zarr.create_array(LocalStore(tmp_path), shape=data.shape, chunks=(32, 32), dtype="f4")
+    z[...] = data
+    batches = []
+    real = _gpu_worker.DeviceWorker.submit
+
+    def counting(device_id, kind, arrays, zstd):
+        batches.append(len(arrays))
+        return real(device_id, kind, arrays, zstd)
+
+    monkeypatch.setattr(_gpu_worker.DeviceWorker, "submit", counting)
+    with (
+        zarr.config.enable_gpu(),
+        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
+    ):
+        got = zarr.open_array(LocalStore(tmp_path, read_only=True), mode="r")[...]
+    np.testing.assert_array_equal(cupy.asnumpy(got), data)
+    assert batches == [64]
 
 
 def test_gpu_buffers_written_read_by_local_store(tmp_path, cupy):

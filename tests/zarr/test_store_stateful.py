@@ -28,9 +28,20 @@ SETTINGS = settings(
 )
 
 
+class _NVMeHierarchy(ZarrHierarchyStateMachine):
+    # NVMeStore keeps LocalStore's layout, and with it an array's "c" directory once its
+    # last chunk is deleted, where the memory store model lists nothing: zarr's own run
+    # leaves LocalStore out of this one check for that reason. Removing emptied
+    # directories on delete would race a concurrent write of a neighbouring chunk.
+    def check_list_dir(self, data) -> None:  # type: ignore[no-untyped-def]
+        from hypothesis import assume
+
+        assume(False)
+
+
 def test_zarr_hierarchy_state_machine(tmp_path) -> None:
     def machine() -> ZarrHierarchyStateMachine:
-        return ZarrHierarchyStateMachine(NVMeStore(tmp_path / "hierarchy"))
+        return _NVMeHierarchy(NVMeStore(tmp_path / "hierarchy"))
 
     run_state_machine_as_test(machine, settings=SETTINGS)
 

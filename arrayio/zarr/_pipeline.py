@@ -1,0 +1,339 @@
+"""A codec pipeline for zarr-python 3 that reads a whole selection as one batch.
+
+zarr's own pipeline (``BatchedCodecPipeline``) handles a read chunk by chunk: a coroutine, a
+store ``get``, a pass through the codec chain and a copy each, about as costly per chunk as
+reading a megabyte, and it hands its codecs ``codec_pipeline.batch_size`` chunks at a time
+(one by default), so a GPU codec decodes one chunk per call. This pipeline takes the whole
+batch zarr gives a read (every chunk the selection touches) at once:
+
+1. every chunk's file is found up front (``LocalStore`` and :class:`~arrayio.zarr.NVMeStore`:
+   a key is a file below the root) and read through arrayio's dispatcher, on its I/O pool,
+   into one host buffer;
+2. ``crc32c`` codecs are verified there, on the host, as the bytes are in hand;
+3. zstd chunks are decoded in one call: on the GPU by nvCOMP in one batch (the GPU worker of
+   :mod:`~arrayio.zarr.codecs`), after one copy of the whole buffer to the device, or on the
+   host by numcodecs on the I/O pool;
+4. each chunk's part of the selection is copied into the output (missing chunks get the fill
+   value).
+
+Chains it does not handle (other codecs, sharding, transposes, big-endian bytes), stores
+whose keys are not files, and writes go to zarr's own pipeline, which this one wraps:
+:meth:`CodecPipeline.explain` says which path an array takes, and why.
+
+Select it with ``zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"})``
+(importing :mod:`arrayio.zarr` registers it; so does its ``zarr.codec_pipeline`` entry point).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from zarr.abc.codec import CodecPipeline as _ZarrCodecPipeline
+from zarr.codecs import BytesCodec, Crc32cCodec
+from zarr.codecs import ZstdCodec as _ZarrZstdCodec
+from zarr.core.codec_pipeline import BatchedCodecPipeline
+
+from ..errors import ChecksumError, FormatError
+from ..integrity._checksum import checksum
+from ._frames import decode_on_host
+from ._io_pool import executor
+
+__all__ = ["CodecPipeline"]
+
+try:  # zarr >= 3.4: read() says, per chunk, whether it was there
+    from zarr.abc.codec import GetResult as _GetResult  # type: ignore[attr-defined]
+except ImportError:
+    _GetResult = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Chain:
+    """A codec chain this pipeline decodes itself: bytes (native order), then optionally
+    zstd, then optionally crc32c."""
+
+    zstd: Any  # numcodecs' Zstd for the chain's zstd codec, or None
+    crc32c: bool
+
+    @classmethod
+    def of(cls, pipeline: BatchedCodecPipeline) -> tuple[_Chain | None, str]:
+        """The chain of ``pipeline``, or None and why it is not handled here."""
+        if pipeline.array_array_codecs:
+            names = ", ".join(type(c).__name__ for c in pipeline.array_array_codecs)
+            return None, f"array-to-array codecs ({names})"
+        array_bytes = pipeline.array_bytes_codec
+        if type(array_bytes) is not BytesCodec:
+            return None, f"its array-to-bytes codec is {type(array_bytes).__name__}"
+        endian = getattr(array_bytes.endian, "value", array_bytes.endian)
+        if endian not in (None, "little") or np.little_endian is False:
+            return None, f"{endian}-endian bytes"
+        rest = list(pipeline.bytes_bytes_codecs)
+        crc = bool(rest) and isinstance(rest[-1], Crc32cCodec)
+        if crc:
+            rest.pop()
+        zstd = None
+        first = rest[0] if rest else None
+        if isinstance(first, _ZarrZstdCodec):
+            zstd = first._zstd_codec
+            rest.pop(0)
+        if rest:
+            names = ", ".join(type(c).__name__ for c in rest)
+            return None, f"bytes-to-bytes codecs ({names})"
+        return cls(zstd, crc), "bytes" + (", zstd" if zstd else "") + (", crc32c" if crc else "")
+
+
+class CodecPipeline(_ZarrCodecPipeline):
+    """zarr's codec pipeline, with whole-batch reads; see the module docstring.
+
+    Parameters
+    ----------
+    fallback
+        zarr's pipeline for the same codecs: what this one does not handle goes to it.
+    """
+
+    def __init__(self, fallback: BatchedCodecPipeline) -> None:
+        self.fallback = fallback
+        self.chain, self.why = _Chain.of(fallback)
+
+    def __repr__(self) -> str:
+        return f"arrayio.zarr.CodecPipeline({self.why})"
+
+    def explain(self) -> str:
+        """Which path this pipeline's reads take, and why."""
+        if self.chain is None:
+            return f"zarr's pipeline: not handled here: {self.why}"
+        return (
+            f"whole-batch reads ({self.why}) for chunks that are files (LocalStore, "
+            "NVMeStore); zarr's pipeline for other stores and for writes"
+        )
+
+    # -------------------------------------------------------------- what zarr asks of it
+
+    @classmethod
+    def from_codecs(cls, codecs: Iterable[Any]) -> CodecPipeline:
+        return cls(BatchedCodecPipeline.from_codecs(codecs))
+
+    def evolve_from_array_spec(self, array_spec: Any) -> CodecPipeline:
+        return type(self)(self.fallback.evolve_from_array_spec(array_spec))
+
+    @property
+    def supports_partial_decode(self) -> bool:
+        return bool(self.fallback.supports_partial_decode)
+
+    @property
+    def supports_partial_encode(self) -> bool:
+        return bool(self.fallback.supports_partial_encode)
+
+    def validate(self, **kwargs: Any) -> None:
+        self.fallback.validate(**kwargs)
+
+    def compute_encoded_size(self, byte_length: int, array_spec: Any) -> int:
+        return int(self.fallback.compute_encoded_size(byte_length, array_spec))
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.fallback)
+
+    async def decode(self, chunk_bytes_and_specs: Iterable[Any]) -> Iterable[Any]:
+        return await self.fallback.decode(chunk_bytes_and_specs)
+
+    async def encode(self, chunk_arrays_and_specs: Iterable[Any]) -> Iterable[Any]:
+        return await self.fallback.encode(chunk_arrays_and_specs)
+
+    async def write(
+        self, batch_info: Iterable[Any], value: Any, drop_axes: tuple[int, ...] = ()
+    ) -> None:
+        await self.fallback.write(batch_info, value, drop_axes)
+
+    async def read(
+        self, batch_info: Iterable[Any], out: Any, drop_axes: tuple[int, ...] = ()
+    ) -> Any:
+        batch = list(batch_info)
+        files = _files_of(batch) if self.chain is not None and batch else None
+        if files is None:
+            # Not ours to read: zarr's pipeline, with the whole batch in one codec call.
+            whole = dataclasses.replace(self.fallback, batch_size=max(1, len(batch)))
+            return await whole.read(batch, out, drop_axes)
+        assert self.chain is not None
+        present = await asyncio.to_thread(_read, self.chain, batch, files, out, drop_axes)
+        if _GetResult is None:
+            return None
+        return tuple({"status": "present" if p else "missing"} for p in present)
+
+
+# ------------------------------------------------------------------ the whole-batch read
+
+
+def _files_of(batch: Sequence[Any]) -> list[str] | None:
+    """The file of every chunk of ``batch``, or None unless every chunk's store keeps its
+    keys as files below a root."""
+    from zarr.storage import LocalStore
+
+    from ._store import NVMeStore
+
+    files = []
+    for byte_getter, *_ in batch:
+        store, key = getattr(byte_getter, "store", None), getattr(byte_getter, "path", None)
+        if key is None or not isinstance(store, LocalStore | NVMeStore):
+            return None
+        if isinstance(store, NVMeStore):
+            files.append(store._path(key))  # checked: a key cannot leave the root
+        else:
+            files.append(os.path.join(str(store.root), key))
+    return files
+
+
+def _read(
+    chain: _Chain, batch: list[Any], files: list[str], out: Any, drop_axes: tuple[int, ...]
+) -> list[bool]:
+    """Fill ``out`` from the chunks of ``batch`` (in ``files``); whether each was present."""
+    slab, encoded = _read_files(files)
+    present = [data is not None for data in encoded]
+    if chain.crc32c:
+        encoded = [
+            None if data is None else _without_crc(data, path)
+            for data, path in zip(encoded, files, strict=True)
+        ]
+    target = out.as_ndarray_like()
+    on_gpu = type(target).__module__.split(".")[0] == "cupy"
+    if chain.zstd is not None:
+        decoded = (
+            _decode_gpu(chain.zstd, slab, encoded, target)
+            if on_gpu
+            else _decode_host(chain.zstd, encoded)
+        )
+    elif on_gpu:
+        decoded = _to_device(slab, encoded, target)
+    else:
+        decoded = encoded
+    for (_, spec, chunk_selection, out_selection, _), data in zip(batch, decoded, strict=True):
+        if data is None:
+            target[out_selection] = _fill_value(spec)
+            continue
+        dtype = spec.dtype.to_native_dtype()
+        expected = int(np.prod(spec.shape)) * dtype.itemsize
+        if data.nbytes != expected:
+            raise FormatError(f"a chunk decoded to {data.nbytes} bytes, expected {expected}")
+        order = getattr(spec, "order", None) or getattr(spec.config, "order", "C")
+        chunk = data.view(dtype).reshape(spec.shape, order=order)
+        part = chunk[chunk_selection]
+        if drop_axes:
+            part = part.squeeze(axis=drop_axes)
+        target[out_selection] = part
+    return present
+
+
+def _read_files(files: list[str]) -> tuple[np.ndarray, list[np.ndarray | None]]:
+    """One host buffer, and every file's bytes in it (None for a missing one), read on the
+    I/O pool through the dispatcher."""
+    from ..dispatch._transfer import read_into
+
+    sizes: list[int | None] = []
+    fds: list[int | None] = []
+    try:
+        for path in files:
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except (FileNotFoundError, NotADirectoryError):
+                fds.append(None)
+                sizes.append(None)
+                continue
+            fds.append(fd)
+            sizes.append(os.fstat(fd).st_size)
+        total = sum(s for s in sizes if s)
+        slab = np.empty(total, dtype=np.uint8)
+        views: list[np.ndarray | None] = []
+        jobs = []
+        at = 0
+        for handle, size, path in zip(fds, sizes, files, strict=True):
+            if handle is None or size is None:
+                views.append(None)
+                continue
+            view = slab[at : at + size]
+            at += size
+            views.append(view)
+            if size:
+                jobs.append(executor().submit(read_into, handle, 0, view, path=path))
+        for job in concurrent.futures.as_completed(jobs):
+            job.result()
+        return slab, views
+    finally:
+        for handle in fds:
+            if handle is not None:
+                os.close(handle)
+
+
+def _without_crc(data: np.ndarray, path: str) -> np.ndarray:
+    """``data`` less its crc32c codec's trailing checksum, verified."""
+    if data.nbytes < 4:
+        raise FormatError(f"{path}: a chunk of {data.nbytes} bytes cannot hold its crc32c")
+    body, stored = data[:-4], int.from_bytes(data[-4:].tobytes(), "little")
+    if checksum(body) != stored:
+        raise ChecksumError(f"{path}: the chunk's crc32c does not match its bytes")
+    return body
+
+
+def _decode_host(zstd: Any, encoded: list[np.ndarray | None]) -> list[np.ndarray | None]:
+    def one(data: np.ndarray | None) -> np.ndarray | None:
+        if data is None:
+            return None
+        return np.frombuffer(decode_on_host(zstd, data), dtype=np.uint8)
+
+    return list(executor().map(one, encoded))
+
+
+def _to_device(slab: np.ndarray, encoded: list[np.ndarray | None], target: Any) -> list[Any]:
+    """The chunks (views of ``slab``) on ``target``'s GPU, with one copy of ``slab``."""
+    import cupy
+
+    with cupy.cuda.Device(target.device.id):
+        device = cupy.asarray(slab)
+    start = slab.__array_interface__["data"][0]
+    out: list[Any] = []
+    for data in encoded:
+        if data is None:
+            out.append(None)
+            continue
+        offset = data.__array_interface__["data"][0] - start if data.nbytes else 0
+        out.append(device[offset : offset + data.nbytes])
+    return out
+
+
+def _decode_gpu(
+    zstd: Any, slab: np.ndarray, encoded: list[np.ndarray | None], target: Any
+) -> list[Any]:
+    """The chunks decoded on ``target``'s GPU by nvCOMP, in one batch."""
+    from ._gpu_worker import DeviceWorker
+
+    on_device = _to_device(slab, encoded, target)
+    indices = [i for i, data in enumerate(on_device) if data is not None]
+    results = DeviceWorker.submit(
+        target.device.id, "decode", [on_device[i] for i in indices], zstd
+    ).result()
+    out: list[Any] = [None] * len(encoded)
+    for i, result in zip(indices, results, strict=True):
+        if isinstance(result, Exception):
+            raise result
+        out[i] = result
+    return out
+
+
+def _fill_value(spec: Any) -> Any:
+    fill = spec.fill_value
+    if fill is None:
+        fill = spec.dtype.default_scalar()
+    return fill
+
+
+def register() -> None:
+    """Make the pipeline selectable by its path, ``arrayio.zarr.CodecPipeline``."""
+    from zarr.registry import register_pipeline
+
+    register_pipeline(CodecPipeline)
+
+
+CodecPipeline.__module__ = "arrayio.zarr"  # its registered name: arrayio.zarr.CodecPipeline

@@ -1,0 +1,217 @@
+"""``arrayio.zarr.CodecPipeline``: every read gives what zarr's own pipeline gives, for every
+store, codec chain and selection; the chains and stores it handles take its whole-batch
+path, the others zarr's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+zarr = pytest.importorskip("zarr")
+
+from zarr.codecs import Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec  # noqa: E402
+from zarr.storage import LocalStore, MemoryStore  # noqa: E402
+
+from arrayio.errors import ChecksumError  # noqa: E402
+from arrayio.zarr import CodecPipeline, NVMeStore, _pipeline  # noqa: E402
+
+OURS = {"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}
+
+CHAINS = {
+    "default": {},  # zarr's defaults: bytes, zstd
+    "none": {"compressors": None},
+    "crc32c": {"compressors": [Crc32cCodec()]},
+    "zstd+crc32c": {"compressors": [ZstdCodec(level=3, checksum=True), Crc32cCodec()]},
+    "gzip": {"compressors": [GzipCodec()]},  # not handled: zarr's pipeline
+    "transpose": {"filters": [TransposeCodec(order=(1, 0))]},  # not handled
+}
+HANDLED = {"default", "none", "crc32c", "zstd+crc32c"}
+
+SELECTIONS = [
+    Ellipsis,
+    (slice(3, 40), slice(5, 30)),
+    (5, slice(None)),
+    (slice(None), 7),
+    (slice(1, 45, 3), slice(None, None, 4)),
+    (slice(0, 0), Ellipsis),
+    (49, 36),
+]
+
+
+def _store(kind: str, path) -> object:
+    return (
+        {"local": LocalStore, "nvme": NVMeStore}[kind](path) if kind != "memory" else MemoryStore()
+    )
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The reads that took the whole-batch path."""
+    made = []
+    real = _pipeline._read
+
+    def counting(*args):
+        made.append(args[2])
+        return real(*args)
+
+    monkeypatch.setattr(_pipeline, "_read", counting)
+    return made
+
+
+def _written(store, chain: str, dtype: str = "float32"):
+    """A 50 x 37 array in 8 x 10 chunks, of which those outside [:30, :25] are missing."""
+    array = zarr.create_array(
+        store, shape=(50, 37), chunks=(8, 10), dtype=dtype, fill_value=-1, **CHAINS[chain]
+    )
+    data = np.random.default_rng(7).normal(size=(30, 25)).astype(dtype)
+    array[:30, :25] = data
+    expected = np.full((50, 37), -1, dtype=dtype)
+    expected[:30, :25] = data
+    return expected
+
+
+@pytest.mark.parametrize("chain", sorted(CHAINS))
+@pytest.mark.parametrize("kind", ["local", "nvme", "memory"])
+def test_every_selection_reads_as_zarr_reads_it(tmp_path, calls, kind, chain):
+    store = _store(kind, tmp_path / "store")
+    expected = _written(store, chain)
+    with zarr.config.set(OURS):
+        array = zarr.open_array(store, mode="r")
+        pipeline = array._async_array.codec_pipeline
+        assert isinstance(pipeline, CodecPipeline)
+        for selection in SELECTIONS:
+            got = array[selection]
+            np.testing.assert_array_equal(got, expected[selection], err_msg=str(selection))
+        np.testing.assert_array_equal(
+            array.oindex[[1, 9, 33], [0, 36]], expected[[1, 9, 33]][:, [0, 36]]
+        )
+        np.testing.assert_array_equal(
+            array.vindex[[1, 9, 33], [0, 20, 36]], expected[[1, 9, 33], [0, 20, 36]]
+        )
+    whole_batch = chain in HANDLED and kind != "memory"
+    assert bool(calls) is whole_batch
+    assert ("whole-batch" in pipeline.explain()) is (chain in HANDLED)
+
+
+def test_missing_chunks_get_the_fill_value_and_are_said_missing(tmp_path, calls):
+    store = LocalStore(tmp_path)
+    _written(store, "default")
+    with zarr.config.set(OURS):
+        array = zarr.open_array(store, mode="r")
+        assert (array[40:, 30:] == -1).all()
+    assert calls
+
+
+def test_a_damaged_chunk_fails_its_crc32c(tmp_path, calls):
+    store = LocalStore(tmp_path)
+    _written(store, "crc32c")
+    chunk = tmp_path / "c" / "0" / "0"
+    raw = bytearray(chunk.read_bytes())
+    raw[10] ^= 0x40
+    chunk.write_bytes(bytes(raw))
+    with zarr.config.set(OURS):
+        array = zarr.open_array(store, mode="r")
+        with pytest.raises(ChecksumError, match="crc32c"):
+            array[...]
+        np.testing.assert_array_equal(array[8:, :], _written(MemoryStore(), "crc32c")[8:, :])
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "float64", "complex64", "bool"])
+def test_dtypes_read_as_zarr_reads_them(tmp_path, dtype):
+    store = NVMeStore(tmp_path)
+    array = zarr.create_array(store, shape=(20, 9), chunks=(6, 4), dtype=dtype)
+    data = (np.arange(180) % 7).reshape(20, 9).astype(dtype)
+    array[...] = data
+    with zarr.config.set(OURS):
+        np.testing.assert_array_equal(zarr.open_array(store, mode="r")[2:19, 1:], data[2:19, 1:])
+
+
+def test_writes_through_the_pipeline_read_back(tmp_path):
+    with zarr.config.set(OURS):
+        store = NVMeStore(tmp_path)
+        array = zarr.create_array(store, shape=(33, 17), chunks=(8, 8), dtype="int32")
+        assert isinstance(array._async_array.codec_pipeline, CodecPipeline)
+        data = np.arange(33 * 17, dtype=np.int32).reshape(33, 17)
+        array[...] = data
+        array[3:5, 2] = -7
+        data[3:5, 2] = -7
+        np.testing.assert_array_equal(zarr.open_array(store, mode="r")[...], data)
+    np.testing.assert_array_equal(zarr.open_array(store, mode="r")[...], data)  # zarr's own
+
+
+def test_sharded_arrays_go_to_zarrs_pipeline(tmp_path, calls):
+    store = LocalStore(tmp_path)
+    array = zarr.create_array(store, shape=(64, 64), chunks=(8, 8), shards=(32, 32), dtype="f4")
+    data = np.random.default_rng(1).normal(size=(64, 64)).astype(np.float32)
+    array[...] = data
+    with zarr.config.set(OURS):
+        opened = zarr.open_array(store, mode="r")
+        np.testing.assert_array_equal(opened[5:60, 3:], data[5:60, 3:])
+        assert "ShardingCodec" in opened._async_array.codec_pipeline.explain()
+    assert not calls
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_memory_order_reads_as_zarr_reads_it(tmp_path, order):
+    store = LocalStore(tmp_path)
+    array = zarr.create_array(
+        store, shape=(13, 11, 5), chunks=(4, 3, 5), dtype="i4", config={"order": order}
+    )
+    data = np.arange(13 * 11 * 5, dtype=np.int32).reshape(13, 11, 5)
+    array[...] = data
+    with zarr.config.set(OURS):
+        opened = zarr.open_array(store, mode="r", config={"order": order})
+        np.testing.assert_array_equal(opened[1:12, ::2, 3], data[1:12, ::2, 3])
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_random_arrays_and_selections_read_as_zarr_reads_them(tmp_path_factory, data):
+    shape = data.draw(st.lists(st.integers(1, 12), min_size=1, max_size=3), label="shape")
+    chunks = [data.draw(st.integers(1, n + 2)) for n in shape]
+    selection = tuple(
+        data.draw(
+            st.one_of(
+                st.integers(0, n - 1),
+                st.builds(
+                    slice,
+                    st.none() | st.integers(0, n),
+                    st.none() | st.integers(0, n),
+                    st.none() | st.integers(1, 3),
+                ),
+            )
+        )
+        for n in shape
+    )
+    chain = data.draw(st.sampled_from(["default", "none", "crc32c"]))
+    written = data.draw(st.floats(0, 1), label="share written")
+    store = LocalStore(tmp_path_factory.mktemp("store"))
+    codecs = dict(CHAINS[chain])
+    array = zarr.create_array(
+        store, shape=shape, chunks=chunks, dtype="f8", fill_value=7.0, **codecs
+    )
+    values = np.random.default_rng(len(shape)).normal(size=shape)
+    region = tuple(slice(0, max(1, int(n * written))) for n in shape)
+    array[region] = values[region]
+    expected = np.full(shape, 7.0)
+    expected[region] = values[region]
+    with zarr.config.set(OURS):
+        got = zarr.open_array(store, mode="r")[selection]
+    np.testing.assert_array_equal(got, expected[selection])
+
+
+def test_zarr_finds_the_pipeline_by_its_entry_point():
+    # Installed, arrayio's pipeline is selectable before anything imports arrayio.
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, zarr\n"
+        "from zarr.registry import get_pipeline_class\n"
+        "with zarr.config.set({'codec_pipeline.path': 'arrayio.zarr.CodecPipeline'}):\n"
+        "    print(get_pipeline_class().__module__, get_pipeline_class().__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.stdout.split() == ["arrayio.zarr", "CodecPipeline"], done.stderr[-2000:]
