@@ -16,9 +16,9 @@ batch zarr gives a read (every chunk the selection touches) at once:
 4. each chunk's part of the selection is copied into the output (missing chunks get the fill
    value).
 
-Chains it does not handle (other codecs, sharding, transposes, big-endian bytes), stores
-whose keys are not files, and writes go to zarr's own pipeline, which this one wraps:
-:meth:`CodecPipeline.explain` says which path an array takes, and why.
+Chains it does not handle (other codecs, sharding, transposes, big-endian bytes), chunks in
+Fortran order, stores whose keys are not files, and writes go to zarr's own pipeline, which
+this one wraps: :meth:`CodecPipeline.explain` says which path an array takes, and why.
 
 Select it with ``zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"})``
 (importing :mod:`arrayio.zarr` registers it; so does its ``zarr.codec_pipeline`` entry point).
@@ -153,7 +153,9 @@ class CodecPipeline(_ZarrCodecPipeline):
         self, batch_info: Iterable[Any], out: Any, drop_axes: tuple[int, ...] = ()
     ) -> Any:
         batch = list(batch_info)
-        files = _files_of(batch) if self.chain is not None and batch else None
+        # Memory order other than C: zarr's versions lay such chunks out differently.
+        ours = self.chain is not None and batch and all(_order(s) == "C" for _, s, *_ in batch)
+        files = _files_of(batch) if ours else None
         if files is None:
             # Not ours to read: zarr's pipeline, with the whole batch in one codec call.
             whole = dataclasses.replace(self.fallback, batch_size=max(1, len(batch)))
@@ -218,8 +220,7 @@ def _read(
         expected = int(np.prod(spec.shape)) * dtype.itemsize
         if data.nbytes != expected:
             raise FormatError(f"a chunk decoded to {data.nbytes} bytes, expected {expected}")
-        order = getattr(spec, "order", None) or getattr(spec.config, "order", "C")
-        chunk = data.view(dtype).reshape(spec.shape, order=order)
+        chunk = data.view(dtype).reshape(spec.shape)
         part = chunk[chunk_selection]
         if drop_axes:
             part = part.squeeze(axis=drop_axes)
@@ -320,6 +321,12 @@ def _decode_gpu(
             raise result
         out[i] = result
     return out
+
+
+def _order(spec: Any) -> str:
+    """The memory order of a chunk spec (an attribute of its config in some zarr versions)."""
+    order = getattr(spec, "order", None) or getattr(getattr(spec, "config", None), "order", "C")
+    return str(getattr(order, "value", order))
 
 
 def _fill_value(spec: Any) -> Any:

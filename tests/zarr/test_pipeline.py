@@ -155,6 +155,8 @@ def test_sharded_arrays_go_to_zarrs_pipeline(tmp_path, calls):
 
 @pytest.mark.parametrize("order", ["C", "F"])
 def test_memory_order_reads_as_zarr_reads_it(tmp_path, order):
+    # Where a chunk's spec says Fortran order, zarr's pipeline reads it (zarr's versions lay
+    # such chunks out differently); zarr 3.1 gives every chunk C order when opened.
     store = LocalStore(tmp_path)
     array = zarr.create_array(
         store, shape=(13, 11, 5), chunks=(4, 3, 5), dtype="i4", config={"order": order}
@@ -204,8 +206,15 @@ def test_random_arrays_and_selections_read_as_zarr_reads_them(tmp_path_factory, 
 
 def test_zarr_finds_the_pipeline_by_its_entry_point():
     # Installed, arrayio's pipeline is selectable before anything imports arrayio.
+    import importlib.metadata
     import subprocess
     import sys
+
+    if not any(
+        e.value == "arrayio.zarr:CodecPipeline"
+        for e in importlib.metadata.entry_points(group="zarr.codec_pipeline")
+    ):
+        pytest.skip("arrayio runs from a source tree here, not installed: no entry points")
 
     script = (
         "import sys, zarr\n"
