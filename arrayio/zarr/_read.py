@@ -1,5 +1,8 @@
 """Zarr arrays as the framework's arrays: zarr fills memory that the framework owns.
 
+A store or directory is opened with :class:`~arrayio.zarr.CodecPipeline`, which reads the
+selection's chunks as one batch.
+
 The result is allocated by :func:`arrayio.arrays._frameworks.allocate` in the requested framework
 and device, viewed as a NumPy array (host) or a CuPy array (GPU, through the CUDA array
 interface) and handed to zarr as the ``out`` of the read, so the chunks are decoded straight
@@ -22,6 +25,8 @@ from ._store import NVMeStore
 
 __all__ = ["read"]
 
+PIPELINE = "arrayio.zarr.CodecPipeline"
+
 
 def _open(source: Any, path: str | None) -> zarr.Array:
     if isinstance(source, zarr.Array):
@@ -33,7 +38,10 @@ def _open(source: Any, path: str | None) -> zarr.Array:
     if isinstance(source, str | os.PathLike):
         source = NVMeStore(source, read_only=True)
     if isinstance(source, zarr.abc.store.Store):
-        return zarr.open_array(store=source, path=path or "", mode="r")
+        # Opened here, so read with arrayio's pipeline (whole-batch reads; what it does not
+        # handle goes to zarr's); a zarr.Array keeps the pipeline it was opened with.
+        with zarr.config.set({"codec_pipeline.path": PIPELINE}):
+            return zarr.open_array(store=source, path=path or "", mode="r")
     raise TypeError(
         f"read() takes a zarr.Array, a zarr store or a directory, got {type(source).__name__}"
     )

@@ -14,6 +14,7 @@ zarr = pytest.importorskip("zarr")
 from zarr.codecs import Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec  # noqa: E402
 from zarr.storage import LocalStore, MemoryStore  # noqa: E402
 
+import arrayio.zarr  # noqa: E402
 from arrayio.errors import ChecksumError  # noqa: E402
 from arrayio.zarr import CodecPipeline, NVMeStore, _pipeline  # noqa: E402
 
@@ -224,3 +225,10 @@ def test_zarr_finds_the_pipeline_by_its_entry_point():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.stdout.split() == ["arrayio.zarr", "CodecPipeline"], done.stderr[-2000:]
+
+
+def test_arrayio_zarr_read_of_a_directory_takes_the_whole_batch_path(tmp_path, calls):
+    expected = _written(NVMeStore(tmp_path), "default")
+    np.testing.assert_array_equal(arrayio.zarr.read(tmp_path, (slice(2, 45), 3)), expected[2:45, 3])
+    assert calls
+    assert zarr.config.get("codec_pipeline.path") != "arrayio.zarr.CodecPipeline"  # restored
