@@ -14,11 +14,13 @@ import numpy as np
 
 from .. import config
 from ..arrays import _dtypes, _pytree
-from ..arrays._frameworks import Exported, export, is_array
+from ..arrays._frameworks import Exported, export, export_for_save, is_array
+from ..arrays._shards import Pieces
 from ..dispatch import _transfer
 from ..errors import UnsupportedDtypeError, UnsupportedFormatError, UnsupportedObjectError
 from ..formats import npy, npz, safetensors
 from ..integrity._atomic import atomic_write
+from ..integrity._checksum import combine
 from ..runtime import _gcpause, _progress
 
 __all__ = ["PreparedSave", "prepare_npz", "prepare_save", "save", "write_prepared"]
@@ -128,7 +130,7 @@ def prepare_save(path: PathLike, obj: Any, metadata: Mapping[str, Any] | None) -
         header = npy.encode_header(exported.dtype, exported.shape, config.get().alignment)
         return PreparedSave(path, {_pytree.SINGLE_ARRAY_KEY: exported}, None, header)
     leaves, tree = _pytree.flatten(obj)
-    arrays = {key: export(x) for key, x in leaves}
+    arrays = {key: export_for_save(x) for key, x in leaves}
     stored_metadata, json_keys = _encode_metadata(metadata)
     frameworks = sorted({e.framework for e in arrays.values()})
     arrayio: dict[str, Any] = {"tree": tree, "framework": ",".join(frameworks) or None}
@@ -245,30 +247,48 @@ def write_prepared(
             layout = prepared.layout
             entries = layout.entries
 
+            # A request per array, or per unique shard of a sharded one (each written from
+            # its device to its range of the tensor); owners[i] is request i's entry.
+            requests, owners = [], []
+            for index, entry in enumerate(entries):
+                data = prepared.arrays[entry.key].data
+                parts = data.pieces if isinstance(data, Pieces) else ((0, data),)
+                for offset, part in parts:
+                    requests.append((entry.start + offset, part))
+                    owners.append(index)
+
             def done(i: int) -> None:
-                advance(entries[i].nbytes)
-                if checkpoint is not None and i + 1 < len(entries):
+                advance(requests[i][1].nbytes)
+                if checkpoint is not None and i + 1 < len(requests):
                     checkpoint(False)
 
             if checkpoint is not None and entries:
                 checkpoint(False)
             # One batch: every array's write in flight at once (see Dispatcher.write_many).
-            crcs = _transfer.write_many(
-                fd,
-                [(entry.start, prepared.arrays[entry.key].data) for entry in entries],
-                with_checksum=True,
-                tool=tool,
-                done=done,
-            )
-            # None only from a forced tool that cannot checksum
-            checksums = {
-                entry.key: crc for entry, crc in zip(entries, crcs, strict=True) if crc is not None
-            }
+            crcs = _transfer.write_many(fd, requests, with_checksum=True, tool=tool, done=done)
+            checksums = _entry_checksums(entries, requests, owners, crcs)
             _write_all(fd, layout.header(checksums), 0)
             if os.fstat(fd).st_size < layout.file_size:  # only an empty last tensor does this
                 os.ftruncate(fd, layout.file_size)
         if checkpoint is not None:
             checkpoint(True)
+
+
+def _entry_checksums(
+    entries: Any, requests: list[tuple[int, Any]], owners: list[int], crcs: list[int | None]
+) -> dict[str, int]:
+    """Each entry's CRC-32C, its pieces' combined in order; none for an entry a forced tool
+    could not checksum."""
+    combined: dict[int, int | None] = {}
+    for (_, part), owner, crc in zip(requests, owners, crcs, strict=True):
+        if owner not in combined:
+            combined[owner] = crc
+        else:
+            previous = combined[owner]
+            combined[owner] = (
+                None if previous is None or crc is None else combine(previous, crc, part.nbytes)
+            )
+    return {entries[i].key: crc for i, crc in combined.items() if crc is not None}
 
 
 def _on_host(exported: Exported) -> np.ndarray:

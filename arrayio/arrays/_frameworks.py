@@ -35,6 +35,7 @@ from . import _dtypes
 from ._buffers import CupyDeviceBuffer, DeviceBuffer, TorchDeviceBuffer, aligned_empty, result_empty
 from ._dtypes import DType
 from ._jax_import import to_jax
+from ._shards import Pieces
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -307,8 +308,22 @@ class Exported:
 
     dtype: DType
     shape: tuple[int, ...]
-    data: np.ndarray | DeviceBuffer
+    # Pieces only from export_for_save: a sharded jax.Array's shards, left on their devices.
+    data: np.ndarray | DeviceBuffer | Pieces
     framework: str
+
+
+def export_for_save(x: Any) -> Exported:
+    """:func:`export`, except that a ``jax.Array`` sharded over several devices by whole rows
+    keeps each unique shard on its device (:class:`~arrayio.arrays._shards.Pieces`): a
+    save writes them in place instead of gathering the array on the host first."""
+    if framework_of(x) == "jax":
+        from ._shards import sharded_pieces
+
+        pieces = sharded_pieces(x, _export_jax)
+        if pieces is not None:
+            return Exported(_dtypes.dtype_of(x.dtype), tuple(x.shape), pieces, "jax")
+    return export(x)
 
 
 def export(x: Any) -> Exported:

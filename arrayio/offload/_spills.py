@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from ..arrays._frameworks import CPU, Request, allocate, export
+from ..arrays._shards import Pieces
 from ..dispatch import _transfer
 from ..errors import ChecksumError
 from ._entries import Entry
@@ -47,6 +48,7 @@ class SpillFiles:
         if ready is not None:
             ready.synchronize()  # the producer's kernels are done (host wait, our thread)
         data = export(array).data
+        assert not isinstance(data, Pieces)  # only export_for_save leaves shards in place
         del array
         fd = os.open(entry.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
