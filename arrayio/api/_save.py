@@ -88,7 +88,24 @@ def save(
     The file is written under a temporary name in the same directory, fsynced, and renamed
     over ``path``: an interrupted save leaves any previous file intact. Each array's CRC-32C is
     recorded and checked on load.
+
+    A ``jax.Array`` sharded over several devices by whole rows is written shard by shard,
+    each unique shard from its own device, without gathering it. In a multi-process JAX
+    program (``jax.distributed``), every process calls ``save`` with the same tree, writes
+    its own shards into the one file, and the file is committed once all have finished.
     """
+    from ._save_distributed import needs_distributed_save, save_distributed
+
+    if needs_distributed_save(obj):  # jax.Arrays spread over several processes
+        target = os.fspath(path)
+        if max_shard_size is not None or target.endswith((".npy", ".npz")):
+            raise UnsupportedObjectError(
+                "arrays spread over several processes are saved to one safetensors file: "
+                "no max_shard_size, .npy or .npz"
+            )
+        _refuse_foreign_extension(target)
+        save_distributed(target, obj, metadata, tool)
+        return
     if max_shard_size is not None:
         from ._save_shards import save_shards
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ._buffers import DeviceBuffer
 
-__all__ = ["Pieces", "sharded_pieces"]
+__all__ = ["Pieces", "local_pieces", "sharded_pieces"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -45,6 +45,38 @@ class Pieces:
                 data.copy_to_host(first - start, out)
 
 
+def local_pieces(x: Any, export_one: Any) -> list[tuple[int, Any]] | None:
+    """The unique shards of ``x`` this process holds, ``(offset in the array's bytes,
+    data)``, when every shard holds whole rows; None when one splits rows. ``export_one``
+    as for :func:`sharded_pieces`."""
+    shape = tuple(x.shape)
+    row_bytes = math.prod(shape[1:]) * x.dtype.itemsize if shape else x.dtype.itemsize
+    pieces = []
+    for shard in x.addressable_shards:
+        if shard.replica_id != 0:
+            continue
+        first = _first_row(shard.index, shape)
+        if first is None:
+            return None
+        pieces.append((first * row_bytes, export_one(shard.data).data))
+    return sorted(pieces, key=lambda piece: piece[0])
+
+
+def _first_row(index: tuple[slice, ...], shape: tuple[int, ...]) -> int | None:
+    """The first row of a shard's ``index`` if it holds whole rows (every other axis whole,
+    rows a plain range); else None."""
+    if not shape:
+        return 0
+    rows, *rest = index
+    if any(
+        (s.start or 0) != 0 or (s.stop if s.stop is not None else n) != n
+        for s, n in zip(rest, shape[1:], strict=True)
+    ):
+        return None
+    first, _, step = rows.indices(shape[0])
+    return first if step == 1 else None
+
+
 def sharded_pieces(x: Any, export_one: Any) -> Pieces | None:
     """The unique shards of ``x`` as :class:`Pieces` when ``x`` is a ``jax.Array`` on several
     devices whose shards each hold whole rows (split along the leading axis, or replicated);
@@ -56,22 +88,9 @@ def sharded_pieces(x: Any, export_one: Any) -> Pieces | None:
     if not getattr(x, "is_fully_addressable", False) or x.ndim == 0:
         return None
     shape = tuple(x.shape)
-    row_bytes = math.prod(shape[1:]) * x.dtype.itemsize
-    pieces: list[tuple[int, Any]] = []
-    for shard in x.addressable_shards:
-        if shard.replica_id != 0:
-            continue
-        rows, *rest = shard.index
-        if any(
-            (s.start or 0) != 0 or (s.stop if s.stop is not None else n) != n
-            for s, n in zip(rest, shape[1:], strict=True)
-        ):
-            return None  # a shard splits rows: its bytes interleave with others'
-        first, _, step = rows.indices(shape[0])
-        if step != 1:
-            return None
-        pieces.append((first * row_bytes, export_one(shard.data).data))
-    pieces.sort(key=lambda piece: piece[0])
+    pieces = local_pieces(x, export_one)
+    if pieces is None:
+        return None  # a shard splits rows: its bytes interleave with others'
     at = 0
     for start, data in pieces:  # unique shards tile the array: check, never assume
         if start != at:

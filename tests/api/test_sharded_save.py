@@ -101,3 +101,95 @@ def test_arrays_sharded_by_rows_are_written_shard_by_shard(tmp_path: Path) -> No
     # shards split rows crossed whole, gathered from its 8 devices.
     assert report["exported"] == [1] * 15 + [8]
     assert report["requests"] == [15 + 1]  # one batch: a write per unique shard
+
+
+PROCESS = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import jax
+    process, port, directory = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process)
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import arrayio
+    from arrayio.dispatch import _transfer
+
+    assert len(jax.devices()) == 8 and len(jax.local_devices()) == 4
+    written, fail = [], []
+    real = _transfer.write_many
+    def counting(fd, batch, **kwargs):
+        if fail:
+            raise OSError("pretend: this process cannot write")
+        written.append(sum(data.nbytes for _, data in batch))
+        return real(fd, batch, **kwargs)
+    _transfer.write_many = counting
+
+    mesh = Mesh(np.array(jax.devices()).reshape(8), ("data",))
+    w = np.arange(64 * 4, dtype=np.float32).reshape(64, 4)
+    b = np.arange(16, dtype=np.int32)
+    def global_array(values, spec):
+        sharding = NamedSharding(mesh, spec)
+        return jax.make_array_from_callback(values.shape, sharding, lambda i: values[i])
+    state = {"w": global_array(w, P("data")), "b": global_array(b, P()), "n": np.float32(2.5)}
+    arrayio.save(directory + "/state.safetensors", state, metadata={"step": 7})
+    refused = None
+    try:
+        c = np.zeros((4, 16), np.float32)
+        arrayio.save(directory + "/columns.safetensors", {"c": global_array(c, P(None, "data"))})
+    except arrayio.UnsupportedObjectError as error:
+        refused = str(error)
+    first_save = list(written)
+    # One process fails to write: every process raises, and nothing is committed.
+    fail.extend([True] if process == 1 else [])
+    try:
+        arrayio.save(directory + "/state.safetensors", {"w": global_array(w * 0, P("data"))})
+        failed = None
+    except (OSError, RuntimeError) as error:
+        failed = type(error).__name__
+    print(json.dumps({"written": first_save, "refused": refused, "failed": failed}))
+    jax.distributed.shutdown()
+    """
+)
+
+
+def test_each_process_writes_only_its_own_shards(tmp_path: Path) -> None:
+    import socket
+
+    import numpy as np
+
+    import arrayio
+
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        port = str(probe.getsockname()[1])
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+        "ARRAYIO_CACHE_DIR": "none",
+    }
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", PROCESS, str(rank), port, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in range(2)
+    ]
+    outputs = [process.communicate(timeout=300) for process in processes]
+    for process, (out, err) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, out + err[-4000:]
+    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    # Process 0: rows 0 to 31 of w (512 bytes), all of b (the one unique replica, 64) and n;
+    # process 1: rows 32 to 63 (512). Nothing crossed between processes.
+    assert [r["written"] for r in reports] == [[512 + 64 + 4], [512]]
+    assert all("split rows" in r["refused"] for r in reports)
+    assert [r["failed"] for r in reports] == ["RuntimeError", "OSError"]  # the state is intact:
+    loaded = arrayio.load(tmp_path / "state.safetensors")
+    np.testing.assert_array_equal(loaded["w"], np.arange(256, dtype=np.float32).reshape(64, 4))
+    np.testing.assert_array_equal(loaded["b"], np.arange(16, dtype=np.int32))
+    assert float(loaded["n"]) == 2.5
+    assert arrayio.open(tmp_path / "state.safetensors").metadata["step"] == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.safetensors"]  # no temporary
