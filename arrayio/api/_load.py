@@ -8,9 +8,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from ..arrays import _pytree
 from ..errors import FormatError, KeyNotFoundError, UnsupportedFormatError
 from ..formats import shards
-from ._reader import Reader
+from ._reader import Reader, _shardings_of
 
 __all__ = ["load", "open", "read_into"]
 
@@ -128,11 +129,17 @@ def load(
     """
     found = shards.find(path)
     if isinstance(found, shards.ShardIndex):
-        if structure is not None:
-            raise UnsupportedFormatError(
-                f"{found.path}: structure= is not supported for a checkpoint in several files"
-            )
-        return _load_shards(found, keys, like, device, verify, tool, progress, sharding)
+        if structure is None:
+            return _load_shards(found, keys, like, device, verify, tool, progress, sharding)
+        # The structure's keys name the tensors (a checkpoint in several files is flat);
+        # placeholders that carry shardings place their arrays, as from one file.
+        if keys is not None:
+            raise UnsupportedFormatError("give structure= or keys=, not both")
+        wanted = _pytree.example_keys(structure)
+        if sharding is None and like in (None, "jax") and device is None:
+            sharding = _shardings_of(structure)
+        flat = _load_shards(found, wanted, like, device, verify, tool, progress, sharding)
+        return _pytree.rebuild_like(structure, flat.__getitem__)
     with Reader(found if found is not None else path, verify=verify, tool=tool) as reader:
         return reader.load(
             keys=keys,

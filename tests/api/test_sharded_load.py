@@ -74,10 +74,11 @@ CHILD = textwrap.dedent(
         "b": jax.ShapeDtypeStruct((16,), np.float32, sharding=NamedSharding(mesh, P("model"))),
         "scalar": jax.ShapeDtypeStruct((), np.float32),
     }
-    restored = arrayio.load(directory + "/one.safetensors", structure=example)
-    assert restored["w"].sharding == rows and restored["b"].sharding.spec == P("model")
-    for key, array in state.items():
-        np.testing.assert_array_equal(np.asarray(restored[key]), array)
+    for source in ("one.safetensors", "sharded"):  # one file, or several with an index
+        restored = arrayio.load(directory + "/" + source, structure=example)
+        assert restored["w"].sharding == rows and restored["b"].sharding.spec == P("model")
+        for key, array in state.items():
+            np.testing.assert_array_equal(np.asarray(restored[key]), array)
     print(json.dumps(report))
     """
 )

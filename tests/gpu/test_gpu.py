@@ -358,3 +358,35 @@ def test_a_damaged_header_is_caught_on_gpu_loads(tmp_path, gpu_xp: Framework):
     path.write_bytes(blob)
     with pytest.raises(arrayio.ChecksumError, match="header"):
         arrayio.load(path, device="cuda")
+
+
+def test_sharded_loads_and_saves_place_arrays_on_the_gpu(tmp_path):
+    # One GPU: a sharding (or a ShapeDtypeStruct that carries one) puts each array on it, from
+    # one file or a checkpoint in several; a jax.Array on the GPU saves and reads back.
+    jax = pytest.importorskip("jax")
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+    gpu = jax.devices("gpu")[0]
+    rng = np.random.default_rng(4)
+    state = {
+        "w": rng.standard_normal((64, 12)).astype(np.float32),
+        "b": rng.standard_normal(16).astype(np.float32),
+    }
+    arrayio.save(tmp_path / "one.safetensors", state)
+    arrayio.save(tmp_path / "sharded", state, max_shard_size=1024)
+    rows = NamedSharding(Mesh(np.array([gpu]), ("data",)), PartitionSpec("data"))
+    for source in ("one.safetensors", "sharded"):
+        loaded = arrayio.load(tmp_path / source, sharding=SingleDeviceSharding(gpu))
+        structured = arrayio.load(
+            tmp_path / source,
+            structure={
+                k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=rows) for k, v in state.items()
+            },
+        )
+        for key, expected in state.items():
+            for got in (loaded[key], structured[key]):
+                assert got.devices() == {gpu}
+                np.testing.assert_array_equal(np.asarray(got), expected)
+    on_gpu = jax.device_put(state["w"], rows)
+    arrayio.save(tmp_path / "from_gpu.safetensors", {"w": on_gpu})
+    np.testing.assert_array_equal(arrayio.load(tmp_path / "from_gpu.safetensors")["w"], state["w"])
