@@ -17,8 +17,8 @@ guarantees of an ordinary save:
 A process that fails to write says so at the next step, where every process meets, and the
 save raises in all of them with nothing committed (the previous file intact, the temporary
 removed); a process that dies leaves the others waiting there, as any collective does.
-Arrays whose shards split rows (sharded along another axis) across processes are refused:
-their bytes interleave in the file.
+Shards that split rows along the second axis go in one run per row; arrays split along a
+later axis across processes are refused, as no process can gather them.
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ def save_distributed(
             pieces = local_pieces(x, _export_jax)
             if pieces is None:
                 raise UnsupportedObjectError(
-                    f"{key!r}: its shards split rows across processes; reshard it along its "
-                    "leading axis (or replicate it) to save it from several processes"
+                    f"{key!r}: its shards split an axis after the second across processes; "
+                    "reshard it along its first two axes to save it from several processes"
                 )
             requests += [(index, entry.start + offset, data) for offset, data in pieces]
         elif rank == 0:

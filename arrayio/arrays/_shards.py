@@ -5,9 +5,10 @@ host first: every byte crosses to one place before any is written. But an array 
 along its leading axis is, in C order, its shards' bytes laid end to end, so each unique
 shard (``replica_id == 0``: replicas are written once) can be written from its own device
 to its own range of the file, all in the save's one batch, and the file is the same
-standard safetensors tensor. Other layouts (shards that split a row) are gathered as
-before: their bytes interleave in the file, and writing them in place would take a request
-per row of every shard.
+standard safetensors tensor. A shard that splits rows along the second axis (tensor-parallel
+columns) goes in one run per row, its rows' parts interleaved with other shards' in the
+tensor. Arrays split along later axes, or into more runs than a copy to the host costs, are
+gathered as before.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from ._buffers import DeviceBuffer
 
-__all__ = ["Pieces", "local_pieces", "sharded_pieces"]
+__all__ = ["MAX_RUNS", "Pieces", "local_pieces", "sharded_pieces"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -45,52 +46,86 @@ class Pieces:
                 data.copy_to_host(first - start, out)
 
 
-def local_pieces(x: Any, export_one: Any) -> list[tuple[int, Any]] | None:
-    """The unique shards of ``x`` this process holds, ``(offset in the array's bytes,
-    data)``, when every shard holds whole rows; None when one splits rows. ``export_one``
-    as for :func:`sharded_pieces`."""
+def local_pieces(
+    x: Any, export_one: Any, max_runs: int | None = None
+) -> list[tuple[int, Any]] | None:
+    """The unique shards of ``x`` this process holds, as ``(offset in the array's bytes,
+    data)`` runs in order of offset: one per shard that holds whole rows, one per row of a
+    shard that splits rows along the second axis (its rows' parts interleave with other
+    shards' in the array). None for shards split along a later axis, or for more than
+    ``max_runs`` runs. ``export_one`` as for :func:`sharded_pieces`."""
     shape = tuple(x.shape)
-    row_bytes = math.prod(shape[1:]) * x.dtype.itemsize if shape else x.dtype.itemsize
-    pieces = []
+    pieces: list[tuple[int, Any]] = []
     for shard in x.addressable_shards:
         if shard.replica_id != 0:
             continue
-        first = _first_row(shard.index, shape)
-        if first is None:
+        runs = _runs(shard.index, shape, x.dtype.itemsize)
+        if runs is None or (max_runs is not None and len(pieces) + len(runs) > max_runs):
             return None
-        pieces.append((first * row_bytes, export_one(shard.data).data))
+        if not runs:
+            continue
+        data = export_one(shard.data).data
+        if len(runs) == 1:
+            pieces.append((runs[0][0], data))
+        else:
+            pieces += [(offset, _part(data, at, at + n)) for offset, at, n in runs]
     return sorted(pieces, key=lambda piece: piece[0])
 
 
-def _first_row(index: tuple[slice, ...], shape: tuple[int, ...]) -> int | None:
-    """The first row of a shard's ``index`` if it holds whole rows (every other axis whole,
-    rows a plain range); else None."""
+def _runs(
+    index: tuple[slice, ...], shape: tuple[int, ...], itemsize: int
+) -> list[tuple[int, int, int]] | None:
+    """Where a shard's C-order bytes go in the array's: ``(offset in the array, offset in
+    the shard, length)`` per contiguous run; None unless only the first two axes are split
+    (in plain ranges)."""
     if not shape:
-        return 0
-    rows, *rest = index
+        return [(0, 0, itemsize)]
+    ranges = [s.indices(n) for s, n in zip(index, shape, strict=True)]
+    if any(step != 1 for _, _, step in ranges):
+        return None
     if any(
-        (s.start or 0) != 0 or (s.stop if s.stop is not None else n) != n
-        for s, n in zip(rest, shape[1:], strict=True)
+        (start, stop) != (0, n) for (start, stop, _), n in zip(ranges[2:], shape[2:], strict=True)
     ):
         return None
-    first, _, step = rows.indices(shape[0])
-    return first if step == 1 else None
+    (r0, r1, _), *rest = ranges
+    if r1 <= r0:
+        return []
+    if not rest:
+        return [(r0 * itemsize, 0, (r1 - r0) * itemsize)]
+    inner = math.prod(shape[2:]) * itemsize
+    c0, c1, _ = rest[0]
+    if c1 <= c0:
+        return []
+    if (c0, c1) == (0, shape[1]):  # whole rows: one run
+        return [(r0 * shape[1] * inner, 0, (r1 - r0) * shape[1] * inner)]
+    width = (c1 - c0) * inner
+    return [((i * shape[1] + c0) * inner, (i - r0) * width, width) for i in range(r0, r1)]
+
+
+def _part(data: Any, start: int, stop: int) -> Any:
+    return data[start:stop] if isinstance(data, np.ndarray) else data.part(start, stop)
+
+
+# A save gathers an array whose shards split rows into more runs than this: one request per
+# run costs more than the copy to the host.
+MAX_RUNS = 4096
 
 
 def sharded_pieces(x: Any, export_one: Any) -> Pieces | None:
     """The unique shards of ``x`` as :class:`Pieces` when ``x`` is a ``jax.Array`` on several
-    devices whose shards each hold whole rows (split along the leading axis, or replicated);
-    None for anything else (the caller gathers it). ``export_one(shard_data)`` exports one
-    device's array (its ``data`` attribute is the bytes)."""
+    devices split along its first two axes (or replicated), in at most :data:`MAX_RUNS`
+    runs (:func:`local_pieces`); None for anything else (the caller gathers it).
+    ``export_one(shard_data)`` exports one device's array (its ``data`` attribute is the
+    bytes)."""
     sharding = getattr(x, "sharding", None)
     if sharding is None or len(getattr(sharding, "device_set", ())) < 2:
         return None
     if not getattr(x, "is_fully_addressable", False) or x.ndim == 0:
         return None
     shape = tuple(x.shape)
-    pieces = local_pieces(x, export_one)
+    pieces = local_pieces(x, export_one, MAX_RUNS)
     if pieces is None:
-        return None  # a shard splits rows: its bytes interleave with others'
+        return None
     at = 0
     for start, data in pieces:  # unique shards tile the array: check, never assume
         if start != at:

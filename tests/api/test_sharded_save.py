@@ -39,7 +39,8 @@ CHILD = textwrap.dedent(
         "rows_all": rng.standard_normal((40, 3, 2)).astype(np.float32),  # 8 shards
         "bf16_rows": rng.standard_normal((16, 8)).astype(jnp.bfloat16),  # 2 shards, 4 replicas
         "replicated": rng.standard_normal((5, 7)).astype(np.float32),    # 1 shard, 8 replicas
-        "columns": rng.standard_normal((64, 12)).astype(np.float32),     # shards split rows
+        "columns": rng.standard_normal((64, 12)).astype(np.float32),     # 2 shards of columns
+        "deep": rng.standard_normal((4, 6, 8)).astype(np.float32),       # split on axis 2
     }
     specs = {
         "rows": NamedSharding(mesh, P("data")),
@@ -47,6 +48,7 @@ CHILD = textwrap.dedent(
         "bf16_rows": NamedSharding(mesh, P("model")),
         "replicated": NamedSharding(mesh, P()),
         "columns": NamedSharding(mesh, P(None, "model")),
+        "deep": NamedSharding(mesh, P(None, None, "model")),
     }
     state = {k: jax.device_put(v, specs[k]) for k, v in values.items()}
 
@@ -97,10 +99,11 @@ def test_arrays_sharded_by_rows_are_written_shard_by_shard(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr[-4000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["same"]
-    # Unique shards exported one device at a time (4 + 8 + 2 + 1); only the array whose
-    # shards split rows crossed whole, gathered from its 8 devices.
-    assert report["exported"] == [1] * 15 + [8]
-    assert report["requests"] == [15 + 1]  # one batch: a write per unique shard
+    # Unique shards exported one device at a time (4 + 8 + 2 + 1, and 2 of columns); only
+    # the array split along its third axis crossed whole, gathered from its 8 devices.
+    assert report["exported"] == [1] * 17 + [8]
+    # One batch: a write per unique shard, and per row of each column shard (2 x 64).
+    assert report["requests"] == [15 + 128 + 1]
 
 
 PROCESS = textwrap.dedent(
@@ -130,12 +133,18 @@ PROCESS = textwrap.dedent(
     def global_array(values, spec):
         sharding = NamedSharding(mesh, spec)
         return jax.make_array_from_callback(values.shape, sharding, lambda i: values[i])
-    state = {"w": global_array(w, P("data")), "b": global_array(b, P()), "n": np.float32(2.5)}
+    c = np.arange(4 * 16, dtype=np.float32).reshape(4, 16)
+    state = {
+        "w": global_array(w, P("data")),
+        "b": global_array(b, P()),
+        "c": global_array(c, P(None, "data")),
+        "n": np.float32(2.5),
+    }
     arrayio.save(directory + "/state.safetensors", state, metadata={"step": 7})
     refused = None
     try:
-        c = np.zeros((4, 16), np.float32)
-        arrayio.save(directory + "/columns.safetensors", {"c": global_array(c, P(None, "data"))})
+        deep = global_array(np.zeros((2, 2, 16), np.float32), P(None, None, "data"))
+        arrayio.save(directory + "/deep.safetensors", {"d": deep})
     except arrayio.UnsupportedObjectError as error:
         refused = str(error)
     first_save = list(written)
@@ -182,14 +191,16 @@ def test_each_process_writes_only_its_own_shards(tmp_path: Path) -> None:
     for process, (out, err) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, out + err[-4000:]
     reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
-    # Process 0: rows 0 to 31 of w (512 bytes), all of b (the one unique replica, 64) and n;
-    # process 1: rows 32 to 63 (512). Nothing crossed between processes.
-    assert [r["written"] for r in reports] == [[512 + 64 + 4], [512]]
-    assert all("split rows" in r["refused"] for r in reports)
+    # Process 0: rows 0 to 31 of w (512 bytes), all of b (the one unique replica, 64), its
+    # 8 columns of c (128) and n; process 1: rows 32 to 63 (512) and its 8 columns of c.
+    # Nothing crossed between processes.
+    assert [r["written"] for r in reports] == [[512 + 64 + 128 + 4], [512 + 128]]
+    assert all("after the second" in r["refused"] for r in reports)
     assert [r["failed"] for r in reports] == ["RuntimeError", "OSError"]  # the state is intact:
     loaded = arrayio.load(tmp_path / "state.safetensors")
     np.testing.assert_array_equal(loaded["w"], np.arange(256, dtype=np.float32).reshape(64, 4))
     np.testing.assert_array_equal(loaded["b"], np.arange(16, dtype=np.int32))
+    np.testing.assert_array_equal(loaded["c"], np.arange(64, dtype=np.float32).reshape(4, 16))
     assert float(loaded["n"]) == 2.5
     assert arrayio.open(tmp_path / "state.safetensors").metadata["step"] == 7
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.safetensors"]  # no temporary
