@@ -17,8 +17,8 @@ guarantees of an ordinary save:
 A process that fails to write says so at the next step, where every process meets, and the
 save raises in all of them with nothing committed (the previous file intact, the temporary
 removed); a process that dies leaves the others waiting there, as any collective does.
-Shards that split rows along the second axis go in one run per row; arrays split along a
-later axis across processes are refused, as no process can gather them.
+Shards split along a later axis than the first go in runs, one per index of the axes
+before it (:func:`~arrayio.arrays._shards.local_pieces`), as no process can gather them.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from ..arrays import _dtypes, _pytree
 from ..arrays._frameworks import _export_jax, export_for_save, framework_of
 from ..arrays._shards import local_pieces
 from ..dispatch import _transfer
-from ..errors import UnsupportedObjectError
 from ..formats import safetensors
 from ..integrity._atomic import _fsync_directory, create_temporary, resolve_target
 from ..integrity._checksum import combine
@@ -89,12 +88,9 @@ def save_distributed(
     for key, x in leaves:
         index, entry = entries[key]
         if _across_processes(x):
-            pieces = local_pieces(x, _export_jax)
-            if pieces is None:
-                raise UnsupportedObjectError(
-                    f"{key!r}: its shards split an axis after the second across processes; "
-                    "reshard it along its first two axes to save it from several processes"
-                )
+            # Every layout has its runs (no bound on their number: nothing can gather it);
+            # the commit checks that the processes' runs tile each tensor once.
+            pieces = local_pieces(x, _export_jax) or []
             requests += [(index, entry.start + offset, data) for offset, data in pieces]
         elif rank == 0:
             exported = export_for_save(x)

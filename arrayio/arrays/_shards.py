@@ -5,15 +5,16 @@ host first: every byte crosses to one place before any is written. But an array 
 along its leading axis is, in C order, its shards' bytes laid end to end, so each unique
 shard (``replica_id == 0``: replicas are written once) can be written from its own device
 to its own range of the file, all in the save's one batch, and the file is the same
-standard safetensors tensor. A shard that splits rows along the second axis (tensor-parallel
-columns) goes in one run per row, its rows' parts interleaved with other shards' in the
-tensor. Arrays split along later axes, or into more runs than a copy to the host costs, are
-gathered as before.
+standard safetensors tensor. A shard split along a later axis (tensor-parallel columns)
+goes in one run per index of the axes before that one (per row, for columns), interleaved
+with other shards' runs in the same tensor. An array that would take more runs than a copy
+to the host costs is gathered as before (within one process).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Any
 
@@ -50,10 +51,10 @@ def local_pieces(
     x: Any, export_one: Any, max_runs: int | None = None
 ) -> list[tuple[int, Any]] | None:
     """The unique shards of ``x`` this process holds, as ``(offset in the array's bytes,
-    data)`` runs in order of offset: one per shard that holds whole rows, one per row of a
-    shard that splits rows along the second axis (its rows' parts interleave with other
-    shards' in the array). None for shards split along a later axis, or for more than
-    ``max_runs`` runs. ``export_one`` as for :func:`sharded_pieces`."""
+    data)`` runs in order of offset (:func:`_runs`): one per shard that holds whole rows;
+    for a shard split along a later axis, one per index of the axes before it (its parts
+    interleave with other shards' in the array). None for more than ``max_runs`` runs.
+    ``export_one`` as for :func:`sharded_pieces`."""
     shape = tuple(x.shape)
     pieces: list[tuple[int, Any]] = []
     for shard in x.addressable_shards:
@@ -76,30 +77,32 @@ def _runs(
     index: tuple[slice, ...], shape: tuple[int, ...], itemsize: int
 ) -> list[tuple[int, int, int]] | None:
     """Where a shard's C-order bytes go in the array's: ``(offset in the array, offset in
-    the shard, length)`` per contiguous run; None unless only the first two axes are split
-    (in plain ranges)."""
+    the shard, length)`` per contiguous run, in order. A shard split along axis ``k`` (its
+    last split axis) is contiguous along ``k`` and the axes after it, so it has one run per
+    index of the axes before ``k``. None for ranges with steps."""
     if not shape:
         return [(0, 0, itemsize)]
     ranges = [s.indices(n) for s, n in zip(index, shape, strict=True)]
     if any(step != 1 for _, _, step in ranges):
         return None
-    if any(
-        (start, stop) != (0, n) for (start, stop, _), n in zip(ranges[2:], shape[2:], strict=True)
-    ):
-        return None
-    (r0, r1, _), *rest = ranges
-    if r1 <= r0:
+    if any(stop <= start for start, stop, _ in ranges):
         return []
-    if not rest:
-        return [(r0 * itemsize, 0, (r1 - r0) * itemsize)]
-    inner = math.prod(shape[2:]) * itemsize
-    c0, c1, _ = rest[0]
-    if c1 <= c0:
-        return []
-    if (c0, c1) == (0, shape[1]):  # whole rows: one run
-        return [(r0 * shape[1] * inner, 0, (r1 - r0) * shape[1] * inner)]
-    width = (c1 - c0) * inner
-    return [((i * shape[1] + c0) * inner, (i - r0) * width, width) for i in range(r0, r1)]
+    split = [
+        k
+        for k, ((start, stop, _), n) in enumerate(zip(ranges, shape, strict=True))
+        if (start, stop) != (0, n)
+    ]
+    k = split[-1] if split else 0
+    inner = math.prod(shape[k + 1 :]) * itemsize  # bytes of one index of axis k
+    start_k, stop_k, _ = ranges[k]
+    width = (stop_k - start_k) * inner
+    strides = [math.prod(shape[j + 1 :]) * itemsize for j in range(len(shape))]
+    runs = []
+    outer = itertools.product(*(range(start, stop) for start, stop, _ in ranges[:k]))
+    for i, position in enumerate(outer):
+        offset = sum(p * stride for p, stride in zip(position, strides, strict=False))
+        runs.append((offset + start_k * strides[k], i * width, width))
+    return runs
 
 
 def _part(data: Any, start: int, stop: int) -> Any:
@@ -113,8 +116,8 @@ MAX_RUNS = 4096
 
 def sharded_pieces(x: Any, export_one: Any) -> Pieces | None:
     """The unique shards of ``x`` as :class:`Pieces` when ``x`` is a ``jax.Array`` on several
-    devices split along its first two axes (or replicated), in at most :data:`MAX_RUNS`
-    runs (:func:`local_pieces`); None for anything else (the caller gathers it).
+    devices, in at most :data:`MAX_RUNS` runs (:func:`local_pieces`); None for anything
+    else (the caller gathers it).
     ``export_one(shard_data)`` exports one device's array (its ``data`` attribute is the
     bytes)."""
     sharding = getattr(x, "sharding", None)
