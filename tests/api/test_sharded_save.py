@@ -206,3 +206,20 @@ def test_each_process_writes_only_its_own_shards(tmp_path: Path) -> None:
     np.testing.assert_array_equal(deep, np.arange(96, dtype=np.float32).reshape(2, 3, 16))
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["deep.safetensors", "state.safetensors"]  # no temporary left
+
+
+def test_the_sharded_checkpoint_example_runs(tmp_path: Path) -> None:
+    example = Path(__file__).parents[2] / "examples" / "jax_sharded_checkpoint.py"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "ARRAYIO_CACHE_DIR": "none"}
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", str(example), "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "saved and restored on 8 cpu devices" in done.stdout
+    assert (tmp_path / "state.safetensors").exists()
+    assert (tmp_path / "hf" / "model.safetensors.index.json").exists()
