@@ -50,7 +50,10 @@ def main(argv: list[str] | None = None) -> None:
     key = jax.random.key(0)
     state = {
         "embed": jax.random.normal(key, (len(devices) * 64, 256)),
-        "dense": {"w": jax.random.normal(key, (len(devices) * 32, 128)), "b": np.zeros(16, np.float32)},
+        "dense": {
+            "w": jax.random.normal(key, (len(devices) * 32, 128)),
+            "b": np.zeros(16, np.float32),
+        },
         "step": np.int32(1000),
     }
     state = jax.tree.map(lambda x: jax.device_put(x, rows) if x.ndim == 2 else x, state)
