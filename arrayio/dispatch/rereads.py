@@ -56,6 +56,14 @@ class ReReads:
         finally:
             _untracked.reset(token)
 
+    def _remember(self, latest: collections.OrderedDict, key: tuple[int, ...]) -> None:
+        """Mark ``key`` the newest of ``latest``, forgetting the oldest past the bound
+        (called with the lock held)."""
+        latest[key] = 1
+        latest.move_to_end(key)
+        while len(latest) > self.remembered:
+            latest.popitem(last=False)
+
     def wrote(self, fd: int) -> bool:
         """Record a write to ``fd``'s file; return whether this process has read back a file
         it wrote into the same directory (so this one is likely read soon too)."""
@@ -66,10 +74,7 @@ class ReReads:
         except OSError:
             return False
         with self._lock:
-            self._written[(stat.st_dev, stat.st_ino)] = 1
-            self._written.move_to_end((stat.st_dev, stat.st_ino))
-            while len(self._written) > self.remembered:
-                self._written.popitem(last=False)
+            self._remember(self._written, (stat.st_dev, stat.st_ino))
             if not self._read_after_write:
                 return False
         return _directory_of(fd) in self._read_after_write
@@ -96,10 +101,7 @@ class ReReads:
                     self._read_after_write.add(folder)
         with self._lock:
             seen = key in self._files
-            self._files[key] = 1
-            self._files.move_to_end(key)
-            while len(self._files) > self.remembered:
-                self._files.popitem(last=False)
+            self._remember(self._files, key)
         if not seen and not ask:
             return None
         folder = _directory_of(fd)

@@ -141,9 +141,7 @@ PROCESS = textwrap.dedent(
 )
 
 
-def test_each_process_reads_only_its_own_rows(tmp_path: Path) -> None:
-    import socket
-
+def test_each_process_reads_only_its_own_rows(tmp_path: Path, jax_processes) -> None:
     import numpy as np
 
     import arrayio
@@ -151,28 +149,7 @@ def test_each_process_reads_only_its_own_rows(tmp_path: Path) -> None:
     arrayio.save(
         tmp_path / "w.safetensors", {"w": np.arange(64 * 4, dtype=np.float32).reshape(64, 4)}
     )
-    with socket.socket() as probe:
-        probe.bind(("localhost", 0))
-        port = str(probe.getsockname()[1])
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-    }
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", PROCESS, str(rank), port, str(tmp_path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for rank in range(2)
-    ]
-    outputs = [process.communicate(timeout=180) for process in processes]
-    for process, (out, err) in zip(processes, outputs, strict=True):
-        assert process.returncode == 0, out + err
-    reads = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    reads = jax_processes(PROCESS, timeout=180)
     rows = [sorted(tuple(r[1]) for r in process_reads) for process_reads in reads]
     assert rows == [
         [(start, start + 8, 1) for start in range(0, 32, 8)],

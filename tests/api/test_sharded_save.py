@@ -161,36 +161,12 @@ PROCESS = textwrap.dedent(
 )
 
 
-def test_each_process_writes_only_its_own_shards(tmp_path: Path) -> None:
-    import socket
-
+def test_each_process_writes_only_its_own_shards(tmp_path: Path, jax_processes) -> None:
     import numpy as np
 
     import arrayio
 
-    with socket.socket() as probe:
-        probe.bind(("localhost", 0))
-        port = str(probe.getsockname()[1])
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-        "ARRAYIO_CACHE_DIR": "none",
-    }
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", PROCESS, str(rank), port, str(tmp_path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for rank in range(2)
-    ]
-    outputs = [process.communicate(timeout=300) for process in processes]
-    for process, (out, err) in zip(processes, outputs, strict=True):
-        assert process.returncode == 0, out + err[-4000:]
-    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    reports = jax_processes(PROCESS, env={"ARRAYIO_CACHE_DIR": "none"})
     # Process 0: rows 0 to 31 of w (512 bytes), all of b (the one unique replica, 64), its
     # 8 columns of c (128) and n; process 1: rows 32 to 63 (512) and its 8 columns of c.
     # Then each its half of d's last axis (192). Nothing crossed between processes.
