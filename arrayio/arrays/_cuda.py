@@ -184,10 +184,13 @@ def _destroy(function: str, handle: int | None) -> None:
 def copy_to_device(address: int, source: np.ndarray, stream: Stream) -> None:
     """Queue a copy of ``source`` (pinned, for the copy to be asynchronous) to device memory
     at ``address`` on ``stream``."""
-    check(
-        driver().cuMemcpyHtoDAsync_v2(address, source.ctypes.data, source.nbytes, stream.handle),
-        "cuMemcpyHtoDAsync",
-    )
+    copy_host_address_to_device(address, source.ctypes.data, source.nbytes, stream)
+
+
+def copy_host_address_to_device(address: int, host: int, nbytes: int, stream: Stream) -> None:
+    """:func:`copy_to_device` from the host address ``host`` (no array made for a piece of a
+    pipeline's buffer: its microseconds add up over thousands of pieces)."""
+    check(driver().cuMemcpyHtoDAsync_v2(address, host, nbytes, stream.handle), "cuMemcpyHtoDAsync")
 
 
 def copy_to_host(target: np.ndarray, address: int, stream: Stream) -> None:

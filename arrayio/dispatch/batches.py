@@ -5,7 +5,8 @@ at once (up to :data:`BATCH_WINDOW`), and checksums the device buffers on the GP
 transfers move (a read's kernel starts as it lands), with one wait at the end. Small requests
 that are neighbours in the file are laid out in one host buffer and move with one read or
 write (:func:`runs`, :func:`span`); a tool that writes several device buffers as one range
-(``pwritev``) gets a write batch's neighbours that way. The dispatcher
+(``pwritev``) gets a write batch's neighbours that way, and one that reads several as one
+range (``preadv``) a read batch's. The dispatcher
 (:mod:`arrayio.dispatch.dispatcher`) decides which tool a batch uses and learns from it.
 """
 
@@ -34,6 +35,7 @@ __all__ = [
     "RUN_BYTES",
     "RUN_GAP",
     "Request",
+    "SCATTER_BYTES",
     "cannot_checksum",
     "checksum_on_gpu",
     "Division",
@@ -82,6 +84,11 @@ RUN_BYTES = 4 << 20
 # worker, short enough that progress (and a cancelled save) is seen every fraction of a
 # second.
 GATHER_BYTES = 1 << 30
+
+# A tool that reads several device buffers as one range (``preadv``) gets a read batch's
+# neighbours in runs of about this many bytes: several chunks for each of a pipeline's
+# workers, and runs short enough that the GPU checksums of one start while later ones move.
+SCATTER_BYTES = 64 << 20
 
 
 def runs(
@@ -316,14 +323,44 @@ def read_batch(
                 device_crcs.launch(kernel_of[index])
             report(index)
 
-        counts = submit_windowed(
-            [
-                functools.partial(t.pread, fd, buffer, offset, checksum=part)
-                for (offset, buffer), part in zip(batch, parts, strict=True)
-            ],
-            landed,
-            meanwhile,
-        )
+        scatter = getattr(t, "preadv", None)
+        if not callable(scatter) or len(batch) < 2:
+            counts = submit_windowed(
+                [
+                    functools.partial(t.pread, fd, buffer, offset, checksum=part)
+                    for (offset, buffer), part in zip(batch, parts, strict=True)
+                ],
+                landed,
+                meanwhile,
+            )
+        else:
+            # Neighbours in the file as one range each (the bytes between them read and
+            # dropped): a checkpoint's tensors move in whole chunks, as one large array does.
+            groups = runs(batch, range(len(batch)), RUN_GAP, SCATTER_BYTES)
+
+            def landed_group(j: int) -> None:
+                for i in groups[j]:
+                    landed(i)
+
+            totals = submit_windowed(
+                [
+                    functools.partial(
+                        scatter,
+                        fd,
+                        [batch[i] for i in group],
+                        checksums=[parts[i] for i in group],
+                    )
+                    for group in groups
+                ],
+                landed_group,
+                meanwhile,
+            )
+            counts = [0] * len(batch)
+            for group, total in zip(groups, totals, strict=True):
+                first = batch[group[0]][0]
+                for i in group:  # each request's bytes within the range read
+                    offset, buffer = batch[i]
+                    counts[i] = max(0, min(buffer.nbytes, total - (offset - first)))
         for (offset, buffer), got in zip(batch, counts, strict=True):
             if got != buffer.nbytes:
                 raise truncated(path, offset, buffer.nbytes, got)

@@ -44,6 +44,11 @@ MAX_SHARE = 0.5  # a rival never takes more of a call than the incumbent
 # to the context's regret. A script that loads a model once never pays for it.
 PREPARE_AFTER = 2
 
+# The rate a call is assumed to run at where nothing of its context was measured, to judge
+# whether it hides a tool's set-up (see Policy._stand_in): a fast path's, so that short
+# calls of unknown contexts get a stand-in.
+FIRST_GUESS_RATE = 10e9
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Split:
@@ -99,6 +104,9 @@ class Policy:
     setup_after
         Seconds a context's calls must have taken before its rivals are set up (with
         ``skip_first_call``; see :data:`PREPARE_AFTER`).
+    setup_seconds
+        What a process's first use of an arm's tool costs beyond its transfer (default: the
+        tool's :attr:`~arrayio.tools.Tool.setup_seconds`); see :meth:`run`.
 
     Raises
     ------
@@ -126,6 +134,7 @@ class Policy:
         regret: float = 0.1,
         first_share: float = 1 / 64,
         setup_after: float = 2.0,
+        setup_seconds: Callable[[Arm], float] | None = None,
     ) -> None:
         self.exploration = Exploration(
             explore_samples,
@@ -165,6 +174,8 @@ class Policy:
         _policies.add(self)
         self._in_flight: dict[tuple[str, str], int] = {}
         self._tools: dict[Arm, Tool] = {}
+        self._setup_seconds = setup_seconds if setup_seconds is not None else _setup_seconds
+        self._stood_in: dict[str, int] = {}  # per context: calls a stand-in ran
 
     def __repr__(self) -> str:
         from ..runtime._units import format_count
@@ -257,7 +268,7 @@ class Policy:
         ).start()
         return False
 
-    def _prepare(self, arm: Arm, key: str) -> None:
+    def _prepare(self, arm: Arm, key: str | None) -> None:
         start = time.perf_counter()
         try:
             self.tool(arm).prepare()
@@ -267,9 +278,63 @@ class Policy:
             with self._tools_lock:
                 self._preparing.discard(arm)
                 self._ready.add(arm)
-            with self._lock:  # what it cost the calls meanwhile, at most its duration
-                seconds = time.perf_counter() - start
-                self._explored[key] = self._explored.get(key, 0.0) + seconds
+            if key is not None:
+                with self._lock:  # what it cost the calls meanwhile, at most its duration
+                    seconds = time.perf_counter() - start
+                    self._explored[key] = self._explored.get(key, 0.0) + seconds
+
+    def _stand_in(
+        self,
+        key: str,
+        entry: ContextEntry,
+        candidates: Candidates,
+        arm: Arm,
+        nbytes: int,
+        exclude: Iterable[Arm],
+    ) -> Arm:
+        """The arm to run a call of ``nbytes`` for which ``arm`` was chosen; lock held.
+
+        An arm whose tool costs seconds to set up (KvikIO's imports) and that this process
+        has not set up yet would spend longer on that than on a short call: such a call
+        goes to the first candidate with nothing to set up (a warm model load is a tenth of a
+        second; importing KvikIO, most of another). The chosen arm is set up in the
+        background from the context's second such call (a process that loads once and exits
+        never imports it), and runs the calls after that. A call long enough to hide the
+        set-up (more than ``1 / regret`` times it, at the arm's measured rate, or the best
+        measured, or :data:`FIRST_GUESS_RATE`) runs the arm itself.
+        """
+        setup = self._setup_seconds(arm)
+        if setup <= 0:
+            return arm
+        with self._tools_lock:
+            if arm in self._ready or (arm in self._tools and arm not in self._preparing):
+                return arm
+        stats = entry.arms.get(arm.label)
+        rate = stats.estimate if stats is not None else None
+        if not rate:
+            measured = [s.estimate for s in entry.arms.values() if s.estimate]
+            rate = max(measured) if measured else FIRST_GUESS_RATE
+        if setup <= self.regret * nbytes / rate:
+            return arm
+        excluded = set(exclude)
+        for other in candidates.order:
+            if other == arm or other in excluded or self._setup_seconds(other) > 0:
+                continue
+            other_stats = entry.arms.get(other.label)
+            if other_stats is not None and other_stats.unavailable is not None:
+                continue
+            calls = self._stood_in[key] = self._stood_in.get(key, 0) + 1
+            if calls >= 2:
+                with self._tools_lock:
+                    start = arm not in self._preparing and arm not in self._tools
+                    if start:
+                        self._preparing.add(arm)
+                if start:
+                    threading.Thread(
+                        target=self._prepare, args=(arm, None), name="arrayio-prepare", daemon=True
+                    ).start()
+            return other
+        return arm
 
     def _is_fresh(self, arm: Arm) -> bool:
         """Whether ``arm``'s tool is yet to be made. Its first call then also pays for
@@ -314,6 +379,7 @@ class Policy:
         *,
         reserve: bool,
         prefer: Arm | None = None,
+        nbytes: int | None = None,
     ) -> Arm | None:
         """The arm for the next call (``prefer`` where it is an available candidate not
         excluded); with ``reserve``, counted in flight until released: while several
@@ -331,6 +397,8 @@ class Policy:
         if arm is None:
             busy = (lambda arm: self._in_flight.get((key, arm.label), 0)) if reserve else None
             arm = self.exploration.pick(entry, candidates, exclude, busy)
+        if arm is not None and nbytes is not None:
+            arm = self._stand_in(key, entry, candidates, arm, nbytes, exclude)
         if arm is not None and reserve:
             slot = (key, arm.label)
             self._in_flight[slot] = self._in_flight.get(slot, 0) + 1
@@ -533,7 +601,7 @@ class Policy:
         last_error: BaseException | None = None
         while True:
             with self._lock:
-                arm = self._choose(context, key, tried, reserve=True, prefer=prefer)
+                arm = self._choose(context, key, tried, reserve=True, prefer=prefer, nbytes=nbytes)
             if arm is None:
                 break
             try:
@@ -660,3 +728,13 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _setup_seconds(arm: Arm) -> float:
+    """The set-up cost that ``arm``'s tool declares (0 for an unknown tool)."""
+    from .. import tools
+
+    try:
+        return float(tools.tool_class(arm.name).setup_seconds)
+    except Exception:  # noqa: BLE001 - an unknown or broken tool has nothing to stand in for
+        return 0.0

@@ -472,6 +472,38 @@ class ToolConformance:
         (12345, [3, (3 << 20) + 1, 4097, 1 << 20]),
     ]
 
+    # Requests for tools that read several device buffers as one range (``preadv``):
+    # (file offset, size) in file order, with gaps between them, empty ones, pieces within
+    # one block and across the tool's chunks, and the last one past the end of the file.
+    SCATTERED_CASES = [
+        [(0, 7), (7, 0), (100, 4096), (4196, 1)],
+        [(4095, 600_003), (604_100, 5), (700_000, 70_000)],
+        [(12345, 3), (20000, 500_001), (530_000, 4097), (FILE_SIZE - 10, 50)],
+    ]
+
+    @pytest.mark.gpu
+    @pytest.mark.parametrize("requests", SCATTERED_CASES)
+    def test_device_scattered_read(
+        self, tool: Tool, open_file, requests: list[tuple[int, int]]
+    ) -> None:
+        if not callable(getattr(tool, "preadv", None)):
+            pytest.skip(f"{tool.label} has no preadv")
+        cupy = self.require_gpu(tool, "read")
+        data = random_bytes(FILE_SIZE)
+        fd = open_file(data)
+        devices = [CupyDeviceBuffer(cupy.zeros(size, dtype=cupy.uint8)) for _, size in requests]
+        parts = [self.checksum_parts(tool, size) for _, size in requests]
+        pairs = [(offset, device) for (offset, _), device in zip(requests, devices, strict=True)]
+        got = tool.preadv(fd, pairs, checksums=parts).get()
+        nonempty = [(offset, size) for offset, size in requests if size]
+        first, (last, last_size) = nonempty[0][0], nonempty[-1]
+        assert got == min(last + last_size, FILE_SIZE) - first
+        for (offset, size), device, part in zip(requests, devices, parts, strict=True):
+            expected = data[offset : offset + size]
+            _assert_same_bytes(cupy.asnumpy(device.array[: expected.nbytes]), expected)
+            if expected.nbytes == size:
+                self.check_checksum(part, expected)
+
     @pytest.mark.gpu
     @pytest.mark.parametrize(("offset", "sizes"), GATHERED_CASES)
     def test_device_gathered_write(

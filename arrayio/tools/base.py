@@ -205,6 +205,13 @@ class Tool(abc.ABC):
         """Blocking :meth:`pwrite`."""
         return self.pwrite(fd, buffer, file_offset, checksum=checksum).get()
 
+    # Seconds a process's first use of the tool costs beyond its transfer (importing and
+    # loading libraries), paid once: the dispatcher has another tool stand in for it on
+    # calls too short to hide that, and sets it up in the background (see
+    # :meth:`Policy.run <arrayio.dispatch.policy.Policy.run>`). Zero for tools whose set-up
+    # grows with their use (threads, the pinned buffers a transfer needs).
+    setup_seconds = 0.0
+
     def prepare(self) -> None:  # noqa: B027 - optional hook, nothing to set up by default
         """Set up what the first transfer would (threads, pinned buffers, libraries), so
         that it measures the transfer alone; the dispatcher calls it in the background

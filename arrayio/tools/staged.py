@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from ._io import (
     BLOCK,
     align_down,
     align_up,
+    batched,
     open_direct,
     pread_checksummed,
     pread_direct,
@@ -99,17 +100,19 @@ class StagedTool(ThreadedTool):
             return Availability(False, f"CUDA is not usable: {error}")
         return Availability(True) if count > 0 else Availability(False, "no CUDA device")
 
-    def _stream(self, device_index: int) -> _cuda.Stream:
-        """This worker thread's stream on ``device_index``, whose context it makes current."""
+    def _stream(self, device_index: int) -> tuple[_cuda.Stream, list[_cuda.Event]]:
+        """This worker thread's stream on ``device_index``, whose context it makes current,
+        and the thread's two events there (one per buffer: made once, not per chunk)."""
         streams = getattr(self._streams, "by_device", None)
         if streams is None:
             streams = self._streams.by_device = {}
-        stream = streams.get(device_index)
-        if stream is None:
-            stream = streams[device_index] = _cuda.Stream(device_index)
+        made = streams.get(device_index)
+        if made is None:
+            stream = _cuda.Stream(device_index)
+            made = streams[device_index] = (stream, [_cuda.Event(), _cuda.Event()])
         else:
             _cuda.make_current(device_index)
-        return stream
+        return made
 
     def prepare(self) -> None:
         """Start the workers and pin a full pipeline's buffers into the shared pool (two of
@@ -131,7 +134,7 @@ class StagedTool(ThreadedTool):
         count: int,
         own_fd: int | None,
     ) -> IOFuture[int]:
-        """Run ``worker(k)`` for the first ``count`` (at most ``threads``) workers; the future
+        """Run ``worker(k)`` for the first ``count`` workers; the future
         sums their byte counts and closes ``own_fd`` (an O_DIRECT descriptor) when done."""
 
         def finish(total: int) -> int:
@@ -140,7 +143,7 @@ class StagedTool(ThreadedTool):
             return total
 
         try:
-            futures = [IOFuture(pool.submit(worker, k)) for k in range(min(self.threads, count))]
+            futures = [IOFuture(pool.submit(worker, k)) for k in range(count)]
         except BaseException:
             finish(0)
             raise
@@ -151,53 +154,92 @@ class StagedTool(ThreadedTool):
     ) -> IOFuture[int]:
         if isinstance(buffer, np.ndarray):
             raise TypeError("staged moves device memory; use another tool for host memory")
-        if buffer.nbytes == 0:
+        return self.preadv(fd, [(file_offset, buffer)], checksums=[checksum])
+
+    def preadv(
+        self,
+        fd: int,
+        requests: Sequence[tuple[int, Buffer]],
+        *,
+        checksums: Sequence[ChecksumParts | None] | None = None,
+    ) -> IOFuture[int]:
+        """Start filling each ``(file_offset, buffer)`` of ``requests`` (device memory, one
+        GPU, in file order, none overlapping) as one range of the file, from the first
+        request's offset to the last's end: its chunks are cut across the buffers'
+        boundaries (one read fills several small buffers' pinned copies, and the bytes
+        between requests are read and dropped), and each chunk's pieces are copied to their
+        buffers. ``checksums[i]``, when given, receives buffer ``i``'s bytes. The future
+        gives the bytes of the range read: all of it, or up to the end of the file."""
+        devices = [buffer for _, buffer in requests if not isinstance(buffer, np.ndarray)]
+        if len(devices) < len(requests):
+            raise TypeError("staged moves device memory; use another tool for host memory")
+        if len({buffer.device_index for buffer in devices}) > 1:
+            raise ValueError("preadv takes buffers of one GPU")
+        pieces = _Pieces.at(requests, checksums)
+        if pieces.nbytes == 0:
             return IOFuture.completed(0)
+        device_index = pieces.views[0].device_index
+        file_offset = pieces.offset
         pool = self._executor()
-        address = buffer.data_ptr
-        nbytes = buffer.nbytes
+        nbytes = pieces.nbytes
         read_fd = open_direct(fd, os.O_RDONLY) if self.direct else fd
         chunk = task_bytes(nbytes, self.threads, self.chunk_size)
         chunks = range(0, nbytes, chunk)
+        checksummed = any(parts is not None for parts in pieces.checksums)
 
         def read_chunk(slot: np.ndarray, start: int) -> tuple[np.ndarray, int]:
+            """The chunk at ``start`` of the range, read into ``slot``; and its length."""
             length = min(chunk, nbytes - start)
             position = file_offset + start
-            if not self.direct:
-                if checksum is None:
-                    got = pread_full(read_fd, slot[:length], position)
-                else:  # checksummed piece by piece while in cache (no DRAM trip of its own)
-                    got, crc = pread_checksummed(read_fd, slot[:length], position)
-                    checksum.add(start, got, crc)
-                return slot[:got], length
-            aligned = align_down(position)
-            skip = position - aligned
-            span = align_up(skip + length)
-            got = max(0, min(pread_direct(read_fd, slot[:span], aligned) - skip, length))
-            return slot[skip : skip + got], length
+            if self.direct:
+                aligned = align_down(position)
+                skip = position - aligned
+                span = align_up(skip + length)
+                got = max(0, min(pread_direct(read_fd, slot[:span], aligned) - skip, length))
+                data = slot[skip : skip + got]
+                pieces.checksum(start, data)
+                return data, length
+            if not checksummed:
+                return slot[: pread_full(read_fd, slot[:length], position)], length
+            # Each piece checksummed as it is read, while in cache (no DRAM trip of its own);
+            # the bytes between pieces are not read.
+            got = 0
+            for i, inside, at, size in pieces.overlapping(start, length):
+                got = at
+                view = slot[at : at + size]
+                parts = pieces.checksums[i]
+                if parts is None:
+                    done = pread_full(read_fd, view, position + at)
+                else:
+                    done, crc = pread_checksummed(read_fd, view, position + at)
+                    parts.add(inside, done, crc)
+                got = at + done
+                if done < size:
+                    break
+            else:
+                got = length  # every piece whole (and a gap at the end is not needed)
+            return slot[:got], length
+
+        workers = _workers(self.threads, len(chunks))
 
         def worker(k: int) -> int:
-            events: list[_cuda.Event | None] = [None, None]
             total = 0
             # Pinned buffers of this transfer's chunk, the second taken for the second chunk.
             with Borrowed(chunk + SLACK) as slots:
-                stream = self._stream(buffer.device_index)
-                for j, start in enumerate(chunks[k :: self.threads]):
-                    event = events[j % 2]
-                    if event is not None:
-                        event.synchronize()  # its previous copy has left the buffer
+                stream, events = self._stream(device_index)
+                for j, start in enumerate(chunks[k::workers]):
+                    if j >= 2:
+                        events[j % 2].synchronize()  # its previous copy has left the buffer
                     data, length = read_chunk(slots[j % 2], start)
-                    if checksum is not None and self.direct:
-                        checksum.add_data(start, data)
-                    _cuda.copy_to_device(address + start, data, stream)
-                    events[j % 2] = (event or _cuda.Event()).record(stream)
+                    pieces.copy_to_device(start, data, stream)
+                    events[j % 2].record(stream)
                     total += data.nbytes
                     if data.nbytes < length:
                         break  # end of file
                 stream.synchronize()
             return total
 
-        return self._fan_out(pool, worker, len(chunks), read_fd if read_fd != fd else None)
+        return self._fan_out(pool, worker, workers, read_fd if read_fd != fd else None)
 
     def pwrite(
         self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
@@ -253,13 +295,14 @@ class StagedTool(ThreadedTool):
                 pwrite_full(fd, data, position)
             return length
 
+        workers = _workers(self.threads, len(chunks))
+
         def worker(k: int) -> int:
             total = 0
             pending: tuple[np.ndarray, int, int, _cuda.Event] | None = None
             with Borrowed(chunk + SLACK) as slots:
-                stream = self._stream(device_index)
-                events = [_cuda.Event(), _cuda.Event()]
-                for j, start in enumerate(chunks[k :: self.threads]):
+                stream, events = self._stream(device_index)
+                for j, start in enumerate(chunks[k::workers]):
                     length = min(chunk, nbytes - start)
                     slot = slots[j % 2]
                     skip = (file_offset + start) % BLOCK if self.direct else 0
@@ -275,16 +318,31 @@ class StagedTool(ThreadedTool):
                     total += write_chunk(pending[0], pending[1], pending[2])
             return total
 
-        return self._fan_out(pool, worker, len(chunks), write_fd if write_fd != fd else None)
+        return self._fan_out(pool, worker, workers, write_fd if write_fd != fd else None)
+
+
+def _workers(threads: int, chunks: int) -> int:
+    """How many of the pool's workers share a transfer's ``chunks``: all that have one,
+    up to ``threads``; within a batch (whose other transfers keep the pool busy) each gets
+    two chunks at least, so that its reads overlap its copies, and a task's costs are
+    shared by more bytes."""
+    if batched():
+        return max(1, min(threads, chunks // 2))
+    return max(1, min(threads, chunks))
 
 
 class _Pieces:
-    """Device buffers laid end to end as one range of bytes: copies a span of the range to
-    host memory, and checksums a span into each buffer's own CRC."""
+    """Device buffers at positions of one range of bytes (end to end for a write, with gaps
+    between them for a read): copies a span of the range to or from them, and checksums a
+    span into each buffer's own CRC."""
 
     def __init__(
-        self, buffers: Sequence[DeviceBuffer], checksums: Sequence[ChecksumParts | None] | None
+        self,
+        buffers: Sequence[DeviceBuffer],
+        checksums: Sequence[ChecksumParts | None] | None,
+        starts: Sequence[int] | None = None,
     ) -> None:
+        self.offset = 0  # the range's first byte in the file (set by at())
         self.starts: list[int] = []
         self.views: list[DeviceBuffer] = []
         self.checksums: list[ChecksumParts | None] = []
@@ -292,13 +350,35 @@ class _Pieces:
         for i, buffer in enumerate(buffers):
             if buffer.nbytes == 0:
                 continue
+            if starts is not None:
+                if starts[i] < position:
+                    raise ValueError("the requests must be in file order and not overlap")
+                position = starts[i]
             self.starts.append(position)
             self.views.append(buffer)
             self.checksums.append(checksums[i] if checksums is not None else None)
             position += buffer.nbytes
         self.nbytes = position
 
-    def _overlapping(self, start: int, length: int) -> Iterator[tuple[int, int, int, int]]:
+    @classmethod
+    def at(
+        cls,
+        requests: Sequence[tuple[int, Buffer]],
+        checksums: Sequence[ChecksumParts | None] | None,
+    ) -> _Pieces:
+        """The pieces of ``(file_offset, buffer)`` requests, their range starting at the
+        first nonempty one's offset."""
+        offsets = [offset for offset, buffer in requests if buffer.nbytes]
+        first = offsets[0] if offsets else 0
+        pieces = cls(
+            [cast(DeviceBuffer, buffer) for _, buffer in requests],
+            checksums,
+            [offset - first for offset, _ in requests],
+        )
+        pieces.offset = first
+        return pieces
+
+    def overlapping(self, start: int, length: int) -> Iterator[tuple[int, int, int, int]]:
         """(piece, first byte in the piece, first byte in the span, length) of each piece
         the span ``[start, start + length)`` covers."""
         end = start + length
@@ -311,11 +391,20 @@ class _Pieces:
             i += 1
 
     def copy_to_host(self, start: int, out: np.ndarray, stream: _cuda.Stream) -> None:
-        for i, inside, at, length in self._overlapping(start, out.nbytes):
+        for i, inside, at, length in self.overlapping(start, out.nbytes):
             _cuda.copy_to_host(out[at : at + length], self.views[i].data_ptr + inside, stream)
 
+    def copy_to_device(self, start: int, data: np.ndarray, stream: _cuda.Stream) -> None:
+        """Queue the copies of ``data`` (the range's bytes from ``start``, in pinned memory)
+        into the pieces it covers."""
+        host = data.ctypes.data
+        for i, inside, at, length in self.overlapping(start, data.nbytes):
+            _cuda.copy_host_address_to_device(
+                self.views[i].data_ptr + inside, host + at, length, stream
+            )
+
     def checksum(self, start: int, data: np.ndarray) -> None:
-        for i, inside, at, length in self._overlapping(start, data.nbytes):
+        for i, inside, at, length in self.overlapping(start, data.nbytes):
             parts = self.checksums[i]
             if parts is not None:
                 parts.add_data(inside, data[at : at + length])

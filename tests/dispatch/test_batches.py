@@ -582,7 +582,13 @@ class Gathering(Tool):
         self.pool = ThreadPoolExecutor(3)
 
     def pread(self, fd, buffer, file_offset, *, checksum=None):
-        return IOFuture(self.pool.submit(pread_full, fd, buffer, file_offset))
+        def read() -> int:
+            got = pread_full(fd, buffer, file_offset)
+            if checksum is not None:
+                checksum.add_data(0, buffer[:got])
+            return got
+
+        return IOFuture(self.pool.submit(read))
 
     def pwrite(self, fd, buffer, file_offset, *, checksum=None):
         type(self).calls.append(("pwrite", file_offset, [buffer.nbytes]))
@@ -597,6 +603,24 @@ class Gathering(Tool):
                 part.add_data(0, buffer)
         joined = np.concatenate([b.reshape(-1) for b in buffers])
         return IOFuture(self.pool.submit(pwrite_full, fd, joined, file_offset))
+
+    def preadv(self, fd, requests, *, checksums=None):
+        """The range from the first request to the end of the last, read at once (as the
+        staged tool's chunks are), each request's bytes copied out of it."""
+        type(self).calls.append(("preadv", requests[0][0], [b.nbytes for _, b in requests]))
+        first = requests[0][0]
+        span = np.empty(requests[-1][0] + requests[-1][1].nbytes - first, np.uint8)
+
+        def read() -> int:
+            got = pread_full(fd, span, first)
+            for (offset, buffer), part in zip(requests, checksums, strict=True):
+                have = max(0, min(buffer.nbytes, got - (offset - first)))
+                buffer[:have] = span[offset - first : offset - first + have]
+                if part is not None:
+                    part.add_data(0, buffer[:have])
+            return got
+
+        return IOFuture(self.pool.submit(read))
 
     def close(self) -> None:
         self.pool.shutdown()
@@ -653,6 +677,58 @@ def test_a_write_batch_gathers_neighbours_into_one_range_each(
             for a, b in zip(run, run[1:], strict=False)
         )
         assert len(run) == 1 or sum(batch[i][1].nbytes for i in run) <= 3 * MiB
+
+
+@given(
+    sizes=st.lists(
+        st.sampled_from([1, 4095, 4096, MiB, MiB + 13, 2 * MiB]), min_size=1, max_size=8
+    ),
+    gaps=st.lists(st.sampled_from([0, 0, 1, 4096, 70_000]), min_size=8, max_size=8),
+    short=st.sampled_from([0, 0, 1, 5000]),
+    shuffle=st.randoms(use_true_random=False),
+)
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_a_read_batch_scatters_neighbours_from_one_range_each(
+    tmp_path, monkeypatch, sizes, gaps, short, shuffle
+):
+    # Neighbours (at most RUN_GAP apart, up to SCATTER_BYTES a run) are read as one range;
+    # each request gets its own bytes and CRC; a file that ends inside the last request is
+    # a data error, as with one read per request.
+    monkeypatch.setattr(batches, "SCATTER_BYTES", 3 * MiB)
+    monkeypatch.setattr(Gathering, "calls", [])
+    ranges = layout(sizes, gaps[: len(sizes)])
+    end = max(offset + size for offset, size in ranges)
+    content = np.random.default_rng(len(sizes)).integers(0, 256, end, dtype=np.uint8)
+    path = tmp_path / "s.bin"
+    path.write_bytes(content[: end - min(short, sizes[-1])].tobytes())
+    batch = [(offset, np.zeros(size, np.uint8)) for offset, size in ranges]
+    shuffle.shuffle(batch)
+    reported: list[int] = []
+    fd = os.open(path, os.O_RDONLY)
+    tool = Gathering()
+    try:
+        if short:
+            with pytest.raises(TruncatedFileError):
+                batches.read_batch(tool, fd, batch, str(path), True, reported.append)
+            return
+        crcs = batches.read_batch(tool, fd, batch, str(path), True, reported.append)
+    finally:
+        os.close(fd)
+        tool.close()
+    assert sorted(reported) == list(range(len(batch)))
+    for (offset, buffer), crc in zip(batch, crcs, strict=True):
+        expected = content[offset : offset + buffer.nbytes]
+        assert buffer.tobytes() == expected.tobytes()
+        assert crc == crc32c.crc32c(expected.tobytes())
+    if len(batch) < 2:
+        assert Gathering.calls == []  # one pread, not recorded
+        return
+    expected_runs = batches.runs(batch, range(len(batch)), batches.RUN_GAP, 3 * MiB)
+    assert sorted((offset, sizes) for _, offset, sizes in Gathering.calls) == sorted(
+        (batch[run[0]][0], [batch[i][1].nbytes for i in run]) for run in expected_runs
+    )
 
 
 class _Device:

@@ -1215,3 +1215,85 @@ def test_explain_says_a_rival_waits_to_be_set_up():
     labels(policy, ctx, 3)  # a's first call set it up; two samples
     assert "set up once the context's calls have taken 2 s" in policy.explain(ctx).reason
     assert not policy._preparing  # explaining started nothing
+
+
+# -- stand-ins for tools that cost seconds to set up ------------------------------------------
+
+
+def _standing_in(world: World, arms: list[Arm], setups: dict[str, float], prepared, **tunables):
+    """A policy whose arms' tools declare ``setups`` seconds of set-up; a tool's prepare()
+    waits for ``prepared`` (an Event) before it returns."""
+
+    class Prepared(FakeTool):
+        def prepare(self) -> None:
+            prepared.wait(10)
+
+    policy = make_policy(
+        world, arms, setup_seconds=lambda arm: setups.get(arm.name, 0.0), **tunables
+    )
+    policy._make = lambda arm: Prepared(world, arm)
+    return policy
+
+
+def _wait_ready(policy: Policy, arm: Arm) -> None:
+    for _ in range(500):  # the background thread marks it ready right after prepare()
+        if arm in policy._ready:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{arm} was never set up")
+
+
+def test_a_tool_that_costs_more_to_set_up_than_a_short_call_has_a_stand_in():
+    # The prior (a) costs 0.1 s to set up; a 64 MiB call at the first guess's 10 GB/s takes
+    # 7 ms. The first candidate with nothing to set up (c; b costs too) runs the first calls;
+    # a is set up in the background from the second on, and runs the calls after that.
+    prepared = threading.Event()
+    world = World({"a": 30 * GB, "b": 30 * GB, "c": 10 * GB})
+    policy = _standing_in(world, [A, B, C], {"a": 0.1, "b": 0.1}, prepared)
+    ctx = context(26)
+    assert call(policy, ctx, 64 * MiB) == C
+    assert not policy._preparing  # a process that loads once never sets a up
+    assert call(policy, ctx, 64 * MiB) == C
+    assert policy._preparing == {A}
+    assert call(policy, ctx, 64 * MiB) == C  # still setting up
+    prepared.set()
+    _wait_ready(policy, A)
+    assert call(policy, ctx, 64 * MiB) == A
+    assert world.calls["a"] == 1 and world.calls["b"] == 0
+
+
+def test_a_call_long_enough_to_hide_the_set_up_runs_the_chosen_arm():
+    # 0.1 s of set-up is within the regret (10%) of a call that takes more than 1 s at the
+    # arm's measured rate: 16 GiB at 10 GB/s takes 1.7 s; 4 GiB takes 0.43 s.
+    prepared = threading.Event()
+    prepared.set()
+    world = World({"a": 10 * GB, "c": 5 * GB})
+    policy = _standing_in(world, [A, C], {"a": 0.1}, prepared)
+    assert call(policy, context(34), 16 << 30) == A
+    world2 = World({"a": 10 * GB, "c": 5 * GB})
+    policy2 = _standing_in(world2, [A, C], {"a": 0.1}, prepared)
+    assert call(policy2, context(32), 4 << 30) == C
+
+
+def test_a_learned_arm_is_judged_at_its_measured_rate():
+    # Learned at 1 GB/s (a cold disk), a 1.5 GiB call takes 1.6 s and hides the set-up:
+    # the arm itself runs, in a new process (a new policy on the same table).
+    prepared = threading.Event()
+    prepared.set()
+    world = World({"a": 1 * GB, "c": 0.5 * GB})
+    first = _standing_in(world, [A, C], {}, prepared)  # set-up costs nothing: learn a
+    ctx = context(31)
+    labels(first, ctx, 6, 1536 * MiB)
+    assert entry_of(first, ctx).chosen == "a"
+    second = _standing_in(world, [A, C], {"a": 0.1}, prepared, table=first.table)
+    assert call(second, ctx, 1536 * MiB) == A
+    third = _standing_in(world, [A, C], {"a": 0.5}, prepared, table=first.table)
+    assert call(third, ctx, 1536 * MiB) == C  # 0.5 s would not hide
+
+
+def test_no_stand_in_where_every_candidate_costs_a_set_up():
+    prepared = threading.Event()
+    prepared.set()
+    world = World({"a": 10 * GB, "b": 10 * GB})
+    policy = _standing_in(world, [A, B], {"a": 0.1, "b": 0.1}, prepared)
+    assert call(policy, context(20), MiB) == A
