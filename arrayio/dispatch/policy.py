@@ -176,6 +176,9 @@ class Policy:
         self._tools: dict[Arm, Tool] = {}
         self._setup_seconds = setup_seconds if setup_seconds is not None else _setup_seconds
         self._stood_in: dict[str, int] = {}  # per context: calls a stand-in ran
+        # Arms set up for a stand-in's context, whose first call is not yet measured: set-up
+        # imports the libraries, and the first transfer still pins the tool's own buffers.
+        self._unmeasured: set[Arm] = set()
 
     def __repr__(self) -> str:
         from ..runtime._units import format_count
@@ -278,6 +281,8 @@ class Policy:
             with self._tools_lock:
                 self._preparing.discard(arm)
                 self._ready.add(arm)
+                if key is None:
+                    self._unmeasured.add(arm)
             if key is not None:
                 with self._lock:  # what it cost the calls meanwhile, at most its duration
                     seconds = time.perf_counter() - start
@@ -343,6 +348,9 @@ class Policy:
         if not self.skip_first_call:
             return False
         with self._tools_lock:
+            if arm in self._unmeasured:  # set up for a stand-in's arm: its first call
+                self._unmeasured.discard(arm)  # still pins its buffers
+                return True
             return arm not in self._tools
 
     def close(self) -> None:

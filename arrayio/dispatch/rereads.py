@@ -24,6 +24,7 @@ import contextvars
 import os
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["REMEMBERED", "ReReads"]
 
@@ -56,7 +57,7 @@ class ReReads:
         finally:
             _untracked.reset(token)
 
-    def _remember(self, latest: collections.OrderedDict, key: tuple[int, ...]) -> None:
+    def _remember(self, latest: collections.OrderedDict[Any, int], key: tuple[int, ...]) -> None:
         """Mark ``key`` the newest of ``latest``, forgetting the oldest past the bound
         (called with the lock held)."""
         latest[key] = 1

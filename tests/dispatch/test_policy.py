@@ -1249,7 +1249,7 @@ def test_a_tool_that_costs_more_to_set_up_than_a_short_call_has_a_stand_in():
     # a is set up in the background from the second on, and runs the calls after that.
     prepared = threading.Event()
     world = World({"a": 30 * GB, "b": 30 * GB, "c": 10 * GB})
-    policy = _standing_in(world, [A, B, C], {"a": 0.1, "b": 0.1}, prepared)
+    policy = _standing_in(world, [A, B, C], {"a": 0.1, "b": 0.1}, prepared, skip_first_call=True)
     ctx = context(26)
     assert call(policy, ctx, 64 * MiB) == C
     assert not policy._preparing  # a process that loads once never sets a up
@@ -1260,6 +1260,11 @@ def test_a_tool_that_costs_more_to_set_up_than_a_short_call_has_a_stand_in():
     _wait_ready(policy, A)
     assert call(policy, ctx, 64 * MiB) == A
     assert world.calls["a"] == 1 and world.calls["b"] == 0
+    # a's first call, which pins its buffers, is no sample; c's first call, neither.
+    assert "a" not in entry_of(policy, ctx).arms
+    assert entry_of(policy, ctx).arms["c"].samples == 2
+    call(policy, ctx, 64 * MiB)
+    assert entry_of(policy, ctx).arms["a"].samples == 1
 
 
 def test_a_call_long_enough_to_hide_the_set_up_runs_the_chosen_arm():
