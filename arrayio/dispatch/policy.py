@@ -289,13 +289,7 @@ class Policy:
                     self._explored[key] = self._explored.get(key, 0.0) + seconds
 
     def _stand_in(
-        self,
-        key: str,
-        entry: ContextEntry,
-        candidates: Candidates,
-        arm: Arm,
-        nbytes: int,
-        exclude: Iterable[Arm],
+        self, context: Context, key: str, arm: Arm, nbytes: int, exclude: Iterable[Arm]
     ) -> Arm:
         """The arm to run a call of ``nbytes`` for which ``arm`` was chosen; lock held.
 
@@ -306,11 +300,13 @@ class Policy:
         background from the context's second such call (a process that loads once and exits
         never imports it), and runs the calls after that. A call long enough to hide the
         set-up (more than ``1 / regret`` times it, at the arm's measured rate, or the best
-        measured, or :data:`FIRST_GUESS_RATE`) runs the arm itself.
+        measured, or :data:`FIRST_GUESS_RATE`) runs the arm itself. The stand-in's calls
+        are not recorded (see :meth:`run`).
         """
         setup = self._setup_seconds(arm)
         if setup <= 0:
             return arm
+        entry, candidates = self._known(context, key)
         with self._tools_lock:
             if arm in self._ready or (arm in self._tools and arm not in self._preparing):
                 return arm
@@ -387,7 +383,6 @@ class Policy:
         *,
         reserve: bool,
         prefer: Arm | None = None,
-        nbytes: int | None = None,
     ) -> Arm | None:
         """The arm for the next call (``prefer`` where it is an available candidate not
         excluded); with ``reserve``, counted in flight until released: while several
@@ -405,8 +400,6 @@ class Policy:
         if arm is None:
             busy = (lambda arm: self._in_flight.get((key, arm.label), 0)) if reserve else None
             arm = self.exploration.pick(entry, candidates, exclude, busy)
-        if arm is not None and nbytes is not None:
-            arm = self._stand_in(key, entry, candidates, arm, nbytes, exclude)
         if arm is not None and reserve:
             slot = (key, arm.label)
             self._in_flight[slot] = self._in_flight.get(slot, 0) + 1
@@ -609,13 +602,16 @@ class Policy:
         last_error: BaseException | None = None
         while True:
             with self._lock:
-                arm = self._choose(context, key, tried, reserve=True, prefer=prefer, nbytes=nbytes)
-            if arm is None:
+                arm = self._choose(context, key, tried, reserve=True, prefer=prefer)
+                runner = (
+                    self._stand_in(context, key, arm, nbytes, tried) if arm is not None else None
+                )
+            if arm is None or runner is None:
                 break
             try:
                 try:
-                    fresh = self._is_fresh(arm)
-                    tool = self.tool(arm)
+                    fresh = self._is_fresh(runner)
+                    tool = self.tool(runner)
                     start = self._clock()
                     result = operation(tool)
                     seconds = self._clock() - start
@@ -626,13 +622,16 @@ class Policy:
                     raise
                 chain(error, last_error)
                 last_error = error
-                tried.append(arm)
-                self.fail(context, arm, error)
-                marks.append((arm, f"{type(error).__name__}: {error}"))
+                tried.append(runner)
+                self.fail(context, runner, error)
+                marks.append((runner, f"{type(error).__name__}: {error}"))
                 continue
-            if not fresh:
+            # A stand-in's call teaches nothing: it ran because the chosen arm was not set
+            # up, and counting it would make it the incumbent that the arm, measured on
+            # small shares of calls where its per-call costs weigh most, must then beat.
+            if not fresh and runner == arm:
                 self._record(context, key, arm, nbytes, seconds)
-            return result, arm
+            return result, runner
         if last_error is None:
             with self._lock:
                 raise self._nothing_available(key)
