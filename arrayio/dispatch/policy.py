@@ -290,33 +290,34 @@ class Policy:
 
     def _stand_in(
         self, context: Context, key: str, arm: Arm, nbytes: int, exclude: Iterable[Arm]
-    ) -> Arm:
-        """The arm to run a call of ``nbytes`` for which ``arm`` was chosen; lock held.
+    ) -> tuple[Arm, Arm | None]:
+        """The arm to run a call of ``nbytes`` for which ``arm`` was chosen, and the arm to
+        set up once the call is done (or None); lock held.
 
         An arm whose tool costs seconds to set up (KvikIO's imports) and that this process
         has not set up yet would spend longer on that than on a short call: such a call
         goes to the first candidate with nothing to set up (a warm model load is a tenth of a
         second; importing KvikIO, most of another). The chosen arm is set up in the
-        background from the context's second such call (a process that loads once and exits
-        never imports it), and runs the calls after that. A call long enough to hide the
+        background after the context's second such call (a process that loads once and
+        exits never imports it), and runs the calls once it is. A call long enough to hide the
         set-up (more than ``1 / regret`` times it, at the arm's measured rate, or the best
         measured, or :data:`FIRST_GUESS_RATE`) runs the arm itself. The stand-in's calls
         are not recorded (see :meth:`run`).
         """
         setup = self._setup_seconds(arm)
         if setup <= 0:
-            return arm
+            return arm, None
         entry, candidates = self._known(context, key)
         with self._tools_lock:
             if arm in self._ready or (arm in self._tools and arm not in self._preparing):
-                return arm
+                return arm, None
         stats = entry.arms.get(arm.label)
         rate = stats.estimate if stats is not None else None
         if not rate:
             measured = [s.estimate for s in entry.arms.values() if s.estimate]
             rate = max(measured) if measured else FIRST_GUESS_RATE
         if setup <= self.regret * nbytes / rate:
-            return arm
+            return arm, None
         excluded = set(exclude)
         for other in candidates.order:
             if other == arm or other in excluded or self._setup_seconds(other) > 0:
@@ -327,15 +328,20 @@ class Policy:
             calls = self._stood_in[key] = self._stood_in.get(key, 0) + 1
             if calls >= 2:
                 with self._tools_lock:
-                    start = arm not in self._preparing and arm not in self._tools
-                    if start:
+                    if arm not in self._preparing and arm not in self._tools:
                         self._preparing.add(arm)
-                if start:
-                    threading.Thread(
-                        target=self._prepare, args=(arm, None), name="arrayio-prepare", daemon=True
-                    ).start()
-            return other
-        return arm
+                        return other, arm
+            return other, None
+        return arm, None
+
+    def _set_up_after(self, arm: Arm | None) -> None:
+        """Start setting ``arm`` up in the background (after a stand-in's call: importing
+        KvikIO holds the interpreter's lock for tens of milliseconds, which would slow a
+        call's workers; between calls it overlaps the program's own work)."""
+        if arm is not None:
+            threading.Thread(
+                target=self._prepare, args=(arm, None), name="arrayio-prepare", daemon=True
+            ).start()
 
     def _is_fresh(self, arm: Arm) -> bool:
         """Whether ``arm``'s tool is yet to be made. Its first call then also pays for
@@ -603,11 +609,9 @@ class Policy:
         while True:
             with self._lock:
                 arm = self._choose(context, key, tried, reserve=True, prefer=prefer)
-                runner = (
-                    self._stand_in(context, key, arm, nbytes, tried) if arm is not None else None
-                )
-            if arm is None or runner is None:
-                break
+                if arm is None:
+                    break
+                runner, set_up = self._stand_in(context, key, arm, nbytes, tried)
             try:
                 try:
                     fresh = self._is_fresh(runner)
@@ -617,6 +621,7 @@ class Policy:
                     seconds = self._clock() - start
                 finally:
                     self._release(key, arm)
+                    self._set_up_after(set_up)
             except BaseException as error:
                 if not is_tool_failure(error):
                     raise
