@@ -175,7 +175,9 @@ class Policy:
         self._in_flight: dict[tuple[str, str], int] = {}
         self._tools: dict[Arm, Tool] = {}
         self._setup_seconds = setup_seconds if setup_seconds is not None else _setup_seconds
-        self._stood_in: dict[str, int] = {}  # per context: calls a stand-in ran
+        # Calls a stand-in ran, in any context: a process that loads again (a warm load after
+        # a cold one is another context) will likely go on.
+        self._stood_in = 0
         # Arms set up for a stand-in's context, whose first call is not yet measured: set-up
         # imports the libraries, and the first transfer still pins the tool's own buffers.
         self._unmeasured: set[Arm] = set()
@@ -298,8 +300,8 @@ class Policy:
         has not set up yet would spend longer on that than on a short call: such a call
         goes to the first candidate with nothing to set up (a warm model load is a tenth of a
         second; importing KvikIO, most of another). The chosen arm is set up in the
-        background after the context's second such call (a process that loads once and
-        exits never imports it), and runs the calls once it is. A call long enough to hide the
+        background after the process's second such call, in any context (a process that
+        loads once and exits never imports it), and runs the calls once it is. A call long enough to hide the
         set-up (more than ``1 / regret`` times it, at the arm's measured rate, or the best
         measured, or :data:`FIRST_GUESS_RATE`) runs the arm itself. The stand-in's calls
         are not recorded (see :meth:`run`).
@@ -325,8 +327,8 @@ class Policy:
             other_stats = entry.arms.get(other.label)
             if other_stats is not None and other_stats.unavailable is not None:
                 continue
-            calls = self._stood_in[key] = self._stood_in.get(key, 0) + 1
-            if calls >= 2:
+            self._stood_in += 1
+            if self._stood_in >= 2:
                 with self._tools_lock:
                     if arm not in self._preparing and arm not in self._tools:
                         self._preparing.add(arm)

@@ -1297,6 +1297,21 @@ def test_a_learned_arm_is_judged_at_its_measured_rate():
     assert call(third, ctx, 1536 * MiB) == C  # 0.5 s would not hide
 
 
+def test_the_second_stand_in_call_of_any_context_sets_the_arm_up():
+    # A cold load, then a warm one (two contexts): the process loads again, and will likely
+    # go on; a is set up after the second call.
+    prepared = threading.Event()
+    world = World({"a": 30 * GB, "c": 10 * GB})
+    policy = _standing_in(world, [A, C], {"a": 0.1}, prepared)
+    assert call(policy, context(26, cache="cold"), 64 * MiB) == C
+    assert not policy._preparing
+    assert call(policy, context(26), 64 * MiB) == C
+    assert policy._preparing == {A}
+    prepared.set()
+    _wait_ready(policy, A)
+    assert call(policy, context(26, cache="cold"), 64 * MiB) == A
+
+
 def test_no_stand_in_where_every_candidate_costs_a_set_up():
     prepared = threading.Event()
     prepared.set()
