@@ -301,10 +301,10 @@ class Policy:
         goes to the first candidate with nothing to set up (a warm model load is a tenth of a
         second; importing KvikIO, most of another). The chosen arm is set up in the
         background after the process's second such call, in any context (a process that
-        loads once and exits never imports it), and runs the calls once it is. A call long enough to hide the
-        set-up (more than ``1 / regret`` times it, at the arm's measured rate, or the best
-        measured, or :data:`FIRST_GUESS_RATE`) runs the arm itself. The stand-in's calls
-        are not recorded (see :meth:`run`).
+        loads once and exits never imports it), and runs the calls once it is. A call long
+        enough to hide the set-up (more than ``1 / regret`` times it, at the arm's measured
+        rate, or the best measured, or :data:`FIRST_GUESS_RATE`) runs the arm itself. The
+        stand-in's calls are not recorded (see :meth:`run`).
         """
         setup = self._setup_seconds(arm)
         if setup <= 0:
