@@ -77,6 +77,7 @@ class Entry:
     evict: bool = False  # drop the array once its write is complete
     freed: bool = False
     crc: int | None = None
+    host: Any = None  # the spilled copy in the host tier (a HostCopy), when not in the file
     read_error: BaseException | None = None
     from_read: bool = False  # the array was read back (torch: record_stream on get)
     prefetched: bool = False  # read back by prefetch() and not used by get() since
@@ -85,6 +86,11 @@ class Entry:
     @property
     def clean(self) -> bool:
         return self.on_disk and not self.writing
+
+    @property
+    def in_file(self) -> bool:
+        """Whether the spilled copy is the entry's file (not the host tier)."""
+        return self.on_disk and self.host is None
 
 
 def describe(array: Any) -> tuple[Any, Request, _dtypes.DType, tuple[int, ...]]:

@@ -24,6 +24,7 @@ from ..runtime._units import format_count
 from ._budget import Residents, Step
 from ._directory import SpillDirectory
 from ._entries import Entry, Handle, describe
+from ._host import HostTier
 from ._spills import SpillFiles
 from ._streams import record_ready, record_stream
 
@@ -49,8 +50,10 @@ class OffloadStats:
         Bytes of arrays whose only copy is on disk.
     disk_bytes
         Bytes in spill files now (spilled arrays, and clean copies of resident ones).
+    host_bytes
+        Bytes in the host tier now (likewise).
     bytes_written, bytes_read
-        Totals moved to and from disk.
+        Totals spilled and read back (host tier and disk).
     writes, reads
         Number of spills and of reads back.
     arrays
@@ -62,6 +65,7 @@ class OffloadStats:
     peak_resident_bytes: int
     spilled_bytes: int
     disk_bytes: int
+    host_bytes: int
     bytes_written: int
     bytes_read: int
     writes: int
@@ -87,6 +91,10 @@ class Offloader:
         drop instead of waiting for writes. Default 0: write only when room is needed.
         Every array written ahead that is freed before it had to leave is a wasted write:
         where the disk is slower than the compute, writing ahead costs more than it saves.
+    host_budget_bytes
+        Pinned host memory for spilled GPU arrays (default 0: none): a spill goes there
+        while it has room, and to its file after that. Copies to and from it run at PCIe
+        rates (tens of GB/s) where a disk runs at one or two. Host arrays skip it.
     write_workers, read_workers
         Threads for spills and for reads back.
     verify
@@ -121,6 +129,7 @@ class Offloader:
         *,
         device_budget_bytes: int,
         writeback_bytes: int | None = None,
+        host_budget_bytes: int = 0,
         write_workers: int = 2,
         read_workers: int = 2,
         verify: bool | None = None,
@@ -128,12 +137,15 @@ class Offloader:
     ) -> None:
         if device_budget_bytes < 0:
             raise ValueError(f"device_budget_bytes must be >= 0, got {device_budget_bytes}")
+        self.host_tier = HostTier(host_budget_bytes)
         self.budget = int(device_budget_bytes)
         self.writeback_bytes = (
             0 if writeback_bytes is None else min(int(writeback_bytes), self.budget)
         )
         self._spills = SpillFiles(
-            verify=config.get().verify_checksums if verify is None else verify, tool=tool
+            verify=config.get().verify_checksums if verify is None else verify,
+            tool=tool,
+            host=self.host_tier if host_budget_bytes else None,
         )
         self._directory = SpillDirectory(directory)
         self.directory = self._directory.path
@@ -299,13 +311,15 @@ class Offloader:
         """A snapshot of what is held and what was moved."""
         with self._locked():
             spilled = sum(e.nbytes for e in self._entries.values() if e.array is None and e.on_disk)
-            disk = sum(e.nbytes for e in self._entries.values() if e.on_disk)
+            disk = sum(e.nbytes for e in self._entries.values() if e.in_file)
+            host = sum(e.nbytes for e in self._entries.values() if e.host is not None)
             return OffloadStats(
                 self.budget,
                 self._residents.held,
                 self._residents.peak,
                 spilled,
                 disk,
+                host,
                 self._written,
                 self._read,
                 self._writes,
@@ -362,6 +376,9 @@ class Offloader:
             with self._lock:
                 for entry in self._entries.values():
                     entry.array = None
+                    if entry.host is not None:  # its pinned buffer back to the pool
+                        entry.host.release()
+                        entry.host = None
                 self._entries.clear()
                 self._residents.clear()
                 self._cond.notify_all()
@@ -464,12 +481,15 @@ class Offloader:
         if entry.writing or entry.reading:
             return  # the worker finishes the job when it is done
         self._drop(entry)
-        if entry.on_disk:
+        if entry.host is not None:
+            entry.host.release()
+            entry.host = None
+        elif entry.on_disk:
             # Any OSError: this also runs in the workers, where raising would skip the
             # bookkeeping below (and close() removes the file anyway).
             with contextlib.suppress(OSError):
                 os.unlink(entry.file)
-            entry.on_disk = False
+        entry.on_disk = False
         self._entries.pop(entry.id, None)
         self._cond.notify_all()
         self._pump_prefetch()
@@ -529,16 +549,16 @@ class Offloader:
 
     def _write(self, entry: Entry, array: Any, ready: Any) -> None:
         """A writer thread's task: spill the array, then update the books."""
-        crc, error = None, None
+        crc, host, error = None, None, None
         try:
-            crc = self._spills.write(entry, array, ready)
+            crc, host = self._spills.write(entry, array, ready)
         except BaseException as caught:  # noqa: BLE001 - reported through the offloader
             error = caught
         del array  # dropping the entry's array below may free it: this frame must not keep it
         with self._locked():
             entry.writing = False
             if error is None:
-                entry.on_disk, entry.crc = True, crc
+                entry.on_disk, entry.crc, entry.host = True, crc, host
                 self._written += entry.nbytes
                 self._writes += 1
                 if entry.evict:

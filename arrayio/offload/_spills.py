@@ -1,6 +1,8 @@
-"""Spill files: an entry's array written to its file and read back, through the dispatcher.
+"""Spills: an entry's array copied to pinned host memory while the host tier has room
+(:mod:`arrayio.offload._host`), else written to its file and read back, through the
+dispatcher.
 
-Each array is one file of raw bytes, checksummed (CRC-32C) unless ``verify=False``. These
+Each file holds one array's raw bytes, checksummed (CRC-32C) unless ``verify=False``. These
 calls run in the offloader's I/O threads and change none of its state: the offloader
 updates its books, under its lock, once they return.
 """
@@ -15,6 +17,7 @@ from ..arrays._shards import Pieces
 from ..dispatch import _transfer
 from ..errors import ChecksumError
 from ._entries import Entry
+from ._host import HostCopy, HostTier
 from ._streams import SideStreams, wait_for_device
 
 __all__ = ["SpillFiles"]
@@ -31,30 +34,37 @@ class SpillFiles:
         A transfer tool to force, or None for the dispatcher's choice.
     """
 
-    def __init__(self, *, verify: bool, tool: Any) -> None:
+    def __init__(self, *, verify: bool, tool: Any, host: HostTier | None = None) -> None:
         self.verify = verify
         self.tool = tool
+        self.host = host
         self._streams = SideStreams()
 
-    def write(self, entry: Entry, array: Any, ready: Any) -> int | None:
-        """Write ``array`` to the entry's file once ``ready`` (a CUDA event, or None) has
-        happened.
+    def write(self, entry: Entry, array: Any, ready: Any) -> tuple[int | None, HostCopy | None]:
+        """Spill ``array`` once ``ready`` (a CUDA event, or None) has happened: to the host
+        tier where it has room, else to the entry's file.
 
         Returns
         -------
-        int or None
-            The bytes' CRC-32C, or None without ``verify``.
+        tuple
+            The file's CRC-32C (None without ``verify``, or for a host copy), and the host
+            copy (None for a file).
         """
         if ready is not None:
             ready.synchronize()  # the producer's kernels are done (host wait, our thread)
         data = export(array).data
         assert not isinstance(data, Pieces)  # only export_for_save leaves shards in place
         del array
+        if self.host is not None:
+            copy = self.host.store(data)
+            if copy is not None:
+                return None, copy
         fd = os.open(entry.file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            return _transfer.write_from(fd, 0, data, with_checksum=self.verify, tool=self.tool)
+            crc = _transfer.write_from(fd, 0, data, with_checksum=self.verify, tool=self.tool)
         finally:
             os.close(fd)
+        return crc, None
 
     def read(self, entry: Entry) -> Any:
         """The entry's array, read back from its file into new memory of its framework on
@@ -74,6 +84,10 @@ class SpillFiles:
         with self._streams.allocating(entry):
             target = allocate(request, entry.dtype, entry.shape)
         wait_for_device(entry)
+        if entry.host is not None:
+            assert self.host is not None
+            self.host.load(entry.host, target.data)
+            return self._finish(entry, target)
         fd = os.open(entry.file, os.O_RDONLY | os.O_CLOEXEC)
         try:
             check = self.verify and entry.crc is not None
@@ -87,8 +101,13 @@ class SpillFiles:
                 f"{entry.file}: spilled array #{entry.id} has CRC-32C "
                 f"{crc:08x}, {entry.crc:08x} was written: the disk damaged it"
             )
-        if to_jax_device:
-            import jax
+        return self._finish(entry, target)
+
+    @staticmethod
+    def _finish(entry: Entry, target: Any) -> Any:
+        """The array read into ``target``, on the entry's device."""
+        if entry.request.framework == "jax" and entry.request.placement.is_cuda:
+            import jax  # read through the host: JAX owns its device memory
 
             return jax.device_put(target.finish(), entry.request.jax_device).block_until_ready()
         return target.finish()

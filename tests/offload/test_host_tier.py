@@ -1,0 +1,134 @@
+"""The host tier: spills to pinned host memory before the disk.
+
+On the CPU, the tier's copies and buffers are host fakes (a device buffer posing as one);
+the GPU tests run the CUDA driver's copies into the pinned pool."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import numpy as np
+import pytest
+
+import arrayio
+from arrayio.offload import Offloader
+from arrayio.offload._host import HostTier
+from arrayio.testing import Framework
+
+MB = 1 << 20
+
+
+class _Device:
+    """Host bytes posing as a device buffer."""
+
+    device_index = 0
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data = data.reshape(-1).view(np.uint8)
+        self.nbytes = self.data.nbytes
+
+
+def _fake_tier(budget: int, lent: list[int]) -> HostTier:
+    def lend(nbytes: int):
+        lent.append(nbytes)
+        return contextlib.nullcontext(np.empty(nbytes + 100, np.uint8))
+
+    return HostTier(
+        budget,
+        lend=lend,
+        to_host=lambda device, buffer: np.copyto(buffer, device.data),
+        to_device=lambda buffer, device: np.copyto(device.data, buffer),
+    )
+
+
+def test_the_tier_holds_copies_up_to_its_budget():
+    lent: list[int] = []
+    tier = _fake_tier(3 * MB, lent)
+    first = tier.store(_Device(np.full(2 * MB, 1, np.uint8)))
+    assert first is not None and tier.used_bytes == 2 * MB
+    assert tier.store(_Device(np.full(2 * MB, 2, np.uint8))) is None  # no room: the disk's
+    second = tier.store(_Device(np.full(MB, 3, np.uint8)))
+    assert second is not None and tier.used_bytes == 3 * MB
+    back = _Device(np.zeros(2 * MB, np.uint8))
+    tier.load(first, back)
+    assert (back.data == 1).all()
+    first.release()
+    first.release()  # once
+    assert tier.used_bytes == MB
+    assert tier.store(np.zeros(MB, np.uint8)) is None  # host memory skips the tier
+    assert lent == [2 * MB, MB]
+
+
+def test_a_failed_copy_gives_its_room_back():
+    def broken(device, buffer):
+        raise RuntimeError("copy failed")
+
+    tier = HostTier(
+        4 * MB, lend=lambda n: contextlib.nullcontext(np.empty(n, np.uint8)), to_host=broken
+    )
+    with pytest.raises(RuntimeError):
+        tier.store(_Device(np.zeros(MB, np.uint8)))
+    assert tier.used_bytes == 0
+
+
+def test_host_arrays_go_to_the_disk(tmp_path):
+    arrays = [np.full(MB // 4, i, np.float32) for i in range(4)]
+    with Offloader(tmp_path, device_budget_bytes=MB, host_budget_bytes=8 * MB) as off:
+        handles = [off.put(a) for a in arrays]
+        stats = off.stats()
+        assert stats.host_bytes == 0 and stats.disk_bytes >= 3 * MB
+        for a, handle in zip(arrays, handles, strict=True):
+            np.testing.assert_array_equal(off.get(handle), a)
+
+
+class _HostArraysTier(HostTier):
+    """A tier that takes host arrays, copying them like device ones: the offloader's
+    bookkeeping of the tier, tested on the CPU."""
+
+    def store(self, data):
+        return super().store(_Device(data)) if isinstance(data, np.ndarray) else None
+
+
+def test_spills_fill_the_host_tier_then_the_disk(tmp_path):
+    lent: list[int] = []
+    fake = _fake_tier(2 * MB, lent)
+    tier = _HostArraysTier(2 * MB)
+    tier._lend, tier._to_host, tier._to_device = fake._lend, fake._to_host, fake._to_device
+    arrays = [np.full(MB // 4, i, np.float32) for i in range(5)]  # 1 MiB each
+    with Offloader(tmp_path, device_budget_bytes=MB, host_budget_bytes=2 * MB) as off:
+        off._spills.host = off.host_tier = tier
+        handles = [off.put(a) for a in arrays]
+        stats = off.stats()
+        # The first two spills went to host memory, the next two to files.
+        assert stats.host_bytes == 2 * MB and stats.disk_bytes == 2 * MB
+        files = sorted(p.name for p in os.scandir(off.directory) if p.name.endswith(".bin"))
+        assert files == ["2.bin", "3.bin"]  # the third and fourth spills
+        for a, handle in zip(arrays, handles, strict=True):
+            np.testing.assert_array_equal(off.get(handle), a)
+        off.free(handles[0])
+        assert tier.used_bytes == MB  # its buffer back
+    assert tier.used_bytes == 0  # close gave every buffer back
+    assert lent == [MB, MB]
+
+
+def test_the_host_budget_is_checked():
+    with pytest.raises(ValueError, match="host_budget_bytes"):
+        HostTier(-1)
+
+
+@pytest.mark.gpu
+def test_gpu_spills_go_to_pinned_host_memory_then_to_files(tmp_path, gpu_xp: Framework):
+    arrays = [np.arange(i, i + (1 << 18), dtype=np.float32) for i in range(6)]  # 1 MiB each
+    with Offloader(tmp_path, device_budget_bytes=2 * MB, host_budget_bytes=2 * MB) as off:
+        handles = [off.put(gpu_xp.from_numpy(a)) for a in arrays]
+        stats = off.stats()
+        assert stats.host_bytes == 2 * MB and stats.disk_bytes == 2 * MB
+        off.prefetch(handles[:2])
+        for a, handle in zip(arrays, handles, strict=True):
+            got = off.get(handle)
+            assert arrayio.arrays._frameworks.placement_of(got).is_cuda
+            assert gpu_xp.to_bytes(got) == a.tobytes()
+        for handle in handles:
+            off.free(handle)
+        assert off.host_tier.used_bytes == 0
