@@ -23,12 +23,13 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._entries import Handle
     from ._offloader import Offloader
+    from ._plan import Plan
 
 __all__ = ["activations"]
 
@@ -45,10 +46,16 @@ class _Saved:
 
 
 class _Hooks:
-    def __init__(self, offloader: Offloader, min_bytes: int, prefetch: int) -> None:
+    def __init__(
+        self, offloader: Offloader, min_bytes: int, prefetch: int, tiers: Sequence[str] | None
+    ) -> None:
         self.offloader = offloader
         self.min_bytes = min_bytes
         self.prefetch = prefetch
+        self.tiers = tiers
+        # Tensors the plan kept with autograd: they count in the order, once each, as a
+        # recording of the step counted them.
+        self.kept_ids: dict[int, weakref.ref[Any]] = {}
         self.lock = threading.Lock()
         self.order: list[weakref.ref[_Saved]] = []
         self.by_id: dict[int, weakref.ref[_Saved]] = {}
@@ -61,10 +68,21 @@ class _Hooks:
             saved = known() if known is not None else None
         if saved is not None and _same(self.offloader.peek(saved.handle), tensor, saved.version):
             return saved
+        hint = None
+        if self.tiers is not None:
+            with self.lock:
+                kept = self.kept_ids.get(id(tensor))
+                if kept is not None and kept() is tensor:
+                    return tensor  # kept, and saved again by another operation
+                index = len(self.order) + len(self.kept_ids)
+                if index < len(self.tiers) and self.tiers[index] == "device":
+                    self.kept_ids[id(tensor)] = weakref.ref(tensor)
+                    return tensor  # the plan keeps it
+            hint = "spill" if index < len(self.tiers) else None
         version = tensor._version
         # Detached: the offloader must not hold the tensor's grad_fn, whose saved variables
         # hold this very handle (a reference cycle through autograd's C++ graph).
-        handle = self.offloader.put(tensor.detach())
+        handle = self.offloader.put(tensor.detach(), hint=hint)
         with self.lock:
             saved = _Saved(handle, len(self.order), version)
             self.order.append(weakref.ref(saved))
@@ -123,7 +141,11 @@ def _is_leaf_data(tensor: Any) -> bool:
 
 @contextlib.contextmanager
 def activations(
-    offloader: Offloader, *, min_bytes: int = 1 << 20, prefetch: int = 2
+    offloader: Offloader,
+    *,
+    min_bytes: int = 1 << 20,
+    prefetch: int = 2,
+    plan: Plan | None = None,
 ) -> Iterator[None]:
     """Offload the tensors autograd saves for backward while in this block.
 
@@ -135,6 +157,13 @@ def activations(
         Smaller tensors are left to autograd.
     prefetch
         During backward, how many earlier-saved tensors each unpack starts reading back.
+    plan
+        A spill plan for a step like the one recorded (:mod:`arrayio.offload._plan`,
+        from a :mod:`~arrayio.offload._timeline` recording with the same ``min_bytes``):
+        the ``i``-th tensor saved stays with autograd where the plan says ``"device"``,
+        and is spilled at once otherwise (to the offloader's host tier while it has room,
+        then to disk); tensors past the plan's follow the budget. None: every tensor
+        follows the budget.
 
     Examples
     --------
@@ -145,6 +174,6 @@ def activations(
     """
     import torch
 
-    hooks = _Hooks(offloader, min_bytes, prefetch)
+    hooks = _Hooks(offloader, min_bytes, prefetch, plan.tiers if plan is not None else None)
     with torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
         yield
