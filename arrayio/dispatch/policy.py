@@ -661,8 +661,8 @@ class Policy:
         candidates = self._arms.get(key)
         arm = candidates.by_label.get(entry.chosen) if candidates is not None else None
         tool = self._tools.get(arm) if arm is not None else None
-        if arm is None or tool is None:
-            return None
+        if arm is None or tool is None or arm in self._preparing:
+            return None  # (being set up in the background: the full path has a stand-in)
         entry.untimed += 1  # a lost update under threads only shifts which call is timed
         if entry.untimed >= self.sample_every:
             entry.untimed = 0

@@ -1318,3 +1318,27 @@ def test_no_stand_in_where_every_candidate_costs_a_set_up():
     world = World({"a": 10 * GB, "b": 10 * GB})
     policy = _standing_in(world, [A, B], {"a": 0.1, "b": 0.1}, prepared)
     assert call(policy, context(20), MiB) == A
+
+
+def test_an_arm_being_set_up_runs_no_untimed_call():
+    # Learned: a wins. In a new process that samples one call in four, a is made by its
+    # background set-up before it is ready; the calls meanwhile still go to the stand-in.
+    prepared = threading.Event()
+    prepared.set()
+    world = World({"a": 30 * GB, "c": 10 * GB})
+    learner = _standing_in(world, [A, C], {}, prepared)
+    ctx = context(26)
+    labels(learner, ctx, 6, 64 * MiB)
+    assert entry_of(learner, ctx).chosen == "a"
+    waiting = threading.Event()
+    policy = _standing_in(world, [A, C], {"a": 0.1}, waiting, table=learner.table, sample_every=4)
+    assert labels(policy, ctx, 2, 64 * MiB) == ["c", "c"]
+    for _ in range(500):  # the set-up thread makes a's tool, then waits in prepare()
+        if A in policy._tools:
+            break
+        time.sleep(0.01)
+    assert A in policy._tools and A in policy._preparing
+    assert labels(policy, ctx, 4, 64 * MiB) == ["c"] * 4
+    waiting.set()
+    _wait_ready(policy, A)
+    assert call(policy, ctx, 64 * MiB) == A
