@@ -42,6 +42,7 @@ __all__ = [
     "divide",
     "extent",
     "read_batch",
+    "read_files",
     "read_one",
     "runs",
     "span",
@@ -365,6 +366,29 @@ def read_batch(
             if got != buffer.nbytes:
                 raise truncated(path, offset, buffer.nbytes, got)
         return _merged(parts, gpu, device_crcs)
+
+
+def read_files(t: Tool, requests: Sequence[tuple[int, int, Buffer]], paths: Sequence[str]) -> None:
+    """Fill each ``(fd, file_offset, buffer)`` of ``requests`` (of several files) with one
+    tool, every transfer in flight at once (up to :data:`BATCH_WINDOW`): a Zarr array's
+    chunk files read as one batch instead of one dispatcher call each.
+
+    Raises
+    ------
+    TruncatedFileError
+        If a file ends before its buffer is full.
+    """
+    counts = submit_windowed(
+        [functools.partial(t.pread, fd, buffer, offset) for fd, offset, buffer in requests],
+        _ignore_index,
+    )
+    for (_, offset, buffer), got, path in zip(requests, counts, paths, strict=True):
+        if got != buffer.nbytes:
+            raise truncated(path, offset, buffer.nbytes, got)
+
+
+def _ignore_index(index: int) -> None:
+    pass
 
 
 def write_batch(

@@ -355,6 +355,75 @@ class Dispatcher:
             return batches.read_one(self._naive, fd, request, path, with_checksum)
         return self._batch("read", fd, [request], path, with_checksum, forced, _ignore)[0]
 
+    def read_files(
+        self,
+        requests: Sequence[tuple[int, int, Buffer]],
+        *,
+        paths: Sequence[str] | None = None,
+        tool: str | Arm | Tool | None = None,
+    ) -> None:
+        """Fill each ``(fd, file_offset, buffer)`` of ``requests``, from several files, as
+        one batch: one tool, every transfer in flight at once, chosen for and learned as one
+        transfer in the context of :meth:`files_context`. The chunk files of a Zarr array
+        are small: a dispatcher call each costs about as much as its read from the page
+        cache, and the calls' threads contend for the interpreter.
+
+        Raises
+        ------
+        TruncatedFileError
+            If a file ends before its buffer is full.
+        ValueError
+            For buffers of more than one memory kind or device.
+        """
+        requests = [r for r in requests if r[2].nbytes]
+        if not requests:
+            return
+        names = list(paths) if paths is not None else ["<file>"] * len(requests)
+        kinds = {
+            (buffer_kind(b), -1 if isinstance(b, np.ndarray) else b.device_index)
+            for _, _, b in requests
+        }
+        if len(kinds) > 1:
+            raise ValueError("read_files takes buffers of one memory kind and device")
+        forced = self.forced_arm(tool)
+        nbytes = sum(buffer.nbytes for _, _, buffer in requests)
+        with self.in_flight:
+            context = self.files_context(requests, buffer_kind(requests[0][2]))
+            start = self._clock()
+            _, arm = self.policy.run(
+                context,
+                nbytes,
+                lambda t: batches.read_files(t, requests, names),
+                force=forced,
+            )
+            if forced is None:
+                self.policy.account(context, self._clock() - start)
+        self.last = self.last_batch = (context, arm)
+        self._maybe_save()
+
+    def files_context(self, requests: Sequence[tuple[int, int, Buffer]], memory: str) -> Context:
+        """The context of reading ``requests`` of several files as one batch: their total
+        size and typical piece, the first file's storage, and their cache state together
+        (warm or cold where every file is, else mixed)."""
+        sizes = [buffer.nbytes for _, _, buffer in requests]
+        states = {cache_state(fd, offset, buffer.nbytes) for fd, offset, buffer in requests}
+        cache = states.pop() if len(states) == 1 else "mixed"
+        reread = False
+        for fd, _, _ in requests:  # each file's read is remembered, for cache admission
+            reread = bool(self.rereads.read(fd, ask=cache != "warm")) or reread
+        total = sum(sizes)
+        return Context(
+            "read",
+            memory,
+            size_class(total),
+            storage_of(requests[0][0]),
+            cache,
+            self.in_flight.bucket(),
+            False,
+            piece_class(sizes),
+            keep=cache != "warm" and fits_in_the_page_cache(total, 1 if reread else 2),
+        )
+
     def write(
         self,
         fd: int,

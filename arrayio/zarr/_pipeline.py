@@ -7,8 +7,9 @@ reading a megabyte, and it hands its codecs ``codec_pipeline.batch_size`` chunks
 batch zarr gives a read (every chunk the selection touches) at once:
 
 1. every chunk's file is found up front (``LocalStore`` and :class:`~arrayio.zarr.NVMeStore`:
-   a key is a file below the root) and read through arrayio's dispatcher, on its I/O pool,
-   into one host buffer;
+   a key is a file below the root) and read into one host buffer by arrayio's dispatcher
+   as one batch of many files (one tool, every read in flight, one decision): a dispatcher
+   call per chunk file costs about as much as its read from the page cache;
 2. ``crc32c`` codecs are verified there, on the host, as the bytes are in hand;
 3. zstd chunks are decoded in one call: on the GPU by nvCOMP in one batch (the GPU worker of
    :mod:`~arrayio.zarr.codecs`), after one copy of the whole buffer to the device, or on the
@@ -27,7 +28,6 @@ Select it with ``zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipe
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -229,9 +229,9 @@ def _read(
 
 
 def _read_files(files: list[str]) -> tuple[np.ndarray, list[np.ndarray | None]]:
-    """One host buffer, and every file's bytes in it (None for a missing one), read on the
-    I/O pool through the dispatcher."""
-    from ..dispatch._transfer import read_into
+    """One host buffer, and every file's bytes in it (None for a missing one), read as one
+    batch by the dispatcher (:meth:`~arrayio.dispatch.dispatcher.Dispatcher.read_files`)."""
+    from ..dispatch import dispatcher
 
     sizes: list[int | None] = []
     fds: list[int | None] = []
@@ -248,7 +248,7 @@ def _read_files(files: list[str]) -> tuple[np.ndarray, list[np.ndarray | None]]:
         total = sum(s for s in sizes if s)
         slab = np.empty(total, dtype=np.uint8)
         views: list[np.ndarray | None] = []
-        jobs = []
+        requests, paths = [], []
         at = 0
         for handle, size, path in zip(fds, sizes, files, strict=True):
             if handle is None or size is None:
@@ -257,10 +257,9 @@ def _read_files(files: list[str]) -> tuple[np.ndarray, list[np.ndarray | None]]:
             view = slab[at : at + size]
             at += size
             views.append(view)
-            if size:
-                jobs.append(executor().submit(read_into, handle, 0, view, path=path))
-        for job in concurrent.futures.as_completed(jobs):
-            job.result()
+            requests.append((handle, 0, view))
+            paths.append(path)
+        dispatcher.get().read_files(requests, paths=paths)
         return slab, views
     finally:
         for handle in fds:

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import arrayio
 from arrayio import tools
 from arrayio.dispatch import Arm, batches, dispatcher
+from arrayio.dispatch.context import piece_class, size_class
 from arrayio.dispatch.dispatcher import SMALL_TRANSFER, Dispatcher
 from arrayio.errors import ToolUnavailableError, TruncatedFileError
 from arrayio.tools import Capabilities, IOFuture, Tool
@@ -882,3 +883,73 @@ def test_nothing_to_divide_below_a_mebibyte_or_without_views():
         device_index = 0
 
     assert batches.divide([(0, Opaque())], 0.25) is None
+
+
+# -- several files as one batch ------------------------------------------------------------
+
+
+def _open_all(paths):
+    return [os.open(p, os.O_RDONLY) for p in paths]
+
+
+@given(sizes=st.lists(st.sampled_from([1, 4095, 70_000, MiB, MiB + 13]), min_size=1, max_size=9))
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_files_read_as_one_batch_each_fill_their_buffer(tmp_path, fresh, sizes):
+    rng = np.random.default_rng(len(sizes))
+    contents = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    paths = []
+    for i, content in enumerate(contents):
+        path = tmp_path / f"chunk{i}.bin"
+        path.write_bytes(content.tobytes())
+        paths.append(str(path))
+    buffers = [np.zeros(n, np.uint8) for n in sizes]
+    fds = _open_all(paths)
+    try:
+        fresh.read_files([(fd, 0, b) for fd, b in zip(fds, buffers, strict=True)], paths=paths)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    for buffer, content in zip(buffers, contents, strict=True):
+        assert buffer.tobytes() == content.tobytes()
+    context, _ = fresh.last
+    assert context.size_class == size_class(sum(sizes))  # learned as one transfer
+    assert context.pieces == piece_class(sizes)
+
+
+def test_a_short_file_among_many_is_a_data_error(tmp_path, fresh):
+    paths = []
+    for i, n in enumerate([MiB, MiB, MiB - 5]):
+        path = tmp_path / f"c{i}"
+        path.write_bytes(os.urandom(n))
+        paths.append(str(path))
+    fds = _open_all(paths)
+    try:
+        with pytest.raises(TruncatedFileError, match=r"c2: file ends at byte 1048571"):
+            fresh.read_files([(fd, 0, np.empty(MiB, np.uint8)) for fd in fds], paths=paths)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert all(not e.unavailable for e in arrayio.explain().explanations)  # no tool blamed
+
+
+def test_files_of_mixed_cache_states_are_a_mixed_batch(tmp_path, fresh, monkeypatch):
+    from arrayio.dispatch import dispatcher as dispatcher_module
+
+    states = iter(["warm", "cold", "warm"])
+    monkeypatch.setattr(dispatcher_module, "cache_state", lambda fd, offset, n: next(states))
+    paths = []
+    for i in range(3):
+        path = tmp_path / f"m{i}"
+        path.write_bytes(os.urandom(MiB))
+        paths.append(str(path))
+    fds = _open_all(paths)
+    try:
+        context = fresh.files_context([(fd, 0, np.empty(MiB, np.uint8)) for fd in fds], "host")
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert context.cache == "mixed"
+    with pytest.raises(ValueError, match="one memory kind"):
+        fresh.read_files([(0, 0, np.empty(1, np.uint8)), (0, 0, _Device(1))])
