@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 from zarr.abc.codec import CodecPipeline as _ZarrCodecPipeline
-from zarr.codecs import BytesCodec, Crc32cCodec
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec
 from zarr.codecs import ZstdCodec as _ZarrZstdCodec
 from zarr.core.codec_pipeline import BatchedCodecPipeline
 
@@ -55,10 +55,13 @@ except ImportError:
 @dataclasses.dataclass(frozen=True)
 class _Chain:
     """A codec chain this pipeline decodes itself: bytes (native order), then optionally
-    zstd, then optionally crc32c."""
+    zstd, gzip or blosc, then optionally crc32c."""
 
     zstd: Any  # numcodecs' Zstd for the chain's zstd codec, or None
     crc32c: bool
+    # numcodecs' GZip or Blosc for the chain's compressor, decoded on the host (and the
+    # chunks then copied to the GPU with one copy), or None
+    host_codec: Any = None
 
     @classmethod
     def of(cls, pipeline: BatchedCodecPipeline) -> tuple[_Chain | None, str]:
@@ -76,15 +79,22 @@ class _Chain:
         crc = bool(rest) and isinstance(rest[-1], Crc32cCodec)
         if crc:
             rest.pop()
-        zstd = None
+        zstd = host = None
+        compressor = ""
         first = rest[0] if rest else None
         if isinstance(first, _ZarrZstdCodec):
-            zstd = first._zstd_codec
+            zstd, compressor = first._zstd_codec, ", zstd"
+            rest.pop(0)
+        elif isinstance(first, (GzipCodec, BloscCodec)):
+            host = _numcodecs_of(first)
+            if host is None:
+                return None, f"its {type(first).__name__} has no numcodecs codec here"
+            compressor = ", gzip" if isinstance(first, GzipCodec) else ", blosc"
             rest.pop(0)
         if rest:
             names = ", ".join(type(c).__name__ for c in rest)
             return None, f"bytes-to-bytes codecs ({names})"
-        return cls(zstd, crc), "bytes" + (", zstd" if zstd else "") + (", crc32c" if crc else "")
+        return cls(zstd, crc, host), "bytes" + compressor + (", crc32c" if crc else "")
 
 
 class CodecPipeline(_ZarrCodecPipeline):
@@ -208,6 +218,10 @@ def _read(
             if on_gpu
             else _decode_host(chain.zstd, encoded)
         )
+    elif chain.host_codec is not None:
+        decoded = _decode_host(chain.host_codec, encoded)
+        if on_gpu:  # one copy of all the decoded chunks
+            decoded = _to_device(*_joined(decoded), target)
     elif on_gpu:
         decoded = _to_device(slab, encoded, target)
     else:
@@ -277,13 +291,48 @@ def _without_crc(data: np.ndarray, path: str) -> np.ndarray:
     return body
 
 
-def _decode_host(zstd: Any, encoded: list[np.ndarray | None]) -> list[np.ndarray | None]:
+def _decode_host(codec: Any, encoded: list[np.ndarray | None]) -> list[np.ndarray | None]:
+    """Each chunk decoded by ``codec`` (numcodecs') on the I/O pool."""
+    decode = (
+        (lambda data: decode_on_host(codec, data))
+        if getattr(codec, "codec_id", None) == "zstd"
+        else codec.decode
+    )
+
     def one(data: np.ndarray | None) -> np.ndarray | None:
         if data is None:
             return None
-        return np.frombuffer(decode_on_host(zstd, data), dtype=np.uint8)
+        return np.frombuffer(decode(data), dtype=np.uint8)
 
     return list(executor().map(one, encoded))
+
+
+def _joined(chunks: list[np.ndarray | None]) -> tuple[np.ndarray, list[np.ndarray | None]]:
+    """The chunks copied into one host buffer, and each one's view of it."""
+    slab = np.empty(sum(c.nbytes for c in chunks if c is not None), dtype=np.uint8)
+    views: list[np.ndarray | None] = []
+    at = 0
+    for chunk in chunks:
+        if chunk is None:
+            views.append(None)
+            continue
+        view = slab[at : at + chunk.nbytes]
+        view[...] = chunk
+        views.append(view)
+        at += chunk.nbytes
+    return slab, views
+
+
+def _numcodecs_of(codec: Any) -> Any:
+    """numcodecs' codec for zarr's gzip or blosc codec (as zarr decodes with), or None."""
+    if isinstance(codec, GzipCodec):
+        made = getattr(codec, "_gzip_codec", None)
+        if made is not None:
+            return made
+        from numcodecs import GZip  # type: ignore[import-untyped]
+
+        return GZip(codec.level)
+    return getattr(codec, "_blosc_codec", None)
 
 
 def _to_device(slab: np.ndarray, encoded: list[np.ndarray | None], target: Any) -> list[Any]:

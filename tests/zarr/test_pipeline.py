@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 zarr = pytest.importorskip("zarr")
 
-from zarr.codecs import Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec  # noqa: E402
+from zarr.codecs import (  # noqa: E402
+    BloscCodec,
+    Crc32cCodec,
+    GzipCodec,
+    TransposeCodec,
+    ZstdCodec,
+)
 from zarr.storage import LocalStore, MemoryStore  # noqa: E402
 
 import arrayio.zarr  # noqa: E402
@@ -25,10 +31,11 @@ CHAINS = {
     "none": {"compressors": None},
     "crc32c": {"compressors": [Crc32cCodec()]},
     "zstd+crc32c": {"compressors": [ZstdCodec(level=3, checksum=True), Crc32cCodec()]},
-    "gzip": {"compressors": [GzipCodec()]},  # not handled: zarr's pipeline
+    "gzip": {"compressors": [GzipCodec()]},
+    "blosc+crc32c": {"compressors": [BloscCodec(cname="lz4", clevel=5), Crc32cCodec()]},
     "transpose": {"filters": [TransposeCodec(order=(1, 0))]},  # not handled
 }
-HANDLED = {"default", "none", "crc32c", "zstd+crc32c"}
+HANDLED = {"default", "none", "crc32c", "zstd+crc32c", "gzip", "blosc+crc32c"}
 
 SELECTIONS = [
     Ellipsis,
