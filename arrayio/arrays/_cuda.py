@@ -156,6 +156,23 @@ class Stream:
         check(driver().cuStreamSynchronize(self.handle), "cuStreamSynchronize")
 
 
+_thread_streams = threading.local()
+
+
+def thread_stream(device: int) -> Stream:
+    """The calling thread's own stream on ``device``, made on first use, with ``device``'s
+    context made current: an I/O thread's copies queue on no framework's stream."""
+    streams = getattr(_thread_streams, "by_device", None)
+    if streams is None:
+        streams = _thread_streams.by_device = {}
+    stream = streams.get(device)
+    if stream is None:
+        stream = streams[device] = Stream(device)
+    else:
+        make_current(device)
+    return stream
+
+
 class Event:
     """An event, recorded again and again (:meth:`record`)."""
 

@@ -368,7 +368,12 @@ def read_batch(
         return _merged(parts, gpu, device_crcs)
 
 
-def read_files(t: Tool, requests: Sequence[tuple[int, int, Buffer]], paths: Sequence[str]) -> None:
+def read_files(
+    t: Tool,
+    requests: Sequence[tuple[int, int, Buffer]],
+    paths: Sequence[str],
+    report: Callable[[int], None],
+) -> None:
     """Fill each ``(fd, file_offset, buffer)`` of ``requests`` (of several files) with one
     tool, every transfer in flight at once (up to :data:`BATCH_WINDOW`): a Zarr array's
     chunk files read as one batch instead of one dispatcher call each.
@@ -380,15 +385,11 @@ def read_files(t: Tool, requests: Sequence[tuple[int, int, Buffer]], paths: Sequ
     """
     counts = submit_windowed(
         [functools.partial(t.pread, fd, buffer, offset) for fd, offset, buffer in requests],
-        _ignore_index,
+        report,
     )
     for (_, offset, buffer), got, path in zip(requests, counts, paths, strict=True):
         if got != buffer.nbytes:
             raise truncated(path, offset, buffer.nbytes, got)
-
-
-def _ignore_index(index: int) -> None:
-    pass
 
 
 def write_batch(

@@ -95,6 +95,17 @@ def _ignore(index: int) -> None:
     """The progress callback of a transfer alone."""
 
 
+def _placement(buffer: Buffer) -> tuple[str, int]:
+    """The memory kind of ``buffer`` and its device (-1 for the host): a batch is of one."""
+    return buffer_kind(buffer), -1 if isinstance(buffer, np.ndarray) else buffer.device_index
+
+
+def _keep_read(cache: str, span: int, reread: bool) -> bool:
+    """Whether a read's bytes are to stay in the page cache: read from the disk, and fitting
+    in free memory twice (once, for a file or directory that is read again)."""
+    return cache != "warm" and fits_in_the_page_cache(span, 1 if reread else 2)
+
+
 def fits_in_the_page_cache(nbytes: int, copies: int = 2) -> bool:
     """Whether ``nbytes`` read now can stay in the page cache for the next read: the memory
     available holds them ``copies`` times over (twice: a load also needs room for its
@@ -281,8 +292,7 @@ class Dispatcher:
         span = nbytes if span is None else span
         cache = cache_state(fd, file_offset, span) if direction == "read" else "-"
         if direction == "read":
-            reread = self.rereads.read(fd, ask=cache != "warm")
-            keep = cache != "warm" and fits_in_the_page_cache(span, 1 if reread else 2)
+            keep = _keep_read(cache, span, bool(self.rereads.read(fd, ask=cache != "warm")))
         else:
             keep = self.rereads.wrote(fd) and fits_in_the_page_cache(span, 2)
         return Context(
@@ -379,11 +389,7 @@ class Dispatcher:
         if not requests:
             return
         names = list(paths) if paths is not None else ["<file>"] * len(requests)
-        kinds = {
-            (buffer_kind(b), -1 if isinstance(b, np.ndarray) else b.device_index)
-            for _, _, b in requests
-        }
-        if len(kinds) > 1:
+        if len({_placement(buffer) for _, _, buffer in requests}) > 1:
             raise ValueError("read_files takes buffers of one memory kind and device")
         forced = self.forced_arm(tool)
         nbytes = sum(buffer.nbytes for _, _, buffer in requests)
@@ -393,7 +399,7 @@ class Dispatcher:
             _, arm = self.policy.run(
                 context,
                 nbytes,
-                lambda t: batches.read_files(t, requests, names),
+                lambda t: batches.read_files(t, requests, names, _ignore),
                 force=forced,
             )
             if forced is None:
@@ -421,7 +427,7 @@ class Dispatcher:
             self.in_flight.bucket(),
             False,
             piece_class(sizes),
-            keep=cache != "warm" and fits_in_the_page_cache(total, 1 if reread else 2),
+            keep=_keep_read(cache, total, reread),
         )
 
     def write(
@@ -516,8 +522,7 @@ class Dispatcher:
             elif forced is None and buffer.nbytes < SMALL_TRANSFER:
                 small.append(i)
             else:
-                device = -1 if isinstance(buffer, np.ndarray) else buffer.device_index
-                groups.setdefault((buffer_kind(buffer), device), []).append(i)
+                groups.setdefault(_placement(buffer), []).append(i)
         # Neighbours in the file move with one read or write and a copy each; writes only
         # join what touches (they would overwrite the bytes between).
         runs = batches.runs(requests, small, batches.RUN_GAP if direction == "read" else 0)

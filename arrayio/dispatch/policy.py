@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -744,8 +745,10 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+@functools.cache
 def _setup_seconds(arm: Arm) -> float:
-    """The set-up cost that ``arm``'s tool declares (0 for an unknown tool)."""
+    """The set-up cost that ``arm``'s tool declares (0 for an unknown tool); asked on every
+    call, so remembered per arm."""
     from .. import tools
 
     try:

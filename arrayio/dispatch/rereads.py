@@ -68,11 +68,8 @@ class ReReads:
     def wrote(self, fd: int) -> bool:
         """Record a write to ``fd``'s file; return whether this process has read back a file
         it wrote into the same directory (so this one is likely read soon too)."""
-        if _untracked.get():
-            return False
-        try:
-            stat = os.fstat(fd)
-        except OSError:
+        stat = _tracked_stat(fd)
+        if stat is None:
             return False
         with self._lock:
             self._remember(self._written, (stat.st_dev, stat.st_ino))
@@ -86,11 +83,8 @@ class ReReads:
         None. Without ``ask`` (a read from the page cache, where nothing is to be decided)
         the directory is only looked up to mark it, on a re-read: ``fstat`` alone costs a
         microsecond, the directory's lookup ten."""
-        if _untracked.get():
-            return None
-        try:
-            stat = os.fstat(fd)
-        except OSError:
+        stat = _tracked_stat(fd)
+        if stat is None:
             return None
         key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
         with self._lock:
@@ -112,6 +106,16 @@ class ReReads:
                     self._reread_directories.add(folder)
                 return "file"
             return "directory" if folder in self._reread_directories else None
+
+
+def _tracked_stat(fd: int) -> os.stat_result | None:
+    """``fd``'s status, or None where it cannot be had or transfers are untracked here."""
+    if _untracked.get():
+        return None
+    try:
+        return os.fstat(fd)
+    except OSError:
+        return None
 
 
 def _directory_of(fd: int) -> tuple[int, int] | None:

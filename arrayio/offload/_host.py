@@ -114,28 +114,10 @@ def _pool_lend(nbytes: int) -> Any:
     return pool.lend(nbytes)
 
 
-_streams = threading.local()
-
-
-def _stream(device: int) -> Any:
-    """The calling thread's stream on ``device`` (its context made current)."""
-    from ..arrays import _cuda
-
-    by_device = getattr(_streams, "by_device", None)
-    if by_device is None:
-        by_device = _streams.by_device = {}
-    stream = by_device.get(device)
-    if stream is None:
-        stream = by_device[device] = _cuda.Stream(device)
-    else:
-        _cuda.make_current(device)
-    return stream
-
-
 def _driver_to_host(data: Any, buffer: np.ndarray) -> None:
     from ..arrays import _cuda
 
-    stream = _stream(data.device_index)
+    stream = _cuda.thread_stream(data.device_index)
     _cuda.copy_to_host(buffer, data.data_ptr, stream)
     stream.synchronize()
 
@@ -143,6 +125,6 @@ def _driver_to_host(data: Any, buffer: np.ndarray) -> None:
 def _driver_to_device(buffer: np.ndarray, data: Any) -> None:
     from ..arrays import _cuda
 
-    stream = _stream(data.device_index)
+    stream = _cuda.thread_stream(data.device_index)
     _cuda.copy_to_device(data.data_ptr, buffer, stream)
     stream.synchronize()

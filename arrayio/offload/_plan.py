@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import heapq
 import math
 from collections.abc import Sequence
@@ -242,14 +243,7 @@ def simulate(
         for need in needs
     ]
     peak, byte_seconds = _peak(timeline, tiers, made, left, returns, freed)
-    plain_peak, _ = _peak(
-        timeline,
-        ["device"] * len(saved),
-        [s.produced for s in saved],
-        left,
-        [None] * len(saved),
-        [s.needed for s in saved],
-    )
+    plain_peak = _plain_peak(timeline)
     pcie = sum(saved[i].nbytes for i in moved)
     to_disk = sum(saved[i].nbytes for i in moved if tiers[i] == "disk")
     links = {
@@ -269,6 +263,22 @@ def simulate(
         timeline.step_seconds,
         byte_seconds,
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _plain_peak(timeline: Timeline) -> int:
+    """The plain step's peak (every tensor on the device): the same for every plan that
+    :func:`plan` tries on ``timeline``."""
+    saved = timeline.saved
+    peak, _ = _peak(
+        timeline,
+        ["device"] * len(saved),
+        [s.produced for s in saved],
+        [math.inf] * len(saved),
+        [None] * len(saved),
+        [s.needed for s in saved],
+    )
+    return peak
 
 
 def _peak(

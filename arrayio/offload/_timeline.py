@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._plan import Saved, Timeline
-from ._torch_hooks import _is_leaf_data
+from ._torch_hooks import offloadable
 
 __all__ = ["StepRecorder", "record_step"]
 
@@ -68,14 +68,13 @@ class StepRecorder:
         self._by_id: dict[int, _Recorded] = {}
 
     def pack(self, tensor: Any) -> Any:
-        nbytes = tensor.numel() * tensor.element_size()
-        if nbytes < self.min_bytes or _is_leaf_data(tensor):
+        if not offloadable(tensor, self.min_bytes):
             return tensor
         known = self._by_id.get(id(tensor))
         if known is not None and known.tensor is tensor:  # saved by several operations
             return known
         recorded = self._by_id[id(tensor)] = _Recorded(tensor, len(self._bytes))
-        self._bytes.append(nbytes)
+        self._bytes.append(tensor.numel() * tensor.element_size())
         self._made.append(_Mark(self.cuda))
         self._needed.append(None)
         return recorded

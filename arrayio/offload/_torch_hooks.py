@@ -61,7 +61,7 @@ class _Hooks:
         self.by_id: dict[int, weakref.ref[_Saved]] = {}
 
     def pack(self, tensor: Any) -> Any:
-        if tensor.numel() * tensor.element_size() < self.min_bytes or _is_leaf_data(tensor):
+        if not offloadable(tensor, self.min_bytes):
             return tensor
         with self.lock:
             known = self.by_id.get(id(tensor))
@@ -129,6 +129,12 @@ def _same(held: Any, tensor: Any, version: int) -> bool:
         and held.dtype == tensor.dtype
         and tensor._version == version
     )
+
+
+def offloadable(tensor: Any, min_bytes: int) -> bool:
+    """Whether :func:`activations` offloads ``tensor`` (and a step's recording counts it):
+    ``min_bytes`` or more, and not a leaf's data."""
+    return tensor.numel() * tensor.element_size() >= min_bytes and not _is_leaf_data(tensor)
 
 
 def _is_leaf_data(tensor: Any) -> bool:

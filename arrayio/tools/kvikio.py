@@ -117,10 +117,13 @@ class KvikioTool(Tool):
     def prepare(self) -> None:
         """Import KvikIO and start its threads."""
         kvikio = _import_kvikio()
-
         with _settings_lock:
-            if kvikio.defaults.get("num_threads") != self.threads:
-                kvikio.defaults.set("num_threads", self.threads)
+            self._use_threads(kvikio)
+
+    def _use_threads(self, kvikio: Any) -> None:
+        """Size KvikIO's process-wide thread pool for this tool (lock held)."""
+        if kvikio.defaults.get("num_threads") != self.threads:
+            kvikio.defaults.set("num_threads", self.threads)
 
     @property
     def mode(self) -> str:
@@ -144,8 +147,7 @@ class KvikioTool(Tool):
         kvikio = _import_kvikio()
 
         with _settings_lock:
-            if kvikio.defaults.get("num_threads") != self.threads:
-                kvikio.defaults.set("num_threads", self.threads)
+            self._use_threads(kvikio)
             if kvikio.defaults.get("task_size") != self.task_size:
                 kvikio.defaults.set("task_size", self.task_size)
             # In compatibility mode every thread stages its task through a pinned bounce

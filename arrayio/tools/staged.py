@@ -87,7 +87,7 @@ class StagedTool(ThreadedTool):
         chunk_size = align_up(chunk_size)
         super().__init__(threads, chunk_size=chunk_size, direct=direct, **params)
         self.chunk_size, self.direct = chunk_size, direct
-        self._streams = threading.local()  # each worker thread keeps its stream per device
+        self._events = threading.local()  # each worker thread's two events per device
 
     @classmethod
     @functools.cache
@@ -101,18 +101,16 @@ class StagedTool(ThreadedTool):
         return Availability(True) if count > 0 else Availability(False, "no CUDA device")
 
     def _stream(self, device_index: int) -> tuple[_cuda.Stream, list[_cuda.Event]]:
-        """This worker thread's stream on ``device_index``, whose context it makes current,
-        and the thread's two events there (one per buffer: made once, not per chunk)."""
-        streams = getattr(self._streams, "by_device", None)
-        if streams is None:
-            streams = self._streams.by_device = {}
-        made = streams.get(device_index)
-        if made is None:
-            stream = _cuda.Stream(device_index)
-            made = streams[device_index] = (stream, [_cuda.Event(), _cuda.Event()])
-        else:
-            _cuda.make_current(device_index)
-        return made
+        """This worker thread's stream on ``device_index`` (its context made current), and
+        the thread's two events there (one per buffer: made once, not per chunk)."""
+        stream = _cuda.thread_stream(device_index)
+        events = getattr(self._events, "by_device", None)
+        if events is None:
+            events = self._events.by_device = {}
+        pair = events.get(device_index)
+        if pair is None:
+            pair = events[device_index] = [_cuda.Event(), _cuda.Event()]
+        return stream, pair
 
     def prepare(self) -> None:
         """Start the workers and pin a full pipeline's buffers into the shared pool (two of
@@ -205,7 +203,6 @@ class StagedTool(ThreadedTool):
             # the bytes between pieces are not read.
             got = 0
             for i, inside, at, size in pieces.overlapping(start, length):
-                got = at
                 view = slot[at : at + size]
                 parts = pieces.checksums[i]
                 if parts is None:
