@@ -21,6 +21,7 @@ import numpy as np
 
 __all__ = [
     "CudaError",
+    "DeviceMemory",
     "Event",
     "Stream",
     "alloc_pinned",
@@ -55,6 +56,8 @@ def driver() -> Any:
         "cuCtxGetCurrent": [ctypes.POINTER(handle)],
         "cuMemHostAlloc": [ctypes.POINTER(pointer), size, ctypes.c_uint],
         "cuMemFreeHost": [pointer],
+        "cuMemAlloc_v2": [ctypes.POINTER(ctypes.c_uint64), size],
+        "cuMemFree_v2": [ctypes.c_uint64],
         "cuStreamCreate": [ctypes.POINTER(handle), ctypes.c_uint],
         "cuStreamDestroy_v2": [handle],
         "cuStreamSynchronize": [handle],
@@ -138,6 +141,25 @@ def alloc_pinned(nbytes: int) -> np.ndarray:
     memory = (ctypes.c_ubyte * max(nbytes, 1)).from_address(address.value)
     weakref.finalize(memory, _free_host, address.value)
     return np.frombuffer(memoryview(memory).cast("B"), np.uint8, nbytes)  # keeps ``memory`` alive
+
+
+class DeviceMemory:
+    """``nbytes`` of device memory on the current context's device (``device``'s, made
+    current where the calling thread has none), for scratch work of arrayio's own; freed by
+    :meth:`free`, or when the object is collected."""
+
+    __slots__ = ("__weakref__", "_finalizer", "address", "nbytes")
+
+    def __init__(self, nbytes: int, device: int = 0) -> None:
+        if not _has_context():
+            make_current(device)
+        address = ctypes.c_uint64()
+        check(driver().cuMemAlloc_v2(ctypes.byref(address), max(nbytes, 1)), "cuMemAlloc")
+        self.address, self.nbytes = address.value, nbytes
+        self._finalizer = weakref.finalize(self, _destroy, "cuMemFree_v2", address.value)
+
+    def free(self) -> None:
+        self._finalizer()
 
 
 class Stream:

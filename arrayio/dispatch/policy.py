@@ -9,6 +9,7 @@ fails; what it learns goes into a :class:`~arrayio.dispatch.table.Table`. The ru
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import functools
@@ -24,6 +25,7 @@ from ..errors import ToolUnavailableError
 from ._choosing import Candidates, Exploration, attributes, nearest_winner, order
 from ._recording import Measures
 from .arm import Arm
+from .candidates import ON_DISK
 from .explain import ArmReport, Explanation, explanation
 from .failures import chain, is_tool_failure
 from .table import EXPLOITING, ContextEntry, Table
@@ -49,6 +51,11 @@ PREPARE_AFTER = 2
 # whether it hides a tool's set-up (see Policy._stand_in): a fast path's, so that short
 # calls of unknown contexts get a stand-in.
 FIRST_GUESS_RATE = 10e9
+
+# The rate a read from the disk is assumed to run at where nothing of its context was
+# measured, to judge whether a set-up hides behind it (see Policy._stand_in): a fast NVMe
+# drive's, so that only reads long on any disk start one.
+DISK_GUESS_RATE = 5e9
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -172,6 +179,9 @@ class Policy:
         # background before a rival's first share of a call.
         self._ready: set[Arm] = set()
         self._preparing: set[Arm] = set()
+        # Tools (by name) set up in this process: what a set-up costs (imports, pinned
+        # pools) is the tool's, whichever arm of it paid.
+        self._set_up_tools: set[str] = set()
         _policies.add(self)
         self._in_flight: dict[tuple[str, str], int] = {}
         self._tools: dict[Arm, Tool] = {}
@@ -284,6 +294,7 @@ class Policy:
             with self._tools_lock:
                 self._preparing.discard(arm)
                 self._ready.add(arm)
+                self._set_up_tools.add(arm.name)
                 if key is None:
                     self._unmeasured.add(arm)
             if key is not None:
@@ -306,6 +317,11 @@ class Policy:
         enough to hide the set-up (more than ``1 / regret`` times it, at the arm's measured
         rate, or the best measured, or :data:`FIRST_GUESS_RATE`) runs the arm itself. The
         stand-in's calls are not recorded (see :meth:`run`).
+
+        A stand-in's read from the disk that is expected to outlast the set-up (at the arm's
+        measured rate or :data:`DISK_GUESS_RATE`) starts it at once, beside the call: its
+        threads wait on the disk, so the set-up costs the call little, and the reloads that
+        follow a cold start (page-cache reads, which the arm serves best) find it ready.
         """
         setup = self._setup_seconds(arm)
         if setup <= 0:
@@ -314,6 +330,8 @@ class Policy:
         with self._tools_lock:
             if arm in self._ready or (arm in self._tools and arm not in self._preparing):
                 return arm, None
+            if arm.name in self._set_up_tools:
+                return arm, None  # another arm of its tool paid for the set-up
         stats = entry.arms.get(arm.label)
         rate = stats.estimate if stats is not None else None
         if not rate:
@@ -329,6 +347,14 @@ class Policy:
             if other_stats is not None and other_stats.unavailable is not None:
                 continue
             self._stood_in += 1
+            disk_rate = (stats.estimate if stats is not None else None) or DISK_GUESS_RATE
+            beside = context.direction == "read" and context.cache in ON_DISK
+            if beside and setup <= nbytes / disk_rate:
+                with self._tools_lock:
+                    if arm not in self._preparing and arm not in self._tools:
+                        self._preparing.add(arm)
+                        self._start_preparing(arm)
+                return other, None
             if self._stood_in >= 2:
                 with self._tools_lock:
                     if arm not in self._preparing and arm not in self._tools:
@@ -342,9 +368,17 @@ class Policy:
         KvikIO holds the interpreter's lock for tens of milliseconds, which would slow a
         call's workers; between calls it overlaps the program's own work)."""
         if arm is not None:
-            threading.Thread(
-                target=self._prepare, args=(arm, None), name="arrayio-prepare", daemon=True
-            ).start()
+            self._start_preparing(arm)
+
+    def _start_preparing(self, arm: Arm) -> None:
+        """Set ``arm`` up on a thread of its own (in :attr:`_preparing` already); a process
+        that exits meanwhile waits for it (:func:`_join_preparing`)."""
+        thread = threading.Thread(
+            target=self._prepare, args=(arm, None), name="arrayio-prepare", daemon=True
+        )
+        with _preparing_lock:
+            _preparing_threads.add(thread)
+        thread.start()
 
     def _is_fresh(self, arm: Arm) -> bool:
         """Whether ``arm``'s tool is yet to be made. Its first call then also pays for
@@ -733,12 +767,29 @@ class Policy:
 
 
 _policies: weakref.WeakSet[Policy] = weakref.WeakSet()
+_preparing_threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+_preparing_lock = threading.Lock()
+
+
+def _join_preparing(timeout: float = 10.0) -> None:
+    """Wait (a while) for the tools being set up in the background: a daemon thread stopped
+    by the interpreter's exit inside an import or a CUDA call could leave the driver's
+    teardown to race it."""
+    deadline = time.monotonic() + timeout
+    with _preparing_lock:
+        threads = list(_preparing_threads)
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_join_preparing)
 
 
 def _after_fork_in_child() -> None:
     # The threads setting rivals up are the parent's: in the child they never finish.
     for policy in list(_policies):
         policy._preparing = set()
+    _preparing_threads.clear()
 
 
 if hasattr(os, "register_at_fork"):

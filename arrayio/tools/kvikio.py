@@ -13,19 +13,24 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
+import logging
 import os
+import tempfile
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from ..arrays import _cuda
 from ..arrays._buffers import synchronize_device
 from ..errors import ToolUnavailableError
 from ..integrity._checksum import ChecksumParts
 from .base import Availability, Buffer, Capabilities, IOFuture, Tool
 
 __all__ = ["KvikioTool"]
+
+logger = logging.getLogger("arrayio.tools")
 
 # KvikIO's thread pool and task size are process-wide: set them under a lock, only on change.
 _settings_lock = threading.Lock()
@@ -96,9 +101,9 @@ class KvikioTool(Tool):
         self._handles: dict[tuple[int, str], list[Any]] = {}
         self._handles_lock = threading.Lock()
 
-    # Importing KvikIO loads its libraries and CUDA's (tens of milliseconds), and its first
-    # device transfer pins its bounce buffers.
-    setup_seconds = 0.1
+    # Importing KvikIO loads its libraries and CUDA's (tens of milliseconds), and pinning its
+    # bounce buffers (prepare) takes longer.
+    setup_seconds = 0.2
 
     @classmethod
     @functools.cache
@@ -115,10 +120,36 @@ class KvikioTool(Tool):
         return Availability(True)
 
     def prepare(self) -> None:
-        """Import KvikIO and start its threads."""
+        """Import KvikIO, start its threads and pin its bounce buffers."""
         kvikio = _import_kvikio()
         with _settings_lock:
             self._use_threads(kvikio)
+        try:
+            self._pin_bounce_buffers()
+        except Exception as error:  # noqa: BLE001 - the first transfer pins them instead
+            logger.info("kvikio: pinning the bounce buffers ahead failed: %s", error)
+
+    def _pin_bounce_buffers(self) -> None:
+        """Read a task for each thread from a file of zeros into scratch device memory.
+
+        In compatibility mode each of KvikIO's threads stages its tasks through a pinned
+        bounce buffer, pinned on the thread's first task and kept in a pool: a fresh
+        process's first read pays for pinning them all, which takes longer than a warm read
+        of a gigabyte. Done here, as part of the set-up, the first read runs at its rate.
+        The file is a hole (nothing written, nothing on the disk)."""
+        nbytes = self.threads * self.task_size
+        scratch = _cuda.DeviceMemory(nbytes)
+        try:
+            with tempfile.NamedTemporaryFile(prefix="arrayio-kvikio-") as zeros:
+                os.ftruncate(zeros.fileno(), nbytes)
+                handle, release = self._open(zeros.fileno(), "r")
+                try:
+                    target = _DeviceBytes(scratch.address, nbytes)
+                    handle.pread(target, nbytes, 0, self.task_size).get()
+                finally:
+                    release()
+        finally:
+            scratch.free()
 
     def _use_threads(self, kvikio: Any) -> None:
         """Size KvikIO's process-wide thread pool for this tool (lock held)."""

@@ -1342,3 +1342,59 @@ def test_an_arm_being_set_up_runs_no_untimed_call():
     waiting.set()
     _wait_ready(policy, A)
     assert call(policy, ctx, 64 * MiB) == A
+
+
+def test_a_long_read_from_the_disk_sets_the_arm_up_beside_its_stand_in():
+    # A cold load of 1.5 GiB: at the disk's first guess (5 GB/s) it outlasts a's 0.1 s of
+    # set-up, so a is set up during the stand-in's call, and the warm reloads that follow
+    # run on a as soon as it is ready (not from the process's second stand-in call).
+    prepared = threading.Event()
+    world = World({"a": 30 * GB, "c": 10 * GB})
+    policy = _standing_in(world, [A, C], {"a": 0.1}, prepared)
+    assert call(policy, context(31, cache="cold"), 1536 * MiB) == C
+    assert policy._preparing == {A}
+    assert call(policy, context(31), 1536 * MiB) == C  # still being set up
+    prepared.set()
+    _wait_ready(policy, A)
+    assert call(policy, context(31), 1536 * MiB) == A
+
+
+@pytest.mark.parametrize(
+    ("cache", "nbytes", "why"),
+    [
+        ("warm", 1536 * MiB, "a page-cache read is short: the set-up would slow it"),
+        ("cold", 256 * MiB, "51 ms at the disk's first guess: shorter than the set-up"),
+    ],
+)
+def test_no_set_up_beside_a_short_or_page_cache_call(cache, nbytes, why):
+    prepared = threading.Event()
+    world = World({"a": 30 * GB, "c": 10 * GB})
+    policy = _standing_in(world, [A, C], {"a": 0.1}, prepared)
+    assert call(policy, context(31, cache=cache), nbytes) == C
+    assert not policy._preparing, why
+
+
+def test_an_arm_runs_itself_once_another_arm_of_its_tool_is_set_up():
+    # The set-up is the tool's (KvikIO's import, its pinned pool): once one arm of it paid,
+    # another arm of it (another task size) has nothing left to stand in for.
+    prepared = threading.Event()
+    prepared.set()
+    a_large = Arm.of("a", task_size=16)
+    world = World({"a": 30 * GB, a_large.label: 30 * GB, "c": 10 * GB})
+    policy = _standing_in(world, [a_large, C], {"a": 0.1}, prepared)
+    assert call(policy, context(31, cache="cold"), 1536 * MiB) == C
+    _wait_ready(policy, a_large)
+    policy._candidates = lambda _context: [A, C]
+    assert call(policy, context(31), 64 * MiB) == A
+
+
+def test_an_exiting_process_waits_for_the_set_up_in_the_background():
+    from arrayio.dispatch import policy as policy_module
+
+    prepared = threading.Event()
+    world = World({"a": 30 * GB, "c": 10 * GB})
+    policy = _standing_in(world, [A, C], {"a": 0.1}, prepared)
+    call(policy, context(31, cache="cold"), 1536 * MiB)
+    threading.Timer(0.2, prepared.set).start()
+    policy_module._join_preparing(timeout=10)
+    assert A in policy._ready
