@@ -172,6 +172,11 @@ def synchronize_device(buffer: DeviceBuffer) -> None:
 
         torch.cuda.synchronize(buffer.device_index)
         return
+    if not isinstance(buffer, CupyDeviceBuffer):  # the driver's own memory (a JAX load's)
+        from . import _cuda
+
+        _cuda.synchronize_context(buffer.device_index)
+        return
     import cupy
 
     with cupy.cuda.Device(buffer.device_index):

@@ -21,16 +21,21 @@ import numpy as np
 
 __all__ = [
     "CudaError",
+    "CudaOutOfMemoryError",
     "DeviceMemory",
     "Event",
     "Stream",
     "alloc_pinned",
     "check",
+    "compute_capability",
     "copy_to_device",
     "copy_to_host",
     "device_count",
     "driver",
+    "driver_cuda_major",
     "make_current",
+    "synchronize_context",
+    "total_memory",
 ]
 
 _PORTABLE = 0x01  # CU_MEMHOSTALLOC_PORTABLE: pinned for every context, not one
@@ -54,10 +59,16 @@ def driver() -> Any:
         "cuDevicePrimaryCtxRetain": [ctypes.POINTER(handle), ctypes.c_int],
         "cuCtxSetCurrent": [handle],
         "cuCtxGetCurrent": [ctypes.POINTER(handle)],
+        "cuCtxGetDevice": [ctypes.POINTER(ctypes.c_int)],
         "cuMemHostAlloc": [ctypes.POINTER(pointer), size, ctypes.c_uint],
         "cuMemFreeHost": [pointer],
         "cuMemAlloc_v2": [ctypes.POINTER(ctypes.c_uint64), size],
         "cuMemFree_v2": [ctypes.c_uint64],
+        "cuMemsetD32Async": [ctypes.c_uint64, ctypes.c_uint, size, handle],
+        "cuCtxSynchronize": [],
+        "cuDeviceGetAttribute": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int],
+        "cuDriverGetVersion": [ctypes.POINTER(ctypes.c_int)],
+        "cuDeviceTotalMem_v2": [ctypes.POINTER(size), ctypes.c_int],
         "cuStreamCreate": [ctypes.POINTER(handle), ctypes.c_uint],
         "cuStreamDestroy_v2": [handle],
         "cuStreamSynchronize": [handle],
@@ -78,7 +89,16 @@ def driver() -> Any:
     return library
 
 
+class CudaOutOfMemoryError(CudaError, MemoryError):
+    """The device (or pinned host memory) has not the memory asked for."""
+
+
+_OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
+
+
 def check(result: int, what: str) -> None:
+    if result == _OUT_OF_MEMORY:
+        raise CudaOutOfMemoryError(f"{what} failed: out of memory (CUDA error {result})")
     if result != 0:
         raise CudaError(f"{what} failed: CUDA error {result}")
 
@@ -93,6 +113,40 @@ def device_count() -> int:
 
 _contexts: dict[int, ctypes.c_void_p] = {}
 _contexts_lock = threading.Lock()
+
+
+def compute_capability(device: int) -> tuple[int, int]:
+    """``device``'s compute capability (major, minor)."""
+    values = []
+    for attribute in (75, 76):  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _MINOR
+        value = ctypes.c_int()
+        check(
+            driver().cuDeviceGetAttribute(ctypes.byref(value), attribute, device),
+            "cuDeviceGetAttribute",
+        )
+        values.append(value.value)
+    return values[0], values[1]
+
+
+@functools.cache
+def total_memory(device: int) -> int:
+    """``device``'s memory, bytes."""
+    total = ctypes.c_size_t()
+    check(driver().cuDeviceTotalMem_v2(ctypes.byref(total), device), "cuDeviceTotalMem")
+    return total.value
+
+
+def driver_cuda_major() -> int:
+    """The major CUDA version the driver supports (13 for a CUDA 13 driver)."""
+    version = ctypes.c_int()
+    check(driver().cuDriverGetVersion(ctypes.byref(version)), "cuDriverGetVersion")
+    return version.value // 1000
+
+
+def synchronize_context(device: int) -> None:
+    """Wait for all work queued on ``device``'s primary context."""
+    make_current(device)
+    check(driver().cuCtxSynchronize(), "cuCtxSynchronize")
 
 
 def make_current(device: int) -> None:
@@ -144,22 +198,35 @@ def alloc_pinned(nbytes: int) -> np.ndarray:
 
 
 class DeviceMemory:
-    """``nbytes`` of device memory on the current context's device (``device``'s, made
-    current where the calling thread has none), for scratch work of arrayio's own; freed by
-    :meth:`free`, or when the object is collected."""
+    """``nbytes`` of device memory on ``device`` (by default the calling thread's current
+    context's, or device 0's where it has none), freed by :meth:`free` or when the object is
+    collected."""
 
-    __slots__ = ("__weakref__", "_finalizer", "address", "nbytes")
+    __slots__ = ("__weakref__", "_finalizer", "address", "device", "nbytes")
 
-    def __init__(self, nbytes: int, device: int = 0) -> None:
-        if not _has_context():
+    def __init__(self, nbytes: int, device: int | None = None) -> None:
+        if device is not None:
             make_current(device)
-        address = ctypes.c_uint64()
+        elif not _has_context():
+            make_current(0)
+        address, current = ctypes.c_uint64(), ctypes.c_int()
         check(driver().cuMemAlloc_v2(ctypes.byref(address), max(nbytes, 1)), "cuMemAlloc")
         self.address, self.nbytes = address.value, nbytes
-        self._finalizer = weakref.finalize(self, _destroy, "cuMemFree_v2", address.value)
+        if device is None:
+            check(_current_device(ctypes.byref(current)), "cuCtxGetDevice")
+            device = current.value
+        self.device = device
+        self._finalizer = weakref.finalize(self, _free_device, device, address.value)
 
     def free(self) -> None:
         self._finalizer()
+
+    def fill_uint32(self, value: int, stream: Stream) -> None:
+        """Queue filling the memory with 32-bit ``value`` on ``stream``."""
+        check(
+            driver().cuMemsetD32Async(self.address, value, self.nbytes // 4, stream.handle),
+            "cuMemsetD32Async",
+        )
 
 
 class Stream:
@@ -211,6 +278,19 @@ class Event:
 
     def synchronize(self) -> None:
         check(driver().cuEventSynchronize(self.handle), "cuEventSynchronize")
+
+
+def _current_device(device: Any) -> int:
+    return int(driver().cuCtxGetDevice(device))
+
+
+def _free_device(device: int, address: int) -> None:
+    """Free device memory from any thread (the driver needs its context current)."""
+    try:
+        make_current(device)
+        driver().cuMemFree_v2(address)
+    except Exception:  # noqa: BLE001 - at exit the driver may be gone: the OS frees it
+        pass
 
 
 def _destroy(function: str, handle: int | None) -> None:

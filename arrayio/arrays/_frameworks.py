@@ -33,6 +33,7 @@ from ..errors import (
 from ..runtime._units import format_count
 from . import _dtypes
 from ._buffers import CupyDeviceBuffer, DeviceBuffer, TorchDeviceBuffer, aligned_empty, result_empty
+from ._driver_buffers import DLPackExport, DriverDeviceBuffer
 from ._dtypes import DType
 from ._jax_import import to_jax
 from ._shards import Pieces
@@ -277,6 +278,15 @@ def _require(framework: str) -> ModuleType:
         ) from None
 
 
+def _driver_memory(nbytes: int, device: int) -> DriverDeviceBuffer | None:
+    """``nbytes`` of device memory from the CUDA driver (JAX's loads: no framework to
+    import); None where the driver cannot give it (the caller then goes through the host)."""
+    try:
+        return DriverDeviceBuffer.allocate(nbytes, device)
+    except OSError:  # no libcuda: no CUDA here at all
+        return None
+
+
 def _cupy() -> ModuleType | None:
     """CuPy, if importable: the GPU byte mover's workhorse, never required."""
     module = _module("cupy")
@@ -491,19 +501,18 @@ def _allocate_jax(dtype: DType, shape: tuple[int, ...], nbytes: int, request: Re
         )
     np_dtype = _dtypes.numpy_dtype(dtype)
     placement = request.placement
-    cupy = _cupy() if placement.is_cuda else None
-    if cupy is not None:
-        with cupy.cuda.Device(placement.index):
-            flat = cupy.empty((nbytes,), dtype=cupy.uint8)
+    flat = _driver_memory(nbytes, placement.index) if placement.is_cuda else None
+    if flat is not None:
+        memory = flat  # (for the closure: mypy keeps ``flat`` optional)
 
         def finish_cuda() -> Any:
             device = request.jax_device or _jax_device(jax, placement)
-            if dtype.name.startswith("float8"):  # CuPy has no float8: bitcast inside JAX.
-                as_bytes = to_jax(jax, flat.reshape(*shape, 1), device)
+            if dtype.name.startswith("float8"):  # DLPack has no float8: bitcast inside JAX.
+                as_bytes = to_jax(jax, DLPackExport(memory, (*shape, 1), np.uint8), device)
                 return jax.lax.bitcast_convert_type(as_bytes, np_dtype).reshape(shape)
-            return to_jax(jax, flat.view(np_dtype).reshape(shape), device)  # zero-copy
+            return to_jax(jax, DLPackExport(memory, shape, np_dtype), device)  # zero-copy
 
-        return Target(CupyDeviceBuffer(flat), finish_cuda)
+        return Target(memory, finish_cuda)
 
     host = aligned_empty(nbytes)
     copies = placement.is_cuda or request.jax_device is not None or not dtype.numpy_native

@@ -25,7 +25,8 @@ _state = "untried"  # "untried", "direct" (checked once) or "public"
 
 
 def to_jax(jax: Any, array: Any, device: Any) -> Any:
-    """``array`` (CuPy, on ``device``'s GPU, its bytes final) as a JAX array, zero-copy."""
+    """``array`` (a CuPy array or a :class:`~arrayio.arrays._driver_buffers.DLPackExport`, on
+    ``device``'s GPU, its bytes final) as a JAX array, zero-copy."""
     global _state
     if _state != "public" and array.size:  # an empty array has no memory to compare
         try:
@@ -63,10 +64,11 @@ def _convert(jax: Any, array: Any, device: Any) -> Any:
 
 
 def _same_array(result: Any, array: Any) -> bool:
+    pointer = array.pointer if hasattr(array, "pointer") else array.data.ptr
     return (
         tuple(result.shape) == tuple(array.shape)
         and result.dtype == array.dtype
-        and result.unsafe_buffer_pointer() == array.data.ptr
+        and result.unsafe_buffer_pointer() == pointer
     )
 
 

@@ -1,4 +1,4 @@
-"""Two ways to run the device checksum's kernel: through CuPy, or through torch.
+"""Three ways to run the device checksum's kernel: through CuPy, torch, or the bare driver.
 
 CuPy compiles and launches raw kernels, but importing it costs a fresh process about as much
 as a warm load of a gigabyte, a cost a torch user's first load would pay for a checksum
@@ -6,14 +6,19 @@ alone. Where torch already runs CUDA, the same source is built with NVRTC and la
 the CUDA driver on torch's streams (:class:`TorchLauncher`), so such a process never imports
 CuPy. Both work on raw device addresses, so either checksums any framework's memory.
 
+A process that runs CUDA through neither (JAX) builds and launches it with the driver alone,
+on arrayio's own streams and memory (:class:`DriverLauncher`), where an NVRTC library is found.
+
 :func:`choose` picks one per process: CuPy where it is imported already, torch where it
-runs CUDA (and has the compiler), CuPy otherwise.
+runs CUDA, the driver where NVRTC is found, CuPy otherwise.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
+import glob
 import hashlib
 import importlib.util
 import os
@@ -25,7 +30,7 @@ import numpy as np
 
 from ..arrays import _cuda
 
-__all__ = ["CupyLauncher", "Launcher", "TorchLauncher", "choose", "usable"]
+__all__ = ["CupyLauncher", "DriverLauncher", "Launcher", "TorchLauncher", "choose", "usable"]
 
 
 class Launcher:
@@ -164,32 +169,117 @@ class TorchLauncher(Launcher):
         return _driver_kernel(_cubin(source, name, f"sm_{major}{minor}", cuda_major), name)
 
     def launch(self, kernel: Any, grid: int, block: int, args: tuple[Any, ...]) -> None:
-        values = [
-            ctypes.c_int(a) if isinstance(a, int) else ctypes.c_void_p(self.address(a))
-            for a in args
-        ]
-        params = (ctypes.c_void_p * len(values))(
-            *(ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values)
-        )
         torch = self.module
         _cuda.make_current(torch.cuda.current_device())
-        stream = torch.cuda.current_stream().cuda_stream
-        _cuda.check(
-            _cuda.driver().cuLaunchKernel(
-                kernel,
-                grid,
-                1,
-                1,
-                block,
-                1,
-                1,
-                0,
-                ctypes.c_void_p(stream),
-                ctypes.cast(params, ctypes.c_void_p),
-                None,
-            ),
-            "cuLaunchKernel",
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        _launch(kernel, grid, block, args, self.address, stream)
+
+
+class _DriverArray:
+    """Device memory of the driver's, with the shape of what it holds."""
+
+    __slots__ = ("memory", "shape")
+
+    def __init__(self, memory: _cuda.DeviceMemory, shape: tuple[int, ...]) -> None:
+        self.memory, self.shape = memory, shape
+
+
+class DriverLauncher(Launcher):
+    """The kernel built with NVRTC and launched with the CUDA driver, on arrayio's own
+    streams and memory: for a process that runs CUDA through no framework arrayio can use
+    (JAX), so that a checksum imports none. Needs an NVRTC library (:func:`_nvrtc_library`);
+    the built binary is kept as :class:`TorchLauncher`'s is."""
+
+    name = "driver"
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def device(self, index: int) -> Any:
+        previous = getattr(self._local, "device", None)
+        _cuda.make_current(index)
+        self._local.device = index
+        try:
+            yield
+        finally:
+            self._local.device = previous
+            if previous is not None:
+                _cuda.make_current(previous)
+
+    def _device(self) -> int:
+        device = getattr(self._local, "device", None)
+        return 0 if device is None else int(device)
+
+    def current_stream(self, index: int) -> Any:
+        stream = getattr(self._local, "stream", None)
+        return stream if stream is not None else _cuda.thread_stream(index)
+
+    def new_stream(self, index: int) -> Any:
+        return _cuda.Stream(index)
+
+    @contextlib.contextmanager
+    def on_stream(self, stream: Any) -> Any:
+        previous = getattr(self._local, "stream", None)
+        self._local.stream = stream
+        try:
+            yield
+        finally:
+            self._local.stream = previous
+
+    def upload(self, array: np.ndarray) -> Any:
+        host = np.ascontiguousarray(array)
+        device = self._device()
+        memory = _cuda.DeviceMemory(host.nbytes, device)
+        # From pageable memory the call returns once the bytes are staged: ``host`` may go.
+        _cuda.copy_to_device(
+            memory.address, host.reshape(-1).view(np.uint8), self.current_stream(device)
         )
+        return _DriverArray(memory, host.shape)
+
+    def zeros_uint32(self, shape: tuple[int, ...]) -> Any:
+        device = self._device()
+        memory = _cuda.DeviceMemory(4 * int(np.prod(shape)), device)
+        memory.fill_uint32(0, self.current_stream(device))
+        return _DriverArray(memory, shape)
+
+    def address(self, array: Any) -> int:
+        return int(array.memory.address)
+
+    def download(self, array: Any, stream: Any) -> np.ndarray:
+        host = np.empty(array.shape, dtype=np.uint32)
+        _cuda.copy_to_host(host.reshape(-1).view(np.uint8), array.memory.address, stream)
+        stream.synchronize()
+        return host
+
+    def compile(self, source: str, name: str) -> Any:
+        device = self._device()
+        major, minor = _cuda.compute_capability(device)
+        _cuda.make_current(device)
+        cuda_major = str(_cuda.driver_cuda_major())
+        return _driver_kernel(_cubin(source, name, f"sm_{major}{minor}", cuda_major), name)
+
+    def launch(self, kernel: Any, grid: int, block: int, args: tuple[Any, ...]) -> None:
+        device = self._device()
+        _launch(kernel, grid, block, args, self.address, self.current_stream(device).handle)
+
+
+def _launch(
+    kernel: Any, grid: int, block: int, args: tuple[Any, ...], address: Any, stream: Any
+) -> None:
+    """``kernel`` on ``stream`` (a handle), ``args`` device arrays (their ``address``) and
+    ints (C ``int``)."""
+    values = [ctypes.c_int(a) if isinstance(a, int) else ctypes.c_void_p(address(a)) for a in args]
+    params = (ctypes.c_void_p * len(values))(
+        *(ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values)
+    )
+    _cuda.check(
+        _cuda.driver().cuLaunchKernel(
+            kernel, grid, 1, 1, block, 1, 1, 0, stream, ctypes.cast(params, ctypes.c_void_p), None
+        ),
+        "cuLaunchKernel",
+    )
 
 
 def _driver_kernel(binary: bytes, name: str) -> ctypes.c_void_p:
@@ -231,14 +321,29 @@ def _cubin(source: str, name: str, arch: str, cuda_major: str) -> bytes:
     return binary
 
 
-def _nvrtc(source: str, name: str, arch: str, cuda_major: str) -> bytes:
-    nvrtc = None
-    for library in (f"libnvrtc.so.{cuda_major}", "libnvrtc.so"):
+@functools.cache
+def _nvrtc_library(cuda_major: str) -> Any:
+    """NVRTC: the one the process has loaded or the loader finds, else one installed as a
+    Python wheel (``nvidia-cuda-nvrtc``, which JAX's and torch's CUDA wheels bring); None
+    where there is none."""
+    names = [f"libnvrtc.so.{cuda_major}", "libnvrtc.so"]
+    for root in sys.path:
+        nvidia = os.path.join(root or ".", "nvidia")
+        if os.path.isdir(nvidia):
+            names += sorted(
+                glob.glob(os.path.join(nvidia, "*", "lib", f"libnvrtc.so.{cuda_major}*"))
+            )
+            names += sorted(glob.glob(os.path.join(nvidia, "*", "lib", "libnvrtc.so.*")))
+    for library in names:
         try:
-            nvrtc = ctypes.CDLL(library)
-            break
+            return ctypes.CDLL(library)
         except OSError:
             continue
+    return None
+
+
+def _nvrtc(source: str, name: str, arch: str, cuda_major: str) -> bytes:
+    nvrtc = _nvrtc_library(cuda_major)
     if nvrtc is None:
         raise RuntimeError("NVRTC is not found")
     program = ctypes.c_void_p()
@@ -276,14 +381,24 @@ def _torch_running_cuda() -> Any:
     return None
 
 
+def _driver_usable() -> bool:
+    """Whether the driver and NVRTC can build and run the kernel with no framework."""
+    try:
+        return _nvrtc_library(str(_cuda.driver_cuda_major())) is not None
+    except Exception:  # noqa: BLE001 - no driver, or one that cannot start: not usable
+        return False
+
+
 def usable() -> bool:
-    """Whether :func:`choose` can give a launcher here, without importing anything."""
+    """Whether :func:`choose` can give a launcher here, without importing any framework."""
     if "cupy" in sys.modules or _torch_running_cuda() is not None:
         return True
     try:
-        return importlib.util.find_spec("cupy") is not None
+        if importlib.util.find_spec("cupy") is not None:
+            return True
     except (ImportError, ValueError):
-        return False
+        pass
+    return _driver_usable()
 
 
 def choose(avoid: frozenset[str] = frozenset()) -> Launcher | None:
@@ -294,6 +409,8 @@ def choose(avoid: frozenset[str] = frozenset()) -> Launcher | None:
     torch = _torch_running_cuda()
     if "torch" not in avoid and torch is not None:
         return TorchLauncher(torch)
+    if "driver" not in avoid and _driver_usable():
+        return DriverLauncher()
     if "cupy" not in avoid:
         try:
             import cupy

@@ -4,6 +4,8 @@ several chunks. Run on the GPU machine with ``pytest -m gpu``; skipped cleanly e
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -62,10 +64,12 @@ def test_cupy_and_jax_exchange_buffers_zero_copy():
         x = jax.device_put(np.arange(64).astype(np.float32), jax.devices("gpu")[0]).astype(dtype)
         exported = export(x)
         assert exported.data.array.data.ptr == x.unsafe_buffer_pointer(), dtype
+        # A JAX load's memory is the driver's, handed over by DLPack without a copy.
         target = allocate(parse_target("jax", "cuda:0"), by_name(dtype), (8, 8))
-        target.data.array[:] = 1
+        target.data.copy_from_host(0, np.full(target.data.nbytes, 7, np.uint8))
         y = target.finish()
-        assert y.unsafe_buffer_pointer() == target.data.array.data.ptr, dtype
+        assert y.unsafe_buffer_pointer() == target.data.data_ptr, dtype
+        assert set(np.asarray(y).reshape(-1).view(np.uint8).tolist()) == {7}, dtype
     c = cupy.arange(10, dtype=cupy.float32)
     assert jax.dlpack.from_dlpack(c).unsafe_buffer_pointer() == c.data.ptr
 
@@ -390,3 +394,64 @@ def test_sharded_loads_and_saves_place_arrays_on_the_gpu(tmp_path):
     on_gpu = jax.device_put(state["w"], rows)
     arrayio.save(tmp_path / "from_gpu.safetensors", {"w": on_gpu})
     np.testing.assert_array_equal(arrayio.load(tmp_path / "from_gpu.safetensors")["w"], state["w"])
+
+
+def test_a_jax_process_loads_onto_the_gpu_without_importing_cupy(tmp_path):
+    # Device memory from the driver, handed to JAX by DLPack; checksums checked on the GPU by
+    # the driver's launcher (NVRTC), a damaged array caught; the memory JAX gives back pooled
+    # and reused by the next load of the same sizes, which holds its own values. CuPy's
+    # import costs more than a warm load of a gigabyte.
+    pytest.importorskip("jax")
+    from arrayio.tools.kvikio import KvikioTool
+
+    if not KvikioTool.availability():  # a tool that cannot checksum on the host
+        pytest.skip(KvikioTool.availability().reason)
+    for name, base in (("a", 0), ("b", 100)):
+        tree = {f"w{i}": np.full((1 << 18) + i, base + i, np.float32) for i in range(8)}
+        arrayio.save(tmp_path / f"{name}.safetensors", tree)
+    damaged = tmp_path / "d.safetensors"
+    arrayio.save(damaged, {"w": np.arange(1 << 20, dtype=np.float32)})
+    damage_array(damaged, "w", 4096, 0x10)
+    script = f"""
+import gc, sys
+import jax, numpy as np
+import arrayio
+from arrayio.arrays import _driver_buffers
+from arrayio.integrity import _device_checksum
+
+def load(name, base):
+    path = f"{tmp_path}/{{name}}.safetensors"
+    back = arrayio.load(path, like="jax", device="cuda", tool="kvikio")
+    for i in range(8):
+        got = back[f"w{{i}}"]
+        assert isinstance(got, jax.Array) and got.devices() == {{jax.devices("gpu")[0]}}
+        assert np.asarray(got).tolist() == [float(base + i)] * ((1 << 18) + i), (name, i)
+        assert float(jax.numpy.min(got)) == float(jax.numpy.max(got)) == base + i  # JAX reads
+    return back
+
+first = load("a", 0)
+print("launcher", _device_checksum._chosen.name)
+pointers = {{x.unsafe_buffer_pointer() for x in first.values()}}
+del first
+gc.collect()
+pooled = _driver_buffers._pool._bytes.get(0, 0)
+assert pooled >= 8 << 20, pooled
+second = load("b", 100)
+assert {{x.unsafe_buffer_pointer() for x in second.values()}} == pointers, "not reused"
+try:
+    arrayio.load({str(damaged)!r}, like="jax", device="cuda", tool="kvikio")
+    raise SystemExit("damage not caught")
+except arrayio.ChecksumError:
+    pass
+assert "cupy" not in sys.modules, "CuPy was imported"
+print("ok")
+"""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "launcher driver" in result.stdout and "ok" in result.stdout

@@ -191,15 +191,19 @@ def test_checksums_launched_one_by_one_in_any_order_match_the_host() -> None:
     assert sums.results() == [checksum(h) for h in hosts]
 
 
-@pytest.fixture(params=["cupy", "torch"])
+@pytest.fixture(params=["cupy", "torch", "driver"])
 def launcher(request, monkeypatch):
-    """Each framework that can launch the kernel, chosen for the test."""
+    """Each way to launch the kernel, chosen for the test."""
     from arrayio.integrity import _device_checksum, _launchers
 
     if request.param == "cupy":
         import cupy
 
         chosen = _launchers.CupyLauncher(cupy)
+    elif request.param == "driver":
+        if not _launchers._driver_usable():
+            pytest.skip("no NVRTC library found")
+        chosen = _launchers.DriverLauncher()
     else:
         torch = pytest.importorskip("torch")
         torch.empty(1, device="cuda")  # torch runs CUDA, as where it is chosen
@@ -307,7 +311,7 @@ def test_the_host_fallback_takes_empty_buffers_too(monkeypatch) -> None:
     assert _device_checksum.checksums_anywhere(buffers) == [0, checksum(data), 0]  # type: ignore[arg-type]
 
 
-def test_the_launcher_is_cupy_where_imported_else_torch_where_it_runs_cuda(monkeypatch) -> None:
+def test_the_launcher_is_cupy_where_imported_else_torch_else_the_driver(monkeypatch) -> None:
     import types
 
     from arrayio.integrity import _launchers
@@ -324,7 +328,14 @@ def test_the_launcher_is_cupy_where_imported_else_torch_where_it_runs_cuda(monke
     assert isinstance(_launchers.choose(), _launchers.CupyLauncher)  # imported: no cost
     assert isinstance(_launchers.choose(avoid=frozenset({"cupy"})), _launchers.TorchLauncher)
     monkeypatch.setitem(sys.modules, "torch", fake_torch(False))  # torch without CUDA yet
+    monkeypatch.setattr(_launchers, "_driver_usable", lambda: False)
     assert _launchers.choose(avoid=frozenset({"cupy"})) is None
+    # A JAX process (neither CuPy imported nor torch running CUDA), where NVRTC is found:
+    # the driver alone, ahead of importing CuPy.
+    monkeypatch.setattr(_launchers, "_driver_usable", lambda: True)
+    monkeypatch.delitem(sys.modules, "cupy")
+    assert isinstance(_launchers.choose(), _launchers.DriverLauncher)
+    assert "cupy" not in sys.modules
 
 
 def test_a_built_kernel_is_kept_in_the_cache_directory(tmp_path, monkeypatch) -> None:
