@@ -122,6 +122,17 @@ PEERS = {
             learns=True,
         ),
         PeerInfo(
+            "arrayio-torch-stfile",
+            "safetensors",
+            "torch",
+            ("arrayio", "torch"),
+            ("cpu", "cuda"),
+            "arrayio",
+            "arrayio.load(path, like='torch', device=...) of the file safetensors wrote "
+            "(no checksums in it)",
+            learns=True,
+        ),
+        PeerInfo(
             "arrayio-jax",
             "arrayio",
             "jax",
@@ -231,6 +242,7 @@ LOADERS: dict[str, Callable[[str], Callable[[str], Any]]] = {
     "instanttensor": lambda device: _instanttensor(device, buffered=False),
     "instanttensor-buffered": lambda device: _instanttensor(device, buffered=True),
     "arrayio-torch": lambda device: _arrayio("torch", device),
+    "arrayio-torch-stfile": lambda device: _arrayio("torch", device),
     "arrayio-jax": lambda device: _arrayio("jax", device),
     "arrayio-cupy": lambda device: _arrayio("cupy", device),
     "arrayio-numpy": lambda device: _arrayio("numpy", device),
