@@ -28,6 +28,7 @@ Select it with ``zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -39,8 +40,10 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec
 from zarr.codecs import ZstdCodec as _ZarrZstdCodec
 from zarr.core.codec_pipeline import BatchedCodecPipeline
 
+from ..arrays._buffers import CupyDeviceBuffer
 from ..errors import ChecksumError, FormatError
 from ..integrity._checksum import checksum
+from ..tools._pinned import pool as pinned_pool
 from ._frames import decode_on_host
 from ._io_pool import executor
 
@@ -203,15 +206,43 @@ def _read(
     chain: _Chain, batch: list[Any], files: list[str], out: Any, drop_axes: tuple[int, ...]
 ) -> list[bool]:
     """Fill ``out`` from the chunks of ``batch`` (in ``files``); whether each was present."""
-    slab, encoded = _read_files(files)
-    present = [data is not None for data in encoded]
+    target = out.as_ndarray_like()
+    on_gpu = type(target).__module__.split(".")[0] == "cupy"
+    places = _places(chain, batch, target, drop_axes, on_gpu)
+    with contextlib.ExitStack() as loans:
+
+        def staging(nbytes: int) -> np.ndarray:
+            # Bytes bound for the GPU are staged in pinned memory from the shared pool:
+            # copied at the link's rate, and pinned once for the process, not per read.
+            if on_gpu and nbytes:
+                return loans.enter_context(pinned_pool.lend(nbytes))[:nbytes]
+            return np.empty(nbytes, dtype=np.uint8)
+
+        slab, encoded, in_place = _read_files(files, places, staging)
+        return _decode_and_place(
+            chain, batch, files, target, drop_axes, on_gpu, slab, encoded, in_place
+        )
+
+
+def _decode_and_place(
+    chain: _Chain,
+    batch: list[Any],
+    files: list[str],
+    target: Any,
+    drop_axes: tuple[int, ...],
+    on_gpu: bool,
+    slab: np.ndarray,
+    encoded: list[np.ndarray | None],
+    in_place: list[bool],
+) -> list[bool]:
+    """The chunks read into ``slab`` decoded and copied into ``target``; whether each chunk
+    was present."""
+    present = [data is not None or placed for data, placed in zip(encoded, in_place, strict=True)]
     if chain.crc32c:
         encoded = [
             None if data is None else _without_crc(data, path)
             for data, path in zip(encoded, files, strict=True)
         ]
-    target = out.as_ndarray_like()
-    on_gpu = type(target).__module__.split(".")[0] == "cupy"
     if chain.zstd is not None:
         decoded = (
             _decode_gpu(chain.zstd, slab, encoded, target)
@@ -226,7 +257,11 @@ def _read(
         decoded = _to_device(slab, encoded, target)
     else:
         decoded = encoded
-    for (_, spec, chunk_selection, out_selection, _), data in zip(batch, decoded, strict=True):
+    for (_, spec, chunk_selection, out_selection, _), data, placed in zip(
+        batch, decoded, in_place, strict=True
+    ):
+        if placed:
+            continue
         if data is None:
             target[out_selection] = _fill_value(spec)
             continue
@@ -242,9 +277,41 @@ def _read(
     return present
 
 
-def _read_files(files: list[str]) -> tuple[np.ndarray, list[np.ndarray | None]]:
-    """One host buffer, and every file's bytes in it (None for a missing one), read as one
-    batch by the dispatcher (:meth:`~arrayio.dispatch.dispatcher.Dispatcher.read_files`)."""
+def _places(
+    chain: _Chain, batch: list[Any], target: Any, drop_axes: tuple[int, ...], on_gpu: bool
+) -> list[Any]:
+    """Where each chunk's file can be read straight into the output (None where it cannot):
+    a chunk stored as it is (bytes, no compressor, no checksum), wholly selected, whose part
+    of the output is one C-contiguous range. A whole-array read of an array chunked along its
+    first axis reads every chunk so: no staging buffer, no copy, no placement."""
+    if chain.zstd is not None or chain.host_codec is not None or chain.crc32c or drop_axes:
+        return [None] * len(batch)
+    places: list[Any] = []
+    for _, spec, _, out_selection, complete in batch:
+        place = None
+        selection = out_selection if isinstance(out_selection, tuple) else (out_selection,)
+        if complete and all(isinstance(part, slice) for part in selection):  # a view, no copy
+            view = target[out_selection]
+            if (
+                view.flags.c_contiguous
+                and tuple(view.shape) == tuple(spec.shape)
+                and view.dtype == spec.dtype.to_native_dtype()
+            ):
+                flat = view.reshape(-1).view(np.uint8)
+                place = CupyDeviceBuffer(flat) if on_gpu else flat
+        places.append(place)
+    return places
+
+
+def _read_files(
+    files: list[str], places: list[Any], staging: Any = None
+) -> tuple[np.ndarray, list[np.ndarray | None], list[bool]]:
+    """Every file read as one batch by the dispatcher
+    (:meth:`~arrayio.dispatch.dispatcher.Dispatcher.read_files`): into its place in the
+    output where it has one and the file is its size, else into one host buffer (from
+    ``staging(nbytes)``, default a new NumPy array). Returns the host buffer, each file's
+    bytes in it (None for a missing file or one read in place), and whether each was read
+    in place."""
     from ..dispatch import dispatcher
 
     sizes: list[int | None] = []
@@ -259,22 +326,37 @@ def _read_files(files: list[str]) -> tuple[np.ndarray, list[np.ndarray | None]]:
                 continue
             fds.append(fd)
             sizes.append(os.fstat(fd).st_size)
-        total = sum(s for s in sizes if s)
-        slab = np.empty(total, dtype=np.uint8)
+        in_place = [
+            place is not None and size == place.nbytes
+            for place, size in zip(places, sizes, strict=True)
+        ]
+        total = sum(s for s, placed in zip(sizes, in_place, strict=True) if s and not placed)
+        slab = staging(total) if staging is not None else np.empty(total, dtype=np.uint8)
         views: list[np.ndarray | None] = []
-        requests, paths = [], []
+        staged: list[tuple[int, int, Any]] = []
+        direct: list[tuple[int, int, Any]] = []
+        staged_paths: list[str] = []
+        direct_paths: list[str] = []
         at = 0
-        for handle, size, path in zip(fds, sizes, files, strict=True):
+        for handle, size, path, place, placed in zip(
+            fds, sizes, files, places, in_place, strict=True
+        ):
             if handle is None or size is None:
                 views.append(None)
-                continue
-            view = slab[at : at + size]
-            at += size
-            views.append(view)
-            requests.append((handle, 0, view))
-            paths.append(path)
-        dispatcher.get().read_files(requests, paths=paths)
-        return slab, views
+            elif placed:
+                views.append(None)
+                direct.append((handle, 0, place))
+                direct_paths.append(path)
+            else:
+                view = slab[at : at + size]
+                at += size
+                views.append(view)
+                staged.append((handle, 0, view))
+                staged_paths.append(path)
+        for requests, paths in ((direct, direct_paths), (staged, staged_paths)):
+            if requests:
+                dispatcher.get().read_files(requests, paths=paths)
+        return slab, views, in_place
     finally:
         for handle in fds:
             if handle is not None:

@@ -68,6 +68,37 @@ def test_arrays_written_on_the_cpu_read_into_the_gpu(tmp_path, cupy, codec, pipe
     np.testing.assert_array_equal(cupy.asnumpy(part), data[17:250, 3])
 
 
+@pytest.mark.parametrize("rows", [64, 300])
+def test_whole_row_chunks_are_read_into_gpu_memory_in_place(tmp_path, cupy, monkeypatch, rows):
+    # Chunks of 64 full rows land on contiguous rows of the GPU output: read there by the
+    # dispatcher (device buffers), no staging; the array's last, cut chunk is staged.
+    from arrayio.zarr import _pipeline
+
+    data = np.random.default_rng(3).normal(size=(rows, 512)).astype(np.float32)
+    z = zarr.create_array(
+        LocalStore(tmp_path), shape=data.shape, chunks=(64, 512), dtype="f4", compressors=None
+    )
+    z[...] = data
+    made = []
+    real = _pipeline._read_files
+
+    def spying(files, places, staging=None):
+        result = real(files, places, staging)
+        made.append(result[2])
+        return result
+
+    monkeypatch.setattr(_pipeline, "_read_files", spying)
+    with (
+        zarr.config.enable_gpu(),
+        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
+    ):
+        got = zarr.open_array(NVMeStore(tmp_path, read_only=True), mode="r")[...]
+    assert isinstance(got, cupy.ndarray)
+    np.testing.assert_array_equal(cupy.asnumpy(got), data)
+    whole = rows // 64
+    assert made[0] == [True] * whole + [False] * (len(made[0]) - whole)
+
+
 def test_the_pipeline_decodes_a_read_in_one_gpu_batch(tmp_path, cupy, monkeypatch):
     # Every zstd chunk of the selection goes to nvCOMP in one call, with zarr's defaults.
     from arrayio.zarr import _gpu_worker

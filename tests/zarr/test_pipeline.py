@@ -239,3 +239,61 @@ def test_arrayio_zarr_read_of_a_directory_takes_the_whole_batch_path(tmp_path, c
     np.testing.assert_array_equal(arrayio.zarr.read(tmp_path, (slice(2, 45), 3)), expected[2:45, 3])
     assert calls
     assert zarr.config.get("codec_pipeline.path") != "arrayio.zarr.CodecPipeline"  # restored
+
+
+@pytest.fixture
+def in_place(monkeypatch):
+    """Per read, whether each chunk file was read straight into the output."""
+    made: list[list[bool]] = []
+    real = _pipeline._read_files
+
+    def spying(files, places, staging=None):
+        slab, views, placed = real(files, places, staging)
+        made.append(placed)
+        return slab, views, placed
+
+    monkeypatch.setattr(_pipeline, "_read_files", spying)
+    return made
+
+
+@pytest.mark.parametrize("kind", ["local", "nvme"])
+def test_whole_row_chunks_stored_as_is_are_read_into_the_output_in_place(tmp_path, in_place, kind):
+    # 60 rows in chunks of 8 full rows: chunks 0 to 6 land whole on contiguous rows of the
+    # output (chunk 2 is missing: the fill value); chunk 7 is cut by the array's end (staged).
+    store = _store(kind, tmp_path / "store")
+    array = zarr.create_array(
+        store, shape=(60, 37), chunks=(8, 37), dtype="int32", fill_value=-5, compressors=None
+    )
+    values = np.arange(60 * 37, dtype=np.int32).reshape(60, 37)
+    array[:16] = values[:16]
+    array[24:] = values[24:]
+    expected = values.copy()
+    expected[16:24] = -5
+    with zarr.config.set(OURS):
+        reopened = zarr.open_array(store, mode="r")
+        np.testing.assert_array_equal(reopened[...], expected)
+        assert in_place[-1] == [True, True, False, True, True, True, True, False]
+        np.testing.assert_array_equal(reopened[3:50], expected[3:50])  # chunks 1 to 5 whole
+        assert in_place[-1] == [False, True, False, True, True, True, False]
+        np.testing.assert_array_equal(reopened[:, 2:9], expected[:, 2:9])  # never whole
+        assert not any(in_place[-1])
+
+
+def test_tiles_and_checksummed_or_compressed_chunks_are_staged(tmp_path, in_place):
+    for chain in ("none", "crc32c", "default"):
+        store = LocalStore(tmp_path / chain)
+        expected = _written(store, chain)  # 8 x 10 tiles of a 50 x 37 array
+        with zarr.config.set(OURS):
+            np.testing.assert_array_equal(zarr.open_array(store, mode="r")[...], expected)
+        assert not any(in_place[-1]), chain
+
+
+def test_a_chunk_file_of_the_wrong_size_is_refused_not_read_in_place(tmp_path):
+    store = LocalStore(tmp_path)
+    array = zarr.create_array(store, shape=(32, 16), chunks=(8, 16), dtype="f4", compressors=None)
+    array[...] = 1.0
+    chunk = tmp_path / "c" / "1" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:-4])
+    with zarr.config.set(OURS):
+        with pytest.raises(arrayio.errors.FormatError, match="expected 512"):
+            zarr.open_array(store, mode="r")[...]
