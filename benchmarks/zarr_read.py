@@ -3,7 +3,7 @@ against zarr's LocalStore and KvikIO's GDSStore, beside the disk's ceiling, in o
 
 ``python -m benchmarks.zarr_read --out DIR [--size 2G] [--chunk 16M] [--memory cuda|host]
 [--repeats 3] [--drop-caches] [--codecs none,zstd] [--decoders arrayio,zarr]
-[--pipeline batched|fused|arrayio] [--concurrency N] [--batch-size N] [--dir DIR]``
+[--pipeline batched|fused|arrayio|users] [--concurrency N] [--batch-size N] [--dir DIR]``
 
 In one run, on files in ``--dir``:
 
@@ -236,7 +236,8 @@ class Reader:
         """Seconds for ``array[...]`` (opening excluded), and the class that decoded."""
         import zarr
 
-        array = zarr.open_array(make_store(self.name, self.root), mode="r")
+        with zarr.config.set(self.opening()):
+            array = zarr.open_array(make_store(self.name, self.root), mode="r")
         decoded_by = ", ".join(
             f"{type(c).__module__}.{type(c).__qualname__}" for c in array.metadata.codecs
         )
@@ -259,6 +260,18 @@ class Reader:
 
             cupy.get_default_memory_pool().free_all_blocks()
         return seconds, decoded_by
+
+    def opening(self) -> dict[str, Any]:
+        """The zarr config this store's array is opened with: with ``--pipeline users``,
+        arrayio's store takes arrayio's pipeline and GPU zstd codec, each peer zarr's own
+        defaults (what their users have); otherwise the run's config throughout."""
+        if self.args.pipeline != "users" or self.name != "arrayio":
+            return {}
+        importlib.import_module("arrayio.zarr")  # registers the pipeline
+        config = {"codec_pipeline.path": ARRAYIO_PIPELINE}
+        if self.args.memory == "cuda":
+            config.update(decoder_config("arrayio")[0])
+        return config
 
     def check(self, result: Any) -> None:
         where = "GPU" if self.args.memory == "cuda" else "host"
@@ -290,8 +303,10 @@ def run_case(
     config: dict[str, Any] = {}
     skip_all = None
     if codec == "zstd":
-        config, skip_all = decoder_config(decoder)
-    if args.pipeline == "fused":
+        config, skip_all = decoder_config("zarr" if args.pipeline == "users" else decoder)
+    if args.pipeline == "users":
+        pass  # zarr's defaults; arrayio's store opens with its own (Reader.opening)
+    elif args.pipeline == "fused":
         config["codec_pipeline.path"] = FUSED
     elif args.pipeline == "arrayio":
         importlib.import_module("arrayio.zarr")  # registers it
@@ -502,9 +517,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--pipeline",
         default="batched",
-        choices=("batched", "fused", "arrayio"),
-        help="zarr's codec pipeline: its default (batched), its fused one (zarr >= 3.4), or "
-        "arrayio.zarr.CodecPipeline (whole-batch reads)",
+        choices=("batched", "fused", "arrayio", "users"),
+        help="zarr's codec pipeline: its default (batched), its fused one (zarr >= 3.4), "
+        "arrayio.zarr.CodecPipeline (whole-batch reads), or 'users': arrayio's store with "
+        "arrayio's pipeline and GPU codec, each peer with zarr's defaults, in one run",
     )
     parser.add_argument(
         "--concurrency", type=int, default=None, help="zarr's async.concurrency (default: zarr's)"
@@ -558,7 +574,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report.setdefault("stored_bytes", {})[codec] = data["stored_bytes"]
         report["ceilings"][codec] = ceilings(data, args)
         print(json.dumps({codec: report["ceilings"][codec]}), flush=True)
-        for decoder in args.decoders if codec == "zstd" else ["-"]:
+        decoders = ["users"] if args.pipeline == "users" else args.decoders
+        for decoder in decoders if codec == "zstd" else ["-"]:
             report["rows"] += run_case(args, codec, decoder, root, data)
             report["summary"] = summarize(report["rows"], report["ceilings"])
             with open(json_path, "w") as f:  # after every case: a cut-short run keeps it
