@@ -91,6 +91,23 @@ _SMALL_CHOICE = (None, Arm.of("naive"))
 Operation = Callable[[Tool], list[int | None]]
 
 
+def _files_share(requests: Sequence[tuple[int, int, Buffer]], share: float) -> list[int]:
+    """The last of ``requests`` (whole files) holding about ``share`` of their bytes, for a
+    rival to read while the context explores: at least one, never all (empty where there is
+    one file, or no share)."""
+    if share <= 0 or len(requests) < 2:
+        return []
+    total = sum(buffer.nbytes for _, _, buffer in requests)
+    picked: list[int] = []
+    taken = 0
+    for index in range(len(requests) - 1, 0, -1):
+        if picked and taken + requests[index][2].nbytes > share * total:
+            break
+        picked.append(index)
+        taken += requests[index][2].nbytes
+    return picked[::-1]
+
+
 def _ignore(index: int) -> None:
     """The progress callback of a transfer alone."""
 
@@ -393,17 +410,47 @@ class Dispatcher:
             raise ValueError("read_files takes buffers of one memory kind and device")
         forced = self.forced_arm(tool)
         nbytes = sum(buffer.nbytes for _, _, buffer in requests)
+
+        def operation(part: list[int]) -> Callable[[Tool], None]:
+            chosen = [requests[i] for i in part]
+            chosen_names = [names[i] for i in part]
+            return lambda t: batches.read_files(t, chosen, chosen_names, _ignore)
+
         with self.in_flight:
             context = self.files_context(requests, buffer_kind(requests[0][2]))
+            split = self.policy.split(context) if forced is None else None
             start = self._clock()
-            _, arm = self.policy.run(
-                context,
-                nbytes,
-                lambda t: batches.read_files(t, requests, names, _ignore),
-                force=forced,
-            )
+            explored = 0.0
+            everything = list(range(len(requests)))
+            rival = _files_share(requests, split.share) if split is not None else []
+            if split is None or not rival:
+                prefer = split.incumbent if split is not None else None
+                _, arm = self.policy.run(
+                    context, nbytes, operation(everything), force=forced, prefer=prefer
+                )
+            else:  # the rival reads a share of the files, the incumbent the rest
+                rest = everything[: len(everything) - len(rival)]
+                try:
+                    self.policy.run(
+                        context,
+                        sum(requests[i][2].nbytes for i in rival),
+                        operation(rival),
+                        force=split.rival,
+                    )
+                except Exception as error:
+                    if not is_tool_failure(error):
+                        raise
+                    self.policy.fail(context, split.rival, error)
+                    rest = everything
+                explored = self._clock() - start
+                _, arm = self.policy.run(
+                    context,
+                    sum(requests[i][2].nbytes for i in rest),
+                    operation(rest),
+                    prefer=split.incumbent,
+                )
             if forced is None:
-                self.policy.account(context, self._clock() - start)
+                self.policy.account(context, self._clock() - start, explored)
         self.last = self.last_batch = (context, arm)
         self._maybe_save()
 

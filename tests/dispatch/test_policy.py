@@ -983,6 +983,14 @@ class ExploringDispatcher:
         self.dispatcher.read_many(self.fd, requests)
         return self.world.clock() - start
 
+    def read_files(self, sizes: list[int]) -> float:
+        """Seconds of one read of files of ``sizes`` as one batch (the fake tools move no
+        bytes: every request names the scratch file)."""
+        requests = [(self.fd, 0, np.empty(s, np.uint8)) for s in sizes]
+        start = self.world.clock()
+        self.dispatcher.read_files(requests)
+        return self.world.clock() - start
+
     def read(self, nbytes: int, with_checksum: bool = False) -> tuple[float, int | None]:
         start = self.world.clock()
         crc = self.dispatcher.read(
@@ -1025,6 +1033,37 @@ def test_no_call_of_a_batch_loses_more_than_the_regret_to_exploring(exploring):
     assert entry.phase == EXPLOITING and entry.chosen == "a"
     assert all(entry.arms[label].samples >= 1 for label in "bcd")  # every rival measured
     assert ratios[-1] == pytest.approx(1.0)  # settled: no more exploring
+
+
+def test_no_read_of_many_files_loses_more_than_the_regret_to_exploring(exploring):
+    # As for a batch of one file, with whole files for the rival's share: a Zarr array's
+    # chunk files, read again and again, pay a bounded part of each read to exploring.
+    speeds = {"a": 8 * GB, "b": 6.4 * GB, "c": 4 * GB, "d": 1 * GB}
+    sizes = [MiB] * 256
+    world = exploring(speeds, [A, B, C, Arm("d")], MiB)
+    policy = world.dispatcher.policy
+    prior_alone = sum(sizes) / speeds["a"]
+    ratios = [world.read_files(sizes) / prior_alone for _ in range(40)]
+    first = max(policy.first_share, 1 / len(sizes))  # whole files: one at least
+    first_sample_loss = first * (speeds["a"] / speeds["d"] - 1)
+    assert max(ratios) <= 1 + max(policy.regret, first_sample_loss) + 0.01, ratios
+    [key] = [key for key, _ in policy.table.items()]
+    entry = policy.table.get(key)
+    assert entry.phase == EXPLOITING and entry.chosen == "a"
+    assert all(entry.arms[label].samples >= 1 for label in "bcd")
+    assert ratios[-1] == pytest.approx(1.0)
+
+
+def test_a_read_of_one_file_is_not_divided():
+    from arrayio.dispatch.dispatcher import _files_share
+
+    one = [(0, 0, np.empty(MiB, np.uint8))]
+    assert _files_share(one, 0.5) == []
+    many = [(0, 0, np.empty(n, np.uint8)) for n in (MiB, MiB, 2 * MiB, MiB)]
+    assert _files_share(many, 0.0) == []
+    assert _files_share(many, 0.2) == [3]  # the last file: a fifth of the bytes
+    assert _files_share(many, 0.01) == [3]  # one at least
+    assert _files_share(many, 0.99) == [1, 2, 3]  # never all
 
 
 def test_a_faster_rival_found_within_calls_takes_over(exploring):
