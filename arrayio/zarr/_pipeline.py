@@ -12,9 +12,8 @@ batch zarr gives a read (every chunk the selection touches) at once:
    call per chunk file costs about as much as its read from the page cache;
 2. ``crc32c`` codecs are verified there, on the host, as the bytes are in hand;
 3. zstd chunks are decoded in one call: on the GPU by nvCOMP in one batch (the GPU worker of
-   :mod:`~arrayio.zarr.codecs`), after one copy of the whole buffer to the device, where the
-   batch has enough chunks to fill the GPU (:data:`GPU_DECODE_MIN_CHUNKS`), else on the
-   host by numcodecs on the I/O pool (and copied to the GPU at once);
+   :mod:`~arrayio.zarr.codecs`), after one copy of the whole buffer to the device, or on the
+   host by numcodecs on the I/O pool;
 4. each chunk's part of the selection is copied into the output (missing chunks get the fill
    value).
 
@@ -54,13 +53,6 @@ try:  # zarr >= 3.4: read() says, per chunk, whether it was there
     from zarr.abc.codec import GetResult as _GetResult  # type: ignore[attr-defined]
 except ImportError:
     _GetResult = None
-
-
-# nvCOMP decodes each zstd chunk of a batch on its own part of the GPU (one frame's blocks
-# depend on each other), so a batch of a few large chunks leaves most of the GPU idle and
-# decodes slower than the host's cores do; such batches are decoded on the host (numcodecs,
-# on the I/O pool), then copied to the GPU at once.
-GPU_DECODE_MIN_CHUNKS = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,11 +243,14 @@ def _decode_and_place(
             None if data is None else _without_crc(data, path)
             for data, path in zip(encoded, files, strict=True)
         ]
-    compressed = sum(data is not None for data in encoded)
-    if chain.zstd is not None and on_gpu and compressed >= GPU_DECODE_MIN_CHUNKS:
-        decoded = _decode_gpu(chain.zstd, slab, encoded, target)
-    elif chain.zstd is not None or chain.host_codec is not None:
-        decoded = _decode_host(chain.zstd or chain.host_codec, encoded)
+    if chain.zstd is not None:
+        decoded = (
+            _decode_gpu(chain.zstd, slab, encoded, target)
+            if on_gpu
+            else _decode_host(chain.zstd, encoded)
+        )
+    elif chain.host_codec is not None:
+        decoded = _decode_host(chain.host_codec, encoded)
         if on_gpu:  # one copy of all the decoded chunks
             decoded = _to_device(*_joined(decoded), target)
     elif on_gpu:
