@@ -33,6 +33,9 @@ class Job:
     arrays: list[Any]
     zstd: Any  # numcodecs' Zstd with the codec's level and checksum, for the host fallback
     future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
+    # Where each decoded chunk may go (device bytes of its size, or None): the caller's
+    # output, when the chunk lands there whole
+    destinations: list[Any] | None = None
 
     @property
     def group(self) -> tuple[str, int, bool]:
@@ -62,14 +65,20 @@ class DeviceWorker:
 
     @classmethod
     def submit(
-        cls, device_id: int, kind: str, arrays: list[Any], zstd: Any
+        cls,
+        device_id: int,
+        kind: str,
+        arrays: list[Any],
+        zstd: Any,
+        destinations: list[Any] | None = None,
     ) -> concurrent.futures.Future:
-        """Queue chunks for the device's worker; the future gives one CuPy array each."""
+        """Queue chunks for the device's worker; the future gives one CuPy array each (a
+        decoded chunk's destination, where it was given one and nvCOMP decoded it)."""
         with cls._lock:
             worker = cls._workers.get(device_id)
             if worker is None:
                 worker = cls._workers[device_id] = cls(device_id)
-        job = Job(kind, arrays, zstd)
+        job = Job(kind, arrays, zstd, destinations=destinations)
         worker.jobs.put(job)
         return job.future
 
@@ -101,10 +110,13 @@ class DeviceWorker:
     @staticmethod
     def _run(gpu: NvcompZstd, kind: str, checksum: bool, jobs: list[Job]) -> None:
         arrays = [array for job in jobs for array in job.arrays]
+        destinations = [
+            place for job in jobs for place in (job.destinations or [None] * len(job.arrays))
+        ]
         zstd = jobs[0].zstd
         try:
             if kind == "decode":
-                results = gpu.decode(arrays, lambda data: decode_on_host(zstd, data))
+                results = gpu.decode(arrays, lambda data: decode_on_host(zstd, data), destinations)
             else:
                 results = gpu.encode(arrays, checksum, lambda data: encode_on_host(zstd, data))
         except BaseException as error:  # noqa: BLE001 - the callers get it, the worker lives

@@ -73,6 +73,20 @@ class NvcompZstd:
                 self.carve = False
         return arrays, self.batch(arrays)
 
+    def _destination(self, place: Any, size: int) -> Any:
+        """``place`` where a chunk of ``size`` decoded bytes can be decoded into it, else
+        None."""
+        if (
+            place is None
+            or place.size != size
+            or place.ndim != 1
+            or place.dtype != np.uint8
+            or place.data.ptr % self.alignment
+            or place.device.id != self.device_id
+        ):
+            return None
+        return place
+
     def batch(self, arrays: Sequence[Any]) -> Any:
         return self.nvcomp.as_arrays(list(arrays), cuda_stream=self.stream.ptr)
 
@@ -86,9 +100,13 @@ class NvcompZstd:
 
     # ------------------------------------------------------------------ decode
 
-    def decode(self, chunks: list[Any], host_decode: Any) -> list[Any]:
+    def decode(
+        self, chunks: list[Any], host_decode: Any, destinations: list[Any] | None = None
+    ) -> list[Any]:
         """Decode device chunks, batched. Each result is a CuPy array or the exception that
-        chunk raised; ``host_decode(numpy_bytes)`` decodes any nvCOMP cannot take."""
+        chunk raised; ``host_decode(numpy_bytes)`` decodes any nvCOMP cannot take. A chunk
+        with a destination (flat device bytes of its decoded size, aligned for nvCOMP) is
+        decoded there, and its result is the destination."""
         cupy = self.cupy
         with cupy.cuda.Device(self.device_id), self.stream:
             sources = [self.aligned(c) for c in chunks]
@@ -96,8 +114,21 @@ class NvcompZstd:
             out: list[Any] = [None] * len(sources)
             on_gpu = [i for i, (status, size, _) in enumerate(info) if status == 0 and size > 0]
             if on_gpu:
-                arrays, batch = self.empty_batch([int(info[i, 1]) for i in on_gpu])
-                for i, array in zip(on_gpu, arrays, strict=True):
+                sizes = [int(info[i, 1]) for i in on_gpu]
+                places = [
+                    self._destination(destinations[i] if destinations else None, size)
+                    for i, size in zip(on_gpu, sizes, strict=True)
+                ]
+                if any(place is None for place in places):
+                    missing = [k for k, place in enumerate(places) if place is None]
+                    made, batch = self.empty_batch([sizes[k] for k in missing])
+                    for k, array in zip(missing, made, strict=True):
+                        places[k] = array
+                    if len(missing) < len(places):
+                        batch = self.batch(places)
+                else:
+                    batch = self.batch(places)
+                for i, array in zip(on_gpu, places, strict=True):
                     out[i] = array
                 try:
                     result = self.codec.decode(self.batch([sources[i] for i in on_gpu]), out=batch)

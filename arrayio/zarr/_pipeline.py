@@ -208,7 +208,16 @@ def _read(
     """Fill ``out`` from the chunks of ``batch`` (in ``files``); whether each was present."""
     target = out.as_ndarray_like()
     on_gpu = type(target).__module__.split(".")[0] == "cupy"
-    places = _places(chain, batch, target, drop_axes, on_gpu)
+    outputs = _whole_chunk_outputs(batch, target, drop_axes)
+    stored_as_is = chain.zstd is None and chain.host_codec is None and not chain.crc32c
+    if stored_as_is:  # each chunk's file read into its place in the output
+        places = [
+            None if view is None else CupyDeviceBuffer(view) if on_gpu else view for view in outputs
+        ]
+    else:
+        places = [None] * len(batch)
+    # zstd chunks decoded on the GPU by nvCOMP straight into their place in the output
+    destinations = outputs if chain.zstd is not None and on_gpu else None
     with contextlib.ExitStack() as loans:
 
         def staging(nbytes: int) -> np.ndarray:
@@ -220,7 +229,7 @@ def _read(
 
         slab, encoded, in_place = _read_files(files, places, staging)
         return _decode_and_place(
-            chain, batch, files, target, drop_axes, on_gpu, slab, encoded, in_place
+            chain, batch, files, target, drop_axes, on_gpu, slab, encoded, in_place, destinations
         )
 
 
@@ -234,9 +243,10 @@ def _decode_and_place(
     slab: np.ndarray,
     encoded: list[np.ndarray | None],
     in_place: list[bool],
+    destinations: list[Any] | None = None,
 ) -> list[bool]:
-    """The chunks read into ``slab`` decoded and copied into ``target``; whether each chunk
-    was present."""
+    """The chunks read into ``slab`` decoded and copied into ``target`` (those decoded into
+    their ``destinations`` there already); whether each chunk was present."""
     present = [data is not None or placed for data, placed in zip(encoded, in_place, strict=True)]
     if chain.crc32c:
         encoded = [
@@ -245,7 +255,7 @@ def _decode_and_place(
         ]
     if chain.zstd is not None:
         decoded = (
-            _decode_gpu(chain.zstd, slab, encoded, target)
+            _decode_gpu(chain.zstd, slab, encoded, target, destinations)
             if on_gpu
             else _decode_host(chain.zstd, encoded)
         )
@@ -257,10 +267,10 @@ def _decode_and_place(
         decoded = _to_device(slab, encoded, target)
     else:
         decoded = encoded
-    for (_, spec, chunk_selection, out_selection, _), data, placed in zip(
-        batch, decoded, in_place, strict=True
+    for index, ((_, spec, chunk_selection, out_selection, _), data, placed) in enumerate(
+        zip(batch, decoded, in_place, strict=True)
     ):
-        if placed:
+        if placed or (destinations is not None and data is destinations[index] is not None):
             continue
         if data is None:
             target[out_selection] = _fill_value(spec)
@@ -277,18 +287,16 @@ def _decode_and_place(
     return present
 
 
-def _places(
-    chain: _Chain, batch: list[Any], target: Any, drop_axes: tuple[int, ...], on_gpu: bool
-) -> list[Any]:
-    """Where each chunk's file can be read straight into the output (None where it cannot):
-    a chunk stored as it is (bytes, no compressor, no checksum), wholly selected, whose part
-    of the output is one C-contiguous range. A whole-array read of an array chunked along its
-    first axis reads every chunk so: no staging buffer, no copy, no placement."""
-    if chain.zstd is not None or chain.host_codec is not None or chain.crc32c or drop_axes:
+def _whole_chunk_outputs(batch: list[Any], target: Any, drop_axes: tuple[int, ...]) -> list[Any]:
+    """Each chunk's place in the output as flat bytes, where the chunk lands there whole on
+    one C-contiguous range (else None): its file, stored as it is, can be read there, and a
+    compressed chunk decoded there. A whole-array read of an array chunked along its first
+    axis places every chunk so: no staging, no copy, no placement."""
+    if drop_axes:
         return [None] * len(batch)
-    places: list[Any] = []
+    outputs: list[Any] = []
     for _, spec, _, out_selection, complete in batch:
-        place = None
+        flat = None
         selection = out_selection if isinstance(out_selection, tuple) else (out_selection,)
         if complete and all(isinstance(part, slice) for part in selection):  # a view, no copy
             view = target[out_selection]
@@ -298,9 +306,8 @@ def _places(
                 and view.dtype == spec.dtype.to_native_dtype()
             ):
                 flat = view.reshape(-1).view(np.uint8)
-                place = CupyDeviceBuffer(flat) if on_gpu else flat
-        places.append(place)
-    return places
+        outputs.append(flat)
+    return outputs
 
 
 def _read_files(
@@ -435,15 +442,21 @@ def _to_device(slab: np.ndarray, encoded: list[np.ndarray | None], target: Any) 
 
 
 def _decode_gpu(
-    zstd: Any, slab: np.ndarray, encoded: list[np.ndarray | None], target: Any
+    zstd: Any,
+    slab: np.ndarray,
+    encoded: list[np.ndarray | None],
+    target: Any,
+    destinations: list[Any] | None = None,
 ) -> list[Any]:
-    """The chunks decoded on ``target``'s GPU by nvCOMP, in one batch."""
+    """The chunks decoded on ``target``'s GPU by nvCOMP, in one batch (into their
+    ``destinations`` where given)."""
     from ._gpu_worker import DeviceWorker
 
     on_device = _to_device(slab, encoded, target)
     indices = [i for i, data in enumerate(on_device) if data is not None]
+    places = [destinations[i] for i in indices] if destinations is not None else None
     results = DeviceWorker.submit(
-        target.device.id, "decode", [on_device[i] for i in indices], zstd
+        target.device.id, "decode", [on_device[i] for i in indices], zstd, places
     ).result()
     out: list[Any] = [None] * len(encoded)
     for i, result in zip(indices, results, strict=True):

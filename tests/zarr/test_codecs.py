@@ -471,7 +471,7 @@ class FakeGpu:
                 out.append(error)
         return out
 
-    def decode(self, chunks, host_decode):
+    def decode(self, chunks, host_decode, destinations=None):
         return self._each(chunks, host_decode)
 
     def encode(self, chunks, checksum, host_encode):

@@ -123,6 +123,37 @@ def test_the_pipeline_decodes_a_read_in_one_gpu_batch(tmp_path, cupy, monkeypatc
     assert batches == [64]
 
 
+@pytest.mark.parametrize("rows", [256, 300])
+def test_zstd_row_chunks_are_decoded_into_their_place_in_the_output(
+    tmp_path, cupy, monkeypatch, rows
+):
+    # Chunks of 32 full rows: nvCOMP decodes each into its rows of the CuPy output (no
+    # placement copy); the cut last chunk of 300 rows is decoded apart and copied.
+    from arrayio.zarr import _gpu_worker
+
+    data = np.random.default_rng(4).normal(size=(rows, 256)).astype(np.float32)
+    z = zarr.create_array(LocalStore(tmp_path), shape=data.shape, chunks=(32, 256), dtype="f4")
+    z[...] = data
+    given = []
+    real = _gpu_worker.DeviceWorker.submit
+
+    def spying(device_id, kind, arrays, zstd, destinations=None):
+        given.append(destinations)
+        return real(device_id, kind, arrays, zstd, destinations)
+
+    monkeypatch.setattr(_gpu_worker.DeviceWorker, "submit", spying)
+    with (
+        zarr.config.enable_gpu(),
+        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
+    ):
+        got = zarr.open_array(LocalStore(tmp_path, read_only=True), mode="r")[...]
+    np.testing.assert_array_equal(cupy.asnumpy(got), data)
+    [places] = given
+    whole = rows // 32
+    assert [p is not None for p in places] == [True] * whole + [False] * (len(places) - whole)
+    assert places[0].data.ptr == got.data.ptr  # the output's own memory
+
+
 def test_gpu_buffers_written_read_by_local_store(tmp_path, cupy):
     data = cupy.arange(100_000, dtype=cupy.int32).reshape(250, 400)
     with zarr.config.enable_gpu():
