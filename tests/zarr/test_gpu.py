@@ -109,9 +109,9 @@ def test_the_pipeline_decodes_a_read_in_one_gpu_batch(tmp_path, cupy, monkeypatc
     batches = []
     real = _gpu_worker.DeviceWorker.submit
 
-    def counting(device_id, kind, arrays, zstd):
+    def counting(device_id, kind, arrays, zstd, destinations=None):
         batches.append(len(arrays))
-        return real(device_id, kind, arrays, zstd)
+        return real(device_id, kind, arrays, zstd, destinations)
 
     monkeypatch.setattr(_gpu_worker.DeviceWorker, "submit", counting)
     with (
