@@ -17,6 +17,7 @@ __all__ = [
     "HOST_ALIGNMENT",
     "CupyDeviceBuffer",
     "DeviceBuffer",
+    "DeviceBytes",
     "TorchDeviceBuffer",
     "aligned_empty",
     "result_empty",
@@ -162,6 +163,24 @@ class TorchDeviceBuffer:
 
     def part(self, start: int, stop: int) -> TorchDeviceBuffer:
         return TorchDeviceBuffer(self.tensor[start:stop])
+
+
+class DeviceBytes:
+    """Device bytes as a bare ``__cuda_array_interface__`` (for KvikIO, CuPy): torch builds a
+    tensor's in Python on every access, a cost paid per array of a checkpoint. No stream is
+    named: a write's producer is synchronized before a tool runs, and a read fills memory
+    nothing else uses yet."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, pointer: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (pointer, False),
+            "strides": None,
+            "version": 3,
+        }
 
 
 def synchronize_device(buffer: DeviceBuffer) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import _cuda
+from ._buffers import DeviceBytes
 
 __all__ = ["DLPackExport", "DriverDeviceBuffer", "dlpack_dtype"]
 
@@ -196,7 +197,7 @@ class DriverDeviceBuffer:
 
     @property
     def cuda_array(self) -> Any:
-        return _CudaArrayInterface(self.data_ptr, self.nbytes)
+        return DeviceBytes(self.data_ptr, self.nbytes)
 
     def copy_from_host(self, offset: int, src: np.ndarray) -> None:
         stream = _cuda.thread_stream(self.device_index)
@@ -217,19 +218,6 @@ class DriverDeviceBuffer:
 
     def part(self, start: int, stop: int) -> DriverDeviceBuffer:
         return DriverDeviceBuffer(self.memory, self.offset + start, stop - start)
-
-
-class _CudaArrayInterface:
-    __slots__ = ("__cuda_array_interface__",)
-
-    def __init__(self, pointer: int, nbytes: int) -> None:
-        self.__cuda_array_interface__ = {
-            "shape": (nbytes,),
-            "typestr": "|u1",
-            "data": (pointer, False),
-            "strides": None,
-            "version": 3,
-        }
 
 
 class DLPackExport:

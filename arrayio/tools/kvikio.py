@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..arrays import _cuda
-from ..arrays._buffers import synchronize_device
+from ..arrays._buffers import DeviceBytes, synchronize_device
 from ..errors import ToolUnavailableError
 from ..integrity._checksum import ChecksumParts
 from .base import Availability, Buffer, Capabilities, IOFuture, Tool
@@ -35,24 +35,6 @@ logger = logging.getLogger("arrayio.tools")
 # KvikIO's thread pool and task size are process-wide: set them under a lock, only on change.
 _settings_lock = threading.Lock()
 _bounce_sized = False  # whether arrayio has set KvikIO's bounce buffer size yet
-
-
-class _DeviceBytes:
-    """Device bytes as a bare ``__cuda_array_interface__``: torch builds a tensor's in Python
-    on every access, a cost paid per array of a checkpoint.
-    No stream is named: a write's producer is synchronized before KvikIO runs, and a read
-    fills memory nothing else uses yet."""
-
-    __slots__ = ("__cuda_array_interface__",)
-
-    def __init__(self, pointer: int, nbytes: int) -> None:
-        self.__cuda_array_interface__ = {
-            "shape": (nbytes,),
-            "typestr": "|u1",
-            "data": (pointer, False),
-            "strides": None,
-            "version": 3,
-        }
 
 
 def _nothing() -> None:
@@ -144,7 +126,7 @@ class KvikioTool(Tool):
                 os.ftruncate(zeros.fileno(), nbytes)
                 handle, release = self._open(zeros.fileno(), "r")
                 try:
-                    target = _DeviceBytes(scratch.address, nbytes)
+                    target = DeviceBytes(scratch.address, nbytes)
                     handle.pread(target, nbytes, 0, self.task_size).get()
                 finally:
                     release()
@@ -214,7 +196,7 @@ class KvikioTool(Tool):
     def _target(buffer: Buffer) -> Any:
         if isinstance(buffer, np.ndarray):
             return buffer
-        return _DeviceBytes(buffer.data_ptr, buffer.nbytes)
+        return DeviceBytes(buffer.data_ptr, buffer.nbytes)
 
     def pread(
         self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None

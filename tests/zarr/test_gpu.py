@@ -101,26 +101,33 @@ def test_whole_row_chunks_are_read_into_gpu_memory_in_place(tmp_path, cupy, monk
 
 def test_the_pipeline_decodes_a_read_in_one_gpu_batch(tmp_path, cupy, monkeypatch):
     # Every zstd chunk of the selection goes to nvCOMP in one call, with zarr's defaults.
-    from arrayio.zarr import _gpu_worker
 
     data = np.random.default_rng(2).normal(size=(256, 256)).astype(np.float32)
     z = zarr.create_array(LocalStore(tmp_path), shape=data.shape, chunks=(32, 32), dtype="f4")
     z[...] = data
-    batches = []
-    real = _gpu_worker.DeviceWorker.submit
-
-    def counting(device_id, kind, arrays, zstd, destinations=None):
-        batches.append(len(arrays))
-        return real(device_id, kind, arrays, zstd, destinations)
-
-    monkeypatch.setattr(_gpu_worker.DeviceWorker, "submit", counting)
+    batches = _submitted(monkeypatch)
     with (
         zarr.config.enable_gpu(),
         zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
     ):
         got = zarr.open_array(LocalStore(tmp_path, read_only=True), mode="r")[...]
     np.testing.assert_array_equal(cupy.asnumpy(got), data)
-    assert batches == [64]
+    assert [len(arrays) for arrays, _ in batches] == [64]
+
+
+def _submitted(monkeypatch) -> list:
+    """The (chunks, destinations) of every batch the pipeline hands nvCOMP's worker."""
+    from arrayio.zarr import _gpu_worker
+
+    made = []
+    real = _gpu_worker.DeviceWorker.submit
+
+    def spying(device_id, kind, arrays, zstd, destinations=None):
+        made.append((arrays, destinations))
+        return real(device_id, kind, arrays, zstd, destinations)
+
+    monkeypatch.setattr(_gpu_worker.DeviceWorker, "submit", spying)
+    return made
 
 
 @pytest.mark.parametrize("rows", [256, 300])
@@ -129,26 +136,18 @@ def test_zstd_row_chunks_are_decoded_into_their_place_in_the_output(
 ):
     # Chunks of 32 full rows: nvCOMP decodes each into its rows of the CuPy output (no
     # placement copy); the cut last chunk of 300 rows is decoded apart and copied.
-    from arrayio.zarr import _gpu_worker
 
     data = np.random.default_rng(4).normal(size=(rows, 256)).astype(np.float32)
     z = zarr.create_array(LocalStore(tmp_path), shape=data.shape, chunks=(32, 256), dtype="f4")
     z[...] = data
-    given = []
-    real = _gpu_worker.DeviceWorker.submit
-
-    def spying(device_id, kind, arrays, zstd, destinations=None):
-        given.append(destinations)
-        return real(device_id, kind, arrays, zstd, destinations)
-
-    monkeypatch.setattr(_gpu_worker.DeviceWorker, "submit", spying)
+    given = _submitted(monkeypatch)
     with (
         zarr.config.enable_gpu(),
         zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
     ):
         got = zarr.open_array(LocalStore(tmp_path, read_only=True), mode="r")[...]
     np.testing.assert_array_equal(cupy.asnumpy(got), data)
-    [places] = given
+    [(_, places)] = given
     whole = rows // 32
     assert [p is not None for p in places] == [True] * whole + [False] * (len(places) - whole)
     assert places[0].data.ptr == got.data.ptr  # the output's own memory
