@@ -772,9 +772,10 @@ _preparing_lock = threading.Lock()
 
 
 def _join_preparing(timeout: float = 10.0) -> None:
-    """Wait (a while) for the tools being set up in the background: a daemon thread stopped
-    by the interpreter's exit inside an import or a CUDA call could leave the driver's
-    teardown to race it."""
+    """Wait (a while) for the tools being set up in the background. A set-up still running
+    at exit would race the teardown: the exit handlers free pinned memory, streams and
+    libraries (``weakref.finalize``'s, KvikIO's) under a thread still reading through them,
+    which killed processes with a segmentation fault."""
     deadline = time.monotonic() + timeout
     with _preparing_lock:
         threads = list(_preparing_threads)
@@ -782,7 +783,15 @@ def _join_preparing(timeout: float = 10.0) -> None:
         thread.join(max(0.0, deadline - time.monotonic()))
 
 
-atexit.register(_join_preparing)
+# Run at the interpreter's exit before every ``atexit`` handler, as ``concurrent.futures``
+# joins its workers (handlers run last registered first, and those registered by what the
+# set-up imports would otherwise run before this one); a bounded wait, unlike a non-daemon
+# thread, which a hung set-up would keep alive forever.
+_register_at_exit = getattr(threading, "_register_atexit", atexit.register)
+try:
+    _register_at_exit(_join_preparing)
+except RuntimeError:  # (threading shuts down already: an import during the exit)
+    atexit.register(_join_preparing)
 
 
 def _after_fork_in_child() -> None:

@@ -14,6 +14,8 @@ import json
 import logging
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -1437,3 +1439,45 @@ def test_an_exiting_process_waits_for_the_set_up_in_the_background():
     threading.Timer(0.2, prepared.set).start()
     policy_module._join_preparing(timeout=10)
     assert A in policy._ready
+
+
+def test_a_process_that_exits_during_a_set_up_waits_for_it_before_its_exit_handlers(tmp_path):
+    # The set-up is still running when the script ends: the interpreter waits for it before
+    # any atexit handler (those free what the set-up uses: pinned memory, streams), even a
+    # handler registered after the policy's module was imported.
+    done = tmp_path / "done"
+    order = tmp_path / "order"
+    script = f"""
+import atexit, threading, time
+from arrayio.dispatch import Arm, Policy, Table
+from arrayio.tools import Tool
+
+class Slow(Tool):
+    def prepare(self):
+        time.sleep(0.5)
+        open({str(done)!r}, "w").write("set up")
+
+    def pread(self, fd, buffer, file_offset, *, checksum=None):
+        raise NotImplementedError
+
+    def pwrite(self, fd, buffer, file_offset, *, checksum=None):
+        raise NotImplementedError
+
+def at_exit():
+    import os
+    first = "set up first" if os.path.exists({str(done)!r}) else "handler first"
+    open({str(order)!r}, "w").write(first)
+
+atexit.register(at_exit)
+policy = Policy(lambda ctx: [], Table(), make=lambda arm: Slow())
+arm = Arm("slow")
+policy._preparing.add(arm)
+policy._start_preparing(arm)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert done.exists(), result.stderr
+    assert done.read_text() == "set up"
+    assert order.read_text() == "set up first"
