@@ -17,9 +17,15 @@ batch zarr gives a read (every chunk the selection touches) at once:
 4. each chunk's part of the selection is copied into the output (missing chunks get the fill
    value).
 
-Chains it does not handle (other codecs, sharding, transposes, big-endian bytes), chunks in
-Fortran order, stores whose keys are not files, and writes go to zarr's own pipeline, which
-this one wraps: :meth:`CodecPipeline.explain` says which path an array takes, and why.
+A sharded array's inner chunks are the batch: each shard's index is read once (its crc32c
+checked), and every inner chunk the selection touches becomes a byte range of its shard's
+file, read with the others as one batch. Selections other than plain slices of a sharded
+array go to zarr's pipeline.
+
+Chains it does not handle (other codecs, transposes, big-endian bytes, sharding within
+sharding), chunks in Fortran order, stores whose keys are not files, and writes go to zarr's
+own pipeline, which this one wraps: :meth:`CodecPipeline.explain` says which path an array
+takes, and why.
 
 Select it with ``zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"})``
 (importing :mod:`arrayio.zarr` registers it; so does its ``zarr.codec_pipeline`` entry point).
@@ -36,7 +42,7 @@ from typing import Any
 
 import numpy as np
 from zarr.abc.codec import CodecPipeline as _ZarrCodecPipeline
-from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec
 from zarr.codecs import ZstdCodec as _ZarrZstdCodec
 from zarr.core.codec_pipeline import BatchedCodecPipeline
 
@@ -56,15 +62,27 @@ except ImportError:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Shards:
+    """How the sharding codec lays a shard out: its inner chunks' shape, and where its index
+    (an offset and a length per inner chunk, little-endian 64-bit) is kept."""
+
+    inner_shape: tuple[int, ...]
+    index_at_end: bool
+    index_crc32c: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class _Chain:
     """A codec chain this pipeline decodes itself: bytes (native order), then optionally
-    zstd, gzip or blosc, then optionally crc32c."""
+    zstd, gzip or blosc, then optionally crc32c; or the sharding codec with such a chain
+    inside (``shards``)."""
 
     zstd: Any  # numcodecs' Zstd for the chain's zstd codec, or None
     crc32c: bool
     # numcodecs' GZip or Blosc for the chain's compressor, decoded on the host (and the
     # chunks then copied to the GPU with one copy), or None
     host_codec: Any = None
+    shards: _Shards | None = None
 
     @classmethod
     def of(cls, pipeline: BatchedCodecPipeline) -> tuple[_Chain | None, str]:
@@ -73,6 +91,8 @@ class _Chain:
             names = ", ".join(type(c).__name__ for c in pipeline.array_array_codecs)
             return None, f"array-to-array codecs ({names})"
         array_bytes = pipeline.array_bytes_codec
+        if isinstance(array_bytes, ShardingCodec):
+            return cls._sharded(array_bytes, pipeline)
         if type(array_bytes) is not BytesCodec:
             return None, f"its array-to-bytes codec is {type(array_bytes).__name__}"
         endian = getattr(array_bytes.endian, "value", array_bytes.endian)
@@ -98,6 +118,26 @@ class _Chain:
             names = ", ".join(type(c).__name__ for c in rest)
             return None, f"bytes-to-bytes codecs ({names})"
         return cls(zstd, crc, host), "bytes" + compressor + (", crc32c" if crc else "")
+
+    @classmethod
+    def _sharded(
+        cls, sharding: ShardingCodec, pipeline: BatchedCodecPipeline
+    ) -> tuple[_Chain | None, str]:
+        if pipeline.bytes_bytes_codecs:
+            return None, "bytes-to-bytes codecs around the shards"
+        index = list(sharding.index_codecs)
+        index_crc = bool(index) and isinstance(index[-1], Crc32cCodec)
+        if index_crc:
+            index.pop()
+        endian = getattr(getattr(index[0], "endian", None), "value", None) if index else None
+        if len(index) != 1 or type(index[0]) is not BytesCodec or endian not in (None, "little"):
+            return None, "a shard index codec other than bytes (and crc32c)"
+        inner, why = cls.of(BatchedCodecPipeline.from_codecs(sharding.codecs))
+        if inner is None or inner.shards is not None:
+            return None, f"inner chunks: {why if inner is None else 'sharded again'}"
+        location = getattr(sharding.index_location, "value", sharding.index_location)
+        layout = _Shards(tuple(sharding.chunk_shape), location == "end", index_crc)
+        return dataclasses.replace(inner, shards=layout), f"shards of inner chunks ({why})"
 
 
 class CodecPipeline(_ZarrCodecPipeline):
@@ -174,7 +214,17 @@ class CodecPipeline(_ZarrCodecPipeline):
             whole = dataclasses.replace(self.fallback, batch_size=max(1, len(batch)))
             return await whole.read(batch, out, drop_axes)
         assert self.chain is not None
-        present = await asyncio.to_thread(_read, self.chain, batch, files, out, drop_axes)
+        if self.chain.shards is not None:
+            expanded = await asyncio.to_thread(
+                _inner_chunks, self.chain.shards, batch, files, drop_axes
+            )
+            if expanded is None:  # a selection the inner chunks cannot be mapped for
+                whole = dataclasses.replace(self.fallback, batch_size=max(1, len(batch)))
+                return await whole.read(batch, out, drop_axes)
+            inner, ranges, present = expanded
+            await asyncio.to_thread(_read, self.chain, inner, ranges, out, drop_axes)
+        else:
+            present = await asyncio.to_thread(_read, self.chain, batch, files, out, drop_axes)
         if _GetResult is None:
             return None
         return tuple({"status": "present" if p else "missing"} for p in present)
@@ -250,8 +300,8 @@ def _decode_and_place(
     present = [data is not None or placed for data, placed in zip(encoded, in_place, strict=True)]
     if chain.crc32c:
         encoded = [
-            None if data is None else _without_crc(data, path)
-            for data, path in zip(encoded, files, strict=True)
+            None if data is None else _without_crc(data, _name(chunk))
+            for data, chunk in zip(encoded, files, strict=True)
         ]
     if chain.zstd is not None:
         decoded = (
@@ -287,6 +337,91 @@ def _decode_and_place(
     return present
 
 
+_EMPTY = np.uint64(2**64 - 1)  # an index entry of an inner chunk never written
+
+
+@dataclasses.dataclass(frozen=True)
+class _InnerSpec:
+    """An inner chunk's spec, as the read needs it (its shard's dtype and fill value)."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    fill_value: Any
+
+
+def _inner_chunks(
+    shards: _Shards, batch: list[Any], files: list[str], drop_axes: tuple[int, ...]
+) -> tuple[list[Any], list[Any], list[bool]] | None:
+    """The inner chunks that ``batch`` (shards) touches, as a batch of their own, each with
+    its byte range in its shard's file (from the shard's index, read once, its crc32c
+    checked), and whether each shard is present; None where the selection is not made of
+    plain slices (zarr's pipeline maps those)."""
+    from zarr.core.chunk_grids import RegularChunkGrid
+    from zarr.core.indexing import get_indexer
+
+    if drop_axes:
+        return None
+    inner: list[Any] = []
+    ranges: list[Any] = []
+    present: list[bool] = []
+    grid = RegularChunkGrid(chunk_shape=shards.inner_shape)
+    for (_, spec, chunk_selection, out_selection, complete), path in zip(batch, files, strict=True):
+        chunk_part = chunk_selection if isinstance(chunk_selection, tuple) else (chunk_selection,)
+        out_part = out_selection if isinstance(out_selection, tuple) else (out_selection,)
+        if not all(isinstance(s, slice) for s in chunk_part) or not all(
+            isinstance(s, slice) and s.step in (None, 1) for s in out_part
+        ):
+            return None
+        index = _shard_index(path, shards, tuple(spec.shape))
+        present.append(index is not None)
+        if index is None:  # no shard: the fill value over its part
+            inner.append((None, spec, chunk_selection, out_selection, complete))
+            ranges.append(None)
+            continue
+        counts = [-(-n // c) for n, c in zip(spec.shape, shards.inner_shape, strict=True)]
+        inner_spec = _InnerSpec(shards.inner_shape, spec.dtype, spec.fill_value)
+        for part in get_indexer(chunk_part, shape=tuple(spec.shape), chunk_grid=grid):
+            offset, length = index[int(np.ravel_multi_index(part.chunk_coords, counts))]
+            inner_out: Any = part.out_selection
+            composed = tuple(
+                slice((o.start or 0) + i.start, (o.start or 0) + i.stop)
+                for o, i in zip(out_part, inner_out, strict=True)
+            )
+            inner.append((None, inner_spec, part.chunk_selection, composed, part.is_complete_chunk))
+            empty = offset == _EMPTY and length == _EMPTY
+            ranges.append(None if empty else (path, int(offset), int(length)))
+    return inner, ranges, present
+
+
+def _shard_index(path: str, shards: _Shards, shard_shape: tuple[int, ...]) -> np.ndarray | None:
+    """The shard's index (an (offset, length) row per inner chunk), or None where there is no
+    shard file."""
+    count = int(np.prod([-(-n // c) for n, c in zip(shard_shape, shards.inner_shape, strict=True)]))
+    size = 16 * count + (4 if shards.index_crc32c else 0)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        length = os.fstat(fd).st_size
+        if length < size:
+            raise FormatError(f"{path}: a shard of {length} bytes cannot hold its index")
+        raw = os.pread(fd, size, length - size if shards.index_at_end else 0)
+    finally:
+        os.close(fd)
+    if len(raw) != size:
+        raise FormatError(f"{path}: the shard's index is cut short")
+    body = np.frombuffer(raw, dtype=np.uint8)
+    if shards.index_crc32c:
+        body = _without_crc(body, f"{path} (shard index)")
+    index = body.view("<u8").reshape(count, 2)
+    written = index[:, 0] != _EMPTY
+    ends = index[written, 0] + index[written, 1]
+    if ends.size and int(ends.max()) > length:
+        raise FormatError(f"{path}: the shard's index points past its end")
+    return index
+
+
 def _whole_chunk_outputs(batch: list[Any], target: Any, drop_axes: tuple[int, ...]) -> list[Any]:
     """Each chunk's place in the output as flat bytes, where the chunk lands there whole on
     one C-contiguous range (else None): its file, stored as it is, can be read there, and a
@@ -311,28 +446,40 @@ def _whole_chunk_outputs(batch: list[Any], target: Any, drop_axes: tuple[int, ..
 
 
 def _read_files(
-    files: list[str], places: list[Any], staging: Any = None
+    files: list[Any], places: list[Any], staging: Any = None
 ) -> tuple[np.ndarray, list[np.ndarray | None], list[bool]]:
-    """Every file read as one batch by the dispatcher
-    (:meth:`~arrayio.dispatch.dispatcher.Dispatcher.read_files`): into its place in the
-    output where it has one and the file is its size, else into one host buffer (from
-    ``staging(nbytes)``, default a new NumPy array). Returns the host buffer, each file's
-    bytes in it (None for a missing file or one read in place), and whether each was read
-    in place."""
+    """Every chunk read as one batch by the dispatcher
+    (:meth:`~arrayio.dispatch.dispatcher.Dispatcher.read_files`): a whole file (its path),
+    a byte range of one (``(path, offset, nbytes)``: an inner chunk of a shard), or nothing
+    (None: known to be missing). Into its place in the output where it has one and the chunk
+    is its size, else into one host buffer (from ``staging(nbytes)``, default a new NumPy
+    array). Returns the host buffer, each chunk's bytes in it (None for a missing chunk or
+    one read in place), and whether each was read in place."""
     from ..dispatch import dispatcher
 
     sizes: list[int | None] = []
     fds: list[int | None] = []
+    opened: dict[str, int | None] = {}
     try:
-        for path in files:
-            try:
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except (FileNotFoundError, NotADirectoryError):
+        for chunk in files:
+            path, offset, length = (
+                (chunk, 0, None) if isinstance(chunk, str) else chunk or ("", 0, None)
+            )
+            if chunk is None:
                 fds.append(None)
                 sizes.append(None)
                 continue
+            if path not in opened:
+                try:
+                    opened[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                except (FileNotFoundError, NotADirectoryError):
+                    opened[path] = None
+            fd = opened[path]
             fds.append(fd)
-            sizes.append(os.fstat(fd).st_size)
+            if fd is None:
+                sizes.append(None)
+            else:
+                sizes.append(os.fstat(fd).st_size if length is None else length)
         in_place = [
             place is not None and size == place.nbytes
             for place, size in zip(places, sizes, strict=True)
@@ -345,29 +492,38 @@ def _read_files(
         staged_paths: list[str] = []
         direct_paths: list[str] = []
         at = 0
-        for handle, size, path, place, placed in zip(
+        for handle, size, chunk, place, placed in zip(
             fds, sizes, files, places, in_place, strict=True
         ):
+            offset = 0 if isinstance(chunk, str) or chunk is None else chunk[1]
             if handle is None or size is None:
                 views.append(None)
             elif placed:
                 views.append(None)
-                direct.append((handle, 0, place))
-                direct_paths.append(path)
+                direct.append((handle, offset, place))
+                direct_paths.append(_name(chunk))
             else:
                 view = slab[at : at + size]
                 at += size
                 views.append(view)
-                staged.append((handle, 0, view))
-                staged_paths.append(path)
+                staged.append((handle, offset, view))
+                staged_paths.append(_name(chunk))
         for requests, paths in ((direct, direct_paths), (staged, staged_paths)):
             if requests:
                 dispatcher.get().read_files(requests, paths=paths)
         return slab, views, in_place
     finally:
-        for handle in fds:
+        for handle in opened.values():
             if handle is not None:
                 os.close(handle)
+
+
+def _name(chunk: Any) -> str:
+    """What an error names a chunk by: its file, and the range of an inner chunk."""
+    if chunk is None or isinstance(chunk, str):
+        return str(chunk)
+    path, offset, length = chunk
+    return f"{path} (bytes {offset} to {offset + length})"
 
 
 def _without_crc(data: np.ndarray, path: str) -> np.ndarray:

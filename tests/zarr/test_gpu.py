@@ -153,6 +153,26 @@ def test_zstd_row_chunks_are_decoded_into_their_place_in_the_output(
     assert places[0].data.ptr == got.data.ptr  # the output's own memory
 
 
+def test_sharded_zstd_arrays_read_into_the_gpu_in_one_batch(tmp_path, cupy, monkeypatch):
+    # 4 shards of 64 inner zstd chunks each: one nvCOMP batch of every inner chunk read.
+    data = np.random.default_rng(5).normal(size=(256, 256)).astype(np.float32)
+    z = zarr.create_array(
+        LocalStore(tmp_path), shape=data.shape, chunks=(16, 16), shards=(128, 128), dtype="f4"
+    )
+    z[...] = data
+    batches = _submitted(monkeypatch)
+    with (
+        zarr.config.enable_gpu(),
+        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
+    ):
+        array = zarr.open_array(NVMeStore(tmp_path, read_only=True), mode="r")
+        got = array[...]
+        part = array[10:200, 30:250]
+    np.testing.assert_array_equal(cupy.asnumpy(got), data)
+    np.testing.assert_array_equal(cupy.asnumpy(part), data[10:200, 30:250])
+    assert len(batches[0][0]) == 256
+
+
 def test_gpu_buffers_written_read_by_local_store(tmp_path, cupy):
     data = cupy.arange(100_000, dtype=cupy.int32).reshape(250, 400)
     with zarr.config.enable_gpu():

@@ -149,16 +149,91 @@ def test_writes_through_the_pipeline_read_back(tmp_path):
     np.testing.assert_array_equal(zarr.open_array(store, mode="r")[...], data)  # zarr's own
 
 
-def test_sharded_arrays_go_to_zarrs_pipeline(tmp_path, calls):
-    store = LocalStore(tmp_path)
-    array = zarr.create_array(store, shape=(64, 64), chunks=(8, 8), shards=(32, 32), dtype="f4")
+SHARDED_SELECTIONS = [
+    Ellipsis,
+    (slice(5, 60), slice(3, None)),
+    (slice(1, 63, 3), slice(None, None, 5)),
+    (slice(40, 41), slice(0, 64)),
+    (slice(0, 0), Ellipsis),
+]
+
+
+@pytest.mark.parametrize("inner", ["none", "default", "crc32c", "gzip"])
+@pytest.mark.parametrize("index_location", ["end", "start"])
+@pytest.mark.parametrize("kind", ["local", "nvme"])
+def test_sharded_arrays_read_their_inner_chunks_in_one_batch(
+    tmp_path, calls, inner, index_location, kind
+):
+    # 64 x 64 in shards of 32 x 32 of 8 x 8 inner chunks: every selection's inner chunks are
+    # found from the shards' indexes and read as one batch; shard (1, 1) was never written
+    # (the fill value), and inner chunks of shard (0, 1) were left out (empty index entries).
+    from zarr.codecs import ShardingCodec
+
+    store = _store(kind, tmp_path / "store")
+    codecs = dict(CHAINS[inner])
+    sharding = ShardingCodec(
+        chunk_shape=(8, 8),
+        codecs=[zarr.codecs.BytesCodec(), *(codecs.get("compressors") or [])]
+        if inner != "default"
+        else [zarr.codecs.BytesCodec(), ZstdCodec()],
+        index_location=index_location,
+    )
+    array = zarr.create_array(
+        store,
+        shape=(64, 64),
+        chunks=(32, 32),
+        dtype="f4",
+        fill_value=-2.0,
+        serializer=sharding,
+        compressors=None,
+    )
     data = np.random.default_rng(1).normal(size=(64, 64)).astype(np.float32)
-    array[...] = data
+    array[:32, :] = data[:32, :]
+    array[32:, :32] = data[32:, :32]
+    array[0:8, 40:48] = -2.0  # an inner chunk of fill values only: zarr leaves it out
+    expected = data.copy()
+    expected[32:, 32:] = -2.0
+    expected[0:8, 40:48] = -2.0
     with zarr.config.set(OURS):
         opened = zarr.open_array(store, mode="r")
-        np.testing.assert_array_equal(opened[5:60, 3:], data[5:60, 3:])
-        assert "ShardingCodec" in opened._async_array.codec_pipeline.explain()
-    assert not calls
+        assert "shards of inner chunks" in opened._async_array.codec_pipeline.explain()
+        for selection in SHARDED_SELECTIONS:
+            np.testing.assert_array_equal(
+                opened[selection], expected[selection], err_msg=str(selection)
+            )
+        np.testing.assert_array_equal(opened[7, 3:9], expected[7, 3:9])  # zarr maps it
+    assert calls
+
+
+def test_a_damaged_shard_index_fails_its_crc32c(tmp_path):
+    store = LocalStore(tmp_path)
+    array = zarr.create_array(store, shape=(32, 32), chunks=(16, 16), shards=(32, 32), dtype="f4")
+    array[...] = 1.0
+    shard = tmp_path / "c" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[-10] ^= 0x01  # in the index, at the file's end
+    shard.write_bytes(bytes(raw))
+    with zarr.config.set(OURS):
+        with pytest.raises(ChecksumError, match="shard index"):
+            zarr.open_array(store, mode="r")[...]
+
+
+def test_a_shard_index_that_points_past_the_file_is_refused(tmp_path):
+    from zarr.codecs import ShardingCodec
+
+    store = LocalStore(tmp_path)
+    sharding = ShardingCodec(chunk_shape=(16, 16), index_codecs=[zarr.codecs.BytesCodec()])
+    array = zarr.create_array(
+        store, shape=(32, 32), chunks=(32, 32), dtype="f4", serializer=sharding, compressors=None
+    )
+    array[...] = 1.0
+    shard = tmp_path / "c" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[-16:-8] = (1 << 40).to_bytes(8, "little")  # the last inner chunk's offset
+    shard.write_bytes(bytes(raw))
+    with zarr.config.set(OURS):
+        with pytest.raises(arrayio.errors.FormatError, match="points past its end"):
+            zarr.open_array(store, mode="r")[...]
 
 
 @pytest.mark.parametrize("order", ["C", "F"])
@@ -297,3 +372,44 @@ def test_a_chunk_file_of_the_wrong_size_is_refused_not_read_in_place(tmp_path):
     with zarr.config.set(OURS):
         with pytest.raises(arrayio.errors.FormatError, match="expected 512"):
             zarr.open_array(store, mode="r")[...]
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_random_sharded_arrays_and_selections_read_as_zarr_reads_them(tmp_path_factory, data):
+    ndim = data.draw(st.integers(1, 3), label="ndim")
+    inner = [data.draw(st.integers(1, 4)) for _ in range(ndim)]
+    shards = [c * data.draw(st.integers(1, 3)) for c in inner]
+    shape = [data.draw(st.integers(1, 2 * s + 1)) for s in shards]
+    selection = tuple(
+        data.draw(
+            st.builds(
+                slice,
+                st.none() | st.integers(0, n),
+                st.none() | st.integers(0, n),
+                st.none() | st.integers(1, 3),
+            )
+        )
+        for n in shape
+    )
+    compressors = data.draw(st.sampled_from([None, "zstd"]), label="inner compressor")
+    compressors = [ZstdCodec()] if compressors else None
+    written = data.draw(st.floats(0, 1), label="share written")
+    store = LocalStore(tmp_path_factory.mktemp("store"))
+    array = zarr.create_array(
+        store,
+        shape=shape,
+        chunks=inner,
+        shards=shards,
+        dtype="f8",
+        fill_value=7.0,
+        compressors=compressors,
+    )
+    values = np.random.default_rng(ndim).normal(size=shape)
+    region = tuple(slice(0, max(1, int(n * written))) for n in shape)
+    array[region] = values[region]
+    expected = np.full(shape, 7.0)
+    expected[region] = values[region]
+    with zarr.config.set(OURS):
+        got = zarr.open_array(store, mode="r")[selection]
+    np.testing.assert_array_equal(got, expected[selection])
