@@ -105,11 +105,6 @@ class _Pool:
             self._bytes[device] = self._bytes.get(device, 0) + memory.nbytes
             self._unsynchronized.add(device)
 
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
-            self._bytes.clear()
-
 
 _pool = _Pool()
 

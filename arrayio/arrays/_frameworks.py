@@ -33,13 +33,14 @@ from ..errors import (
 from ..runtime._units import format_count
 from . import _dtypes
 from ._buffers import CupyDeviceBuffer, DeviceBuffer, TorchDeviceBuffer, aligned_empty, result_empty
-from ._driver_buffers import DLPackExport, DriverDeviceBuffer
 from ._dtypes import DType
 from ._jax_import import to_jax
 from ._shards import Pieces
 
 if TYPE_CHECKING:
     from types import ModuleType
+
+    from ._driver_buffers import DriverDeviceBuffer
 
 __all__ = [
     "FRAMEWORKS",
@@ -281,6 +282,8 @@ def _require(framework: str) -> ModuleType:
 def _driver_memory(nbytes: int, device: int) -> DriverDeviceBuffer | None:
     """``nbytes`` of device memory from the CUDA driver (JAX's loads: no framework to
     import); None where the driver cannot give it (the caller then goes through the host)."""
+    from ._driver_buffers import DriverDeviceBuffer  # GPU code: not on ``import arrayio``
+
     try:
         return DriverDeviceBuffer.allocate(nbytes, device)
     except OSError:  # no libcuda: no CUDA here at all
@@ -504,6 +507,7 @@ def _allocate_jax(dtype: DType, shape: tuple[int, ...], nbytes: int, request: Re
     flat = _driver_memory(nbytes, placement.index) if placement.is_cuda else None
     if flat is not None:
         memory = flat  # (for the closure: mypy keeps ``flat`` optional)
+        from ._driver_buffers import DLPackExport
 
         def finish_cuda() -> Any:
             device = request.jax_device or _jax_device(jax, placement)

@@ -430,17 +430,14 @@ class Dispatcher:
                 )
             else:  # the rival reads a share of the files, the incumbent the rest
                 rest = everything[: len(everything) - len(rival)]
-                try:
-                    self.policy.run(
-                        context,
-                        sum(requests[i][2].nbytes for i in rival),
-                        operation(rival),
-                        force=split.rival,
-                    )
-                except Exception as error:
-                    if not is_tool_failure(error):
-                        raise
-                    self.policy.fail(context, split.rival, error)
+                rival_bytes = sum(requests[i][2].nbytes for i in rival)
+                if not self._rival_ran(
+                    context,
+                    split,
+                    lambda: self.policy.run(
+                        context, rival_bytes, operation(rival), force=split.rival
+                    ),
+                ):
                     rest = everything
                 explored = self._clock() - start
                 _, arm = self.policy.run(
@@ -801,6 +798,18 @@ class Dispatcher:
         self._maybe_save()
         return result
 
+    def _rival_ran(self, context: Context, split: Split, run: Callable[[], object]) -> bool:
+        """Run a rival's part of an exploring call; False, its failure marked, where its
+        tool failed (the incumbent then takes the whole call)."""
+        try:
+            run()
+        except Exception as error:
+            if not is_tool_failure(error):
+                raise
+            self.policy.fail(context, split.rival, error)
+            return False
+        return True
+
     def _explore(
         self,
         context: Context,
@@ -858,12 +867,7 @@ class Dispatcher:
             return arm
 
         incumbent = division.incumbent
-        try:
-            run(division.rival, force=split.rival)
-        except Exception as error:
-            if not is_tool_failure(error):
-                raise
-            self.policy.fail(context, split.rival, error)
+        if not self._rival_ran(context, split, lambda: run(division.rival, force=split.rival)):
             left = collections.Counter(owners)
             incumbent = list(range(len(pieces)))
         explored = self._clock() - start

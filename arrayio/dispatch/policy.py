@@ -279,9 +279,7 @@ class Policy:
             if rival in self._preparing or rival in self._ready:
                 return rival in self._ready
             self._preparing.add(rival)
-        threading.Thread(
-            target=self._prepare, args=(rival, key), name="arrayio-prepare", daemon=True
-        ).start()
+        self._start_preparing(rival, key)
         return False
 
     def _prepare(self, arm: Arm, key: str | None) -> None:
@@ -350,17 +348,10 @@ class Policy:
             disk_rate = (stats.estimate if stats is not None else None) or DISK_GUESS_RATE
             beside = context.direction == "read" and context.cache in ON_DISK
             if beside and setup <= nbytes / disk_rate:
-                with self._tools_lock:
-                    if arm not in self._preparing and arm not in self._tools:
-                        self._preparing.add(arm)
-                        self._start_preparing(arm)
+                if self._claim(arm):
+                    self._start_preparing(arm)
                 return other, None
-            if self._stood_in >= 2:
-                with self._tools_lock:
-                    if arm not in self._preparing and arm not in self._tools:
-                        self._preparing.add(arm)
-                        return other, arm
-            return other, None
+            return other, arm if self._stood_in >= 2 and self._claim(arm) else None
         return arm, None
 
     def _set_up_after(self, arm: Arm | None) -> None:
@@ -370,11 +361,20 @@ class Policy:
         if arm is not None:
             self._start_preparing(arm)
 
-    def _start_preparing(self, arm: Arm) -> None:
-        """Set ``arm`` up on a thread of its own (in :attr:`_preparing` already); a process
-        that exits meanwhile waits for it (:func:`_join_preparing`)."""
+    def _claim(self, arm: Arm) -> bool:
+        """Mark ``arm`` as being set up, unless it is made or being set up already."""
+        with self._tools_lock:
+            if arm in self._preparing or arm in self._tools:
+                return False
+            self._preparing.add(arm)
+            return True
+
+    def _start_preparing(self, arm: Arm, key: str | None = None) -> None:
+        """Set ``arm`` up on a thread of its own (in :attr:`_preparing` already), for a
+        rival of context ``key`` or a stand-in's arm (None); a process that exits meanwhile
+        waits for it (:func:`_join_preparing`)."""
         thread = threading.Thread(
-            target=self._prepare, args=(arm, None), name="arrayio-prepare", daemon=True
+            target=self._prepare, args=(arm, key), name="arrayio-prepare", daemon=True
         )
         with _preparing_lock:
             _preparing_threads.add(thread)

@@ -163,10 +163,8 @@ class TorchLauncher(Launcher):
 
     def compile(self, source: str, name: str) -> Any:
         torch = self.module
-        major, minor = torch.cuda.get_device_capability(torch.cuda.current_device())
         cuda_major = str(torch.version.cuda or "").split(".")[0]
-        _cuda.make_current(torch.cuda.current_device())
-        return _driver_kernel(_cubin(source, name, f"sm_{major}{minor}", cuda_major), name)
+        return _built(source, name, torch.cuda.current_device(), cuda_major)
 
     def launch(self, kernel: Any, grid: int, block: int, args: tuple[Any, ...]) -> None:
         torch = self.module
@@ -254,11 +252,7 @@ class DriverLauncher(Launcher):
         return host
 
     def compile(self, source: str, name: str) -> Any:
-        device = self._device()
-        major, minor = _cuda.compute_capability(device)
-        _cuda.make_current(device)
-        cuda_major = str(_cuda.driver_cuda_major())
-        return _driver_kernel(_cubin(source, name, f"sm_{major}{minor}", cuda_major), name)
+        return _built(source, name, self._device(), str(_cuda.driver_cuda_major()))
 
     def launch(self, kernel: Any, grid: int, block: int, args: tuple[Any, ...]) -> None:
         device = self._device()
@@ -280,6 +274,14 @@ def _launch(
         ),
         "cuLaunchKernel",
     )
+
+
+def _built(source: str, name: str, device: int, cuda_major: str) -> ctypes.c_void_p:
+    """Kernel ``name`` of ``source`` built for ``device`` (by NVRTC of ``cuda_major``, or
+    from the cache directory) and loaded into its context."""
+    major, minor = _cuda.compute_capability(device)
+    _cuda.make_current(device)
+    return _driver_kernel(_cubin(source, name, f"sm_{major}{minor}", cuda_major), name)
 
 
 def _driver_kernel(binary: bytes, name: str) -> ctypes.c_void_p:
@@ -381,8 +383,10 @@ def _torch_running_cuda() -> Any:
     return None
 
 
+@functools.cache
 def _driver_usable() -> bool:
-    """Whether the driver and NVRTC can build and run the kernel with no framework."""
+    """Whether the driver and NVRTC can build and run the kernel with no framework (asked
+    of every GPU transfer's candidates: found once)."""
     try:
         return _nvrtc_library(str(_cuda.driver_cuda_major())) is not None
     except Exception:  # noqa: BLE001 - no driver, or one that cannot start: not usable

@@ -202,6 +202,11 @@ class CodecPipeline(_ZarrCodecPipeline):
     ) -> None:
         await self.fallback.write(batch_info, value, drop_axes)
 
+    async def _zarrs_read(self, batch: list[Any], out: Any, drop_axes: tuple[int, ...]) -> Any:
+        """zarr's pipeline, with the whole batch in one codec call."""
+        whole = dataclasses.replace(self.fallback, batch_size=max(1, len(batch)))
+        return await whole.read(batch, out, drop_axes)
+
     async def read(
         self, batch_info: Iterable[Any], out: Any, drop_axes: tuple[int, ...] = ()
     ) -> Any:
@@ -209,18 +214,15 @@ class CodecPipeline(_ZarrCodecPipeline):
         # Memory order other than C: zarr's versions lay such chunks out differently.
         ours = self.chain is not None and batch and all(_order(s) == "C" for _, s, *_ in batch)
         files = _files_of(batch) if ours else None
-        if files is None:
-            # Not ours to read: zarr's pipeline, with the whole batch in one codec call.
-            whole = dataclasses.replace(self.fallback, batch_size=max(1, len(batch)))
-            return await whole.read(batch, out, drop_axes)
+        if files is None:  # not ours to read
+            return await self._zarrs_read(batch, out, drop_axes)
         assert self.chain is not None
         if self.chain.shards is not None:
             expanded = await asyncio.to_thread(
                 _inner_chunks, self.chain.shards, batch, files, drop_axes
             )
             if expanded is None:  # a selection the inner chunks cannot be mapped for
-                whole = dataclasses.replace(self.fallback, batch_size=max(1, len(batch)))
-                return await whole.read(batch, out, drop_axes)
+                return await self._zarrs_read(batch, out, drop_axes)
             inner, ranges, present = expanded
             await asyncio.to_thread(_read, self.chain, inner, ranges, out, drop_axes)
         else:
@@ -372,13 +374,13 @@ def _inner_chunks(
             isinstance(s, slice) and s.step in (None, 1) for s in out_part
         ):
             return None
-        index = _shard_index(path, shards, tuple(spec.shape))
+        counts = [-(-n // c) for n, c in zip(spec.shape, shards.inner_shape, strict=True)]
+        index = _shard_index(path, shards, counts)
         present.append(index is not None)
         if index is None:  # no shard: the fill value over its part
             inner.append((None, spec, chunk_selection, out_selection, complete))
             ranges.append(None)
             continue
-        counts = [-(-n // c) for n, c in zip(spec.shape, shards.inner_shape, strict=True)]
         inner_spec = _InnerSpec(shards.inner_shape, spec.dtype, spec.fill_value)
         for part in get_indexer(chunk_part, shape=tuple(spec.shape), chunk_grid=grid):
             offset, length = index[int(np.ravel_multi_index(part.chunk_coords, counts))]
@@ -393,10 +395,10 @@ def _inner_chunks(
     return inner, ranges, present
 
 
-def _shard_index(path: str, shards: _Shards, shard_shape: tuple[int, ...]) -> np.ndarray | None:
-    """The shard's index (an (offset, length) row per inner chunk), or None where there is no
-    shard file."""
-    count = int(np.prod([-(-n // c) for n, c in zip(shard_shape, shards.inner_shape, strict=True)]))
+def _shard_index(path: str, shards: _Shards, counts: list[int]) -> np.ndarray | None:
+    """The shard's index (an (offset, length) row for each of its ``counts`` inner chunks
+    along each axis), or None where there is no shard file."""
+    count = int(np.prod(counts))
     size = 16 * count + (4 if shards.index_crc32c else 0)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -459,16 +461,15 @@ def _read_files(
 
     sizes: list[int | None] = []
     fds: list[int | None] = []
+    offsets = [0 if isinstance(chunk, str) or chunk is None else chunk[1] for chunk in files]
     opened: dict[str, int | None] = {}
     try:
         for chunk in files:
-            path, offset, length = (
-                (chunk, 0, None) if isinstance(chunk, str) else chunk or ("", 0, None)
-            )
             if chunk is None:
                 fds.append(None)
                 sizes.append(None)
                 continue
+            path, length = (chunk, None) if isinstance(chunk, str) else (chunk[0], chunk[2])
             if path not in opened:
                 try:
                     opened[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -492,10 +493,9 @@ def _read_files(
         staged_paths: list[str] = []
         direct_paths: list[str] = []
         at = 0
-        for handle, size, chunk, place, placed in zip(
-            fds, sizes, files, places, in_place, strict=True
+        for handle, size, chunk, offset, place, placed in zip(
+            fds, sizes, files, offsets, places, in_place, strict=True
         ):
-            offset = 0 if isinstance(chunk, str) or chunk is None else chunk[1]
             if handle is None or size is None:
                 views.append(None)
             elif placed:

@@ -251,33 +251,21 @@ def test_memory_order_reads_as_zarr_reads_it(tmp_path, order):
         np.testing.assert_array_equal(opened[1:12, ::2, 3], data[1:12, ::2, 3])
 
 
-@settings(max_examples=40, deadline=None)
-@given(data=st.data())
-def test_random_arrays_and_selections_read_as_zarr_reads_them(tmp_path_factory, data):
-    shape = data.draw(st.lists(st.integers(1, 12), min_size=1, max_size=3), label="shape")
-    chunks = [data.draw(st.integers(1, n + 2)) for n in shape]
-    selection = tuple(
-        data.draw(
-            st.one_of(
-                st.integers(0, n - 1),
-                st.builds(
-                    slice,
-                    st.none() | st.integers(0, n),
-                    st.none() | st.integers(0, n),
-                    st.none() | st.integers(1, 3),
-                ),
-            )
-        )
-        for n in shape
+def _slices(n: int):
+    """Slices of an axis of ``n`` (starts, stops past either end, steps)."""
+    return st.builds(
+        slice,
+        st.none() | st.integers(0, n),
+        st.none() | st.integers(0, n),
+        st.none() | st.integers(1, 3),
     )
-    chain = data.draw(st.sampled_from(["default", "none", "crc32c"]))
-    written = data.draw(st.floats(0, 1), label="share written")
-    store = LocalStore(tmp_path_factory.mktemp("store"))
-    codecs = dict(CHAINS[chain])
-    array = zarr.create_array(
-        store, shape=shape, chunks=chunks, dtype="f8", fill_value=7.0, **codecs
-    )
-    values = np.random.default_rng(len(shape)).normal(size=shape)
+
+
+def _read_as_written(store, array, written: float, selection, *, seed: int) -> None:
+    """Write the leading ``written`` share of every axis of ``array`` (fill value 7), then
+    read ``selection`` back through the pipeline: it is what was written."""
+    shape = array.shape
+    values = np.random.default_rng(seed).normal(size=shape)
     region = tuple(slice(0, max(1, int(n * written))) for n in shape)
     array[region] = values[region]
     expected = np.full(shape, 7.0)
@@ -285,6 +273,22 @@ def test_random_arrays_and_selections_read_as_zarr_reads_them(tmp_path_factory, 
     with zarr.config.set(OURS):
         got = zarr.open_array(store, mode="r")[selection]
     np.testing.assert_array_equal(got, expected[selection])
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_random_arrays_and_selections_read_as_zarr_reads_them(tmp_path_factory, data):
+    shape = data.draw(st.lists(st.integers(1, 12), min_size=1, max_size=3), label="shape")
+    chunks = [data.draw(st.integers(1, n + 2)) for n in shape]
+    selection = tuple(data.draw(st.one_of(st.integers(0, n - 1), _slices(n))) for n in shape)
+    chain = data.draw(st.sampled_from(["default", "none", "crc32c"]))
+    written = data.draw(st.floats(0, 1), label="share written")
+    store = LocalStore(tmp_path_factory.mktemp("store"))
+    codecs = dict(CHAINS[chain])
+    array = zarr.create_array(
+        store, shape=shape, chunks=chunks, dtype="f8", fill_value=7.0, **codecs
+    )
+    _read_as_written(store, array, written, selection, seed=len(shape))
 
 
 def test_zarr_finds_the_pipeline_by_its_entry_point():
@@ -381,17 +385,7 @@ def test_random_sharded_arrays_and_selections_read_as_zarr_reads_them(tmp_path_f
     inner = [data.draw(st.integers(1, 4)) for _ in range(ndim)]
     shards = [c * data.draw(st.integers(1, 3)) for c in inner]
     shape = [data.draw(st.integers(1, 2 * s + 1)) for s in shards]
-    selection = tuple(
-        data.draw(
-            st.builds(
-                slice,
-                st.none() | st.integers(0, n),
-                st.none() | st.integers(0, n),
-                st.none() | st.integers(1, 3),
-            )
-        )
-        for n in shape
-    )
+    selection = tuple(data.draw(_slices(n)) for n in shape)
     compressors = data.draw(st.sampled_from([None, "zstd"]), label="inner compressor")
     compressors = [ZstdCodec()] if compressors else None
     written = data.draw(st.floats(0, 1), label="share written")
@@ -405,11 +399,4 @@ def test_random_sharded_arrays_and_selections_read_as_zarr_reads_them(tmp_path_f
         fill_value=7.0,
         compressors=compressors,
     )
-    values = np.random.default_rng(ndim).normal(size=shape)
-    region = tuple(slice(0, max(1, int(n * written))) for n in shape)
-    array[region] = values[region]
-    expected = np.full(shape, 7.0)
-    expected[region] = values[region]
-    with zarr.config.set(OURS):
-        got = zarr.open_array(store, mode="r")[selection]
-    np.testing.assert_array_equal(got, expected[selection])
+    _read_as_written(store, array, written, selection, seed=ndim)
