@@ -37,12 +37,13 @@ __all__ = ["activations"]
 class _Saved:
     """What autograd keeps in place of an offloaded tensor."""
 
-    __slots__ = ("__weakref__", "handle", "index", "version")
+    __slots__ = ("__weakref__", "handle", "index", "source", "version")
 
-    def __init__(self, handle: Handle, index: int, version: int) -> None:
+    def __init__(self, handle: Handle, index: int, version: int, source: Any) -> None:
         self.handle = handle
         self.index = index
         self.version = version  # the tensor's version counter when it was put
+        self.source = weakref.ref(source)  # the tensor saved, while it lives
 
 
 class _Hooks:
@@ -66,7 +67,12 @@ class _Hooks:
         with self.lock:
             known = self.by_id.get(id(tensor))
             saved = known() if known is not None else None
-        if saved is not None and _same(self.offloader.peek(saved.handle), tensor, saved.version):
+        if saved is not None and (
+            # Saved again by another operation: once spilled, the offloader holds it no more,
+            # so the tensor itself tells (or a plan would count it twice, and shift).
+            (tensor._version == saved.version and saved.source() is tensor)
+            or _same(self.offloader.peek(saved.handle), tensor, saved.version)
+        ):
             return saved
         hint = None
         if self.tiers is not None:
@@ -84,7 +90,7 @@ class _Hooks:
         # hold this very handle (a reference cycle through autograd's C++ graph).
         handle = self.offloader.put(tensor.detach(), hint=hint)
         with self.lock:
-            saved = _Saved(handle, len(self.order), version)
+            saved = _Saved(handle, len(self.order), version, tensor)
             self.order.append(weakref.ref(saved))
             self.by_id[id(tensor)] = weakref.ref(saved, self._forget(id(tensor)))
         return saved

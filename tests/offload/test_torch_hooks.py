@@ -136,3 +136,26 @@ def test_tensor_modified_in_place_between_saves_is_put_again(tmp_path) -> None:
             loss.backward()
         del fillers
     assert torch.equal(p.grad, 2 * torch.arange(n, dtype=torch.float32))
+
+
+def test_a_tensor_spilled_before_its_second_save_is_not_put_again(tmp_path) -> None:
+    """y is saved, spilled and written out (the offloader holds it no more), then saved
+    again by another operation: the same handle serves both (no second write), so a plan's
+    count of saved tensors does not shift with how fast the disk wrote."""
+    torch = pytest.importorskip("torch")
+    n = 16 * KB  # 64 KiB of float32
+    x = torch.arange(n, dtype=torch.float32, requires_grad=True)
+    p = torch.ones(n, requires_grad=True)
+    q = torch.full((n,), 3.0, requires_grad=True)
+    with Offloader(tmp_path, device_budget_bytes=0) as off:
+        with activations(off, min_bytes=0, prefetch=0):
+            y = x * 1.0
+            loss = (y * p).sum()  # saves y (p is a leaf); with no budget y is spilled
+            off.wait()  # written out, dropped from memory
+            loss = loss + (y * q).sum()  # saves y again
+            off.wait()
+            writes = off.stats().writes
+            loss.backward()
+    assert writes == 1
+    torch.testing.assert_close(x.grad, torch.full((n,), 4.0))
+    torch.testing.assert_close(q.grad, torch.arange(n, dtype=torch.float32))
