@@ -37,6 +37,7 @@ from ..errors import (
 )
 from ..runtime import _gcpause, _memory, _progress
 from ..runtime._units import format_bytes
+from ..tools import _pinned
 
 __all__ = ["ArrayInfo", "Reader"]
 
@@ -62,6 +63,8 @@ def _shardings_of(structure: Any) -> dict[str, Any] | None:
 _OBJECT_BYTES = 512
 # Loads smaller than this skip that check (reading what is available costs tens of µs).
 _CHECKED_FROM = 64 << 20
+# Loads into a GPU of at least this many bytes start pinning staging buffers as they begin.
+_PIN_AHEAD_BYTES = 64 << 20
 # A load whose results are copies (JAX's device_put of host bytes) reads this much at a time.
 COPY_BATCH_BYTES = 1 << 30
 
@@ -517,6 +520,10 @@ class Reader:
             read_all = functools.partial(self._read_sharded, sharding)
         request = parse_target(like, device)
         self._check_memory(total, len(chosen), request)
+        if request.placement.is_cuda and total >= _PIN_AHEAD_BYTES:
+            # Staging buffers pinned while the outputs are allocated (a no-op once the pool
+            # has spares): pinning is a large part of a fresh process's first load.
+            _pinned.pool.pin_ahead()
         with _progress.bar(total, desc=f"loading {self.path}", progress=progress) as advance:
             return self._load(keys, request, structure, advance, read_all)
 

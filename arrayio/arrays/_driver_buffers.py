@@ -11,6 +11,13 @@ The capsule follows the DLPack convention: it is named ``"dltensor"``; a consume
 ``"used_dltensor"`` and calls the deleter when done; a capsule never consumed calls it when
 collected.
 
+The deleter is Python (a ``ctypes`` callback), and a consumer may call it after Python is
+gone: JAX frees the arrays still alive at exit in its runtime's own teardown, after the
+interpreter's, and a callback into a finalized interpreter kills the process with a
+segmentation fault. So at exit every capsule still held is disarmed (:func:`_disarm_at_exit`):
+its deleter becomes a C function that does nothing, and its structures and memory are left
+to the process's end, which frees them.
+
 Allocating device memory maps its pages, a cost a load of a model would pay again on every
 reload where the frameworks' own pools (CuPy's, torch's) reuse what the last one freed. So
 memory JAX gives back goes to a pool (:class:`_Pool`, at most a quarter of the device's
@@ -20,6 +27,7 @@ the work queued before (JAX's kernels may still read an array it has just droppe
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import dataclasses
 import threading
@@ -137,6 +145,38 @@ def _delete(managed: Any) -> None:
 
 
 _deleter = _Deleter(_delete)
+
+
+def _inert_deleter() -> Any:
+    """A C function that reads nothing and changes nothing, as a deleter: C's
+    ``sched_yield``. It takes no argument; called with one (the managed tensor's address, in
+    a register), it ignores it, as the C calling conventions of the platforms CUDA runs on
+    allow."""
+    return ctypes.cast(ctypes.CDLL(None).sched_yield, _Deleter)
+
+
+_left_at_exit: list[Any] = []
+
+
+def _disarm_at_exit() -> None:
+    """Give each capsule a consumer still holds a deleter that does not call Python, and
+    keep its structures and memory for the rest of the process (see the module docstring)."""
+    inert = _inert_deleter()
+    with _alive_lock:
+        entries = list(_alive.values())
+        _alive.clear()
+        _exports.clear()
+    for entry in entries:
+        managed, _, memory = entry
+        managed.deleter = inert
+        memory.keep_at_exit()
+        # Never collected, even as the interpreter clears its modules: the consumer reads
+        # the deleter's address from this structure when it frees the array.
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(entry))
+        _left_at_exit.append(entry)
+
+
+atexit.register(_disarm_at_exit)
 
 _NAME = b"dltensor"
 _capsule_new = ctypes.pythonapi.PyCapsule_New

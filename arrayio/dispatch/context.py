@@ -14,7 +14,6 @@ Neither reads the file. (``preadv2(RWF_NOWAIT)`` is no probe: on a miss it fails
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import dataclasses
 import functools
 import mmap
@@ -135,8 +134,10 @@ _SYS_CACHESTAT = {"x86_64": 451, "aarch64": 451}.get(platform.machine())
 
 @functools.cache
 def _libc() -> Any:
+    # The C library the interpreter already runs on: find_library("c") would start ldconfig,
+    # a process of its own in a fresh process's first load.
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return ctypes.CDLL(None, use_errno=True)
     except OSError:
         return None
 

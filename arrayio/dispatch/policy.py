@@ -9,7 +9,6 @@ fails; what it learns goes into a :class:`~arrayio.dispatch.table.Table`. The ru
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import functools
@@ -22,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import ToolUnavailableError
+from ..runtime import _background
 from ._choosing import Candidates, Exploration, attributes, nearest_winner, order
 from ._recording import Measures
 from .arm import Arm
@@ -372,13 +372,8 @@ class Policy:
     def _start_preparing(self, arm: Arm, key: str | None = None) -> None:
         """Set ``arm`` up on a thread of its own (in :attr:`_preparing` already), for a
         rival of context ``key`` or a stand-in's arm (None); a process that exits meanwhile
-        waits for it (:func:`_join_preparing`)."""
-        thread = threading.Thread(
-            target=self._prepare, args=(arm, key), name="arrayio-prepare", daemon=True
-        )
-        with _preparing_lock:
-            _preparing_threads.add(thread)
-        thread.start()
+        waits for it (:mod:`~arrayio.runtime._background`)."""
+        _background.start(self._prepare, arm, key, name="arrayio-prepare")
 
     def _is_fresh(self, arm: Arm) -> bool:
         """Whether ``arm``'s tool is yet to be made. Its first call then also pays for
@@ -767,38 +762,12 @@ class Policy:
 
 
 _policies: weakref.WeakSet[Policy] = weakref.WeakSet()
-_preparing_threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
-_preparing_lock = threading.Lock()
-
-
-def _join_preparing(timeout: float = 10.0) -> None:
-    """Wait (a while) for the tools being set up in the background. A set-up still running
-    at exit would race the teardown: the exit handlers free pinned memory, streams and
-    libraries (``weakref.finalize``'s, KvikIO's) under a thread still reading through them,
-    which killed processes with a segmentation fault."""
-    deadline = time.monotonic() + timeout
-    with _preparing_lock:
-        threads = list(_preparing_threads)
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-
-
-# Run at the interpreter's exit before every ``atexit`` handler, as ``concurrent.futures``
-# joins its workers (handlers run last registered first, and those registered by what the
-# set-up imports would otherwise run before this one); a bounded wait, unlike a non-daemon
-# thread, which a hung set-up would keep alive forever.
-_register_at_exit = getattr(threading, "_register_atexit", atexit.register)
-try:
-    _register_at_exit(_join_preparing)
-except RuntimeError:  # (threading shuts down already: an import during the exit)
-    atexit.register(_join_preparing)
 
 
 def _after_fork_in_child() -> None:
     # The threads setting rivals up are the parent's: in the child they never finish.
     for policy in list(_policies):
         policy._preparing = set()
-    _preparing_threads.clear()
 
 
 if hasattr(os, "register_at_fork"):

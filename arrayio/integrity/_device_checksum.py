@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..runtime import _background
 from . import _launchers
 from ._checksum import _POLY, _x8n, combine
 from ._launchers import Launcher
@@ -212,6 +213,42 @@ def _kernel(launcher: Launcher, device_index: int) -> tuple[Any, Any]:
     )
 
 
+# The devices whose kernel a thread of its own builds or has built, and when it is done.
+_builds: dict[int, threading.Event] = {}
+_builds_lock = threading.Lock()  # not _lock, which a build holds
+
+
+def _build_ahead(devices: Sequence[int]) -> None:
+    """Start building the kernel for ``devices`` on a thread of its own, once a process. A
+    fresh cache directory's first build (NVRTC) takes longer than a warm load of a gigabyte
+    does: built beside the transfers, it delays none, where built at the first launch it held
+    up the call's thread (see :meth:`DeviceChecksums.launch`)."""
+    with _builds_lock:
+        todo = [device for device in devices if device not in _builds]
+        for device in todo:
+            _builds[device] = threading.Event()
+    for device in todo:
+        _background.start(_build, device, name="arrayio-kernel-build")
+
+
+def _build(device: int) -> None:
+    try:
+        gpu = _launcher()
+        if gpu is not None:
+            with gpu.device(device):
+                _kernel(gpu, device)
+    except Exception as error:  # noqa: BLE001 - the first launch builds it, and says why not
+        logger.debug("arrayio: building the checksum kernel ahead failed: %s", error)
+    finally:
+        _builds[device].set()
+
+
+def _built_on(device: int) -> bool:
+    """Whether the kernel for ``device`` was built ahead (or never asked to be)."""
+    build = _builds.get(device)
+    return build is None or build.is_set()
+
+
 def _segment_powers_on(launcher: Launcher, device_index: int, segment: int) -> int:
     """The address of ``segment_powers(segment)`` on ``device_index`` (current)."""
     return launcher.address(
@@ -346,6 +383,8 @@ class DeviceChecksums:
         self._metas: list[Any] = []  # each launch's description, alive until the results
         self._on_gpu = bool(self._rows) and available()
         self._gpu: Launcher | None = None  # chosen at the first launch
+        if self._on_gpu:
+            _build_ahead(list(self._counts))
 
     def __enter__(self) -> DeviceChecksums:
         return self
@@ -366,7 +405,10 @@ class DeviceChecksums:
         ready = self._ready.setdefault(device, [])
         ready.append(index)
         self._ready_bytes[device] = self._ready_bytes.get(device, 0) + self.buffers[index].nbytes
-        if self._ready_bytes[device] >= GROUP_BYTES or len(ready) >= GROUP_BUFFERS:
+        full = self._ready_bytes[device] >= GROUP_BYTES or len(ready) >= GROUP_BUFFERS
+        # While the kernel is being built, the buffers wait for it (a later group, or the
+        # results) rather than the reads.
+        if full and _built_on(device):
             self._flush(device)
 
     def results(self) -> list[int]:

@@ -24,6 +24,7 @@ import importlib.util
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -327,21 +328,23 @@ def _cubin(source: str, name: str, arch: str, cuda_major: str) -> bytes:
 def _nvrtc_library(cuda_major: str) -> Any:
     """NVRTC: the one the process has loaded or the loader finds, else one installed as a
     Python wheel (``nvidia-cuda-nvrtc``, which JAX's and torch's CUDA wheels bring); None
-    where there is none."""
-    names = [f"libnvrtc.so.{cuda_major}", "libnvrtc.so"]
-    for root in sys.path:
-        nvidia = os.path.join(root or ".", "nvidia")
-        if os.path.isdir(nvidia):
-            names += sorted(
-                glob.glob(os.path.join(nvidia, "*", "lib", f"libnvrtc.so.{cuda_major}*"))
-            )
-            names += sorted(glob.glob(os.path.join(nvidia, "*", "lib", "libnvrtc.so.*")))
-    for library in names:
+    where there is none. The wheels' folders are searched only when the loader finds none."""
+    for library in (f"libnvrtc.so.{cuda_major}", "libnvrtc.so", *_nvrtc_in_wheels(cuda_major)):
         try:
             return ctypes.CDLL(library)
         except OSError:
             continue
     return None
+
+
+def _nvrtc_in_wheels(cuda_major: str) -> Iterator[str]:
+    for root in sys.path:
+        nvidia = os.path.join(root or ".", "nvidia")
+        if os.path.isdir(nvidia):
+            yield from sorted(
+                glob.glob(os.path.join(nvidia, "*", "lib", f"libnvrtc.so.{cuda_major}*"))
+            )
+            yield from sorted(glob.glob(os.path.join(nvidia, "*", "lib", "libnvrtc.so.*")))
 
 
 def _nvrtc(source: str, name: str, arch: str, cuda_major: str) -> bytes:

@@ -7,6 +7,9 @@ a new arm pins its buffers all over again. So:
 
 - one pool serves every tool and every call: a spare buffer of one arm is lent to another
   that it fits;
+- buffers are cut from slabs of at least :data:`SLAB_BYTES` pinned at once: the workers of a
+  pipeline that each want a first buffer wait for one pinning instead of contending for the
+  driver with one each;
 - sizes are rounded up to a power of two (1 MiB at least) plus a little slack, so that a
   spare fits the next request of a similar size instead of growing a few kilobytes at a time;
 - borrowers take a buffer when they need it, not before (a pipeline worker takes its second
@@ -27,7 +30,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-__all__ = ["KEEP_BYTES", "Borrowed", "PinnedPool", "allocate_pinned", "pool"]
+__all__ = ["KEEP_BYTES", "SLAB_BYTES", "Borrowed", "PinnedPool", "allocate_pinned", "pool"]
 
 BLOCK = 4096
 SLACK = 2 * BLOCK  # room for a block-aligned O_DIRECT span around an unaligned range
@@ -35,6 +38,9 @@ MIN_CLASS = 1 << 20
 # Spares kept between calls. It covers the largest candidate pipeline's buffers (16 workers,
 # two 16 MiB buffers each), so that steady calls never pin again.
 KEEP_BYTES = 1 << 30
+# Pinned at once, for the buffers cut from it: a pipeline's first buffers (8 workers of 4 MiB)
+# from one pinning. A slab stays pinned while any buffer cut from it is alive.
+SLAB_BYTES = 32 << 20
 
 Allocate = Callable[[int], np.ndarray]
 
@@ -63,15 +69,30 @@ class PinnedPool:
         The most bytes of spare buffers kept between loans.
     allocate
         Makes ``n`` bytes of pinned host memory (default :func:`allocate_pinned`).
+    slab_bytes
+        The least bytes pinned at once, cut into buffers as they are asked for.
     """
 
-    def __init__(self, keep_bytes: int = KEEP_BYTES, allocate: Allocate = allocate_pinned) -> None:
+    def __init__(
+        self,
+        keep_bytes: int = KEEP_BYTES,
+        allocate: Allocate = allocate_pinned,
+        slab_bytes: int = SLAB_BYTES,
+    ) -> None:
         self.keep_bytes = keep_bytes
+        self.slab_bytes = slab_bytes
         self._allocate = allocate
         self._spare: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
         self._spare_bytes = 0
         self._lock = threading.Lock()
+        # The slab buffers are cut from, and its first byte not yet lent; its own lock, so
+        # that a pinning never holds up loans of spares.
+        self._slab: np.ndarray | None = None
+        self._slab_used = 0
+        self._slab_lock = threading.Lock()
+        self._pinning_ahead = False
         self.allocated = 0  # buffers made, for tests and explain
+        self.slabs = 0  # pinnings, for tests
 
     def _take(self, nbytes: int) -> np.ndarray | None:
         """The smallest spare that holds ``nbytes``, taken out of the pool; lock held."""
@@ -87,10 +108,53 @@ class PinnedPool:
 
     def _make(self, nbytes: int, allocate: Allocate | None) -> np.ndarray:
         size = size_class(nbytes) + SLACK
-        raw = (allocate or self._allocate)(size + BLOCK)
-        start = -raw.ctypes.data % BLOCK  # pinned memory is page-aligned already; be sure
-        self.allocated += 1
-        return raw[start : start + size]
+        if allocate is not None:  # the caller's own memory: one allocation of its own
+            raw = allocate(size + BLOCK)
+            start = -raw.ctypes.data % BLOCK
+            self.allocated += 1
+            return raw[start : start + size]
+        with self._slab_lock:
+            if self._slab_room() < size:
+                self._new_slab(size)
+            slab, used = self._slab, self._slab_used
+            assert slab is not None
+            self._slab_used = used + size + (-size % BLOCK)  # the next buffer block-aligned
+            self.allocated += 1
+            return slab[used : used + size]
+
+    def _slab_room(self) -> int:
+        """The bytes left in the slab (slab lock held)."""
+        return 0 if self._slab is None else self._slab.nbytes - self._slab_used
+
+    def _new_slab(self, nbytes: int) -> None:
+        """Pin a slab of at least ``nbytes`` (slab lock held)."""
+        slab = self._allocate(max(self.slab_bytes, nbytes) + BLOCK)
+        self._slab = slab
+        self._slab_used = -slab.ctypes.data % BLOCK  # pinned memory is page-aligned; be sure
+        self.slabs += 1
+
+    def pin_ahead(self) -> None:
+        """Start pinning a slab on a thread of its own where the pool has no spare and its
+        slab little room: a fresh process's first load into a GPU, calling this as it
+        starts, finds its staging buffers pinned while it allocated its outputs, instead of
+        pinning them once its transfers start."""
+        with self._lock:
+            if self._spare or self._pinning_ahead:
+                return
+            self._pinning_ahead = True
+        from ..runtime import _background
+
+        _background.start(self._pin_slab_ahead, name="arrayio-pin-ahead")
+
+    def _pin_slab_ahead(self) -> None:
+        try:
+            with self._slab_lock:
+                if self._slab_room() < self.slab_bytes // 2:
+                    self._new_slab(self.slab_bytes)
+        except Exception:  # noqa: BLE001 - the first transfer pins, and says why not
+            pass
+        finally:
+            self._pinning_ahead = False
 
     @contextlib.contextmanager
     def lend(self, nbytes: int, allocate: Allocate | None = None) -> Iterator[np.ndarray]:
@@ -157,6 +221,9 @@ def _after_fork_in_child() -> None:
     pool._lock = threading.Lock()
     pool._spare = collections.OrderedDict()
     pool._spare_bytes = 0
+    pool._slab_lock = threading.Lock()
+    pool._slab = None
+    pool._pinning_ahead = False
 
 
 if hasattr(os, "register_at_fork"):

@@ -351,6 +351,18 @@ class _InnerSpec:
     fill_value: Any
 
 
+def _regular_grid(shape: tuple[int, ...], chunk_shape: tuple[int, ...]) -> Any:
+    """zarr's grid of ``chunk_shape`` chunks over an array of ``shape``, as this zarr spells
+    it: ``RegularChunkGrid`` up to zarr 3.3, ``ChunkGrid.from_sizes`` from 3.4 on."""
+    from zarr.core import chunk_grids
+
+    regular = getattr(chunk_grids, "RegularChunkGrid", None)
+    if regular is not None:
+        return regular(chunk_shape=tuple(chunk_shape))
+    grid: Any = chunk_grids.ChunkGrid
+    return grid.from_sizes(shape, tuple(chunk_shape))
+
+
 def _inner_chunks(
     shards: _Shards, batch: list[Any], files: list[str], drop_axes: tuple[int, ...]
 ) -> tuple[list[Any], list[Any], list[bool]] | None:
@@ -358,7 +370,6 @@ def _inner_chunks(
     its byte range in its shard's file (from the shard's index, read once, its crc32c
     checked), and whether each shard is present; None where the selection is not made of
     plain slices (zarr's pipeline maps those)."""
-    from zarr.core.chunk_grids import RegularChunkGrid
     from zarr.core.indexing import get_indexer
 
     if drop_axes:
@@ -366,7 +377,7 @@ def _inner_chunks(
     inner: list[Any] = []
     ranges: list[Any] = []
     present: list[bool] = []
-    grid = RegularChunkGrid(chunk_shape=shards.inner_shape)
+    grid = None
     for (_, spec, chunk_selection, out_selection, complete), path in zip(batch, files, strict=True):
         chunk_part = chunk_selection if isinstance(chunk_selection, tuple) else (chunk_selection,)
         out_part = out_selection if isinstance(out_selection, tuple) else (out_selection,)
@@ -382,6 +393,7 @@ def _inner_chunks(
             ranges.append(None)
             continue
         inner_spec = _InnerSpec(shards.inner_shape, spec.dtype, spec.fill_value)
+        grid = grid or _regular_grid(tuple(spec.shape), shards.inner_shape)  # every shard's
         for part in get_indexer(chunk_part, shape=tuple(spec.shape), chunk_grid=grid):
             offset, length = index[int(np.ravel_multi_index(part.chunk_coords, counts))]
             inner_out: Any = part.out_selection

@@ -22,6 +22,10 @@ class FakeMemory:
 
     def __init__(self, address: int, nbytes: int) -> None:
         self.address, self.nbytes, self.device = address, nbytes, 0
+        self.kept_at_exit = False
+
+    def keep_at_exit(self) -> None:
+        self.kept_at_exit = True
 
 
 def export(nbytes: int, shape, dtype) -> tuple[DLPackExport, weakref.ref]:
@@ -113,6 +117,39 @@ def test_a_consumed_capsule_holds_the_memory_until_the_deleter_runs(given):
     gc.collect()
     assert memory() is None
     assert sys.getrefcount(used) > 0  # (kept alive for the capsule's name until here)
+
+
+def consumed(nbytes: int, shape, dtype):
+    """An export whose capsule a consumer took over (renamed), and its managed tensor."""
+    exported, memory = export(nbytes, shape, dtype)
+    capsule = exported.__dlpack__()
+    pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    pointer.restype, pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    managed = _driver_buffers._ManagedTensor.from_address(pointer(capsule, b"dltensor"))
+    rename = ctypes.pythonapi.PyCapsule_SetName
+    rename.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    assert rename(capsule, b"used_dltensor") == 0
+    return managed, memory
+
+
+def test_at_exit_an_array_still_held_gets_a_deleter_that_never_calls_python(given):
+    # JAX frees the arrays alive at exit after the interpreter is gone; a deleter that calls
+    # Python then kills the process (SIGSEGV, found by the GPU suite running docs/zarr.md).
+    managed, memory = consumed(12, (3,), np.float32)
+    python_deleter = ctypes.cast(managed.deleter, ctypes.c_void_p).value
+    _driver_buffers._disarm_at_exit()
+    try:
+        address = ctypes.cast(managed.deleter, ctypes.c_void_p).value
+        assert address != python_deleter
+        assert address == ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value
+        assert memory().kept_at_exit  # not freed by the exit handlers under the consumer
+        managed.deleter(ctypes.pointer(managed))  # what the consumer does: nothing happens
+        assert given == []
+        gc.collect()
+        assert memory() is not None  # left to the process's end, with its structure
+        assert not _driver_buffers._alive and not _driver_buffers._exports
+    finally:
+        _driver_buffers._left_at_exit.clear()
 
 
 class FakeDriver:

@@ -1430,14 +1430,14 @@ def test_an_arm_runs_itself_once_another_arm_of_its_tool_is_set_up():
 
 
 def test_an_exiting_process_waits_for_the_set_up_in_the_background():
-    from arrayio.dispatch import policy as policy_module
+    from arrayio.runtime import _background
 
     prepared = threading.Event()
     world = World({"a": 30 * GB, "c": 10 * GB})
     policy = _standing_in(world, [A, C], {"a": 0.1}, prepared)
     call(policy, context(31, cache="cold"), 1536 * MiB)
     threading.Timer(0.2, prepared.set).start()
-    policy_module._join_preparing(timeout=10)
+    _background.join(timeout=10)
     assert A in policy._ready
 
 

@@ -3,9 +3,12 @@ kernel itself against the host CRC on the GPU machine."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import threading
+import types
 
 import numpy as np
 import pytest
@@ -273,6 +276,49 @@ print("ok")
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
+class _Ready:
+    """A device buffer as DeviceChecksums sees it before any launch."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes, self.device_index = nbytes, 0
+
+
+def test_the_kernel_is_built_beside_the_reads_which_never_wait_for_it(monkeypatch) -> None:
+    # A fresh cache directory's first build (NVRTC) outlasts a warm load of a gigabyte: the
+    # buffers that land meanwhile wait for the kernel, the reads do not (launch() returns),
+    # and the next group, once built, takes them all.
+    from arrayio.integrity import _device_checksum
+
+    building, release = threading.Event(), threading.Event()
+
+    def slow_kernel(gpu, device):
+        building.set()
+        assert release.wait(10)
+
+    flushed: list[list[int]] = []
+    monkeypatch.setattr(_device_checksum, "_builds", {})
+    monkeypatch.setattr(_device_checksum, "available", lambda: True)
+    gpu = types.SimpleNamespace(device=lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(_device_checksum, "_launcher", lambda: gpu)
+    monkeypatch.setattr(_device_checksum, "_kernel", slow_kernel)
+    monkeypatch.setattr(_device_checksum, "GROUP_BUFFERS", 1)
+    monkeypatch.setattr(
+        _device_checksum.DeviceChecksums,
+        "_flush",
+        lambda self, device: flushed.append(self._ready.pop(device, [])),
+    )
+    sums = _device_checksum.DeviceChecksums([_Ready(4096) for _ in range(3)])
+    assert building.wait(10)  # started with the batch, on a thread of its own
+    sums.launch(0)  # a full group, the kernel still building: no launch, no wait
+    assert flushed == []
+    release.set()
+    assert _device_checksum._builds[0].wait(10)
+    sums.launch(1)
+    assert flushed == [[0, 1]]
+    _device_checksum.DeviceChecksums([_Ready(4096)])  # built once a process
+    assert list(_device_checksum._builds) == [0]
+
+
 @pytest.mark.gpu
 def test_a_kernel_that_fails_midway_falls_back_to_the_host(monkeypatch) -> None:
     import cupy
@@ -291,6 +337,7 @@ def test_a_kernel_that_fails_midway_falls_back_to_the_host(monkeypatch) -> None:
         return real(*args)
 
     monkeypatch.setattr(_device_checksum, "_kernel", failing_second)
+    monkeypatch.setattr(_device_checksum, "_build_ahead", lambda devices: None)  # counted here
     monkeypatch.setattr(_device_checksum, "GROUP_BUFFERS", 1)  # a launch per buffer
     hosts = [np.full(n, i, np.uint8) for i, n in enumerate((3 << 20, 5000, 1 << 20))]
     sums = _device_checksum.DeviceChecksums([CupyDeviceBuffer(cupy.asarray(h)) for h in hosts])

@@ -73,6 +73,61 @@ def test_concurrent_borrowers_never_share_a_buffer() -> None:
     assert pool.allocated == 8
 
 
+def test_a_pipeline_s_first_buffers_come_from_one_pinning_each_slab() -> None:
+    # Pinning is most of a fresh process's first load beyond the transfer: 8 workers each
+    # wanting a 4 MiB buffer at once wait for whole slabs, not for 8 pinnings of their own.
+    allocate = Counting()
+    pool = PinnedPool(allocate=allocate, slab_bytes=32 << 20)
+    chunk = (4 << 20) + SLACK
+    barrier = threading.Barrier(8)
+    spans: list[tuple[int, int]] = []
+
+    def borrow() -> None:
+        with pool.lend(chunk) as buffer:
+            spans.append((buffer.ctypes.data, buffer.ctypes.data + buffer.nbytes))
+            assert buffer.ctypes.data % BLOCK == 0 and buffer.nbytes >= chunk
+            barrier.wait()
+
+    threads = [threading.Thread(target=borrow) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    per_slab = (32 << 20) // (size_class(chunk) + SLACK)
+    assert pool.slabs == len(allocate.sizes) == -(-8 // per_slab) == 2
+    spans.sort()
+    assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))  # disjoint
+
+
+def test_a_request_larger_than_a_slab_is_pinned_alone() -> None:
+    allocate = Counting()
+    pool = PinnedPool(allocate=allocate, slab_bytes=4 << 20)
+    with pool.lend(16 << 20) as big, pool.lend(1 << 20) as small:
+        assert big.nbytes >= 16 << 20 and small.nbytes >= 1 << 20
+        assert small.ctypes.data >= big.ctypes.data + big.nbytes or (
+            small.ctypes.data + small.nbytes <= big.ctypes.data
+        )
+    assert allocate.sizes[0] >= 16 << 20 and pool.slabs == 2
+
+
+def test_a_slab_pinned_ahead_serves_the_first_buffers_and_is_pinned_once() -> None:
+    from arrayio.runtime import _background
+
+    allocate = Counting()
+    pool = PinnedPool(allocate=allocate, slab_bytes=32 << 20)
+    pool.pin_ahead()
+    _background.join(10)
+    assert pool.slabs == 1
+    pool.pin_ahead()  # room left: nothing more pinned
+    _background.join(10)
+    assert pool.slabs == 1
+    with pool.lend((4 << 20) + SLACK), pool.lend((4 << 20) + SLACK):
+        assert pool.slabs == len(allocate.sizes) == 1  # cut from the slab pinned ahead
+    pool.pin_ahead()  # spares now: the next loans take them
+    _background.join(10)
+    assert pool.slabs == 1
+
+
 def test_spares_are_bounded_in_bytes_oldest_dropped_first() -> None:
     pool = PinnedPool(keep_bytes=3 * ((1 << 20) + SLACK), allocate=Counting())
     loans = [pool.lend(1) for _ in range(4)]
@@ -100,13 +155,25 @@ def test_borrowed_takes_its_second_buffer_only_when_asked() -> None:
 
 
 @pytest.mark.gpu
-def test_the_default_allocator_pins_through_cupy() -> None:
-    cupy = pytest.importorskip("cupy")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device")
-    except Exception:  # noqa: BLE001
+def test_the_default_allocator_pins_through_the_driver() -> None:
+    from arrayio.arrays import _cuda
+    from arrayio.testing import gpu_available
+
+    if not gpu_available():
         pytest.skip("no CUDA device")
     with _pinned.pool.lend(1 << 20) as buffer:
         buffer[:] = 7
         assert buffer.nbytes >= 1 << 20
+    # Registered huge-page memory, odd sizes included, and copies through it both ways.
+    for nbytes in (1, 4096 + 3, (3 << 20) + 5):
+        host = _cuda.alloc_pinned(nbytes)
+        host[:] = np.arange(nbytes, dtype=np.uint64).astype(np.uint8)
+        device = _cuda.DeviceMemory(nbytes, 0)
+        stream = _cuda.thread_stream(0)
+        _cuda.copy_to_device(device.address, host, stream)
+        back = _cuda.alloc_pinned(nbytes)
+        _cuda.copy_to_host(back, device.address, stream)
+        stream.synchronize()
+        np.testing.assert_array_equal(back, host)
+        del host, back
+        device.free()
