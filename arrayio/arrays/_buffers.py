@@ -8,6 +8,7 @@ through torch for torch tensors, so that torch users need no CuPy.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -20,6 +21,7 @@ __all__ = [
     "DeviceBytes",
     "TorchDeviceBuffer",
     "aligned_empty",
+    "driver_copyable",
     "result_empty",
     "scatter_from_host",
     "synchronize_device",
@@ -202,15 +204,46 @@ def synchronize_device(buffer: DeviceBuffer) -> None:
         cupy.cuda.runtime.deviceSynchronize()
 
 
-def scatter_from_host(span: np.ndarray, pieces: Sequence[tuple[int, DeviceBuffer]]) -> None:
+def driver_copyable(buffer: Any) -> bool:
+    """Whether ``buffer`` is device memory the CUDA driver can copy into by its address (a
+    torch or CuPy array's, or the driver's own), not a stand-in of tests."""
+    kinds: tuple[type, ...] = (TorchDeviceBuffer, CupyDeviceBuffer)
+    driver = sys.modules.get(f"{__package__}._driver_buffers")  # only made by a JAX load
+    if driver is not None:
+        kinds += (driver.DriverDeviceBuffer,)
+    return isinstance(buffer, kinds)
+
+
+def scatter_from_host(
+    span: np.ndarray, pieces: Sequence[tuple[int, DeviceBuffer]], *, pinned: bool = False
+) -> None:
     """Fill each device buffer of ``pieces`` with ``span[start : start + buffer.nbytes]``;
     return once every byte is in place.
 
-    Torch and CuPy buffers take one host-to-device copy of the span per device, then a
-    device-to-device copy each and one wait: a copy from pageable host memory waits for the
-    GPU every time, so hundreds of small arrays copied one by one cost a checkpoint's load
-    milliseconds of waiting. Other buffers are filled one by one.
+    From ``pinned`` memory, each buffer the driver can copy into takes an asynchronous copy
+    of its own, and each device one wait: copies from pinned memory queue without waiting.
+    From pageable memory, torch and CuPy buffers take one host-to-device copy of the span per
+    device, then a device-to-device copy each and one wait: a copy from pageable host memory
+    waits for the GPU every time, so hundreds of small arrays copied one by one cost a
+    checkpoint's load milliseconds of waiting. Other buffers are filled one by one.
     """
+    if pinned:
+        from . import _cuda
+
+        streams: dict[int, _cuda.Stream] = {}
+        rest = []
+        for start, buffer in pieces:
+            if not driver_copyable(buffer):
+                rest.append((start, buffer))
+                continue
+            device = buffer.device_index
+            stream = streams.get(device) or streams.setdefault(device, _cuda.thread_stream(device))
+            _cuda.copy_host_address_to_device(
+                buffer.data_ptr, span.ctypes.data + start, buffer.nbytes, stream
+            )
+        for stream in streams.values():
+            stream.synchronize()
+        pieces = rest
     groups: dict[tuple[type, int], list[tuple[int, Any]]] = {}
     for start, buffer in pieces:
         kind = type(buffer)

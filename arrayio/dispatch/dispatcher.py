@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -31,12 +32,13 @@ from typing import Any
 import numpy as np
 
 from .. import config, tools
-from ..arrays._buffers import DeviceBuffer, aligned_empty, scatter_from_host
+from ..arrays._buffers import DeviceBuffer, aligned_empty, driver_copyable, scatter_from_host
 from ..errors import ConfigError, UnknownToolError
 from ..integrity._checksum import checksum, combine
 from ..runtime import _memory
 from ..tools import Buffer, Tool, buffer_kind
 from ..tools._io import preallocate
+from ..tools._pinned import pool as pinned_pool
 from . import batches
 from .batches import Request
 from .candidates import candidate_arms
@@ -691,7 +693,23 @@ class Dispatcher:
         with_checksum: bool,
         results: list[int | None],
     ) -> None:
-        host = aligned_empty(gathered)
+        # Device pieces are copied from pinned memory: without waiting, one copy each.
+        pinned = any(driver_copyable(requests[i][1]) for run, _, _ in group for i in run)
+        with pinned_pool.lend(gathered) if pinned else contextlib.nullcontext(None) as staging:
+            host = staging[:gathered] if staging is not None else aligned_empty(gathered)
+            self._fill_gathered(fd, requests, group, host, path, with_checksum, results, pinned)
+
+    def _fill_gathered(
+        self,
+        fd: int,
+        requests: Sequence[Request],
+        group: list[tuple[list[int], int, int]],
+        host: np.ndarray,
+        path: str,
+        with_checksum: bool,
+        results: list[int | None],
+        pinned: bool,
+    ) -> None:
         on_device: list[tuple[int, DeviceBuffer]] = []
         at = 0
         for run, first, length in group:
@@ -714,7 +732,7 @@ class Dispatcher:
                     on_device.append((at + offset - first, buffer))
                 results[i] = checksum(piece) if with_checksum else None
             at += length
-        scatter_from_host(host, on_device)
+        scatter_from_host(host, on_device, pinned=pinned)
 
     def _write_run(
         self,

@@ -18,6 +18,7 @@ buffers.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..runtime import _background
+from ..tools._pinned import pool as pinned_pool
 from . import _launchers
 from ._checksum import _POLY, _x8n, combine
 from ._launchers import Launcher
@@ -381,6 +383,12 @@ class DeviceChecksums:
         self._ready: dict[int, list[int]] = {}  # device: buffers ready, not yet launched
         self._ready_bytes: dict[int, int] = {}
         self._metas: list[Any] = []  # each launch's description, alive until the results
+        # Pinned rows for the launches' descriptions, each launch's after the last's: a copy
+        # from pageable memory waits for its stream first, so each launch would wait for the
+        # last group's kernel, and the reads' callbacks with it.
+        self._meta_rows: np.ndarray | None = None
+        self._meta_used = 0
+        self._meta_loan = contextlib.ExitStack()
         self._on_gpu = bool(self._rows) and available()
         self._gpu: Launcher | None = None  # chosen at the first launch
         if self._on_gpu:
@@ -417,13 +425,18 @@ class DeviceChecksums:
             self.launch(index)
         for device in list(self._ready):
             self._flush(device)
-        if self._on_gpu and self._gpu is not None:
-            try:
-                return self._collect(self._gpu)
-            except MemoryError:
-                raise
-            except Exception as error:  # noqa: BLE001 - as in _flush
-                self._give_up(error)
+        try:
+            if self._on_gpu and self._gpu is not None:
+                try:
+                    return self._collect(self._gpu)
+                except MemoryError:
+                    raise
+                except Exception as error:  # noqa: BLE001 - as in _flush
+                    self._give_up(error)
+        finally:
+            if self._meta_rows is not None:
+                self.abandon()  # the copies of the rows are done before the rows go back
+                self._meta_loan.close()
         return [host_checksum(buffer) if buffer.nbytes else 0 for buffer in self.buffers]
 
     def abandon(self) -> None:
@@ -431,14 +444,32 @@ class DeviceChecksums:
         are freed or filled again (a failed read, a fallback to another tool)."""
         self._ready.clear()
         gpu = self._gpu
-        if not self._on_gpu or not self._metas or gpu is None:
-            return
-        for device in self._counts:
+        if self._metas and gpu is not None:
+            for device in self._counts:
+                try:
+                    with gpu.device(device):
+                        self._stream(gpu, device).synchronize()
+                except Exception:  # noqa: BLE001 - the caller is already failing
+                    pass
+        self._metas.clear()
+        self._meta_loan.close()
+
+    def _rows_for(self, count: int) -> np.ndarray:
+        """``count`` rows of 6 ``uint64`` for a launch's description: pinned, after the last
+        launch's, where the loan has room (one loan for the batch's every buffer), else
+        pageable."""
+        if self._meta_rows is None:
+            nbytes = 48 * max(count, len(self._rows))
             try:
-                with gpu.device(device):
-                    self._stream(gpu, device).synchronize()
-            except Exception:  # noqa: BLE001 - the caller is already failing
-                pass
+                loan = self._meta_loan.enter_context(pinned_pool.lend(nbytes))
+                self._meta_rows = loan[:nbytes].view(np.uint64).reshape(-1, 6)
+            except Exception:  # noqa: BLE001 - pageable rows work, with a wait each
+                self._meta_rows = np.empty((0, 6), np.uint64)
+        start = self._meta_used
+        if start + count > len(self._meta_rows):
+            return np.empty((count, 6), dtype=np.uint64)
+        self._meta_used += count
+        return self._meta_rows[start : start + count]
 
     def _flush(self, device: int) -> None:
         """Launch one kernel for the buffers of ``device`` said ready since the last one."""
@@ -459,7 +490,7 @@ class DeviceChecksums:
             self._give_up(error)
 
     def _launch_group(self, gpu: Launcher, device: int, group: list[int]) -> None:
-        meta = np.empty((len(group), 6), dtype=np.uint64)
+        meta = self._rows_for(len(group))
         total = 0
         with gpu.device(device), gpu.on_stream(self._stream(gpu, device)):
             for k, index in enumerate(group):
@@ -496,7 +527,6 @@ class DeviceChecksums:
         for device, out in self._out.items():
             with gpu.device(device):
                 values[device] = gpu.download(out, self._stream(gpu, device))
-        self._metas.clear()  # the wait above: the kernels are done with them
         results = [0] * len(self.buffers)
         for index, (nbytes, segment, segments) in self._shapes.items():
             device, row = self._rows[index]

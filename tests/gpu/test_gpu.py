@@ -310,12 +310,25 @@ def test_small_neighbours_reach_the_gpu_whole_beside_a_large_batch(tmp_path, lik
         arrayio.load(path, like=like, device="cuda")
 
 
+@pytest.mark.parametrize("pinned", [False, True])
 @pytest.mark.parametrize("kind", ["torch", "cupy"])
-def test_scatter_from_host_fills_each_device_buffer_from_its_place_in_the_span(kind):
-    from arrayio.arrays._buffers import CupyDeviceBuffer, TorchDeviceBuffer, scatter_from_host
+def test_scatter_from_host_fills_each_device_buffer_from_its_place_in_the_span(kind, pinned):
+    # From pageable memory one copy of the span and a copy on the device each; from pinned
+    # memory a copy each, queued without waiting.
+    from arrayio.arrays._buffers import (
+        CupyDeviceBuffer,
+        TorchDeviceBuffer,
+        scatter_from_host,
+        synchronize_device,
+    )
+    from arrayio.arrays._cuda import alloc_pinned
 
     xp = pytest.importorskip(kind)
     span = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8)
+    if pinned:
+        host = alloc_pinned(span.nbytes)
+        host[:] = span
+        span = host
     places = [(0, 4096), (4096, 1), (9000, 70000), (200000, 12345), (1048000, 576)]
 
     def empty(n):
@@ -324,7 +337,10 @@ def test_scatter_from_host_fills_each_device_buffer_from_its_place_in_the_span(k
         return CupyDeviceBuffer(xp.zeros(n, dtype=xp.uint8))
 
     buffers = [empty(n) for _, n in places]
-    scatter_from_host(span, [(start, b) for (start, _), b in zip(places, buffers, strict=True)])
+    synchronize_device(buffers[0])  # the zeros written (the copies run on streams of their own)
+    scatter_from_host(
+        span, [(start, b) for (start, _), b in zip(places, buffers, strict=True)], pinned=pinned
+    )
     for (start, n), b in zip(places, buffers, strict=True):
         got = b.tensor.cpu().numpy() if kind == "torch" else b.array.get()
         assert got.tobytes() == span[start : start + n].tobytes(), (start, n)
