@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from ..arrays._buffers import DeviceBuffer
 
-__all__ = ["read_into", "read_many", "write_from", "write_many"]
+__all__ = ["read_into", "read_many", "read_queued", "write_from", "write_many"]
 
 
 def read_into(
@@ -43,6 +43,23 @@ def read_into(
     return dispatcher.get().read(
         fd, dest, file_offset, path=path, with_checksum=with_checksum, tool=tool
     )
+
+
+def read_queued(
+    fd: int, file_offset: int, dest: np.ndarray | DeviceBuffer, *, path: str = "<file>"
+) -> None:
+    """Fill ``dest`` from ``fd`` at ``file_offset``, in one batch with the reads that other
+    threads ask for meanwhile (:mod:`arrayio.dispatch.coalesce`): for a store that many
+    threads ask for one value at a time.
+
+    Raises
+    ------
+    TruncatedFileError
+        If the file ends before ``dest`` is full.
+    """
+    from . import coalesce
+
+    coalesce.read(fd, file_offset, dest, path)
 
 
 def write_from(

@@ -1,22 +1,16 @@
 """Reads of store values, or of byte ranges of them, into the memory zarr asks for.
 
-Every read goes through the dispatcher (:func:`arrayio.dispatch._transfer.read_into`). A read
-alone lets it choose the tool; a read in a crowd (:data:`CROWD` reads in flight, as when zarr
-fetches the chunks of a selection) already has its parallelism, one chunk per thread, and is
-forced to a one-thread tool chosen by the page-cache state of its bytes. GPU reads in a
-crowd go through KvikIO when cached, else through the thread's pinned pieces
-(:mod:`arrayio.zarr._staging`).
+Every read joins the dispatcher's queue of reads (:func:`arrayio.dispatch._transfer.read_queued`):
+the chunks that zarr, Dask or the caller ask for at once, from any number of threads, move as
+the dispatcher's batches, each with the tool it learned for the batch's size and page-cache
+state, into host memory or straight into device memory.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import stat
 import sys
-import threading
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,81 +22,15 @@ from zarr.abc.store import (
 )
 from zarr.core.buffer import Buffer, cpu
 
-from .. import config
 from ..arrays._buffers import CupyDeviceBuffer, aligned_empty
 from ..dispatch import _transfer
-from ..dispatch.context import cache_state
-from ..dispatch.dispatcher import SMALL_TRANSFER
-from ..dispatch.policy import is_tool_failure
-from ..errors import ToolUnavailableError
 from ..tools._io import BLOCK
 from ._keys import CLOEXEC, MISSING, Boundary
-from ._staging import PIECE, staging
 
 if TYPE_CHECKING:
     from zarr.core.buffer import BufferPrototype
 
-__all__ = ["CROWD", "byte_span", "read_value"]
-
-logger = logging.getLogger("arrayio")
-
-# At this many reads in flight (the store's, in every thread) a read counts as one of a
-# crowd. The dispatcher times each call to learn which tool is fastest, and a call that
-# shares the disk and the tools' thread pools with many others measures the crowd, not the
-# tool: its choices drift and it keeps exploring. Within a crowd each read needs no threads
-# of its own, only the right kind of request.
-CROWD = 4
-_ONE_DIRECT = "direct(threads=1,task_size=67108864)"  # one O_DIRECT request up to 64 MiB
-_in_flight = 0
-_in_flight_lock = threading.Lock()
-_no_direct: set[int] = set()  # file systems (st_dev) that refused O_DIRECT
-
-
-@contextlib.contextmanager
-def _counted() -> Iterator[int]:
-    """Count a read in flight; yield how many are, this one included."""
-    global _in_flight
-    with _in_flight_lock:
-        _in_flight += 1
-        count = _in_flight
-    try:
-        yield count
-    finally:
-        with _in_flight_lock:
-            _in_flight -= 1
-
-
-def _forget_reads_after_fork() -> None:
-    # A forked child has none of the reads its parent's threads had in flight.
-    global _in_flight, _in_flight_lock
-    _in_flight, _in_flight_lock = 0, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_reads_after_fork)
-
-
-def _read_host(
-    fd: int, file_offset: int, host: np.ndarray, path: str, crowded: bool, file_system: int
-) -> None:
-    """Fill ``host`` from the file through the dispatcher.
-
-    Alone, the dispatcher chooses the tool. In a crowd (and unless the user forced a tool),
-    the read is forced to one thread: ``O_DIRECT`` for bytes not in the page cache, which
-    sends the whole request to the disk at once and leaves the cache to others, one
-    ``pread`` for cached bytes; the measurement is still recorded.
-    """
-    if crowded and host.nbytes >= SMALL_TRANSFER and config.get().tool is None:
-        cold = file_system not in _no_direct and cache_state(fd, file_offset, host.nbytes) == "cold"
-        if cold:
-            try:
-                _transfer.read_into(fd, file_offset, host, path=path, tool=_ONE_DIRECT)
-                return
-            except ToolUnavailableError:
-                _no_direct.add(file_system)  # e.g. tmpfs: buffered reads from now on
-        _transfer.read_into(fd, file_offset, host, path=path, tool="naive")
-        return
-    _transfer.read_into(fd, file_offset, host, path=path)
+__all__ = ["byte_span", "read_value"]
 
 
 def byte_span(byte_range: ByteRequest | None, size: int) -> tuple[int, int]:
@@ -160,100 +88,26 @@ def _host_for(file_offset: int, nbytes: int) -> np.ndarray:
     return aligned_empty(nbytes + skew)[skew:]
 
 
-def _read_device(
-    fd: int, file_offset: int, nbytes: int, path: str, crowded: bool, file_system: int
-) -> Any:
-    """Read ``nbytes`` at ``file_offset`` into a new CuPy ``uint8`` array on the current
-    device.
-
-    Alone, the chunk goes through the dispatcher's device tools, which learn the fastest way
-    for its size and cache state. In a crowd, cached bytes go through KvikIO (its thread
-    pool splits each chunk into tasks, every chunk in flight at once, which one thread a
-    chunk does not match), and bytes that are not, or all of them without
-    KvikIO, through this thread's two pinned pieces: while one piece's copy to the device
-    runs, the next piece is read into the other (:func:`_read_pieces`).
-    """
+def _read_device(fd: int, file_offset: int, nbytes: int, path: str) -> Any:
+    """``nbytes`` at ``file_offset``, read into a new CuPy ``uint8`` array on the current
+    device."""
     import cupy
 
-    stream = staging.stream(cupy.cuda.Device().id)
-    with stream:
-        out = cupy.empty(nbytes, dtype=cupy.uint8)
-    if nbytes >= SMALL_TRANSFER and config.get().tool is None:
-        tool = None
-        if crowded:
-            warm = cache_state(fd, file_offset, nbytes) == "warm"
-            tool = _CROWD_KVIKIO if warm and _kvikio_usable() else _PIECES
-        if tool is not _PIECES:
-            stream.synchronize()  # memory the legacy stream freed is free of its kernels
-            try:
-                _transfer.read_into(fd, file_offset, CupyDeviceBuffer(out), path=path, tool=tool)
-                return out
-            except Exception as error:
-                if tool is None or not is_tool_failure(error):  # the dispatcher fell back
-                    raise  # already, or a data error
-                _no_kvikio.set()
-                logger.warning(
-                    "arrayio: NVMeStore reads cached chunks through its pinned "
-                    "pieces from now on: KvikIO failed (%s)",
-                    error,
-                )
-            # Into new memory: a failed KvikIO read may still have tasks writing into the
-            # old one (KvikIO reports the first failed task without waiting for the others).
-            with stream:
-                out = cupy.empty(nbytes, dtype=cupy.uint8)
-    return _read_pieces(fd, file_offset, out, path, crowded, file_system, stream)
-
-
-_CROWD_KVIKIO = "kvikio(threads=16,task_size=4194304)"
-_PIECES = "pieces"  # the thread's pinned pieces
-_no_kvikio = threading.Event()  # KvikIO failed once here: the pieces from then on
-
-
-def _kvikio_usable() -> bool:
-    from ..tools.kvikio import KvikioTool
-
-    return not _no_kvikio.is_set() and bool(KvikioTool.availability())
-
-
-def _read_pieces(
-    fd: int, file_offset: int, out: Any, path: str, crowded: bool, file_system: int, stream: Any
-) -> Any:
-    """Fill ``out`` through this thread's two pinned pieces; each thread has its own, so any
-    number of chunks move at once, and the dispatcher still chooses how each piece leaves
-    the file."""
-    nbytes = out.nbytes
-    events: list[Any] = [None, None]
-    for index, start in enumerate(range(0, nbytes, PIECE)):
-        length = min(PIECE, nbytes - start)
-        slot = index % 2
-        if events[slot] is not None:
-            events[slot].synchronize()  # its previous copy has left the piece
-        skew = (file_offset + start) % BLOCK
-        host = staging.piece(slot, length)[skew : skew + length]
-        _read_host(fd, file_offset + start, host, path, crowded, file_system)
-        out[start : start + length].set(host, stream=stream)
-        events[slot] = stream.record()
-    stream.synchronize()
+    out = cupy.empty(nbytes, dtype=cupy.uint8)
+    # The tools copy on streams of their own: memory that the current stream's kernels used
+    # and freed must be free of them before a tool overwrites it.
+    cupy.cuda.get_current_stream().synchronize()
+    _transfer.read_queued(fd, file_offset, CupyDeviceBuffer(out), path=path)
     return out
 
 
-def _fill(
-    fd: int,
-    file_offset: int,
-    nbytes: int,
-    prototype: BufferPrototype,
-    path: str,
-    crowded: bool,
-    file_system: int,
-) -> Buffer:
+def _fill(fd: int, file_offset: int, nbytes: int, prototype: BufferPrototype, path: str) -> Buffer:
     """Read ``nbytes`` at ``file_offset`` into a new buffer of ``prototype``."""
     memory = _memory_of(prototype)
     if memory == "cuda":
-        return prototype.buffer.from_array_like(
-            _read_device(fd, file_offset, nbytes, path, crowded, file_system)
-        )
+        return prototype.buffer.from_array_like(_read_device(fd, file_offset, nbytes, path))
     host = _host_for(file_offset, nbytes)
-    _read_host(fd, file_offset, host, path, crowded, file_system)
+    _transfer.read_queued(fd, file_offset, host, path=path)
     if memory == "host":
         return prototype.buffer.from_array_like(host)  # zero-copy
     return prototype.buffer.from_bytes(host)  # a buffer class we do not know: its own copy
@@ -283,9 +137,6 @@ def read_value(
         if not stat.S_ISREG(status.st_mode):
             return None  # a directory: a prefix, not a key
         file_offset, nbytes = byte_span(byte_range, status.st_size)
-        with _counted() as in_flight:
-            return _fill(
-                fd, file_offset, nbytes, prototype, path, in_flight >= CROWD, status.st_dev
-            )
+        return _fill(fd, file_offset, nbytes, prototype, path)
     finally:
         os.close(fd)

@@ -2,7 +2,7 @@
 
 A write is atomic and durable (a temporary file, fsync, then a rename, as
 :mod:`arrayio.integrity._atomic` does), so that a write that fails leaves the previous value
-in place; a value in GPU memory leaves through the thread's pinned pieces.
+in place; a value in GPU memory goes through the dispatcher's device tools.
 """
 
 from __future__ import annotations
@@ -11,14 +11,13 @@ import contextlib
 import os
 import shutil
 import stat
-from typing import Any
 
 import numpy as np
 from zarr.core.buffer import Buffer
 
+from ..arrays._buffers import CupyDeviceBuffer
 from ..dispatch import _transfer
 from ..integrity import _atomic
-from ._staging import PIECE, staging
 
 __all__ = ["delete_at", "is_file_at", "write_at"]
 
@@ -40,23 +39,11 @@ def _write_value(fd: int, value: Buffer) -> None:
         return
     import cupy
 
-    _write_device(fd, cupy.asarray(value.as_array_like()).reshape(-1).view(cupy.uint8))
-
-
-def _write_device(fd: int, data: Any) -> None:
-    """Write a CuPy ``uint8`` array at offset 0 through this thread's pinned pieces."""
-    import cupy
-
+    data = cupy.asarray(value.as_array_like()).reshape(-1).view(cupy.uint8)
     with data.device:
-        # The producer's kernels may run on any stream: wait for all of them.
+        # The producer's kernels may run on any stream, the tools' copies on their own.
         cupy.cuda.runtime.deviceSynchronize()
-        stream = staging.stream(data.device.id)
-        for start in range(0, data.nbytes, PIECE):
-            length = min(PIECE, data.nbytes - start)
-            host = staging.piece(0, length)[:length]
-            data[start : start + length].get(stream=stream, out=host)
-            stream.synchronize()
-            _transfer.write_from(fd, start, host)
+        _transfer.write_from(fd, 0, CupyDeviceBuffer(data))
 
 
 def write_at(

@@ -9,7 +9,7 @@ import concurrent.futures
 import errno
 import os
 import pickle
-import threading
+import time
 
 import numpy as np
 import pytest
@@ -31,9 +31,7 @@ import arrayio  # noqa: E402
 from arrayio.dispatch import _transfer  # noqa: E402
 from arrayio.integrity import _atomic  # noqa: E402
 from arrayio.zarr import InvalidKeyError, NVMeStore  # noqa: E402
-from arrayio.zarr import _reads as reads_module  # noqa: E402
 from arrayio.zarr import _store as store_module  # noqa: E402
-from benchmarks._pagecache import evict  # noqa: E402
 
 CPU = cpu.buffer_prototype
 FUSED = "zarr.core.codec_pipeline.FusedCodecPipeline"
@@ -239,21 +237,23 @@ def test_many_concurrent_gets_give_the_right_bytes(filled):
 
 
 @pytest.mark.parametrize("entry", ["gather", "get_partial_values", "_get_many", "get_ranges_sync"])
-def test_reads_are_in_flight_together(monkeypatch, filled, entry):
-    """Eight reads must be inside the byte mover at the same time: a barrier of eight
-    parties breaks (and the test fails) if the store serialises them."""
+def test_reads_asked_together_move_together(monkeypatch, filled, entry):
+    """Eight reads asked at once reach the dispatcher together: while the first batch moves
+    (held here for a moment), the others queue and move as the next batch. A store that
+    serialised its reads would hand them over one at a time."""
+    from arrayio.dispatch import coalesce
+
     store, values = filled
-    barrier = threading.Barrier(8, timeout=10)
-    real = _transfer.read_into
+    sizes: list[int] = []
+    real = coalesce._move
 
-    def read_into(fd, file_offset, dest, **kwargs):
-        try:
-            barrier.wait()
-        except threading.BrokenBarrierError:
-            pass  # later reads, after the first eight met
-        return real(fd, file_offset, dest, **kwargs)
+    def move(group):
+        sizes.append(len(group))
+        if len(sizes) == 1:
+            time.sleep(0.2)  # the rest are asked for meanwhile
+        return real(group)
 
-    monkeypatch.setattr(_transfer, "read_into", read_into)
+    monkeypatch.setattr(coalesce, "_move", move)
     keys = [k for k, v in values.items() if v][:8]
 
     async def read_all():
@@ -275,7 +275,7 @@ def test_reads_are_in_flight_together(monkeypatch, filled, entry):
     else:
         got = asyncio.run(read_all())
         assert [b.to_bytes() for b in got] == [values[k] for k in keys]
-    assert not barrier.broken
+    assert sum(sizes) == 8 and max(sizes) >= 2, sizes
 
 
 def test_get_ranges_sync_merges_and_splits_correctly(filled):
@@ -514,15 +514,17 @@ def test_dask_reads_through_the_store(tmp_path, monkeypatch):
 
 @pytest.fixture
 def tool_requests(monkeypatch):
-    """The ``tool=`` of every read the store hands to the byte mover."""
+    """The ``tool=`` of every single read the store's queue hands to the dispatcher."""
+    from arrayio.dispatch.dispatcher import Dispatcher
+
     requests: list[object] = []
-    real = _transfer.read_into
+    real = Dispatcher.read
 
-    def read_into(fd, file_offset, dest, **kwargs):
+    def read(self, fd, buffer, file_offset, **kwargs):
         requests.append(kwargs.get("tool"))
-        return real(fd, file_offset, dest, **kwargs)
+        return real(self, fd, buffer, file_offset, **kwargs)
 
-    monkeypatch.setattr(_transfer, "read_into", read_into)
+    monkeypatch.setattr(Dispatcher, "read", read)
     return requests
 
 
@@ -532,54 +534,14 @@ def test_a_read_alone_lets_the_dispatcher_choose(store, tool_requests):
     assert tool_requests == [None]
 
 
-def test_a_read_in_a_crowd_uses_one_thread_by_cache_state(monkeypatch, store, tool_requests):
-    from arrayio.dispatch.context import cache_state
+def test_a_forced_tool_is_respected(store, tool_requests):
+    from arrayio.dispatch import dispatcher
 
-    monkeypatch.setattr(reads_module, "CROWD", 1)  # every read counts as one of many
-    data = payload(2 << 20, 4)
-    store.set_sync("c/0", buffer(data))
-    path = store.root / "c" / "0"
-    evict(os.fspath(path))
-    fd = os.open(path, os.O_RDONLY)
-    probe = cache_state(fd, 0, len(data))
-    os.close(fd)
-    if probe != "cold":
-        pytest.skip(f"the page cache cannot be probed or emptied here ({probe!r})")
-    assert store.get_sync("c/0").to_bytes() == data
-    path.read_bytes()  # into the page cache (the O_DIRECT read above left it out)
-    assert store.get_sync("c/0").to_bytes() == data
-    assert store.get_sync("c/0", byte_range=RangeByteRequest(0, 1000)).to_bytes() == data[:1000]
-    # Cold: one O_DIRECT request. Cached: one pread. Small: the dispatcher's own fast path.
-    assert tool_requests[0] == reads_module._ONE_DIRECT
-    assert tool_requests[1:] == ["naive", None]
-
-
-def test_a_crowd_falls_back_where_o_direct_is_refused(monkeypatch, store, tool_requests):
-    monkeypatch.setattr(reads_module, "CROWD", 1)
-    monkeypatch.setattr(reads_module, "cache_state", lambda *args: "cold")
-    monkeypatch.setattr(reads_module, "_no_direct", set())
-    real = _transfer.read_into
-
-    def refuse_direct(fd, file_offset, dest, **kwargs):
-        if kwargs.get("tool") == reads_module._ONE_DIRECT:
-            tool_requests.append("refused")
-            raise arrayio.errors.ToolUnavailableError("O_DIRECT refused (simulated)")
-        return real(fd, file_offset, dest, **kwargs)
-
-    monkeypatch.setattr(_transfer, "read_into", refuse_direct)
-    data = payload(2 << 20, 5)
-    store.set_sync("c/0", buffer(data))
-    assert store.get_sync("c/0").to_bytes() == data
-    assert store.get_sync("c/0").to_bytes() == data
-    assert tool_requests == ["refused", "naive", "naive"]  # refused once, remembered
-
-
-def test_a_forced_tool_is_respected_in_a_crowd(monkeypatch, store, tool_requests):
-    monkeypatch.setattr(reads_module, "CROWD", 1)
     store.set_sync("c/0", buffer(payload(2 << 20, 6)))
     with arrayio.config.set(tool="posix(threads=2)"):
         assert store.get_sync("c/0").to_bytes() == payload(2 << 20, 6)
-    assert tool_requests == [None]  # no override: the dispatcher applies the user's tool
+        assert dispatcher.get().last[1].name == "posix"  # the dispatcher applied it
+    assert tool_requests == [None]  # the store names no tool of its own
 
 
 def test_a_store_moves_its_directory_and_works_there(tmp_path):
