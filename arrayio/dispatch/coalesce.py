@@ -40,6 +40,13 @@ def _placement(read: _Read) -> tuple[str, int]:
     return buffer_kind(buffer), -1 if isinstance(buffer, np.ndarray) else buffer.device_index
 
 
+# Batches moving at once: a reader that finds fewer leads one. A store's callers keep a window
+# of reads in flight (zarr's async concurrency) and ask for the next as one lands: with one
+# batch at a time, those wait for the whole batch, and the disk's queue drains at the end of
+# every batch.
+LEADERS = 4
+
+
 class Coalescer:
     """A queue of reads, moved in batches by whichever waiting thread leads; see the module
     docstring."""
@@ -47,7 +54,7 @@ class Coalescer:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._queue: list[_Read] = []
-        self._leading = False
+        self._leaders = 0
         self.batches = 0  # batches moved, for tests
 
     def read(self, fd: int, file_offset: int, buffer: Buffer, path: str) -> None:
@@ -63,8 +70,8 @@ class Coalescer:
         read = _Read(fd, file_offset, buffer, path)
         with self._lock:
             self._queue.append(read)
-            lead = not self._leading
-            self._leading = self._leading or lead
+            lead = self._leaders < LEADERS
+            self._leaders += lead
         if lead:
             self._lead()
         read.done.wait()
@@ -79,7 +86,7 @@ class Coalescer:
                 with self._lock:
                     batch, self._queue = self._queue, []
                     if not batch:
-                        self._leading = False
+                        self._leaders -= 1
                         return
                 for group in _by_placement(batch):
                     _move(group)
@@ -87,7 +94,7 @@ class Coalescer:
         except BaseException as error:  # an interrupt: no read may wait forever
             with self._lock:
                 stranded, self._queue = batch + self._queue, []
-                self._leading = False
+                self._leaders -= 1
             for read in stranded:
                 if not read.done.is_set():
                     read.error = error

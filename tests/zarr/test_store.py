@@ -244,6 +244,7 @@ def test_reads_asked_together_move_together(monkeypatch, filled, entry):
     from arrayio.dispatch import coalesce
 
     store, values = filled
+    monkeypatch.setattr(coalesce, "LEADERS", 1)  # one batch at a time: the rest queue
     sizes: list[int] = []
     real = coalesce._move
 
