@@ -3,11 +3,11 @@
 A Zarr store is asked for one chunk at a time, by as many threads as zarr, Dask or the
 caller run. Each read a dispatcher call of its own would cost a call's overhead per chunk,
 and calls that share the disk and the tools' threads measure the crowd, not the tool. So the
-reads wait in one queue, and the first thread to find no batch running leads: it takes
-everything queued as one batch (:meth:`Dispatcher.read_files
+reads wait in one queue, and a thread that finds fewer than :data:`LEADERS` batches moving
+leads: it takes everything queued as one batch (:meth:`Dispatcher.read_files
 <arrayio.dispatch.dispatcher.Dispatcher.read_files>`: one tool, every read in flight, one
 context learned), and the queue again once that batch is done, until it is empty. The reads
-asked for while a batch moves go in the next one; no thread waits for a timer.
+asked for while batches move go in the next one; no thread waits for a timer.
 """
 
 from __future__ import annotations
