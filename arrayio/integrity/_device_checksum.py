@@ -436,7 +436,6 @@ class DeviceChecksums:
         finally:
             if self._meta_rows is not None:
                 self.abandon()  # the copies of the rows are done before the rows go back
-                self._meta_loan.close()
         return [host_checksum(buffer) if buffer.nbytes else 0 for buffer in self.buffers]
 
     def abandon(self) -> None:
@@ -452,7 +451,8 @@ class DeviceChecksums:
                 except Exception:  # noqa: BLE001 - the caller is already failing
                     pass
         self._metas.clear()
-        self._meta_loan.close()
+        self._meta_loan.close()  # the rows go back to the pool: none is written again
+        self._meta_rows, self._meta_used = None, 0
 
     def _rows_for(self, count: int) -> np.ndarray:
         """``count`` rows of 6 ``uint64`` for a launch's description: pinned, after the last
