@@ -179,7 +179,7 @@ def _load_shards(
             ) from None
         return dict(part)
 
-    workers = min(len(by_file), 8)
+    workers = 1 if _all_in_the_page_cache(list(by_file)) else min(len(by_file), 8)
     with concurrent.futures.ThreadPoolExecutor(workers, "arrayio-shards") as pool:
         parts = list(pool.map(lambda item: load_file(*item), by_file.items()))
     loaded: dict[str, Any] = {}
@@ -190,6 +190,27 @@ def _load_shards(
     if isinstance(keys, str) and keys in index.files:
         return ordered[keys]
     return ordered
+
+
+def _all_in_the_page_cache(files: Sequence[str]) -> bool:
+    """Whether every file is wholly in the page cache. Then the shards load one after
+    another: each load already has every thread its tool runs, and loads side by side only
+    contend for them (a 4-file checkpoint read side by side ran at a third of one file's
+    rate on a 2-core machine, one after another at the same). From the disk, several at
+    once keep more requests in flight."""
+    from ..dispatch.context import cache_state
+
+    for file in files:
+        try:
+            fd = os.open(file, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return False  # the load says why
+        try:
+            if cache_state(fd, 0, os.fstat(fd).st_size) != "warm":
+                return False
+        finally:
+            os.close(fd)
+    return True
 
 
 def read_into(

@@ -200,3 +200,25 @@ def test_the_sweep_judges_its_targets_on_the_ceiling_in_the_same_rounds():
     assert (warm["judged_on"], warm["ratio"], warm["met"]) == ("search", 0.75, False)
     assert (write["judged_on"], write["ratio"], write["met"]) == ("rounds", 2.0 / 2.4, False)
     assert write["bytes"] == 1 << 30
+
+
+def test_multi_file_compares_a_checkpoint_in_files_with_one_file(tmp_path, run_module):
+    pytest.importorskip("torch")  # the state dict is first_calls' (bfloat16 torch tensors)
+    out = tmp_path / "out"
+    run_module(
+        "benchmarks.multi_file",
+        "--smoke",
+        "--out",
+        str(out),
+        "--dir",
+        str(tmp_path),
+        tmp_path=tmp_path,
+    )
+    report = json.loads((out / "multi_file.json").read_text())
+    assert report["benchmark"] == "multi_file" and report["checkpoint"]["shards"] >= 2
+    assert {"date", "command", "machine"} <= set(report)
+    (row,) = report["rounds"]
+    assert is_rate(row["one_file"]) and is_rate(row["files"]) and is_rate(row["ceiling"])
+    summary = report["summary"]["warm"]
+    assert summary["files_over_one"] == pytest.approx(row["files"] / row["one_file"])
+    assert leftovers(tmp_path, out) == []  # the scratch checkpoint is removed

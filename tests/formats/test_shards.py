@@ -269,3 +269,37 @@ def test_open_reads_a_checkpoint_in_several_files_one_shard_at_a_time(tmp_path):
         assert "tensors in 3 files" in repr(reader)
         assert len(set(index.files.values())) == 3
     assert all(r.closed for r in opened)
+
+
+@pytest.mark.parametrize(("cache", "most_at_once"), [("warm", 1), ("cold", 3)])
+def test_shards_load_one_at_a_time_from_the_page_cache_and_together_from_the_disk(
+    tmp_path, monkeypatch, cache, most_at_once
+):
+    # From the page cache each shard's load already has every thread its tool runs: loads
+    # side by side only contend (a third of one file's rate on a 2-core machine). From the
+    # disk, loads side by side keep more requests in flight.
+    import threading
+    import time
+
+    from arrayio.api import _load
+    from arrayio.dispatch import context
+
+    tensors = write_checkpoint(tmp_path, files=3)
+    monkeypatch.setattr(context, "cache_state", lambda fd, offset, nbytes: cache)
+    lock, running, most = threading.Lock(), [0], [0]
+    real = _load.Reader.load
+
+    def load(self, **kwargs):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.1)  # long enough for the others to start, if they may
+        try:
+            return real(self, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(_load.Reader, "load", load)
+    same(arrayio.load(tmp_path), tensors)
+    assert most[0] == most_at_once
