@@ -236,8 +236,7 @@ def scatter_from_host(
             if not driver_copyable(buffer):
                 rest.append((start, buffer))
                 continue
-            device = buffer.device_index
-            stream = streams.get(device) or streams.setdefault(device, _cuda.thread_stream(device))
+            stream = streams[buffer.device_index] = _cuda.thread_stream(buffer.device_index)
             _cuda.copy_host_address_to_device(
                 buffer.data_ptr, span.ctypes.data + start, buffer.nbytes, stream
             )

@@ -17,9 +17,7 @@ import os
 import threading
 from collections.abc import Sequence
 
-import numpy as np
-
-from ..tools import Buffer, buffer_kind
+from ..tools import Buffer
 from . import dispatcher
 
 __all__ = ["Coalescer", "read"]
@@ -33,11 +31,6 @@ class _Read:
     path: str
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     error: BaseException | None = None
-
-
-def _placement(read: _Read) -> tuple[str, int]:
-    buffer = read.buffer
-    return buffer_kind(buffer), -1 if isinstance(buffer, np.ndarray) else buffer.device_index
 
 
 # Batches moving at once: a reader that finds fewer leads one. A store's callers keep a window
@@ -106,7 +99,7 @@ def _by_placement(batch: list[_Read]) -> list[list[_Read]]:
     """The batch's reads by memory kind and device (a dispatcher batch is of one)."""
     groups: dict[tuple[str, int], list[_Read]] = {}
     for read in batch:
-        groups.setdefault(_placement(read), []).append(read)
+        groups.setdefault(dispatcher._placement(read.buffer), []).append(read)
     return list(groups.values())
 
 

@@ -139,7 +139,8 @@ class PinnedPool:
         starts, finds its staging buffers pinned while it allocated its outputs, instead of
         pinning them once its transfers start."""
         with self._lock:
-            if self._spare or self._pinning_ahead:
+            # (The slab's room read without its lock: a hint, checked again under it.)
+            if self._spare or self._pinning_ahead or self._slab_room() >= self.slab_bytes // 2:
                 return
             self._pinning_ahead = True
         from ..runtime import _background
