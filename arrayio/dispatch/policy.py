@@ -186,9 +186,10 @@ class Policy:
         self._in_flight: dict[tuple[str, str], int] = {}
         self._tools: dict[Arm, Tool] = {}
         self._setup_seconds = setup_seconds if setup_seconds is not None else _setup_seconds
-        # Calls a stand-in ran, in any context: a process that loads again (a warm load after
-        # a cold one is another context) will likely go on.
-        self._stood_in = 0
+        # Seconds the stand-ins' calls have taken, in any context: the arm they stand in for
+        # is set up once they reach ``setup_after``, as a rival is (setting it up slows the
+        # calls that run beside it by more than it saves a short one).
+        self._stood_in_seconds = 0.0
         # Arms set up for a stand-in's context, whose first call is not yet measured: set-up
         # imports the libraries, and the first transfer still pins the tool's own buffers.
         self._unmeasured: set[Arm] = set()
@@ -310,8 +311,10 @@ class Policy:
         has not set up yet would spend longer on that than on a short call: such a call
         goes to the first candidate with nothing to set up (a warm model load is a tenth of a
         second; importing KvikIO, most of another). The chosen arm is set up in the
-        background after the process's second such call, in any context (a process that
-        loads once and exits never imports it), and runs the calls once it is. A call long
+        background once the stand-ins' calls, in any context, have taken :attr:`setup_after`
+        seconds, the rivals' rule (a process that loads a few times and exits never imports
+        it: the set-up would cost the calls beside it more than it saves them), and runs the
+        calls once it is. A call long
         enough to hide the set-up (more than ``1 / regret`` times it, at the arm's measured
         rate, or the best measured, or :data:`FIRST_GUESS_RATE`) runs the arm itself. The
         stand-in's calls are not recorded (see :meth:`run`).
@@ -344,14 +347,14 @@ class Policy:
             other_stats = entry.arms.get(other.label)
             if other_stats is not None and other_stats.unavailable is not None:
                 continue
-            self._stood_in += 1
             disk_rate = (stats.estimate if stats is not None else None) or DISK_GUESS_RATE
             beside = context.direction == "read" and context.cache in ON_DISK
             if beside and setup <= nbytes / disk_rate:
                 if self._claim(arm):
                     self._start_preparing(arm)
                 return other, None
-            return other, arm if self._stood_in >= 2 and self._claim(arm) else None
+            earned = self._stood_in_seconds >= self.setup_after
+            return other, arm if earned and self._claim(arm) else None
         return arm, None
 
     def _set_up_after(self, arm: Arm | None) -> None:
@@ -666,7 +669,10 @@ class Policy:
             # A stand-in's call teaches nothing: it ran because the chosen arm was not set
             # up, and counting it would make it the incumbent that the arm, measured on
             # small shares of calls where its per-call costs weigh most, must then beat.
-            if not fresh and runner == arm:
+            if runner != arm:
+                with self._lock:
+                    self._stood_in_seconds += seconds
+            elif not fresh:
                 self._record(context, key, arm, nbytes, seconds)
             return result, runner
         if last_error is None:

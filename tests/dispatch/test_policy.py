@@ -1287,10 +1287,13 @@ def _wait_ready(policy: Policy, arm: Arm) -> None:
 def test_a_tool_that_costs_more_to_set_up_than_a_short_call_has_a_stand_in():
     # The prior (a) costs 0.1 s to set up; a 64 MiB call at the first guess's 10 GB/s takes
     # 7 ms. The first candidate with nothing to set up (c; b costs too) runs the first calls;
-    # a is set up in the background from the second on, and runs the calls after that.
+    # a is set up in the background once c's calls have taken setup_after (5 ms here: after
+    # the first), and runs the calls after that.
     prepared = threading.Event()
     world = World({"a": 30 * GB, "b": 30 * GB, "c": 10 * GB})
-    policy = _standing_in(world, [A, B, C], {"a": 0.1, "b": 0.1}, prepared, skip_first_call=True)
+    policy = _standing_in(
+        world, [A, B, C], {"a": 0.1, "b": 0.1}, prepared, skip_first_call=True, setup_after=0.005
+    )
     ctx = context(26)
     assert call(policy, ctx, 64 * MiB) == C
     assert not policy._preparing  # a process that loads once never sets a up
@@ -1338,19 +1341,37 @@ def test_a_learned_arm_is_judged_at_its_measured_rate():
     assert call(third, ctx, 1536 * MiB) == C  # 0.5 s would not hide
 
 
-def test_the_second_stand_in_call_of_any_context_sets_the_arm_up():
-    # A cold load, then a warm one (two contexts): the process loads again, and will likely
-    # go on; a is set up after the second call.
+def test_the_stand_ins_calls_of_any_context_set_the_arm_up_once_they_take_setup_after():
+    # A cold load, then warm ones (two contexts), each 64 MiB at c's 10 GB/s (6.7 ms): their
+    # time adds up across contexts, and a is set up after the first call that finds it past
+    # setup_after (10 ms): the third.
     prepared = threading.Event()
     world = World({"a": 30 * GB, "c": 10 * GB})
-    policy = _standing_in(world, [A, C], {"a": 0.1}, prepared)
+    policy = _standing_in(world, [A, C], {"a": 0.1}, prepared, setup_after=0.010)
     assert call(policy, context(26, cache="cold"), 64 * MiB) == C
-    assert not policy._preparing
+    assert call(policy, context(26), 64 * MiB) == C
+    assert not policy._preparing  # 7 ms when it began
     assert call(policy, context(26), 64 * MiB) == C
     assert policy._preparing == {A}
     prepared.set()
     _wait_ready(policy, A)
     assert call(policy, context(26, cache="cold"), 64 * MiB) == A
+
+
+def test_a_few_short_loads_never_pay_for_a_set_up():
+    # Twelve warm loads of 1.5 GiB at c's 30 GB/s take 0.6 s, under the default setup_after
+    # (2 s): setting a up would slow the calls beside it more than a could win back, so the
+    # stand-in runs them all and a is never imported.
+    prepared = threading.Event()
+    prepared.set()
+    world = World({"a": 40 * GB, "c": 30 * GB})
+    policy = _standing_in(world, [A, C], {"a": 0.2}, prepared)
+    assert labels(policy, context(31), 12, 1536 * MiB) == ["c"] * 12
+    assert not policy._preparing and A not in policy._tools
+    # A process that goes on loading sets it up once the stand-in's calls reach 2 s.
+    runs = labels(policy, context(31), 30, 1536 * MiB)
+    _wait_ready(policy, A)
+    assert "a" in runs + labels(policy, context(31), 3, 1536 * MiB)
 
 
 def test_no_stand_in_where_every_candidate_costs_a_set_up():
@@ -1372,7 +1393,9 @@ def test_an_arm_being_set_up_runs_no_untimed_call():
     labels(learner, ctx, 6, 64 * MiB)
     assert entry_of(learner, ctx).chosen == "a"
     waiting = threading.Event()
-    policy = _standing_in(world, [A, C], {"a": 0.1}, waiting, table=learner.table, sample_every=4)
+    policy = _standing_in(
+        world, [A, C], {"a": 0.1}, waiting, table=learner.table, sample_every=4, setup_after=0.005
+    )
     assert labels(policy, ctx, 2, 64 * MiB) == ["c", "c"]
     for _ in range(500):  # the set-up thread makes a's tool, then waits in prepare()
         if A in policy._tools:
