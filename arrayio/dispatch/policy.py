@@ -115,6 +115,9 @@ class Policy:
     setup_seconds
         What a process's first use of an arm's tool costs beyond its transfer (default: the
         tool's :attr:`~arrayio.tools.Tool.setup_seconds`); see :meth:`run`.
+    idle_wait
+        Seconds without a call after a stand-in's call for the program to count as busy
+        with other work, so that a set-up then overlaps that work (see :meth:`_stand_in`).
 
     Raises
     ------
@@ -143,6 +146,7 @@ class Policy:
         first_share: float = 1 / 64,
         setup_after: float = 2.0,
         setup_seconds: Callable[[Arm], float] | None = None,
+        idle_wait: float = 0.05,
     ) -> None:
         self.exploration = Exploration(
             explore_samples,
@@ -159,6 +163,7 @@ class Policy:
             raise ValueError(f"first_share must be in (0, {MAX_SHARE}], got {first_share}")
         self.regret, self.first_share = regret, first_share
         self.setup_after = setup_after
+        self.idle_wait = idle_wait
         # Whether exploring contexts share calls between arms (:meth:`split`); tune() turns
         # it off, to learn quickly on calls of its own.
         self.within_calls = True
@@ -190,6 +195,11 @@ class Policy:
         # is set up once they reach ``setup_after``, as a rival is (setting it up slows the
         # calls that run beside it by more than it saves a short one).
         self._stood_in_seconds = 0.0
+        # Calls running now, and calls started so far: an idle watch (see _watch_idle)
+        # compares them before and after its wait.
+        self._running = 0
+        self._started = 0
+        self._idle_watches: set[Arm] = set()
         # Arms set up for a stand-in's context, whose first call is not yet measured: set-up
         # imports the libraries, and the first transfer still pins the tool's own buffers.
         self._unmeasured: set[Arm] = set()
@@ -313,8 +323,10 @@ class Policy:
         second; importing KvikIO, most of another). The chosen arm is set up in the
         background once the stand-ins' calls, in any context, have taken :attr:`setup_after`
         seconds, the rivals' rule (a process that loads a few times and exits never imports
-        it: the set-up would cost the calls beside it more than it saves them), and runs the
-        calls once it is. A call long
+        it: the set-up would cost the calls beside it more than it saves them), or as soon as
+        the program leaves a gap of :attr:`idle_wait` after a stand-in's call (the set-up then
+        overlaps the program's own work, see :meth:`_watch_idle`), and runs the calls once it
+        is. A call long
         enough to hide the set-up (more than ``1 / regret`` times it, at the arm's measured
         rate, or the best measured, or :data:`FIRST_GUESS_RATE`) runs the arm itself. The
         stand-in's calls are not recorded (see :meth:`run`).
@@ -363,6 +375,33 @@ class Policy:
         call's workers; between calls it overlaps the program's own work)."""
         if arm is not None:
             self._start_preparing(arm)
+
+    def _watch_idle(self, arm: Arm) -> None:
+        """Set ``arm`` up if no call starts within :attr:`idle_wait` of a stand-in's call.
+
+        A program that loads, then computes (an eval loop, a notebook's next cell), leaves
+        gaps between calls much longer than the set-up: run there, it slows no transfer.
+        Back-to-back loads leave none, and wait for :attr:`setup_after`. (Untimed calls of
+        exploiting contexts are not counted: a process with both kinds of context may set
+        up beside one of those.)"""
+        with self._lock:
+            if arm in self._idle_watches:
+                return
+            self._idle_watches.add(arm)
+            started = self._started
+
+        def watch() -> None:
+            try:
+                _background.sleep(self.idle_wait)
+                with self._lock:
+                    idle = self._running == 0 and self._started == started
+                if idle and not _background.exiting() and self._claim(arm):
+                    self._prepare(arm, None)
+            finally:
+                with self._lock:
+                    self._idle_watches.discard(arm)
+
+        _background.start(watch, name="arrayio-idle-watch")
 
     def _claim(self, arm: Arm) -> bool:
         """Mark ``arm`` as being set up, unless it is made or being set up already."""
@@ -647,6 +686,8 @@ class Policy:
                 if arm is None:
                     break
                 runner, set_up = self._stand_in(context, key, arm, nbytes, tried)
+                self._running += 1
+                self._started += 1
             try:
                 try:
                     fresh = self._is_fresh(runner)
@@ -655,8 +696,12 @@ class Policy:
                     result = operation(tool)
                     seconds = self._clock() - start
                 finally:
+                    with self._lock:
+                        self._running -= 1
                     self._release(key, arm)
                     self._set_up_after(set_up)
+                    if runner != arm and set_up is None:
+                        self._watch_idle(arm)
             except BaseException as error:
                 if not is_tool_failure(error):
                     raise

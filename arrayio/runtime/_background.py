@@ -17,10 +17,21 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["join", "start"]
+__all__ = ["exiting", "join", "sleep", "start"]
 
 _threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 _lock = threading.Lock()
+_exit = threading.Event()
+
+
+def exiting() -> bool:
+    """Whether the process's exit has begun: a set-up that would start now should not."""
+    return _exit.is_set()
+
+
+def sleep(seconds: float) -> None:
+    """Wait ``seconds``, or until the process's exit begins (which then waits for no one)."""
+    _exit.wait(seconds)
 
 
 def start(target: Callable[..., Any], *args: Any, name: str) -> threading.Thread:
@@ -46,11 +57,16 @@ def join(timeout: float = 10.0) -> None:
 # joins its workers (handlers run last registered first, and those registered by what a
 # set-up imports would otherwise run before this one); a bounded wait, unlike a non-daemon
 # thread, which a hung set-up would keep alive forever.
+def _join_at_exit() -> None:
+    _exit.set()
+    join()
+
+
 _register_at_exit = getattr(threading, "_register_atexit", atexit.register)
 try:
-    _register_at_exit(join)
+    _register_at_exit(_join_at_exit)
 except RuntimeError:  # (threading shuts down already: an import during the exit)
-    atexit.register(join)
+    atexit.register(_join_at_exit)
 
 
 def _after_fork_in_child() -> None:

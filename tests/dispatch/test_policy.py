@@ -1263,12 +1263,14 @@ def test_explain_says_a_rival_waits_to_be_set_up():
 
 def _standing_in(world: World, arms: list[Arm], setups: dict[str, float], prepared, **tunables):
     """A policy whose arms' tools declare ``setups`` seconds of set-up; a tool's prepare()
-    waits for ``prepared`` (an Event) before it returns."""
+    waits for ``prepared`` (an Event) before it returns. The calls come back to back: no
+    gap between them counts as the program's own work unless ``idle_wait`` is given."""
 
     class Prepared(FakeTool):
         def prepare(self) -> None:
             prepared.wait(10)
 
+    tunables.setdefault("idle_wait", 3600.0)
     policy = make_policy(
         world, arms, setup_seconds=lambda arm: setups.get(arm.name, 0.0), **tunables
     )
@@ -1372,6 +1374,31 @@ def test_a_few_short_loads_never_pay_for_a_set_up():
     runs = labels(policy, context(31), 30, 1536 * MiB)
     _wait_ready(policy, A)
     assert "a" in runs + labels(policy, context(31), 3, 1536 * MiB)
+
+
+def test_a_gap_after_a_stand_in_call_sets_the_arm_up_beside_the_programs_work():
+    # One warm load, then the program computes (no call for longer than idle_wait): a is set
+    # up in that gap, and the next load runs on it.
+    prepared = threading.Event()
+    prepared.set()
+    world = World({"a": 30 * GB, "c": 10 * GB})
+    policy = _standing_in(world, [A, C], {"a": 0.1}, prepared, idle_wait=0.01)
+    assert call(policy, context(31), 1536 * MiB) == C
+    _wait_ready(policy, A)
+    assert call(policy, context(31), 1536 * MiB) == A
+
+
+def test_a_call_within_idle_wait_keeps_the_set_up_for_later():
+    # The next load starts before idle_wait has passed: the program is loading back to back,
+    # and a set-up now would slow it; nothing is set up.
+    prepared = threading.Event()
+    prepared.set()
+    world = World({"a": 30 * GB, "c": 10 * GB})
+    policy = _standing_in(world, [A, C], {"a": 0.1}, prepared, idle_wait=0.3)
+    assert call(policy, context(31), 1536 * MiB) == C
+    assert call(policy, context(31), 1536 * MiB) == C
+    time.sleep(0.6)  # the first call's watch has seen the second call start
+    assert not policy._preparing and A not in policy._tools
 
 
 def test_no_stand_in_where_every_candidate_costs_a_set_up():
