@@ -35,6 +35,15 @@ batch sizes ascending).
    offloading (offloader budget a fraction of the activations, ``--keep-fractions``) over
    the median without; also with the hooks and no I/O (budget larger than everything).
 3. **Peak reduction** at that batch: 1 - peak with offloading / peak without.
+4. **Planned modes** (torch, ``--modes max_overhead=0.1,budget=0.3``) at that batch: a plain
+   step recorded by :func:`arrayio.offload.plan_step`, the offloader's links measured (the
+   host tier's with ``--host-budget-gib``; none on the CPU), a spill plan made within the
+   overhead, or within a device budget given as a fraction of the activations, and steps
+   run under it (``activations(plan=...)``). Per mode: peak device memory, median step,
+   the plain step timed in the same run, the predicted step, the roofline (each tier's bytes
+   over its rate measured in the same run, against the compute), bytes per tier, and the
+   planned step's gradients against the plain ones, beside the plain steps' own
+   step-to-step difference.
 
 One more row is an experiment, not arrayio's behaviour: the same offloaded run with the
 dispatcher's per-write flush (``sync_file_range``, which makes every write durable before it
@@ -59,6 +68,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
+import warnings
 from typing import Any
 
 import arrayio
@@ -84,6 +95,26 @@ class Config:
     min_bytes: int = 64 << 10
     prefetch: int = 2
     writeback_fraction: float | None = None  # None: the offloader's default
+    # Planned modes: ("max_overhead", 0.1) or ("budget", fraction of the activations).
+    modes: list[tuple[str, float]] = dataclasses.field(default_factory=list)
+    host_budget: int = 0
+    warn_above: float = 2.0
+
+
+def _parse_modes(text: str) -> list[tuple[str, float]]:
+    """``"max_overhead=0.1,budget=0.3"`` as ``[("max_overhead", 0.1), ("budget", 0.3)]``."""
+    modes = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in ("max_overhead", "budget") or not value:
+            raise ValueError(f"a mode is max_overhead=FRACTION or budget=FRACTION, got {item!r}")
+        modes.append((name, float(value)))
+    return modes
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no infinity: a link that costs nothing is written as null."""
+    return value if math.isfinite(value) else None
 
 
 def _stats(off: arrayio.Offloader | None) -> dict[str, int] | None:
@@ -168,11 +199,18 @@ class _TorchRunner:
             generator=generator,
         )
 
-    def step(self, x: Any, off: arrayio.Offloader | None) -> float:
+    def step(
+        self,
+        x: Any,
+        off: arrayio.Offloader | None = None,
+        *,
+        plan: Any = None,
+        update: bool = True,
+    ) -> float:
         self.opt.zero_grad(set_to_none=True)
         hooks = (
             arrayio.offload.activations(
-                off, min_bytes=self.cfg.min_bytes, prefetch=self.cfg.prefetch
+                off, min_bytes=self.cfg.min_bytes, prefetch=self.cfg.prefetch, plan=plan
             )
             if off is not None
             else contextlib.nullcontext()
@@ -180,8 +218,113 @@ class _TorchRunner:
         with hooks:
             loss = self.model(x).float().pow(2).mean()
             loss.backward()
-        self.opt.step()
+        if update:
+            self.opt.step()
         return float(loss.detach())
+
+    def gradients(self) -> list[Any]:
+        """The step's gradients, copied to the host (the device has no room to spare)."""
+        return [p.grad.detach().to("cpu", copy=True) for p in self.model.parameters()]
+
+    def distance(self, grads: list[Any], reference: list[Any]) -> float:
+        """``||grads - reference|| / ||reference||`` over every parameter, in float32 (on
+        the device, a parameter at a time)."""
+        device = self.cfg.device
+        diff = norm = 0.0
+        for g, r in zip(grads, reference, strict=True):
+            g, r = g.to(device).float(), r.to(device).float()
+            diff += float((g - r).pow(2).sum())
+            norm += float(r.pow(2).sum())
+        return math.sqrt(diff / norm) if norm else math.sqrt(diff)
+
+    def timed_steps(self, x: Any, steps: int, off: Any = None, plan: Any = None) -> list[float]:
+        times = []
+        for _ in range(steps):
+            self.sync()
+            start = time.perf_counter()
+            self.step(x, off, plan=plan)
+            self.sync()
+            times.append(time.perf_counter() - start)
+        return times
+
+    def measure_planned(
+        self, tokens: int, mode: str, value: float, activations: int, *, steps: int
+    ) -> dict[str, Any]:
+        """Plain steps, a plain step recorded and planned from, then the planned steps; see
+        the module docstring (4)."""
+        torch, cfg = self.torch, self.cfg
+        budget = int(value * activations) if mode == "budget" else None
+        row: dict[str, Any] = {
+            "mode": f"{mode}={value:g}",
+            "batch_tokens": tokens,
+            "device_budget_bytes": budget,
+            "host_budget_bytes": cfg.host_budget,
+        }
+        x = self.batch(tokens)
+        if self.cuda:
+            torch.cuda.empty_cache()
+        try:
+            self.step(x)  # warm-up
+            if self.cuda:
+                torch.cuda.reset_peak_memory_stats()
+            plain = self.timed_steps(x, steps)
+            row["plain_step_s"], row["plain_step_s_all"] = _median(plain), plain
+            if self.cuda:
+                row["plain_peak_bytes"] = torch.cuda.max_memory_allocated()
+            kwargs: dict[str, Any] = (
+                {"max_overhead": value} if budget is None else {"device_budget_bytes": budget}
+            )
+            with arrayio.Offloader(
+                cfg.scratch,
+                # The plan decides what leaves; the offloader's own budget only bounds what
+                # it holds, the same bytes (never binding without a device budget).
+                device_budget_bytes=budget if budget is not None else activations,
+                host_budget_bytes=cfg.host_budget,
+            ) as off:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always", arrayio.offload.PlanWarning)
+                    with arrayio.offload.plan_step(
+                        off, warn_above=cfg.warn_above, min_bytes=cfg.min_bytes, **kwargs
+                    ) as step_plan:
+                        self.step(x, update=False)
+                row["warnings"] = [str(w.message) for w in caught]
+                # Gradients at the same parameters: the recorded plain step's, the first
+                # planned step's; then a plain step after an update, for the plain steps'
+                # own step-to-step difference.
+                reference = self.gradients()
+                self.step(x, off, plan=step_plan, update=False)
+                planned = self.gradients()
+                self.opt.step()
+                self.step(x, update=False)
+                row["grad_rel_diff"] = self.distance(planned, reference)
+                row["plain_step_to_step_rel_diff"] = self.distance(self.gradients(), reference)
+                row["grads_agree"] = row["grad_rel_diff"] <= row["plain_step_to_step_rel_diff"]
+                del reference, planned
+                self.opt.zero_grad(set_to_none=True)
+                if self.cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                times = self.timed_steps(x, steps, off, step_plan)
+                row["step_s"], row["step_s_all"] = _median(times), times
+                if self.cuda:
+                    row["peak_bytes"] = torch.cuda.max_memory_allocated()
+                off.wait()
+                explained = off.explain()
+                row["offloader"] = _stats(off)
+            row.update(_plan_fields(explained))
+            row["fits"] = True
+        except torch.cuda.OutOfMemoryError as error:
+            row["fits"] = False
+            row["error"] = str(error).splitlines()[0][:200]
+        finally:
+            del x
+            self.opt.zero_grad(set_to_none=True)
+            if self.cuda:
+                torch.cuda.empty_cache()
+        if row.get("step_s") and row.get("plain_step_s"):
+            row["overhead"] = row["step_s"] / row["plain_step_s"] - 1
+        if row.get("peak_bytes") and row.get("plain_peak_bytes"):
+            row["peak_reduction"] = 1 - row["peak_bytes"] / row["plain_peak_bytes"]
+        return row
 
     def measure(
         self, tokens: int, *, budget: int | None, steps: int, no_flush: bool = False
@@ -316,6 +459,28 @@ def run_torch(cfg: Config, report: dict[str, Any], save: Any) -> None:
                 flush=True,
             )
 
+    # 4. Planned modes at the same batch.
+    fit["planned"] = []
+    for mode, value in cfg.modes:
+        if time.monotonic() > cfg.deadline and fit["planned"]:
+            break
+        try:
+            row = runner.measure_planned(tokens, mode, value, activations, steps=cfg.steps)
+        except Exception:  # noqa: BLE001 - recorded; the rows after it still run
+            row = {"mode": f"{mode}={value:g}", "fits": False, "error": traceback.format_exc()}
+            print(row["error"], file=sys.stderr, flush=True)
+            if runner.cuda:
+                torch.cuda.empty_cache()
+        fit["planned"].append(row)
+        save()
+        print(
+            f"torch planned B={tokens} {row['mode']}: step={row.get('step_s')} "
+            f"plain={row.get('plain_step_s')} predicted={row.get('predicted_step_s')} "
+            f"roofline={row.get('roofline_s')} bound={row.get('bound')} "
+            f"peak_reduction={row.get('peak_reduction')} grads_agree={row.get('grads_agree')}",
+            flush=True,
+        )
+
     # 1b. With offloading: from the next batch up, while it fits.
     if runner.cuda:
         # Non-offloadable memory W(B) = peak - activations, fitted on the batches that fit.
@@ -365,6 +530,36 @@ def run_torch(cfg: Config, report: dict[str, Any], save: Any) -> None:
     del runner
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def _plan_fields(explained: Any) -> dict[str, Any]:
+    """A planned row's plan: what the offloader's ``explain()`` says of it."""
+    plan = explained.plan
+    rates = plan.rates
+    return {
+        "explain": str(explained),
+        "recorded_step_s": plan.plain_step_seconds,
+        "predicted_step_s": plan.predicted_step_seconds,
+        "predicted_overhead": plan.predicted_step_seconds / plan.plain_step_seconds - 1,
+        # The activations blocks (forward and backward) under the plan, timed as the
+        # recorded step was: the like-for-like comparison with the prediction.
+        "planned_block_s": plan.measured_step_seconds,
+        "planned_blocks": plan.measured_steps,
+        "roofline_s": plan.roofline_seconds,
+        "roofline_terms_s": plan.link_seconds,
+        "bound": plan.bound,
+        "tiers": {s.tier: {"tensors": s.tensors, "bytes": s.nbytes} for s in plan.tiers},
+        "predicted_peak_saved_bytes": plan.peak_bytes,
+        "plain_peak_saved_bytes": plan.plain_peak_bytes,
+        "rates": {
+            "to_host": _finite(rates.to_host),
+            "from_host": _finite(rates.from_host),
+            "disk_write": _finite(rates.disk_write),
+            "disk_read": _finite(rates.disk_read),
+            "host_bytes": rates.host_bytes,
+        },
+        "host_tier": plan.host_tier,
+    }
 
 
 def _compare(row: dict[str, Any], base: dict[str, Any]) -> None:
@@ -644,6 +839,7 @@ def _summary(section: dict[str, Any]) -> dict[str, Any]:
     fit = section.get("fit") or {}
     rows = [r for r in fit.get("offload", []) if r.get("fits")]
     best = max(rows, key=lambda r: r.get("peak_reduction") or -1, default=None)
+    planned = [r for r in fit.get("planned", []) if r.get("fits")]
     return {
         "largest_batch": section.get("largest_batch"),
         "fit_batch_tokens": fit.get("batch_tokens"),
@@ -653,6 +849,24 @@ def _summary(section: dict[str, Any]) -> dict[str, Any]:
         ],
         "best_peak_reduction": None if best is None else best.get("peak_reduction"),
         "overhead_at_best": None if best is None else best.get("overhead"),
+        "planned_rows": [
+            {
+                k: r.get(k)
+                for k in (
+                    "mode",
+                    "overhead",
+                    "predicted_overhead",
+                    "peak_reduction",
+                    "step_s",
+                    "plain_step_s",
+                    "predicted_step_s",
+                    "roofline_s",
+                    "bound",
+                    "grads_agree",
+                )
+            }
+            for r in planned
+        ],
     }
 
 
@@ -672,6 +886,26 @@ def main(argv: list[str] | None = None) -> None:
         default="0.5,0.25",
         help="offloader budgets, as fractions of the activations",
     )
+    parser.add_argument(
+        "--modes",
+        default="max_overhead=0.1,budget=0.3",
+        help="torch: planned modes, comma-separated: max_overhead=FRACTION (as little device "
+        "memory as possible within that slowdown) or budget=FRACTION (of the activations); "
+        "empty for none",
+    )
+    parser.add_argument(
+        "--host-budget-gib",
+        type=float,
+        default=16.0,
+        help="torch on the GPU: the planned modes' host tier (pinned host memory)",
+    )
+    parser.add_argument(
+        "--warn-above",
+        type=float,
+        default=2.0,
+        help="planned modes: warn (recorded in the row) when the predicted step exceeds "
+        "this many plain steps",
+    )
     parser.add_argument("--scratch", default=None, help="spill directory (default: a temp dir)")
     parser.add_argument(
         "--writeback-fraction",
@@ -690,6 +924,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not args.out:
         parser.error("--out is required")
+    try:
+        modes = _parse_modes(args.modes)
+    except ValueError as error:
+        parser.error(str(error))
     started = time.monotonic()
     frameworks = [name.strip() for name in args.framework.split(",") if name.strip()]
     if args.smoke:
@@ -756,6 +994,10 @@ def main(argv: list[str] | None = None) -> None:
                 device=device,
                 smoke=args.smoke,
                 writeback_fraction=args.writeback_fraction,
+                modes=modes,
+                # On the host, arrays skip the host tier: none, and the plans say so.
+                host_budget=int(args.host_budget_gib * GiB) if device == "cuda" else 0,
+                warn_above=args.warn_above,
             )
             if name == "torch":
                 run_torch(cfg, report, save)

@@ -11,6 +11,12 @@ budget and spills the least recently used ones to files in the background;
 ...     float(off.get(handles[0])[0, 0])     # waits only if not read back yet
 0.0
 
+:func:`plan_step` records one plain training step, measures the offloader's links and
+plans which saved tensors stay on the device and which go to its host tier or its disk,
+within a slowdown (``max_overhead``) or a device budget (``device_budget_bytes``);
+``activations(offloader, plan=...)`` applies the plan, and ``offloader.explain()`` sets the
+measured step beside the predicted one.
+
 JAX has no hook for what ``jax.grad`` keeps: offload between jitted stages instead, as
 ``examples/jax_offload.py`` shows.
 """
@@ -19,7 +25,25 @@ from __future__ import annotations
 
 from ._budget import OffloadBudgetError
 from ._entries import Handle
+from ._explain import OffloadExplanation, PlanExplanation, TierShare
 from ._offloader import Offloader, OffloadStats
+from ._plan import Rates
+from ._rates import measure_rates
+from ._step_plan import PlanWarning, StepPlan, plan_step
 from ._torch_hooks import activations
 
-__all__ = ["Handle", "OffloadBudgetError", "OffloadStats", "Offloader", "activations"]
+__all__ = [
+    "Handle",
+    "OffloadBudgetError",
+    "OffloadExplanation",
+    "OffloadStats",
+    "Offloader",
+    "PlanExplanation",
+    "PlanWarning",
+    "Rates",
+    "StepPlan",
+    "TierShare",
+    "activations",
+    "measure_rates",
+    "plan_step",
+]

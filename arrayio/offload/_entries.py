@@ -82,6 +82,7 @@ class Entry:
     from_read: bool = False  # the array was read back (torch: record_stream on get)
     prefetched: bool = False  # read back by prefetch() and not used by get() since
     waiters: int = 0  # get() calls waiting for this array: it must not be dropped meanwhile
+    tier: str | None = None  # "disk": spilled to its file even where the host tier has room
 
     @property
     def clean(self) -> bool:

@@ -103,6 +103,19 @@ class HostTier:
         else:
             self._to_device(copy.buffer, data)
 
+    def copy_seconds(self, data: Any, clock: Callable[[], float]) -> tuple[float, float]:
+        """Seconds to copy ``data`` (a device buffer) into a pinned buffer of the pool and
+        back, through the tier's own copies: how its rates are measured
+        (:mod:`arrayio.offload._rates`). Takes none of the budget."""
+        lend = self._lend if self._lend is not None else _pool_lend
+        with lend(data.nbytes) as lent:
+            buffer = lent[: data.nbytes]
+            start = clock()
+            self._to_host(data, buffer)
+            copied = clock()
+            self._to_device(buffer, data)
+            return copied - start, clock() - copied
+
     def _returned(self, nbytes: int) -> None:
         with self._lock:
             self.used_bytes -= nbytes

@@ -17,20 +17,25 @@ import os
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import config
 from ..runtime._units import format_count
 from ._budget import Residents, Step
 from ._directory import SpillDirectory
 from ._entries import Entry, Handle, describe
+from ._explain import OffloadExplanation
 from ._host import HostTier
 from ._spills import SpillFiles
 from ._streams import record_ready, record_stream
 
+if TYPE_CHECKING:
+    from ._step_plan import StepPlan
+
 __all__ = ["OffloadStats", "Offloader"]
 
 _HINTS = (None, "keep", "spill")
+_TIERS = (None, "host", "disk")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -160,6 +165,7 @@ class Offloader:
         self._write_error: BaseException | None = None
         self._closed = False
         self._close_done = threading.Event()
+        self._step_plan: StepPlan | None = None  # the last one activations() ran
         self._writers = concurrent.futures.ThreadPoolExecutor(
             write_workers, thread_name_prefix="arrayio-offload-write"
         )
@@ -172,7 +178,7 @@ class Offloader:
 
     # ------------------------------------------------------------------ public API
 
-    def put(self, array: Any, *, hint: str | None = None) -> Handle:
+    def put(self, array: Any, *, hint: str | None = None, tier: str | None = None) -> Handle:
         """Hand an array to the offloader; spill older ones (or this one) if over budget.
 
         Parameters
@@ -183,6 +189,10 @@ class Offloader:
         hint
             ``None`` (least recently used arrays are spilled first), ``"keep"`` (never
             spilled) or ``"spill"`` (written out at once, dropped when written).
+        tier
+            Where the array goes when spilled: ``None`` or ``"host"`` (the host tier while
+            it has room, then its file), or ``"disk"`` (its file: a spill plan keeps the
+            host tier for the arrays it chose).
 
         Returns
         -------
@@ -199,6 +209,8 @@ class Offloader:
         """
         if hint not in _HINTS:
             raise ValueError(f"hint must be one of {_HINTS}, got {hint!r}")
+        if tier not in _TIERS:
+            raise ValueError(f"tier must be one of {_TIERS}, got {tier!r}")
         array, request, dtype, shape = describe(array)
         ready = record_ready(array, request.framework, request.placement.is_cuda)
         with self._locked():
@@ -214,6 +226,7 @@ class Offloader:
                 self._directory.file(f"{self._next_id}.bin"),
                 array=array,
                 ready=ready,
+                tier=tier,
             )
             self._next_id += 1
             self._entries[entry.id] = entry
@@ -326,6 +339,16 @@ class Offloader:
                 self._reads,
                 len(self._entries),
             )
+
+    def explain(self) -> OffloadExplanation:
+        """What the offloader holds and moved, and the spill plan that
+        :func:`~arrayio.offload.activations` last ran through it: tensors and bytes per
+        tier, the plain, predicted and measured step, and what bounds it. On the GPU, waits
+        for the plan's last step to finish (to read its time)."""
+        plan = self._step_plan
+        return OffloadExplanation(
+            self.stats(), self.host_tier.budget_bytes, None if plan is None else plan.explain()
+        )
 
     def peek(self, handle: Handle) -> Any:
         """The handle's array if it is resident now, else None; reads nothing, and does

@@ -11,9 +11,11 @@ timelines and fake rates.
 
 :func:`simulate` predicts a step under an assignment of tiers:
 
-- a tensor sent down leaves the device once its copy to the host is done; copies share the
-  device-to-host link in the order the tensors are produced (first come, first served), and
-  a disk-tier tensor then goes from the host to the disk on the disk's write link;
+- a tensor sent down is copied to the host; copies share the device-to-host link in the
+  order the tensors are produced (first come, first served), and a disk-tier tensor then
+  goes on to the disk on the disk's write link. A host-tier tensor leaves the device once
+  its copy is done, a disk-tier one once it is on disk: the offloader holds an array until
+  its spill is complete (a file is written from the device, through staging buffers);
 - in backward, each comes back over the host-to-device link (after a disk read, for the disk
   tier), in the order backward needs them, each started as late as the link's queue allows
   so that it is on the device when needed and not long before (every byte back early is
@@ -35,7 +37,7 @@ import heapq
 import math
 from collections.abc import Sequence
 
-__all__ = ["TIERS", "Plan", "Rates", "Saved", "Timeline", "plan", "simulate"]
+__all__ = ["TIERS", "Plan", "Rates", "Saved", "Timeline", "link_seconds", "plan", "simulate"]
 
 TIERS = ("device", "host", "disk")
 
@@ -66,7 +68,11 @@ class Timeline:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Rates:
-    """Bytes per second of each link, and the bytes the host tier may hold."""
+    """Bytes per second of each link, and the bytes the host tier may hold.
+
+    A link that costs nothing is ``math.inf``: for a step on the host, whose tensors are
+    written to disk from where they are, ``to_host`` and ``from_host``.
+    """
 
     to_host: float
     from_host: float
@@ -196,9 +202,10 @@ def simulate(
         held += saved[i].nbytes
         if i in moved:
             link = left[i] = max(now, link) + saved[i].nbytes / rates.to_host
-            heapq.heappush(leaving, (left[i], saved[i].nbytes))
             if tiers[i] == "disk":
                 disk = on_disk[i] = max(left[i], disk) + saved[i].nbytes / rates.disk_write
+                left[i] = on_disk[i]
+            heapq.heappush(leaving, (left[i], saved[i].nbytes))
         else:
             heapq.heappush(used, (saved[i].needed + waited, saved[i].nbytes))
     produced_at = [p for p, _ in waits]
@@ -244,13 +251,9 @@ def simulate(
     ]
     peak, byte_seconds = _peak(timeline, tiers, made, left, returns, freed)
     plain_peak = _plain_peak(timeline)
-    pcie = sum(saved[i].nbytes for i in moved)
-    to_disk = sum(saved[i].nbytes for i in moved if tiers[i] == "disk")
-    links = {
-        "pcie": max(pcie / rates.to_host, pcie / rates.from_host) if pcie else 0.0,
-        "disk": max(to_disk / rates.disk_write, to_disk / rates.disk_read) if to_disk else 0.0,
-    }
-    roofline = max([timeline.step_seconds, *links.values()])
+    links = link_seconds(timeline, rates, tiers)
+    roofline = max(links.values())
+    del links["compute"]
     bound = "compute" if waited + stall <= 1e-12 else max(links, key=lambda name: links[name])
     return Plan(
         tuple(tiers),
@@ -263,6 +266,20 @@ def simulate(
         timeline.step_seconds,
         byte_seconds,
     )
+
+
+def link_seconds(timeline: Timeline, rates: Rates, tiers: Sequence[str]) -> dict[str, float]:
+    """The roofline's terms: the plain step's compute, and each link's busiest direction
+    (its bytes over its rate), for ``"compute"``, ``"pcie"`` and ``"disk"``. The step
+    cannot be shorter than any of them, whatever the schedule."""
+    saved = timeline.saved
+    pcie = sum(s.nbytes for s, t in zip(saved, tiers, strict=True) if t != "device")
+    to_disk = sum(s.nbytes for s, t in zip(saved, tiers, strict=True) if t == "disk")
+    return {
+        "compute": timeline.step_seconds,
+        "pcie": max(pcie / rates.to_host, pcie / rates.from_host) if pcie else 0.0,
+        "disk": max(to_disk / rates.disk_write, to_disk / rates.disk_read) if to_disk else 0.0,
+    }
 
 
 @functools.lru_cache(maxsize=8)

@@ -42,7 +42,8 @@ class SpillFiles:
 
     def write(self, entry: Entry, array: Any, ready: Any) -> tuple[int | None, HostCopy | None]:
         """Spill ``array`` once ``ready`` (a CUDA event, or None) has happened: to the host
-        tier where it has room, else to the entry's file.
+        tier where it has room (unless the entry's tier is ``"disk"``), else to the entry's
+        file.
 
         Returns
         -------
@@ -55,7 +56,7 @@ class SpillFiles:
         data = export(array).data
         assert not isinstance(data, Pieces)  # only export_for_save leaves shards in place
         del array
-        if self.host is not None:
+        if self.host is not None and entry.tier != "disk":
             copy = self.host.store(data)
             if copy is not None:
                 return None, copy

@@ -12,37 +12,14 @@ clock.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from typing import Any
 
+from ._clock import Mark, cuda_in_use
 from ._plan import Saved, Timeline
 from ._torch_hooks import offloadable
 
 __all__ = ["StepRecorder", "record_step"]
-
-
-class _Mark:
-    """A point in the step: a CUDA event, or the host's clock."""
-
-    __slots__ = ("event", "seconds")
-
-    def __init__(self, cuda: bool) -> None:
-        self.event: Any = None
-        self.seconds = 0.0
-        if cuda:
-            import torch
-
-            self.event = torch.cuda.Event(enable_timing=True)
-            self.event.record()
-        else:
-            self.seconds = time.perf_counter()
-
-    def since(self, start: _Mark) -> float:
-        """Seconds from ``start`` to this mark (the step synchronized first, for events)."""
-        if self.event is not None:
-            return float(start.event.elapsed_time(self.event)) / 1e3
-        return self.seconds - start.seconds
 
 
 class _Recorded:
@@ -60,11 +37,11 @@ class StepRecorder:
     def __init__(self, min_bytes: int, cuda: bool) -> None:
         self.min_bytes = min_bytes
         self.cuda = cuda
-        self._start: _Mark | None = None
-        self._end: _Mark | None = None
+        self._start: Mark | None = None
+        self._end: Mark | None = None
         self._bytes: list[int] = []
-        self._made: list[_Mark] = []
-        self._needed: list[_Mark | None] = []
+        self._made: list[Mark] = []
+        self._needed: list[Mark | None] = []
         self._by_id: dict[int, _Recorded] = {}
 
     def pack(self, tensor: Any) -> Any:
@@ -75,7 +52,7 @@ class StepRecorder:
             return known
         recorded = self._by_id[id(tensor)] = _Recorded(tensor, len(self._bytes))
         self._bytes.append(tensor.numel() * tensor.element_size())
-        self._made.append(_Mark(self.cuda))
+        self._made.append(Mark(self.cuda))
         self._needed.append(None)
         return recorded
 
@@ -83,7 +60,7 @@ class StepRecorder:
         if not isinstance(packed, _Recorded):
             return packed
         if self._needed[packed.index] is None:
-            self._needed[packed.index] = _Mark(self.cuda)
+            self._needed[packed.index] = Mark(self.cuda)
         return packed.tensor
 
     def timeline(self, base_bytes: int = 0) -> Timeline:
@@ -118,12 +95,12 @@ def record_step(*, min_bytes: int = 1 << 20, cuda: bool | None = None) -> Iterat
     import torch
 
     if cuda is None:
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        cuda = cuda_in_use()
     recorder = StepRecorder(min_bytes, cuda)
-    recorder._start = _Mark(cuda)
+    recorder._start = Mark(cuda)
     try:
         with torch.autograd.graph.saved_tensors_hooks(recorder.pack, recorder.unpack):
             yield recorder
-        recorder._end = _Mark(cuda)
+        recorder._end = Mark(cuda)
     finally:
         recorder._by_id.clear()  # the step's tensors are autograd's to free

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ._entries import Handle
     from ._offloader import Offloader
     from ._plan import Plan
+    from ._step_plan import StepPlan
 
 __all__ = ["activations"]
 
@@ -74,7 +75,7 @@ class _Hooks:
             or _same(self.offloader.peek(saved.handle), tensor, saved.version)
         ):
             return saved
-        hint = None
+        hint = tier = None
         if self.tiers is not None:
             with self.lock:
                 kept = self.kept_ids.get(id(tensor))
@@ -84,11 +85,12 @@ class _Hooks:
                 if index < len(self.tiers) and self.tiers[index] == "device":
                     self.kept_ids[id(tensor)] = weakref.ref(tensor)
                     return tensor  # the plan keeps it
-            hint = "spill" if index < len(self.tiers) else None
+            if index < len(self.tiers):
+                hint, tier = "spill", self.tiers[index]
         version = tensor._version
         # Detached: the offloader must not hold the tensor's grad_fn, whose saved variables
         # hold this very handle (a reference cycle through autograd's C++ graph).
-        handle = self.offloader.put(tensor.detach(), hint=hint)
+        handle = self.offloader.put(tensor.detach(), hint=hint, tier=tier)
         with self.lock:
             saved = _Saved(handle, len(self.order), version, tensor)
             self.order.append(weakref.ref(saved))
@@ -155,9 +157,9 @@ def _is_leaf_data(tensor: Any) -> bool:
 def activations(
     offloader: Offloader,
     *,
-    min_bytes: int = 1 << 20,
+    min_bytes: int | None = None,
     prefetch: int = 2,
-    plan: Plan | None = None,
+    plan: StepPlan | Plan | None = None,
 ) -> Iterator[None]:
     """Offload the tensors autograd saves for backward while in this block.
 
@@ -166,16 +168,27 @@ def activations(
     offloader
         Where the tensors go; its budget bounds the activations held on the device.
     min_bytes
-        Smaller tensors are left to autograd.
+        Smaller tensors are left to autograd (default: the plan's, else 1 MiB).
     prefetch
         During backward, how many earlier-saved tensors each unpack starts reading back.
     plan
-        A spill plan for a step like the one recorded (:mod:`arrayio.offload._plan`,
-        from a :mod:`~arrayio.offload._timeline` recording with the same ``min_bytes``):
-        the ``i``-th tensor saved stays with autograd where the plan says ``"device"``,
-        and is spilled at once otherwise (to the offloader's host tier while it has room,
-        then to disk); tensors past the plan's follow the budget. None: every tensor
-        follows the budget.
+        A spill plan for a step like the one recorded: a
+        :class:`~arrayio.offload.StepPlan` from :func:`~arrayio.offload.plan_step` (the
+        block, one forward and backward pass, is then timed into it, and
+        ``offloader.explain()`` shows it), or a bare :class:`~arrayio.offload._plan.Plan`
+        for a :mod:`~arrayio.offload._timeline` recording with the same ``min_bytes``.
+        The ``i``-th tensor saved stays with autograd where the plan says ``"device"``,
+        and is spilled at once otherwise, to the plan's tier (``"host"``: the
+        offloader's host tier while it has room, then the disk; ``"disk"``: the disk);
+        tensors past the plan's follow the budget. None: every tensor follows the budget.
+
+    Raises
+    ------
+    ValueError
+        If ``min_bytes`` differs from the one the :class:`StepPlan` recorded with (the
+        ``i``-th tensor would not be the plan's ``i``-th).
+    RuntimeError
+        If the :class:`StepPlan` is not made yet (its ``plan_step`` block has not ended).
 
     Examples
     --------
@@ -186,6 +199,24 @@ def activations(
     """
     import torch
 
-    hooks = _Hooks(offloader, min_bytes, prefetch, plan.tiers if plan is not None else None)
+    # Here, not at the top: _step_plan records through _timeline, which imports this module.
+    from ._clock import Mark
+    from ._step_plan import StepPlan
+
+    step_plan = plan if isinstance(plan, StepPlan) else None
+    if step_plan is not None:
+        if min_bytes is not None and min_bytes != step_plan.min_bytes:
+            raise ValueError(
+                f"min_bytes={min_bytes}, but the plan was recorded with "
+                f"min_bytes={step_plan.min_bytes}: its tensors would not be these"
+            )
+        min_bytes = step_plan.min_bytes
+    tiers = plan.tiers if plan is not None else None
+    hooks = _Hooks(offloader, 1 << 20 if min_bytes is None else min_bytes, prefetch, tiers)
+    if step_plan is not None:
+        offloader._step_plan = step_plan
+        start = Mark(step_plan.cuda)
     with torch.autograd.graph.saved_tensors_hooks(hooks.pack, hooks.unpack):
         yield
+    if step_plan is not None:
+        step_plan.ran(start, Mark(step_plan.cuda))

@@ -60,4 +60,32 @@ def test_offload_train_smoke(tmp_path) -> None:
         assert smallest["offloader"]["bytes_read"] > 0
         assert math.isfinite(smallest["loss"])
         assert "summary" in section
+    _check_planned_rows(report["torch"])
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # scratch files removed
+
+
+def _check_planned_rows(section: dict) -> None:
+    """The planned modes ran on the CPU: no host tier there, the plan and its prediction
+    recorded beside the measured steps, and the gradients unchanged."""
+    rows = section["fit"]["planned"]
+    assert [row["mode"] for row in rows] == ["max_overhead=0.1", "budget=0.3"]
+    for row in rows:
+        assert row["fits"] and row["step_s"] > 0 and row["plain_step_s"] > 0
+        assert row["predicted_step_s"] >= row["recorded_step_s"] > 0
+        assert row["roofline_s"] == max(row["roofline_terms_s"].values())
+        assert row["roofline_terms_s"]["compute"] == row["recorded_step_s"]
+        assert row["bound"] in ("compute", "pcie", "disk")
+        assert set(row["tiers"]) == {"device", "host", "disk"}
+        assert row["tiers"]["host"]["tensors"] == 0  # host arrays skip the host tier
+        assert row["rates"]["host_bytes"] == 0 and row["rates"]["to_host"] is None
+        assert row["rates"]["disk_write"] > 0 and row["host_tier"]
+        assert row["planned_blocks"] >= 2 and row["planned_block_s"] > 0
+        assert row["grads_agree"] and row["grad_rel_diff"] == 0.0
+        assert "spill plan (" in row["explain"] and "measured" in row["explain"]
+    budget = rows[1]
+    assert budget["device_budget_bytes"] == int(0.3 * section["fit"]["activation_bytes"])
+    met = budget["predicted_peak_saved_bytes"] <= budget["device_budget_bytes"]
+    assert met or any("no spill plan meets" in w for w in budget["warnings"])
+    assert budget["tiers"]["disk"]["tensors"] > 0
+    assert budget["offloader"]["bytes_written"] > 0 and budget["offloader"]["bytes_read"] > 0
+    assert [r["mode"] for r in section["summary"]["planned_rows"]] == [r["mode"] for r in rows]

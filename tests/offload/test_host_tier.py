@@ -112,6 +112,30 @@ def test_spills_fill_the_host_tier_then_the_disk(tmp_path):
     assert lent == [MB, MB]
 
 
+def test_a_spill_for_the_disk_skips_the_host_tier(tmp_path):
+    # A spill plan keeps the host tier for the arrays it chose: one it sent to the disk goes
+    # to its file though the tier has room.
+    tier = _HostArraysTier(4 * MB)
+    fake = _fake_tier(4 * MB, [])
+    tier._lend, tier._to_host, tier._to_device = fake._lend, fake._to_host, fake._to_device
+    arrays = [np.full(MB // 4, i, np.float32) for i in range(3)]
+    with Offloader(tmp_path, device_budget_bytes=4 * MB, host_budget_bytes=4 * MB) as off:
+        off._spills.host = off.host_tier = tier
+        handles = [
+            off.put(a, hint="spill", tier=t)
+            for a, t in zip(arrays, ["disk", "host", None], strict=True)
+        ]
+        off.wait()
+        stats = off.stats()
+        assert stats.host_bytes == 2 * MB and stats.disk_bytes == MB
+        files = sorted(p.name for p in os.scandir(off.directory) if p.name.endswith(".bin"))
+        assert files == ["0.bin"]
+        for a, handle in zip(arrays, handles, strict=True):
+            np.testing.assert_array_equal(off.get(handle), a)
+        with pytest.raises(ValueError, match="tier"):
+            off.put(arrays[0], tier="nvme")
+
+
 def test_the_host_budget_is_checked():
     with pytest.raises(ValueError, match="host_budget_bytes"):
         HostTier(-1)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrayio.offload._plan import Rates, Saved, Timeline, plan, simulate
+from arrayio.offload._plan import Rates, Saved, Timeline, link_seconds, plan, simulate
 
 GB = 1e9
 
@@ -48,6 +48,33 @@ def test_the_disk_tier_adds_the_write_and_the_read():
     result = simulate(timeline, rates(), ["disk"])
     assert result.step_seconds == pytest.approx(3.2)
     assert result.bound == "disk"
+
+
+def test_a_disk_tier_tensor_holds_the_device_until_it_is_on_disk():
+    # The first tensor's copy to the host is done at 0.1, its write to disk at 1.1: the
+    # offloader holds an array until its spill is complete, so when the second is made at
+    # 0.5, both are on the device if the first goes to disk, one if it goes to the host.
+    timeline = Timeline((Saved(10**9, 0.0, 10.0), Saved(10**9, 0.5, 9.0)), 20.0)
+    assert simulate(timeline, rates(), ["disk", "device"]).peak_bytes == 2 * 10**9
+    assert simulate(timeline, rates(), ["host", "device"]).peak_bytes == 10**9
+    # Under a budget of one tensor, forward waits for the disk write: 0.6 s.
+    capped = simulate(timeline, rates(), ["disk", "device"], device_budget_bytes=10**9)
+    assert capped.step_seconds == pytest.approx(20.6) and capped.peak_bytes == 10**9
+
+
+def test_the_roofline_terms_are_each_links_bytes_over_its_rate():
+    timeline = Timeline((Saved(10**9, 0.0, 1.0), Saved(2 * 10**9, 0.0, 1.0)), 0.5)
+    slow_back = Rates(
+        to_host=10 * GB, from_host=5 * GB, disk_write=1 * GB, disk_read=2 * GB, host_bytes=0
+    )
+    terms = link_seconds(timeline, slow_back, ["host", "disk"])
+    assert terms == pytest.approx({"compute": 0.5, "pcie": 0.6, "disk": 2.0})
+    assert link_seconds(timeline, slow_back, ["device", "device"]) == {
+        "compute": 0.5,
+        "pcie": 0.0,
+        "disk": 0.0,
+    }
+    assert simulate(timeline, slow_back, ["host", "disk"]).roofline_seconds == pytest.approx(2.0)
 
 
 def test_tensors_needed_together_come_back_one_after_the_other_in_time():
