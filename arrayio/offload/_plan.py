@@ -368,10 +368,16 @@ def plan(
                     tiers, best = list(trial.tiers), trial
                     host += saved[i].nbytes if tier == "host" else 0
                     break
+        for k in range(1, len(order) + 1):  # (see the budget mode's prefixes below)
+            trial = simulate(timeline, rates, _prefix(saved, order[:k], rates))
+            if trial.step_seconds <= allowed and trial.memory < best.memory:
+                best = trial
         return best
     budget = device_budget_bytes
     assert budget is not None
     best = simulate(timeline, rates, tiers, device_budget_bytes=budget)
+    if best.peak_bytes <= budget:
+        return best  # nothing needs to move
     for i in order:
         if best.peak_bytes <= budget:
             break
@@ -385,7 +391,32 @@ def plan(
         chosen = min(useful, key=lambda t: (t.step_seconds, t.memory))
         host += saved[i].nbytes if chosen.tiers[i] == "host" else 0
         tiers, best = list(chosen.tiers), chosen
+    # One tensor at a time can stall: once the link's queue is long, sending one more tensor
+    # to the host lowers no peak, and only the disk's (which stalls the whole step, spreading
+    # it out) does, though sending several more to the host would. So the plans that send
+    # the first k tensors of the order down (the host while it has room) compete too.
+    for k in range(1, len(order) + 1):
+        trial = simulate(
+            timeline, rates, _prefix(saved, order[:k], rates), device_budget_bytes=budget
+        )
+        if _ranked(trial, budget) < _ranked(best, budget):
+            best = trial
     return best
+
+
+def _prefix(saved: Sequence[Saved], moved: Sequence[int], rates: Rates) -> list[str]:
+    """Tiers sending ``moved`` down, each to the host while it has room, else the disk."""
+    tiers, host = ["device"] * len(saved), 0
+    for i in moved:
+        tiers[i] = _tiers_for(saved[i], host, rates)[0]
+        host += saved[i].nbytes if tiers[i] == "host" else 0
+    return tiers
+
+
+def _ranked(candidate: Plan, budget: int) -> tuple[bool, int, float, tuple[int, float]]:
+    """Plans within the budget first, by step then memory; the others by their peak."""
+    over = candidate.peak_bytes > budget
+    return over, candidate.peak_bytes if over else 0, candidate.step_seconds, candidate.memory
 
 
 def _tiers_for(tensor: Saved, host_used: int, rates: Rates) -> list[str]:
