@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -75,6 +76,11 @@ class HostTier:
         self._to_device = to_device or _driver_to_device
         self._lock = threading.Lock()
         self.used_bytes = 0
+        if lend is None and self.budget_bytes:
+            # The pool keeps the tier's buffers between the steps that reuse them.
+            from ..tools._pinned import pool
+
+            weakref.finalize(self, pool.keep_more(self.budget_bytes))
 
     def store(self, data: Any) -> HostCopy | None:
         """A host copy of ``data`` (a device buffer whose producer is done), or None where

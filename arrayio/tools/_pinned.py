@@ -178,6 +178,25 @@ class PinnedPool:
                 _, oldest = self._spare.popitem(last=False)
                 self._spare_bytes -= oldest.nbytes
 
+    def keep_more(self, nbytes: int) -> Callable[[], None]:
+        """Keep up to ``nbytes`` more of spares, until the function returned is called.
+
+        A host tier that stores a step's tensors gives its buffers back every step and takes
+        them again the next: with only :data:`KEEP_BYTES` kept, every step would pin its
+        tensors' bytes anew, which takes longer than copying them."""
+        with self._lock:
+            self.keep_bytes += nbytes
+        done = False
+
+        def release() -> None:
+            nonlocal done
+            with self._lock:
+                if not done:
+                    done = True
+                    self.keep_bytes -= nbytes
+
+        return release
+
     def clear(self) -> None:
         """Drop every spare buffer."""
         with self._lock:

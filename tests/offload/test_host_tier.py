@@ -156,3 +156,19 @@ def test_gpu_spills_go_to_pinned_host_memory_then_to_files(tmp_path, gpu_xp: Fra
         for handle in handles:
             off.free(handle)
         assert off.host_tier.used_bytes == 0
+
+
+def test_the_pool_keeps_a_host_tiers_buffers_while_the_tier_lives():
+    # A step's spills are given back and taken again the next step: the pool keeps as many
+    # spares as the tier may hold, so that no step pins them anew; no more once it is gone.
+    import gc
+
+    from arrayio.offload._host import HostTier
+    from arrayio.tools._pinned import pool
+
+    before = pool.keep_bytes
+    tier = HostTier(3 << 30)
+    assert pool.keep_bytes == before + (3 << 30)
+    del tier
+    gc.collect()
+    assert pool.keep_bytes == before
