@@ -433,6 +433,14 @@ class Reader:
         moved = [(stored, target) for stored, target in batch if stored.compressed is None]
         checks = [self._verify and stored.crc32c is not None for stored, _ in moved]
         transfers = [(stored.start, target.data) for stored, target in moved]
+        finished: dict[int, Any] = {}
+
+        def wrap() -> None:  # while the bytes move: the results' objects need none of them
+            with _gcpause.paused():
+                for i, (_, target) in enumerate(batch):
+                    if target.wraps:
+                        finished[i] = target.finish()
+
         crcs = _transfer.read_many(
             self.fd,
             transfers,
@@ -440,13 +448,14 @@ class Reader:
             with_checksum=any(checks),
             tool=self._tool,
             done=lambda i: advance(moved[i][0].nbytes),
+            meanwhile=wrap,
         )
         for (stored, _), check, crc in zip(moved, checks, crcs, strict=True):
             if check:
                 self._check(stored, crc)
         with _gcpause.paused():  # the results' objects, also in the background
-            for stored, target in batch:
-                result = target.finish()
+            for i, (stored, target) in enumerate(batch):
+                result = finished.pop(i) if i in finished else target.finish()
                 results[stored.key] = _transpose(result) if stored.fortran_order else result
 
     def _read_rows(self, stored: _Stored, index: Any, request: Request) -> Any:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import dataclasses
+import functools
 import threading
 from typing import Any
 
@@ -198,6 +199,7 @@ def _capsule_destructor(capsule: int) -> None:
         _forget(_capsule_pointer(capsule, _NAME))
 
 
+@functools.lru_cache(maxsize=64)  # a dtype's name is Python code in NumPy: once per dtype
 def dlpack_dtype(dtype: np.dtype[Any]) -> tuple[int, int]:
     """DLPack's (type code, bits) of a NumPy dtype (bfloat16 included)."""
     if dtype.name == "bfloat16":

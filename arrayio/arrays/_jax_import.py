@@ -43,6 +43,13 @@ def to_jax(jax: Any, array: Any, device: Any) -> Any:
     return jax.dlpack.from_dlpack(array)
 
 
+def imports_in_place() -> bool:
+    """Whether arrays are known to be taken over where they lie (the direct import, checked
+    on a first array): only then may an array be made before its bytes are final, since the
+    public ``from_dlpack`` may copy."""
+    return _state == "direct"
+
+
 def _convert(jax: Any, array: Any, device: Any) -> Any:
     global _direct
     if _direct is None:

@@ -83,9 +83,12 @@ def read_many(
     with_checksum: bool = False,
     tool: Any = None,
     done: Callable[[int], None] | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> list[int | None]:
     """Fill each ``(file_offset, buffer)`` as one batch, every transfer in flight at once;
-    return their CRC-32Cs if asked. ``done(i)`` is called as request ``i`` completes.
+    return their CRC-32Cs if asked. ``done(i)`` is called as request ``i`` completes;
+    ``meanwhile()`` runs while they move (see :meth:`Dispatcher.read_many
+    <arrayio.dispatch.dispatcher.Dispatcher.read_many>`).
 
     Raises
     ------
@@ -93,7 +96,13 @@ def read_many(
         If the file ends before a buffer is full.
     """
     return dispatcher.get().read_many(
-        fd, requests, path=path, with_checksum=with_checksum, tool=tool, done=done
+        fd,
+        requests,
+        path=path,
+        with_checksum=with_checksum,
+        tool=tool,
+        done=done,
+        meanwhile=meanwhile,
     )
 
 

@@ -508,6 +508,7 @@ class Dispatcher:
         with_checksum: bool = False,
         tool: str | Arm | Tool | None = None,
         done: Callable[[int], None] | None = None,
+        meanwhile: Callable[[], None] | None = None,
     ) -> list[int | None]:
         """Fill each ``(file_offset, buffer)`` of ``requests``; return their CRC-32Cs if asked.
 
@@ -522,13 +523,17 @@ class Dispatcher:
         would alone, neighbours in the file with one read (or, touching, one write); a read's
         small transfers move while its first batch's transfers do.
         ``done(i)`` is called once request ``i`` has completed (for progress bars).
+        ``meanwhile()`` is the caller's work that needs the buffers but not their bytes
+        (wrapping them as a framework's arrays): it runs once, on this thread, while the
+        batch's transfers move (before the first of them is reported done), or after them
+        where nothing is batched; what it raises is raised once every transfer has ended.
 
         Raises
         ------
         TruncatedFileError
             If the file ends before a buffer is full.
         """
-        return self._many("read", fd, requests, path, with_checksum, tool, done)
+        return self._many("read", fd, requests, path, with_checksum, tool, done, meanwhile)
 
     def write_many(
         self,
@@ -553,6 +558,7 @@ class Dispatcher:
         with_checksum: bool,
         tool: str | Arm | Tool | None,
         done: Callable[[int], None] | None,
+        meanwhile: Callable[[], None] | None = None,
     ) -> list[int | None]:
         forced = self.forced_arm(tool)
         if direction == "write":
@@ -592,11 +598,13 @@ class Dispatcher:
         # A read's small arrays move while its first batch's transfers do (see
         # batches.submit_windowed): a checkpoint's hundreds of biases and norms would
         # otherwise hold the main thread for milliseconds before the batch starts.
-        side = (
-            _Once(move_small)
-            if runs and direction == "read" and any(len(indices) > 1 for indices in groups.values())
-            else None
-        )
+        def side_work() -> None:
+            move_small()
+            if meanwhile is not None:
+                meanwhile()
+
+        batched = direction == "read" and any(len(indices) > 1 for indices in groups.values())
+        side = _Once(side_work) if batched and (runs or meanwhile is not None) else None
         if side is None:
             move_small()
         for indices in groups.values():
@@ -627,6 +635,8 @@ class Dispatcher:
             side = None  # ran in that batch, once even if another tool redid it
             for i, crc in zip(indices, crcs, strict=True):
                 results[i] = crc
+        if meanwhile is not None and not batched:
+            meanwhile()
         return results
 
     def _read_runs(

@@ -3,6 +3,7 @@ dtype or a device makes no sense."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import numpy as np
@@ -214,3 +215,33 @@ def test_a_device_index_beyond_the_gpus_is_a_device_error(monkeypatch):
     monkeypatch.setattr("arrayio.arrays._frameworks._cuda_driver", lambda: (2, None))
     with pytest.raises(arrayio.DeviceError, match=r"cuda:2.*2 CUDA GPUs \(cuda:0 to cuda:1\)"):
         parse_target("cupy", "cuda:2")
+
+
+def test_only_results_that_read_no_bytes_are_made_while_the_bytes_move() -> None:
+    # A load makes these results while its transfers run (Target.wraps): a view of NumPy's
+    # buffer may be; a JAX array on the host, which JAX may copy, is made after.
+    from arrayio.arrays._frameworks import allocate
+
+    assert allocate(parse_target("numpy", "cpu"), by_name("float32"), (4,)).wraps
+    if importlib.util.find_spec("jax") is not None:
+        assert not allocate(parse_target("jax", "cpu"), by_name("float32"), (4,)).wraps
+
+
+def test_a_load_makes_its_wrapping_results_during_its_reads(tmp_path, monkeypatch) -> None:
+    from arrayio.dispatch import _transfer
+
+    arrays = {f"a{i}": np.full(300_000, i, np.float32) for i in range(4)}
+    path = tmp_path / "w.safetensors"
+    arrayio.save(path, arrays)
+    real = _transfer.read_many
+    seen: list[bool] = []
+
+    def read_many(*args, meanwhile=None, **kwargs):
+        seen.append(meanwhile is not None)
+        return real(*args, meanwhile=meanwhile, **kwargs)
+
+    monkeypatch.setattr(_transfer, "read_many", read_many)
+    loaded = arrayio.load(path)
+    assert seen and all(seen)
+    for key, value in arrays.items():
+        np.testing.assert_array_equal(loaded[key], value)

@@ -953,3 +953,48 @@ def test_files_of_mixed_cache_states_are_a_mixed_batch(tmp_path, fresh, monkeypa
     assert context.cache == "mixed"
     with pytest.raises(ValueError, match="one memory kind"):
         fresh.read_files([(0, 0, np.empty(1, np.uint8)), (0, 0, _Device(1))])
+
+
+@pytest.mark.parametrize("count", [1, 5])
+def test_the_callers_work_runs_once_while_a_batch_moves(tmp_path, fresh, count):
+    # A load wraps its buffers as the framework's arrays while their bytes move: the work
+    # runs once, before the batch reports its first transfer done (after it, for a transfer
+    # alone), and the bytes are right.
+    content = os.urandom(count * MiB)
+    path = tmp_path / "m.bin"
+    path.write_bytes(content)
+    dests = [np.empty(MiB, np.uint8) for _ in range(count)]
+    events: list[str] = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fresh.read_many(
+            fd,
+            [(i * MiB, d) for i, d in enumerate(dests)],
+            done=lambda i: events.append("done"),
+            meanwhile=lambda: events.append("meanwhile"),
+        )
+    finally:
+        os.close(fd)
+    assert b"".join(d.tobytes() for d in dests) == content
+    assert events.count("meanwhile") == 1
+    assert events[0 if count > 1 else -1] == "meanwhile"
+
+
+def test_an_error_of_the_callers_work_is_raised_once_the_transfers_end(tmp_path, fresh):
+    path = tmp_path / "e.bin"
+    path.write_bytes(os.urandom(4 * MiB))
+    dests = [np.empty(MiB, np.uint8) for _ in range(4)]
+    done: list[int] = []
+
+    def fail() -> None:
+        raise KeyError("wrapping failed")
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(KeyError, match="wrapping failed"):
+            fresh.read_many(
+                fd, [(i * MiB, d) for i, d in enumerate(dests)], done=done.append, meanwhile=fail
+            )
+    finally:
+        os.close(fd)
+    assert all(not e.unavailable for e in arrayio.explain().explanations)  # no tool blamed
