@@ -134,6 +134,11 @@ def _no_flush() -> Any:
         batches.flush_range = real
 
 
+def _did_not_fit(row: dict[str, Any], error: BaseException) -> None:
+    row["fits"] = False
+    row["error"] = str(error).splitlines()[0][:200]
+
+
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -313,18 +318,21 @@ class _TorchRunner:
             row.update(_plan_fields(explained))
             row["fits"] = True
         except torch.cuda.OutOfMemoryError as error:
-            row["fits"] = False
-            row["error"] = str(error).splitlines()[0][:200]
+            _did_not_fit(row, error)
         finally:
             del x
-            self.opt.zero_grad(set_to_none=True)
-            if self.cuda:
-                torch.cuda.empty_cache()
+            self.release()
         if row.get("step_s") and row.get("plain_step_s"):
             row["overhead"] = row["step_s"] / row["plain_step_s"] - 1
         if row.get("peak_bytes") and row.get("plain_peak_bytes"):
             row["peak_reduction"] = 1 - row["peak_bytes"] / row["plain_peak_bytes"]
         return row
+
+    def release(self) -> None:
+        """Drop a row's gradients and the allocator's cached blocks before the next row."""
+        self.opt.zero_grad(set_to_none=True)
+        if self.cuda:
+            self.torch.cuda.empty_cache()
 
     def measure(
         self, tokens: int, *, budget: int | None, steps: int, no_flush: bool = False
@@ -367,13 +375,10 @@ class _TorchRunner:
                 row["offloader"] = _stats(off)
             row["fits"] = True
         except torch.cuda.OutOfMemoryError as error:
-            row["fits"] = False
-            row["error"] = str(error).splitlines()[0][:200]
+            _did_not_fit(row, error)
         finally:
             del x
-            self.opt.zero_grad(set_to_none=True)
-            if self.cuda:
-                torch.cuda.empty_cache()
+            self.release()
         row["step_s"] = _median(times)
         row["step_s_all"] = times
         if self.cuda:
@@ -677,8 +682,7 @@ def _jax_worker(spec: dict[str, Any]) -> dict[str, Any]:
         except Exception as error:  # XlaRuntimeError: RESOURCE_EXHAUSTED
             if "RESOURCE_EXHAUSTED" not in str(error) and "out of memory" not in str(error):
                 raise
-            row["fits"] = False
-            row["error"] = str(error).splitlines()[0][:200]
+            _did_not_fit(row, error)
         row["step_s"] = _median(times)
         row["step_s_all"] = times
         row["peak_bytes"] = peak()
