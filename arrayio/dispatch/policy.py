@@ -396,12 +396,13 @@ class Policy:
                 with self._lock:
                     idle = self._running == 0 and self._started == started
                 if idle and not _background.exiting() and self._claim(arm):
-                    self._prepare(arm, None)
+                    self._start_preparing(arm)
             finally:
                 with self._lock:
                     self._idle_watches.discard(arm)
 
-        _background.start(watch, name="arrayio-idle-watch")
+        # Only its set-up is waited for at exit, not its wait (which the exit cuts short).
+        _background.start_untracked(watch, name="arrayio-idle-watch")
 
     def _claim(self, arm: Arm) -> bool:
         """Mark ``arm`` as being set up, unless it is made or being set up already."""

@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["exiting", "join", "sleep", "start"]
+__all__ = ["exiting", "join", "sleep", "start", "start_untracked"]
 
 _threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 _lock = threading.Lock()
@@ -35,12 +35,20 @@ def sleep(seconds: float) -> None:
 
 
 def start(target: Callable[..., Any], *args: Any, name: str) -> threading.Thread:
-    """Run ``target(*args)`` on a daemon thread that the process's exit waits for."""
+    """Run ``target(*args)`` on a daemon thread that the process's exit waits for; once the
+    exit has begun, nothing starts (the thread returned is never started)."""
     thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-    with _lock:
-        _threads.add(thread)
-    thread.start()
+    with _lock:  # (started under the lock: the exit's wait sees it started, or not at all)
+        if not _exit.is_set():
+            _threads.add(thread)
+            thread.start()
     return thread
+
+
+def start_untracked(target: Callable[[], Any], *, name: str) -> None:
+    """Run ``target()`` on a daemon thread the exit does not wait for: work that only waits,
+    then maybe has :func:`start` run what must be waited for."""
+    threading.Thread(target=target, name=name, daemon=True).start()
 
 
 def join(timeout: float = 10.0) -> None:
@@ -58,7 +66,8 @@ def join(timeout: float = 10.0) -> None:
 # set-up imports would otherwise run before this one); a bounded wait, unlike a non-daemon
 # thread, which a hung set-up would keep alive forever.
 def _join_at_exit() -> None:
-    _exit.set()
+    with _lock:
+        _exit.set()
     join()
 
 
