@@ -77,7 +77,7 @@ class Entry:
     evict: bool = False  # drop the array once its write is complete
     freed: bool = False
     crc: int | None = None
-    host: Any = None  # the spilled copy in the host tier (a HostCopy), when not in the file
+    host: Any = None  # the spilled copy in the host tier (a HostCopy or JaxHostCopy), or None
     read_error: BaseException | None = None
     from_read: bool = False  # the array was read back (torch: record_stream on get)
     prefetched: bool = False  # read back by prefetch() and not used by get() since

@@ -15,6 +15,7 @@ on the CPU) skip the tier: their "device" is the host already.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HostCopy", "HostTier"]
+__all__ = ["HostCopy", "HostTier", "JaxHostCopy", "jax_host_offload"]
 
 # Moves ``nbytes`` from a device buffer into a host array, and back; both return once done.
 ToHost = Callable[[Any, np.ndarray], None]
@@ -45,6 +46,49 @@ class HostCopy:
         if loan is not None:
             loan.close()
             self._tier._returned(self.nbytes)
+
+
+class JaxHostCopy:
+    """A JAX array moved to its device's pinned host memory by JAX itself (memory kind
+    ``pinned_host``, as JAX's own host offload does), until :meth:`release`."""
+
+    __slots__ = ("_tier", "array", "device_sharding", "nbytes")
+
+    def __init__(self, tier: HostTier, array: Any, device_sharding: Any, nbytes: int) -> None:
+        self._tier: HostTier | None = tier
+        self.array, self.device_sharding, self.nbytes = array, device_sharding, nbytes
+
+    def back(self) -> Any:
+        """The array in its device's memory again (a new JAX array)."""
+        import jax
+
+        return jax.device_put(self.array, self.device_sharding).block_until_ready()
+
+    def release(self) -> None:
+        """Drop the host copy (once; later calls do nothing)."""
+        tier, self._tier = self._tier, None
+        if tier is not None:
+            self.array = None
+            tier._returned(self.nbytes)
+
+
+def jax_host_offload(array: Any) -> Any:
+    """The sharding that puts ``array`` (a JAX array on a GPU) in pinned host memory through
+    JAX's memory kinds, or None where JAX offers none (another framework, the CPU, a jaxlib
+    without ``pinned_host``)."""
+    jax = sys.modules.get("jax")
+    if jax is None or not isinstance(array, jax.Array):
+        return None
+    try:
+        devices = array.sharding.device_set
+        if any(device.platform == "cpu" for device in devices):
+            return None  # host memory already
+        kinds = {memory.kind for device in devices for memory in device.addressable_memories()}
+        if "pinned_host" not in kinds or array.sharding.memory_kind == "pinned_host":
+            return None
+        return array.sharding.with_memory_kind("pinned_host")
+    except (AttributeError, NotImplementedError, ValueError):  # a jaxlib without memory kinds
+        return None
 
 
 class HostTier:
@@ -101,6 +145,24 @@ class HostTier:
             self._returned(data.nbytes)
             raise
         return HostCopy(self, loan, buffer)
+
+    def store_jax(self, array: Any, host_sharding: Any) -> JaxHostCopy | None:
+        """``array`` (a JAX array) moved to pinned host memory by JAX (``host_sharding``, from
+        :func:`jax_host_offload`), or None where the tier has no room."""
+        import jax
+
+        nbytes = int(array.nbytes)
+        with self._lock:
+            if self.used_bytes + nbytes > self.budget_bytes:
+                return None
+            self.used_bytes += nbytes
+        try:
+            device_sharding = array.sharding
+            moved = jax.device_put(array, host_sharding).block_until_ready()
+        except BaseException:
+            self._returned(nbytes)
+            raise
+        return JaxHostCopy(self, moved, device_sharding, nbytes)
 
     def load(self, copy: HostCopy, data: Any) -> None:
         """Copy ``copy``'s bytes into ``data`` (device memory, or a host array)."""

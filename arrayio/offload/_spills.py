@@ -17,7 +17,7 @@ from ..arrays._shards import Pieces
 from ..dispatch import _transfer
 from ..errors import ChecksumError
 from ._entries import Entry
-from ._host import HostCopy, HostTier
+from ._host import HostCopy, HostTier, JaxHostCopy, jax_host_offload
 from ._streams import SideStreams, wait_for_device
 
 __all__ = ["SpillFiles"]
@@ -40,7 +40,9 @@ class SpillFiles:
         self.host = host
         self._streams = SideStreams()
 
-    def write(self, entry: Entry, array: Any, ready: Any) -> tuple[int | None, HostCopy | None]:
+    def write(
+        self, entry: Entry, array: Any, ready: Any
+    ) -> tuple[int | None, HostCopy | JaxHostCopy | None]:
         """Spill ``array`` once ``ready`` (a CUDA event, or None) has happened: to the host
         tier where it has room (unless the entry's tier is ``"disk"``), else to the entry's
         file.
@@ -53,6 +55,14 @@ class SpillFiles:
         """
         if ready is not None:
             ready.synchronize()  # the producer's kernels are done (host wait, our thread)
+        if self.host is not None and entry.tier != "disk":
+            # A JAX array goes to pinned host memory through JAX itself where it can (its
+            # memory kinds, as JAX's own host offload): JAX owns the device memory.
+            host_sharding = jax_host_offload(array)
+            if host_sharding is not None:
+                jax_copy = self.host.store_jax(array, host_sharding)
+                if jax_copy is not None:
+                    return None, jax_copy
         data = export(array).data
         assert not isinstance(data, Pieces)  # only export_for_save leaves shards in place
         del array
@@ -78,6 +88,8 @@ class SpillFiles:
         OSError
             If the file cannot be read.
         """
+        if isinstance(entry.host, JaxHostCopy):
+            return entry.host.back()
         request = entry.request
         to_jax_device = request.framework == "jax" and request.placement.is_cuda
         if to_jax_device:  # through the host, then device_put: JAX owns the memory

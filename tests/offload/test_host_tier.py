@@ -172,3 +172,38 @@ def test_the_pool_keeps_a_host_tiers_buffers_while_the_tier_lives():
     del tier
     gc.collect()
     assert pool.keep_bytes == before
+
+
+def test_jax_arrays_go_to_the_host_tier_through_jaxs_memory_kinds(tmp_path, monkeypatch):
+    # On a GPU, a JAX array spills to its device's pinned_host memory through JAX itself
+    # (device_put with that memory kind), and comes back to device memory the same way: no
+    # file, no copy of arrayio's. JAX's CPU devices have the memory kinds too; made to count
+    # as a GPU's here, the path runs on the CPU.
+    jax = pytest.importorskip("jax")
+    from arrayio.offload import _spills
+
+    monkeypatch.setattr(
+        _spills, "jax_host_offload", lambda a: a.sharding.with_memory_kind("pinned_host")
+    )
+    arrays = [jax.numpy.full((MB // 4,), i, jax.numpy.float32) for i in range(5)]  # 1 MiB each
+    with Offloader(tmp_path, device_budget_bytes=MB, host_budget_bytes=2 * MB) as off:
+        handles = [off.put(a) for a in arrays]
+        off.wait()
+        stats = off.stats()
+        assert stats.host_bytes == 2 * MB and stats.disk_bytes == 2 * MB  # then files
+        for a, handle in zip(arrays, handles, strict=True):
+            back = off.get(handle)
+            assert back.sharding.memory_kind == "device"
+            np.testing.assert_array_equal(np.asarray(back), np.asarray(a))
+        off.free(handles[0])
+        assert off.host_tier.used_bytes == MB
+    assert off.host_tier.used_bytes == 0
+
+
+def test_only_gpu_jax_arrays_take_jaxs_host_offload():
+    # The host already holds a CPU array: moving it to pinned_host would free no memory.
+    from arrayio.offload._host import jax_host_offload
+
+    assert jax_host_offload(np.zeros(4)) is None
+    jax = pytest.importorskip("jax")
+    assert jax_host_offload(jax.numpy.zeros(4)) is None
