@@ -1,41 +1,78 @@
-"""Reading a Zarr v3 array from local disk into GPU (or host) memory: arrayio's NVMeStore
-against zarr's LocalStore and KvikIO's GDSStore, beside the disk's ceiling, in one run.
+"""Reading a Zarr v3 array from local disk into GPU (or host) memory: arrayio against peers.
+
+arrayio's store and its ``arrayio.zarr.read`` into JAX against zarr's LocalStore, KvikIO's
+GDSStore, zarrs-python and tensorstore, beside the disk's ceiling, in one run.
 
 ``python -m benchmarks.zarr_read --out DIR [--size 2G] [--chunk 16M] [--memory cuda|host]
 [--repeats 3] [--drop-caches] [--codecs none,zstd] [--decoders arrayio,zarr]
+[--layouts chunked,sharded] [--shard 64M] [--selections whole,slab] [--stores NAMES]
 [--pipeline batched|fused|arrayio|users] [--concurrency N] [--batch-size N] [--dir DIR]``
 
 In one run, on files in ``--dir``:
 
 * the data: an int32 random walk (zstd compresses it about 4 times) of ``--size`` bytes,
-  2-D, chunks of ``--chunk`` bytes, written by ``zarr.storage.LocalStore`` (plain Zarr)
-  once uncompressed and once with zarr's CPU ``ZstdCodec``;
-* ceilings on the same chunk files: a parallel ``O_DIRECT`` read of all of them into host
+  2-D with rows of 4 KiB, written by ``zarr.storage.LocalStore`` (plain Zarr) once per
+  layout in ``--layouts`` and codec in ``--codecs``: ``chunked`` in chunks of ``--chunk``
+  bytes; ``sharded`` with zarr's sharding codec, shards of ``--shard`` bytes holding inner
+  chunks of ``--chunk`` bytes. The codec (none, or zarr's CPU ``ZstdCodec``) compresses
+  each (inner) chunk;
+* ceilings on the same files: a parallel ``O_DIRECT`` read of all of them into host
   memory after evicting them from the page cache (best of 8, 16 and 32 threads: the disk),
   a parallel buffered read of them warm (the page cache), and a pinned host-to-device copy;
-* each store reads the whole array (``array[...]``) into GPU memory under
-  ``zarr.config.enable_gpu()`` (``--memory cuda``) or into NumPy (``--memory host``), cold
-  (the chunk files evicted with ``posix_fadvise``, and all caches dropped with
-  ``--drop-caches``, root only) and warm (the files read into the page cache just before),
-  stores interleaved in each round; the figure is the median of ``--repeats`` rounds, in
-  GB/s of array bytes (10^9 per second). Before the timed rounds of each cache state,
-  ``--learn`` untimed rounds let every store settle (arrayio's dispatcher learns its tools
-  on the first transfers of a context and keeps what it learned for later processes);
+* the selections in ``--selections``: ``whole`` is ``array[...]``; ``slab`` is 10% of the
+  rows, a contiguous block of the leading axis at a fixed offset, 45% of the way in. The
+  same rows for every reader and round, so that rounds and readers compare like with like
+  (a varying offset would change how many chunks each round touches); at that offset the
+  slab starts and ends inside a chunk and inside a shard, as a user's slab would. GB/s are
+  of the selection's bytes (10^9 per second), decompressed;
+* the readers in ``--stores``, each of them once in every round, one after the other:
+
+  - ``arrayio``, ``zarr.LocalStore``, ``kvikio.GDSStore``: zarr stores, ``array[selection]``
+    into GPU memory under ``zarr.config.enable_gpu()`` (``--memory cuda``) or into NumPy
+    (``--memory host``);
+  - ``zarrs``: zarrs-python's Rust codec pipeline (``codec_pipeline.path``
+    ``zarrs.ZarrsCodecPipeline``, with ``codec_pipeline.strict`` so that it cannot fall back
+    to zarr's pipeline unnoticed) over a LocalStore, into host memory as zarrs requires,
+    then ``cupy.asarray`` on GPU runs, timed: its users have to make that copy;
+  - ``tensorstore``: the ``zarr3`` driver over the ``file`` kvstore, ``read()`` into NumPy,
+    then ``cupy.asarray`` on GPU runs (timed); no chunk cache (``cache_pool`` of 0 bytes),
+    so that warm means the page cache, as for every other reader;
+  - ``arrayio.zarr.read(jax)``: arrayio's front door, ``arrayio.zarr.read(array,
+    selection, like="jax", device="cuda")`` (``"cpu"`` on host runs), the array opened as
+    ``read()`` opens a directory (NVMeStore, arrayio's pipeline);
+
+  every reader opens the array before its clock starts (the peers' files are the same).
+  Threads: zarrs's Rust pool gets ``threading.max_workers`` = the cores this process may
+  run on; tensorstore gets ``data_copy_concurrency`` = those cores and
+  ``file_io_concurrency`` = max(4, cores) (its defaults, written out); zarr's stores keep
+  zarr's ``async.concurrency`` unless ``--concurrency`` sets it. A reader that cannot run
+  here (not installed, no GPU for JAX) is listed under ``peers_unavailable`` with the
+  reason, and its rows are marked skipped;
+* each reader reads cold (the files evicted with ``posix_fadvise``, and all caches dropped
+  with ``--drop-caches``, root only) and warm (the files read into the page cache just
+  before), readers interleaved in each round; the figure is the median of ``--repeats``
+  rounds, and every round's seconds are in the JSON. Before the timed rounds of each cache
+  state, ``--learn`` untimed rounds let every reader settle (arrayio's dispatcher learns
+  its tools on the first transfers of a context and keeps what it learned for later
+  processes);
 * zstd arrays are read once per decoder in ``--decoders``: ``arrayio`` selects
   ``arrayio.zarr.codecs.ZstdCodec`` for zarr's ``zstd`` name (GPU decode with nvCOMP) when
-  it imports, ``zarr`` keeps zarr's CPU codec; the JSON records the class that decoded.
+  it imports, ``zarr`` keeps zarr's CPU codec; the JSON records the class that decoded
+  (zarrs and tensorstore decode with their own codecs whatever the decoder).
 
-Every store's result is checked against the data (its exact sum, and a sample of rows).
-Results go to ``DIR/zarr_read.json`` (written after every case) and ``DIR/zarr_read.png``.
-A peer that cannot run (KvikIO not installed, no GPU) is recorded with the reason.
+Every reader's every result is checked against the data (the exact sum of the selection,
+and sample rows); a reader that returns wrong values stops the run with an error. Results
+go to ``DIR/zarr_read.json`` (written after every case) and ``DIR/zarr_read.png``.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import datetime
 import importlib
+import importlib.metadata
 import json
 import math
 import os
@@ -54,44 +91,69 @@ from benchmarks._pagecache import evict
 from benchmarks.sweep import machine, parse_size
 
 STORES = ("arrayio", "zarr.LocalStore", "kvikio.GDSStore")
-PEERS = STORES[1:]
+ARRAYIO_JAX = "arrayio.zarr.read(jax)"
+READERS = (*STORES, "zarrs", "tensorstore", ARRAYIO_JAX)
+PEERS = ("zarr.LocalStore", "kvikio.GDSStore", "zarrs", "tensorstore")
+# Peers whose reads and decoding run on the CPU into host memory (copied to the GPU after);
+# KvikIO's GDSStore reads into GPU memory.
+CPU_PEERS = ("zarr.LocalStore", "zarrs", "tensorstore")
+LAYOUTS = ("chunked", "sharded")
+SELECTIONS = ("whole", "slab")
 ARRAYIO_ZSTD = "arrayio.zarr.codecs.ZstdCodec"
 FUSED = "zarr.core.codec_pipeline.FusedCodecPipeline"
 ARRAYIO_PIPELINE = "arrayio.zarr.CodecPipeline"
+ZARRS_PIPELINE = "zarrs.ZarrsCodecPipeline"
 _BLOCK = 4096
 _ROW = 1024  # int32 elements per row: rows of 4 KiB
+_SLAB_FRACTION = 10  # a slab is 1/10 of the rows...
+_SLAB_AT = 0.45  # ...starting this far into the array
+
+
+class WrongData(AssertionError):
+    """A reader returned values other than the array's: never recorded and skipped over."""
 
 
 # --------------------------------------------------------------------------- data
 
 
-def make_data(root: str, nbytes: int, chunk_bytes: int, codec: str) -> dict[str, Any]:
-    """Write the array with LocalStore; return its shape, chunks, sum and sample rows."""
+def make_data(
+    root: str, nbytes: int, chunk_bytes: int, codec: str, shard_bytes: int | None = None
+) -> dict[str, Any]:
+    """Write the array with LocalStore, in shards of ``shard_bytes`` if given; return its
+    shape, chunks, shards, per-row sums and sample rows (the reference for every read)."""
     import zarr
 
     rows = max(1, nbytes // (4 * _ROW))
     chunk_rows = max(1, chunk_bytes // (4 * _ROW))
+    shard_rows = None
+    if shard_bytes is not None:  # a whole number of inner chunks per shard
+        shard_rows = max(1, shard_bytes // (4 * _ROW) // chunk_rows) * chunk_rows
     compressors = zarr.codecs.ZstdCodec(level=3) if codec == "zstd" else None
     z = zarr.create_array(
         zarr.storage.LocalStore(root),
         shape=(rows, _ROW),
         chunks=(chunk_rows, _ROW),
+        shards=(shard_rows, _ROW) if shard_rows else None,
         dtype="int32",
         compressors=compressors,
         fill_value=0,
     )
     rng = np.random.default_rng(0)
-    total, level = 0, 0
+    level = 0
+    row_sums = np.empty(rows, dtype=np.int64)
     samples = {}
-    sample_rows = sorted({0, rows // 3, rows // 2, rows - 1})
-    step = max(chunk_rows, (256 << 20) // (4 * _ROW) // chunk_rows * chunk_rows)
+    sample_rows = reference_rows(rows)
+    # Written in blocks of whole shards (whole chunks when not sharded): a partial shard
+    # would be read back and rewritten.
+    outer = shard_rows or chunk_rows
+    step = max(outer, (256 << 20) // (4 * _ROW) // outer * outer)
     for start in range(0, rows, step):
         stop = min(rows, start + step)
         walk = np.cumsum(rng.integers(-2, 3, (stop - start) * _ROW, dtype=np.int32)) + level
         block = walk.astype(np.int32).reshape(stop - start, _ROW)
         level = int(walk[-1])
         z[start:stop] = block
-        total += int(block.sum(dtype=np.int64))
+        row_sums[start:stop] = block.sum(axis=1, dtype=np.int64)
         for row in sample_rows:
             if start <= row < stop:
                 samples[row] = block[row - start].copy()
@@ -100,12 +162,51 @@ def make_data(root: str, nbytes: int, chunk_bytes: int, codec: str) -> dict[str,
     return {
         "shape": (rows, _ROW),
         "chunks": (chunk_rows, _ROW),
-        "sum": total,
+        "shards": (shard_rows, _ROW) if shard_rows else None,
+        "row_sums": row_sums,
         "samples": samples,
         "files": files,
         "stored_bytes": sum(os.path.getsize(f) for f in files),
         "array_bytes": rows * _ROW * 4,
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """A block of rows of the array: ``whole`` (all of them) or ``slab``."""
+
+    name: str
+    start: int
+    stop: int
+
+    @property
+    def index(self) -> Any:
+        """The index as users write it: ``array[...]`` for the whole array."""
+        return Ellipsis if self.name == "whole" else (slice(self.start, self.stop),)
+
+    @property
+    def nbytes(self) -> int:
+        return (self.stop - self.start) * _ROW * 4
+
+
+def selection(name: str, rows: int) -> Selection:
+    if name == "whole":
+        return Selection(name, 0, rows)
+    if name == "slab":
+        length = max(1, rows // _SLAB_FRACTION)
+        start = min(int(rows * _SLAB_AT), rows - length)
+        return Selection(name, start, start + length)
+    raise ValueError(f"unknown selection {name!r}; expected one of {SELECTIONS}")
+
+
+def reference_rows(rows: int) -> list[int]:
+    """The rows kept as samples: some of the array's, and the first, middle and last of
+    every selection's."""
+    picked = {0, rows // 3, rows // 2, rows - 1}
+    for name in SELECTIONS:
+        chosen = selection(name, rows)
+        picked |= {chosen.start, (chosen.start + chosen.stop) // 2, chosen.stop - 1}
+    return sorted(picked)
 
 
 def chunk_files(root: str) -> list[str]:
@@ -115,6 +216,11 @@ def chunk_files(root: str) -> list[str]:
         for name in names
         if name != "zarr.json"
     )
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity, not the machine's count)."""
+    return len(os.sched_getaffinity(0))
 
 
 # --------------------------------------------------------------------------- cache state
@@ -192,7 +298,7 @@ def ceilings(data: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-# --------------------------------------------------------------------------- stores
+# --------------------------------------------------------------------------- readers
 
 
 def make_store(name: str, root: str) -> Any:
@@ -212,6 +318,39 @@ def make_store(name: str, root: str) -> Any:
     raise ValueError(f"unknown store {name!r}; expected one of {STORES}")
 
 
+def require(name: str, memory: str) -> None:
+    """Raise, with the reason, if reader ``name`` cannot run here."""
+    needs = {  # the module and what the reader takes from it
+        "arrayio": ("arrayio.zarr", "NVMeStore"),
+        "zarr.LocalStore": ("zarr.storage", "LocalStore"),
+        "kvikio.GDSStore": ("kvikio.zarr", "GDSStore"),
+        "zarrs": ("zarrs", "ZarrsCodecPipeline"),
+        "tensorstore": ("tensorstore", "open"),
+    }
+    if name in needs:
+        module, attribute = needs[name]
+        getattr(importlib.import_module(module), attribute)
+    elif name == ARRAYIO_JAX:
+        from arrayio.arrays import _frameworks
+
+        importlib.import_module("arrayio.zarr")
+        # JAX installed, and (on GPU runs) a JAX that can place arrays on the GPU.
+        _frameworks.parse_target("jax", "cuda" if memory == "cuda" else "cpu")
+    else:
+        raise ValueError(f"unknown reader {name!r}; expected one of {READERS}")
+
+
+def unavailable(names: list[str], memory: str) -> dict[str, str]:
+    """The readers that cannot run here, with the reason: skipped, never fatal."""
+    reasons = {}
+    for name in names:
+        try:
+            require(name, memory)
+        except Exception as error:  # noqa: BLE001 - any failure to import means "not here"
+            reasons[name] = f"{type(error).__name__}: {error}"
+    return reasons
+
+
 def decoder_config(decoder: str) -> tuple[dict[str, Any], str | None]:
     """The zarr config that selects ``decoder`` for zstd, or a reason it cannot run."""
     if decoder == "zarr":
@@ -223,48 +362,140 @@ def decoder_config(decoder: str) -> tuple[dict[str, Any], str | None]:
     return {"codecs.zstd": ARRAYIO_ZSTD}, None
 
 
+def codec_classes(codecs: Any) -> str:
+    """The classes of a codec chain, the sharding codec's inner chain in brackets."""
+    names = []
+    for codec in codecs:
+        name = f"{type(codec).__module__}.{type(codec).__qualname__}"
+        inner = getattr(codec, "codecs", None)  # ShardingCodec's chain for its inner chunks
+        if inner:
+            name += f"[{codec_classes(inner)}]"
+        names.append(name)
+    return ", ".join(names)
+
+
+def pipeline_class(array: Any) -> str:
+    kind = type(array.async_array.codec_pipeline)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def synchronize(memory: str) -> None:
+    if memory == "cuda":
+        import cupy
+
+        cupy.cuda.Device().synchronize()
+
+
+def to_device(host: np.ndarray, memory: str) -> Any:
+    """A host result as the run's memory holds it: copied to the GPU on GPU runs, as the
+    users of a reader that only fills host memory must."""
+    if memory != "cuda":
+        return host
+    import cupy
+
+    return cupy.asarray(host)
+
+
+def release_device_memory(memory: str) -> None:
+    if memory == "cuda":
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
+def verify(name: str, result: Any, chosen: Selection, data: dict[str, Any], memory: str) -> None:
+    """Raise WrongData unless ``result`` holds the selection's values in the run's memory:
+    its shape, its exact sum and every sample row inside it."""
+    where = "GPU" if memory == "cuda" else "host"
+    if memory == "cuda":
+        import cupy
+
+        if not isinstance(result, cupy.ndarray):
+            raise WrongData(f"{name} returned {type(result).__name__}, not CuPy memory")
+        total = int(cupy.sum(result, dtype=cupy.int64))
+        take = cupy.asnumpy
+    else:
+        if not isinstance(result, np.ndarray):
+            raise WrongData(f"{name} returned {type(result).__name__}, not NumPy memory")
+        total = int(np.sum(result, dtype=np.int64))
+        take = np.asarray
+    expected_shape = (chosen.stop - chosen.start, _ROW)
+    if tuple(result.shape) != expected_shape:
+        raise WrongData(f"{name} read shape {tuple(result.shape)}, not {expected_shape}")
+    rows = {
+        r: take(result[r - chosen.start])
+        for r in data["samples"]
+        if chosen.start <= r < chosen.stop
+    }
+    expected_total = int(data["row_sums"][chosen.start : chosen.stop].sum())
+    if total != expected_total or not all(
+        np.array_equal(row, data["samples"][r]) for r, row in rows.items()
+    ):
+        raise WrongData(
+            f"{name} read wrong values into {where} memory "
+            f"(rows {chosen.start}:{chosen.stop}, sum {total} for {expected_total})"
+        )
+
+
 class Reader:
-    """Reads one store's array whole, in the requested memory, and checks the result."""
+    """One reader of the array: opens it (untimed), reads a selection (timed) into the run's
+    memory, and verifies what it read. Subclasses say how to open and read."""
 
     def __init__(
-        self, store_name: str, root: str, data: dict[str, Any], args: argparse.Namespace
+        self, name: str, root: str, data: dict[str, Any], args: argparse.Namespace
     ) -> None:
-        self.name, self.root, self.data, self.args = store_name, root, data, args
-        make_store(store_name, root)  # fails here, before timing, if it cannot run
+        self.name, self.root, self.data, self.args = name, root, data, args
+        require(name, args.memory)  # fails here, before timing, if it cannot run
 
-    def __call__(self) -> tuple[float, str]:
-        """Seconds for ``array[...]`` (opening excluded), and the class that decoded."""
-        import zarr
-
-        with zarr.config.set(self.opening()):
-            array = zarr.open_array(make_store(self.name, self.root), mode="r")
-        decoded_by = ", ".join(
-            f"{type(c).__module__}.{type(c).__qualname__}" for c in array.metadata.codecs
-        )
-        if self.args.memory == "cuda":
-            import cupy
-
-            cupy.cuda.Device().synchronize()
-            start = time.perf_counter()
-            result = array[...]
-            cupy.cuda.Device().synchronize()
-            seconds = time.perf_counter() - start
-        else:
-            start = time.perf_counter()
-            result = array[...]
-            seconds = time.perf_counter() - start
-        self.check(result)
+    def __call__(self, chosen: Selection) -> tuple[float, str]:
+        """Seconds for the read (opening excluded), and what decoded."""
+        opened = self.open()
+        synchronize(self.args.memory)
+        start = time.perf_counter()
+        result = self.read(opened, chosen)
+        synchronize(self.args.memory)
+        seconds = time.perf_counter() - start
+        verify(self.name, self.as_checked(result), chosen, self.data, self.args.memory)
+        decoded_by = self.decoded_by(opened)
         del result
-        if self.args.memory == "cuda":
-            import cupy
-
-            cupy.get_default_memory_pool().free_all_blocks()
+        release_device_memory(self.args.memory)
         return seconds, decoded_by
 
-    def opening(self) -> dict[str, Any]:
-        """The zarr config this store's array is opened with: with ``--pipeline users``,
-        arrayio's store takes arrayio's pipeline and GPU zstd codec, each peer zarr's own
-        defaults (what their users have); otherwise the run's config throughout."""
+    def settings(self) -> dict[str, Any]:
+        """Settings of this reader beyond the case's zarr config, recorded in its rows."""
+        return {}
+
+    def open(self) -> Any:
+        raise NotImplementedError
+
+    def read(self, opened: Any, chosen: Selection) -> Any:
+        raise NotImplementedError
+
+    def as_checked(self, result: Any) -> Any:
+        """The result as NumPy (host) or CuPy (GPU) memory, for ``verify``."""
+        return result
+
+    def decoded_by(self, opened: Any) -> str:
+        return codec_classes(opened.metadata.codecs)
+
+
+class StoreReader(Reader):
+    """A zarr store under zarr-python: ``zarr.open_array`` then ``array[selection]``, into
+    GPU memory under ``enable_gpu`` (set for the whole case on GPU runs)."""
+
+    def open(self) -> Any:
+        import zarr
+
+        with zarr.config.set(self.settings()):
+            return zarr.open_array(make_store(self.name, self.root), mode="r")
+
+    def read(self, opened: Any, chosen: Selection) -> Any:
+        return opened[chosen.index]
+
+    def settings(self) -> dict[str, Any]:
+        """With ``--pipeline users``, arrayio's store takes arrayio's pipeline and GPU zstd
+        codec, each peer zarr's own defaults (what their users have); otherwise the run's
+        config throughout."""
         if self.args.pipeline != "users" or self.name != "arrayio":
             return {}
         importlib.import_module("arrayio.zarr")  # registers the pipeline
@@ -273,39 +504,139 @@ class Reader:
             config.update(decoder_config("arrayio")[0])
         return config
 
-    def check(self, result: Any) -> None:
-        where = "GPU" if self.args.memory == "cuda" else "host"
+
+class ZarrsReader(Reader):
+    """zarrs-python's pipeline over a LocalStore. zarrs decodes into host memory only, so
+    its reads run with zarr's CPU buffers even on GPU runs, and are then copied."""
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "codec_pipeline.path": ZARRS_PIPELINE,
+            "codec_pipeline.strict": True,  # an unsupported array fails, not falls back
+            "threading.max_workers": cores(),  # the size of zarrs's Rust thread pool
+            "buffer": "zarr.buffer.cpu.Buffer",
+            "ndbuffer": "zarr.buffer.cpu.NDBuffer",
+        }
+
+    def open(self) -> Any:
+        import zarr
+
+        with zarr.config.set(self.settings()):
+            array = zarr.open_array(zarr.storage.LocalStore(self.root, read_only=True), mode="r")
+        import zarrs
+
+        if not isinstance(array.async_array.codec_pipeline, zarrs.ZarrsCodecPipeline):
+            raise RuntimeError(f"zarrs's pipeline was not selected: {pipeline_class(array)}")
+        return array
+
+    def read(self, opened: Any, chosen: Selection) -> Any:
+        import zarr
+
+        with zarr.config.set(self.settings()):
+            host = opened[chosen.index]
+        return to_device(host, self.args.memory)
+
+    def decoded_by(self, opened: Any) -> str:
+        return f"{ZARRS_PIPELINE} (zarrs's Rust codecs)"
+
+
+class TensorstoreReader(Reader):
+    """tensorstore's ``zarr3`` driver over its ``file`` kvstore, read into NumPy. One
+    context for the reader's life (its thread pools live as long as a user's would), with
+    no chunk cache."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        import tensorstore
+
+        self.context = tensorstore.Context(self.settings()["tensorstore_context"])
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "tensorstore_context": {
+                "data_copy_concurrency": {"limit": cores()},
+                "file_io_concurrency": {"limit": max(4, cores())},
+                "cache_pool": {"total_bytes_limit": 0},
+            }
+        }
+
+    def open(self) -> Any:
+        import tensorstore
+
+        spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": self.root}}
+        return tensorstore.open(spec, read=True, context=self.context).result()
+
+    def read(self, opened: Any, chosen: Selection) -> Any:
+        host = opened[chosen.start : chosen.stop].read().result()
+        return to_device(host, self.args.memory)
+
+    def decoded_by(self, opened: Any) -> str:
+        return "tensorstore zarr3 driver (tensorstore's C++ codecs)"
+
+
+class ArrayioJaxReader(Reader):
+    """``arrayio.zarr.read`` into a JAX array on the run's device. The array is opened
+    before the clock starts, as ``read()`` opens a directory (NVMeStore, arrayio's
+    pipeline), so that opening is excluded as it is for every other reader."""
+
+    def settings(self) -> dict[str, Any]:
+        importlib.import_module("arrayio.zarr")  # registers the pipeline
+        config: dict[str, Any] = {"codec_pipeline.path": ARRAYIO_PIPELINE}
+        if self.args.pipeline == "users" and self.args.memory == "cuda":
+            config.update(decoder_config("arrayio")[0])  # arrayio's users get its GPU codec
+        return config
+
+    def open(self) -> Any:
+        import zarr
+
+        from arrayio.zarr import NVMeStore
+
+        with zarr.config.set(self.settings()):
+            return zarr.open_array(NVMeStore(self.root, read_only=True), mode="r")
+
+    def read(self, opened: Any, chosen: Selection) -> Any:
+        import arrayio.zarr
+
+        device = "cuda" if self.args.memory == "cuda" else "cpu"
+        result = arrayio.zarr.read(opened, chosen.index, like="jax", device=device)
+        return result.block_until_ready()
+
+    def as_checked(self, result: Any) -> Any:
+        import jax
+
+        if not isinstance(result, jax.Array):
+            raise WrongData(f"{self.name} returned {type(result).__name__}, not a jax.Array")
+        placed = {device.platform for device in result.devices()}
+        expected = "gpu" if self.args.memory == "cuda" else "cpu"
+        if placed != {expected}:
+            raise WrongData(f"{self.name} placed its array on {placed}, not {expected}")
         if self.args.memory == "cuda":
             import cupy
 
-            if not isinstance(result, cupy.ndarray):
-                raise AssertionError(
-                    f"{self.name} returned {type(result).__name__}, not CuPy memory"
-                )
-            total = int(cupy.sum(result, dtype=cupy.int64))
-            rows = {r: cupy.asnumpy(result[r]) for r in self.data["samples"]}
-        else:
-            total = int(np.sum(result, dtype=np.int64))
-            rows = {r: result[r] for r in self.data["samples"]}
-        if total != self.data["sum"] or not all(
-            np.array_equal(rows[r], v) for r, v in self.data["samples"].items()
-        ):
-            raise AssertionError(f"{self.name} read wrong values into {where} memory")
+            return cupy.from_dlpack(result)  # the same memory, to sum it in int64
+        return np.asarray(result)
+
+    def decoded_by(self, opened: Any) -> str:
+        return f"{ARRAYIO_PIPELINE}: {codec_classes(opened.metadata.codecs)}"
 
 
-def run_case(
-    args: argparse.Namespace, codec: str, decoder: str, root: str, data: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """Every store, cold and warm, interleaved in ``--repeats`` rounds."""
-    import zarr
+def make_reader(name: str, root: str, data: dict[str, Any], args: argparse.Namespace) -> Reader:
+    kind = {"zarrs": ZarrsReader, "tensorstore": TensorstoreReader, ARRAYIO_JAX: ArrayioJaxReader}
+    return kind.get(name, StoreReader)(name, root, data, args)
 
-    rows: list[dict[str, Any]] = []
+
+# --------------------------------------------------------------------------- rounds
+
+
+def case_config(args: argparse.Namespace, codec: str, decoder: str) -> tuple[dict, str | None]:
+    """The zarr config of a case (the decoder, the pipeline, zarr's knobs), or the reason
+    no reader can run it."""
     config: dict[str, Any] = {}
     skip_all = None
     if codec == "zstd":
         config, skip_all = decoder_config("zarr" if args.pipeline == "users" else decoder)
     if args.pipeline == "users":
-        pass  # zarr's defaults; arrayio's store opens with its own (Reader.opening)
+        pass  # zarr's defaults; arrayio's readers open with their own (Reader.settings)
     elif args.pipeline == "fused":
         config["codec_pipeline.path"] = FUSED
     elif args.pipeline == "arrayio":
@@ -315,81 +646,136 @@ def run_case(
         config["async.concurrency"] = args.concurrency
     if args.batch_size:
         config["codec_pipeline.batch_size"] = args.batch_size
+    return config, skip_all
+
+
+def prepare_cache(cache: str, data: dict[str, Any], args: argparse.Namespace) -> bool | None:
+    """Put the files in the cache state; for cold, return whether all caches were dropped."""
+    if cache == "cold":
+        return evict(data["files"], args.drop_caches)
+    read_files(data["files"], 16, direct=False)
+    return None
+
+
+@dataclasses.dataclass
+class Rounds:
+    """What the rounds of one selection and cache state measured, per reader."""
+
+    seconds: dict[str, list[float]]
+    decoded_by: dict[str, str]
+    failed: dict[str, str]
+    caches_dropped: bool | None
+
+
+def run_rounds(
+    args: argparse.Namespace,
+    readers: dict[str, Reader],
+    chosen: Selection,
+    cache: str,
+    data: dict[str, Any],
+) -> Rounds:
+    """``--learn`` untimed then ``--repeats`` timed rounds, every reader once per round, the
+    cache state prepared before each read. A reader that fails is recorded and left out of
+    the later rounds; one that reads wrong values stops the run (WrongData)."""
+    done = Rounds({name: [] for name in readers}, {}, {}, None)
+    for round_ in range(args.learn + args.repeats):
+        for name, reader in readers.items():
+            if name in done.failed:
+                continue
+            dropped = prepare_cache(cache, data, args)
+            done.caches_dropped = dropped if cache == "cold" else None
+            try:
+                took, done.decoded_by[name] = reader(chosen)
+            except WrongData:
+                raise
+            except Exception as error:  # noqa: BLE001 - a failing peer is reported
+                done.failed[name] = f"{type(error).__name__}: {error}"
+                continue
+            if round_ >= args.learn:
+                done.seconds[name].append(took)
+    return done
+
+
+def measured_row(base: dict[str, Any], name: str, done: Rounds, chosen: Selection) -> dict:
+    """A reader's row for one selection and cache state: its rounds' seconds and rates."""
+    if name in done.failed:
+        return {**base, "failed": done.failed[name]}
+    median = statistics.median(done.seconds[name])
+    return {
+        **base,
+        "seconds": done.seconds[name],
+        "median_s": median,
+        "GBps": chosen.nbytes / median / 1e9,
+        # The stored bytes of a slab are not known to the byte (partial chunks, shard indexes).
+        "stored_GBps": base["stored_bytes"] / median / 1e9 if chosen.name == "whole" else None,
+        "decoded_by": done.decoded_by[name],
+        "verified": True,
+        "caches_dropped": done.caches_dropped,
+    }
+
+
+def print_row(row: dict[str, Any]) -> None:
+    keys = ("layout", "codec", "decoder", "selection", "store", "cache", "GBps")
+    print(json.dumps({k: row.get(k) for k in (*keys, "skipped", "failed")}), flush=True)
+
+
+def run_case(
+    args: argparse.Namespace,
+    layout: str,
+    codec: str,
+    decoder: str,
+    root: str,
+    data: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """Every reader, every selection, cold and warm, interleaved in ``--repeats`` rounds."""
+    import zarr
+
+    config, skip_all = case_config(args, codec, decoder)
     base = {
+        "layout": layout,
         "codec": codec,
         "decoder": decoder if codec == "zstd" else None,
+        "chunk_bytes": data["chunks"][0] * _ROW * 4,
+        "shard_bytes": data["shards"][0] * _ROW * 4 if data["shards"] else None,
         "array_bytes": data["array_bytes"],
         "stored_bytes": data["stored_bytes"],
         "memory": args.memory,
         "zarr_config": dict(config),
     }
+    rows: list[dict[str, Any]] = []
     readers: dict[str, Reader] = {}
+    skipped: dict[str, str] = {}
     for name in args.stores:
         if skip_all is not None:
-            rows += [{**base, "store": name, "cache": c, "skipped": skip_all} for c in args.cache]
+            skipped[name] = skip_all
             continue
         try:
-            readers[name] = Reader(name, root, data, args)
-        except ImportError as error:
-            rows += [
-                {**base, "store": name, "cache": c, "skipped": f"{type(error).__name__}: {error}"}
-                for c in args.cache
-            ]
+            readers[name] = make_reader(name, root, data, args)
+        except Exception as error:  # noqa: BLE001 - cannot run here: reported, not fatal
+            skipped[name] = f"{type(error).__name__}: {error}"
     gpu = zarr.config.enable_gpu() if args.memory == "cuda" else _nothing()
     with gpu, zarr.config.set(config):
-        for cache in args.cache:
-            seconds: dict[str, list[float]] = {name: [] for name in readers}
-            decoded: dict[str, str] = {}
-            failed: dict[str, str] = {}
-            dropped = False
-            for round_ in range(args.learn + args.repeats):
+        for chosen in (selection(name, data["shape"][0]) for name in args.selections):
+            where = {
+                "selection": chosen.name,
+                "rows": [chosen.start, chosen.stop],
+                "selection_bytes": chosen.nbytes,
+            }
+            for cache in args.cache:
+                for name, reason in skipped.items():
+                    rows.append({**base, **where, "store": name, "cache": cache, "skipped": reason})
+                    print_row(rows[-1])
+                done = run_rounds(args, readers, chosen, cache, data)
                 for name, reader in readers.items():
-                    if name in failed:
-                        continue
-                    if cache == "cold":
-                        dropped = evict(data["files"], args.drop_caches)
-                    else:
-                        read_files(data["files"], 16, direct=False)
-                    try:
-                        took, decoded[name] = reader()
-                    except Exception as error:  # noqa: BLE001 - a failing peer is reported
-                        failed[name] = f"{type(error).__name__}: {error}"
-                        continue
-                    if round_ >= args.learn:
-                        seconds[name].append(took)
-            for name in readers:
-                row = {**base, "store": name, "cache": cache}
-                if name in failed:
-                    row["failed"] = failed[name]
-                else:
-                    median = statistics.median(seconds[name])
-                    row.update(
-                        seconds=seconds[name],
-                        median_s=median,
-                        GBps=data["array_bytes"] / median / 1e9,
-                        stored_GBps=data["stored_bytes"] / median / 1e9,
-                        decoded_by=decoded[name],
-                        verified=True,
-                        caches_dropped=dropped if cache == "cold" else None,
-                    )
-                rows.append(row)
-                print(
-                    json.dumps(
-                        {
-                            k: row.get(k)
-                            for k in (
-                                "codec",
-                                "decoder",
-                                "store",
-                                "cache",
-                                "GBps",
-                                "skipped",
-                                "failed",
-                            )
-                        }
-                    ),
-                    flush=True,
-                )
+                    row_base = {
+                        **base,
+                        **where,
+                        "store": name,
+                        "cache": cache,
+                        "reader_settings": reader.settings(),
+                    }
+                    rows.append(measured_row(row_base, name, done, chosen))
+                    print_row(rows[-1])
     return rows
 
 
@@ -404,106 +790,163 @@ class _nothing:
 # --------------------------------------------------------------------------- report
 
 
-def summarize(rows: list[dict[str, Any]], ceilings_by_codec: dict[str, Any]) -> dict[str, Any]:
-    """Per case (codec, decoder, cache): arrayio against the better peer; uncompressed cold
+def case_of(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    """A row's case: layout, codec, decoder ("-" uncompressed), selection, cache."""
+    return (row["layout"], row["codec"], row["decoder"] or "-", row["selection"], row["cache"])
+
+
+def fastest(rates: dict[str, float]) -> str | None:
+    return max(rates, key=rates.__getitem__) if rates else None
+
+
+def ratio(ours: float | None, theirs: float | None) -> float | None:
+    return ours / theirs if ours and theirs else None
+
+
+def summarize(rows: list[dict[str, Any]], ceilings_by_data: dict[str, Any]) -> dict[str, Any]:
+    """Per case (layout/codec/decoder/selection/cache): arrayio's store and its JAX front
+    door against every peer, the best peer and the best CPU peer; uncompressed cold whole
     reads against the disk ceiling. Targets from issue 4."""
     out: dict[str, Any] = {}
-    for key in sorted({(r["codec"], r["decoder"] or "-", r["cache"]) for r in rows}):
-        mine = {r["store"]: r for r in rows if (r["codec"], r["decoder"] or "-", r["cache"]) == key}
-        ours = mine.get("arrayio", {}).get("GBps")
-        peers = {
-            name: mine[name]["GBps"]
-            for name in PEERS
-            if name in mine and isinstance(mine[name].get("GBps"), float)
-        }
-        best = max(peers, key=peers.__getitem__) if peers else None
+    for key in sorted({case_of(r) for r in rows}):
+        mine = {r["store"]: r for r in rows if case_of(r) == key}
+        rate = {n: r["GBps"] for n, r in mine.items() if isinstance(r.get("GBps"), float)}
+        ours, front_door = rate.get("arrayio"), rate.get(ARRAYIO_JAX)
+        peers = {name: rate[name] for name in PEERS if name in rate}
+        cpu_peers = {name: peers[name] for name in CPU_PEERS if name in peers}
+        best, best_cpu = fastest(peers), fastest(cpu_peers)
         entry: dict[str, Any] = {
             "arrayio_GBps": ours,
+            "arrayio_read_jax_GBps": front_door,
             "peers_GBps": peers,
             "best_peer": best,
-            "ratio_to_best_peer": ours / peers[best] if ours and best else None,
+            "ratio_to_best_peer": ratio(ours, peers.get(best)),
+            "best_cpu_peer": best_cpu,
+            "ratio_to_best_cpu_peer": ratio(ours, cpu_peers.get(best_cpu)),
+            "arrayio_read_jax_ratio_to_best_cpu_peer": ratio(front_door, cpu_peers.get(best_cpu)),
         }
-        codec, _, cache = key
-        ceiling = ceilings_by_codec.get(codec, {})
-        if cache == "cold" and isinstance(ceiling.get("cold_direct_read_GBps"), float):
+        layout, codec, _, chosen, cache = key
+        ceiling = ceilings_by_data.get(f"{layout}/{codec}", {})
+        whole_cold = cache == "cold" and chosen == "whole"
+        if whole_cold and isinstance(ceiling.get("cold_direct_read_GBps"), float):
             stored = mine.get("arrayio", {}).get("stored_GBps")
-            entry["arrayio_stored_GBps_over_disk_ceiling"] = (
-                stored / ceiling["cold_direct_read_GBps"] if stored else None
+            entry["arrayio_stored_GBps_over_disk_ceiling"] = ratio(
+                stored, ceiling["cold_direct_read_GBps"]
             )
         if cache == "warm":
             entry["target_2x_best_peer_met"] = (entry["ratio_to_best_peer"] or 0) >= 2
-        if cache == "cold" and codec == "none":
-            ratio = entry.get("arrayio_stored_GBps_over_disk_ceiling")
-            entry["target_0.9x_disk_ceiling_met"] = ratio is not None and ratio >= 0.9
+        if whole_cold and codec == "none":
+            over = entry.get("arrayio_stored_GBps_over_disk_ceiling")
+            entry["target_0.9x_disk_ceiling_met"] = over is not None and over >= 0.9
         out["/".join(key)] = entry
     return out
 
 
 def plot(report: dict[str, Any], path: str) -> None:
+    """One panel per layout and selection; in each, a group of bars (one per reader) per
+    codec, decoder and cache state."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = [r for r in report["rows"] if isinstance(r.get("GBps"), float)]
+    panels = sorted(
+        {(r["layout"], r["selection"]) for r in rows},
+        key=lambda panel: (LAYOUTS.index(panel[0]), SELECTIONS.index(panel[1])),
+    ) or [("chunked", "whole")]
+    readers = [s for s in READERS if any(r["store"] == s for r in rows)]
     cases = sorted({(r["codec"], r["decoder"] or "-", r["cache"]) for r in rows})
-    stores = [s for s in STORES if any(r["store"] == s for r in rows)]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(cases) + 2), 4.8))
-    width = 0.8 / max(1, len(stores))
-    for i, store in enumerate(stores):
-        values = [
-            next(
-                (
-                    r["GBps"]
-                    for r in rows
-                    if r["store"] == store and (r["codec"], r["decoder"] or "-", r["cache"]) == case
-                ),
-                0.0,
-            )
-            for case in cases
-        ]
-        ax.bar(
-            [c + (i - (len(stores) - 1) / 2) * width for c in range(len(cases))],
-            values,
-            width,
-            label=store,
-        )
-    for codec, ceiling in report["ceilings"].items():
-        value = ceiling.get("cold_direct_read_GBps")
-        if isinstance(value, float) and codec == "none":
-            ax.axhline(value, linestyle="--", color="gray", linewidth=1)
-            ax.annotate("disk ceiling (cold O_DIRECT)", (-0.4, value), fontsize=7, color="gray")
-    ax.set_xticks(range(len(cases)))
-    ax.set_xticklabels([f"{c}\n{d if d != '-' else ''}\n{k}" for c, d, k in cases], fontsize=8)
-    ax.set_ylabel("GB/s (array bytes)")
-    ax.set_title(
-        f"Zarr read of {report['array_bytes'] / 2**30:.2f} GiB into "
-        f"{report['memory']}, {report['date'][:10]}, "
-        f"{report['machine']['summary']}",
+    width = 0.8 / max(1, len(readers))
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        figsize=(max(6.0, 1.2 * len(readers) * max(1, len(cases)) / 3 + 3), 3.6 * len(panels)),
+        squeeze=False,
+    )
+    for ax, (layout, chosen) in zip(axes[:, 0], panels, strict=True):
+        for i, reader in enumerate(readers):
+            values = [
+                next(
+                    (
+                        r["GBps"]
+                        for r in rows
+                        if r["store"] == reader
+                        and case_of(r) == (layout, case[0], case[1], chosen, case[2])
+                    ),
+                    0.0,
+                )
+                for case in cases
+            ]
+            offsets = [c + (i - (len(readers) - 1) / 2) * width for c in range(len(cases))]
+            ax.bar(offsets, values, width, label=reader)
+        ceiling = report["ceilings"].get(f"{layout}/none", {}).get("cold_direct_read_GBps")
+        if isinstance(ceiling, float) and chosen == "whole":
+            ax.axhline(ceiling, linestyle="--", color="gray", linewidth=1)
+            ax.annotate("disk ceiling (cold O_DIRECT)", (-0.4, ceiling), fontsize=7, color="gray")
+        ax.set_xticks(range(len(cases)))
+        ax.set_xticklabels([f"{c}\n{d if d != '-' else ''}\n{k}" for c, d, k in cases], fontsize=8)
+        ax.set_ylabel("GB/s (selection bytes)")
+        ax.set_title(f"{layout_label(report, layout)}, {chosen}", fontsize=9)
+    axes[0, 0].legend(fontsize=7, ncol=2)
+    fig.suptitle(
+        f"Zarr read of {report['array_bytes'] / 2**30:.2f} GiB into {report['memory']}, "
+        f"{report['date'][:10]}, {report['machine']['summary']}",
         fontsize=9,
     )
-    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
+def layout_label(report: dict[str, Any], layout: str) -> str:
+    """``chunked, 1 MiB chunks`` or ``sharded, 64 MiB shards of 1 MiB chunks``."""
+    shape = report["layouts"][layout]
+    chunk = f"{shape['chunk_bytes'] / 2**20:g} MiB chunks"
+    if shape.get("shard_bytes"):
+        return f"{layout}, {shape['shard_bytes'] / 2**20:g} MiB shards of {chunk}"
+    return f"{layout}, {chunk}"
+
+
 def versions() -> dict[str, str | None]:
     found: dict[str, str | None] = {"python": platform.python_version()}
-    for name in ("arrayio", "zarr", "numcodecs", "numpy", "kvikio", "cupy", "nvidia.nvcomp"):
-        try:
-            module = importlib.import_module(name)
-            found[name] = getattr(module, "__version__", "unknown")
-        except Exception:  # noqa: BLE001 - not installed here
-            found[name] = None
+    for name in (
+        "arrayio",
+        "zarr",
+        "numcodecs",
+        "numpy",
+        "kvikio",
+        "cupy",
+        "nvidia.nvcomp",
+        "zarrs",
+        "tensorstore",
+        "jax",
+    ):
+        found[name] = version_of(name)
     return found
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def version_of(name: str) -> str | None:
+    """The module's ``__version__``, else its distribution's (tensorstore has no
+    ``__version__``); None when it does not import."""
+    try:
+        module = importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - not installed here
+        return None
+    found = getattr(module, "__version__", None)
+    if found is None:
+        try:
+            found = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found = "unknown"
+    return str(found)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="directory for the JSON and the PNG")
     parser.add_argument("--dir", default=None, help="where the arrays are written")
     parser.add_argument("--size", default="2G")
-    parser.add_argument("--chunk", default="16M")
+    parser.add_argument("--chunk", default="16M", help="chunk (inner chunk when sharded) bytes")
     parser.add_argument("--memory", default="cuda", choices=("cuda", "host"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
@@ -512,7 +955,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--drop-caches", action="store_true")
     parser.add_argument("--codecs", default="none,zstd")
     parser.add_argument("--decoders", default="arrayio,zarr")
-    parser.add_argument("--stores", default=",".join(STORES))
+    parser.add_argument(
+        "--layouts",
+        default="chunked",
+        help="chunked (one file per chunk) and/or sharded (zarr's sharding codec: shards of "
+        "--shard bytes holding chunks of --chunk bytes)",
+    )
+    parser.add_argument("--shard", default="64M", help="shard bytes of the sharded layout")
+    parser.add_argument(
+        "--selections",
+        default="whole",
+        help="whole (array[...]) and/or slab (10%% of the rows, a contiguous block of the "
+        "leading axis starting 45%% of the way in)",
+    )
+    parser.add_argument(
+        "--stores",
+        default=",".join(READERS),
+        help=f"the readers, some of {', '.join(READERS)} (default: all; those that cannot "
+        "run here are reported under peers_unavailable)",
+    )
     parser.add_argument("--cache", default="cold,warm")
     parser.add_argument(
         "--pipeline",
@@ -532,14 +993,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="zarr's codec_pipeline.batch_size (default: zarr's)",
     )
     args = parser.parse_args(argv)
-    args.size, args.chunk = parse_size(args.size), parse_size(args.chunk)
-    args.codecs = args.codecs.split(",")
-    args.decoders = args.decoders.split(",")
-    args.stores = args.stores.split(",")
-    args.cache = args.cache.split(",")
-    for name in args.stores:
-        if name not in STORES:
-            parser.error(f"unknown store {name!r}; expected some of {STORES}")
+    args.size, args.chunk, args.shard = (parse_size(v) for v in (args.size, args.chunk, args.shard))
+    for listed, allowed in (
+        ("codecs", ("none", "zstd")),
+        ("decoders", ("arrayio", "zarr")),
+        ("layouts", LAYOUTS),
+        ("selections", SELECTIONS),
+        ("stores", READERS),
+        ("cache", ("cold", "warm")),
+    ):
+        values = getattr(args, listed).split(",")
+        for value in values:
+            if value not in allowed:
+                parser.error(f"--{listed}: unknown {value!r}; expected some of {allowed}")
+        setattr(args, listed, values)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    # JAX would otherwise take 75% of the GPU's memory at its first array, leaving CuPy (zarr's
+    # GPU buffers, every other reader) too little. Set before anything imports JAX.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     os.makedirs(args.out, exist_ok=True)
     json_path = os.path.join(args.out, "zarr_read.json")
 
@@ -563,26 +1038,57 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "async.concurrency": zarr.config.get("async.concurrency"),
             "codec_pipeline.batch_size": zarr.config.get("codec_pipeline.batch_size"),
         },
+        "cores": cores(),
+        "peers_unavailable": unavailable(args.stores, args.memory),
         "scratch": scratch,
+        "layouts": {},
         "ceilings": {},
         "rows": [],
     }
-    for codec in args.codecs:
-        root = os.path.join(scratch, codec)
-        data = make_data(root, args.size, args.chunk, codec)
-        report.update(array_bytes=data["array_bytes"], shape=data["shape"], chunks=data["chunks"])
-        report.setdefault("stored_bytes", {})[codec] = data["stored_bytes"]
-        report["ceilings"][codec] = ceilings(data, args)
-        print(json.dumps({codec: report["ceilings"][codec]}), flush=True)
-        decoders = ["users"] if args.pipeline == "users" else args.decoders
-        for decoder in decoders if codec == "zstd" else ["-"]:
-            report["rows"] += run_case(args, codec, decoder, root, data)
-            report["summary"] = summarize(report["rows"], report["ceilings"])
-            with open(json_path, "w") as f:  # after every case: a cut-short run keeps it
-                json.dump(report, f, indent=1, default=_plain)
+    print(json.dumps({"peers_unavailable": report["peers_unavailable"]}), flush=True)
+    for layout in args.layouts:
+        for codec in args.codecs:
+            run_data_set(args, report, scratch, layout, codec, json_path)
     print(json.dumps(report.get("summary"), indent=1), flush=True)
     plot(report, os.path.join(args.out, "zarr_read.png"))
     return report
+
+
+def run_data_set(
+    args: argparse.Namespace,
+    report: dict[str, Any],
+    scratch: str,
+    layout: str,
+    codec: str,
+    json_path: str,
+) -> None:
+    """Write one layout and codec's array, sample its ceilings, run its cases; the JSON is
+    rewritten after every case, so that a run cut short keeps what it measured."""
+    name = f"{layout}/{codec}"
+    root = os.path.join(scratch, f"{layout}-{codec}")
+    data = make_data(
+        root, args.size, args.chunk, codec, args.shard if layout == "sharded" else None
+    )
+    rows = data["shape"][0]
+    report.update(array_bytes=data["array_bytes"], shape=data["shape"], chunks=data["chunks"])
+    report["selections"] = {
+        s: [selection(s, rows).start, selection(s, rows).stop] for s in args.selections
+    }
+    report["layouts"][layout] = {
+        "chunks": data["chunks"],
+        "chunk_bytes": data["chunks"][0] * _ROW * 4,
+        "shards": data["shards"],
+        "shard_bytes": data["shards"][0] * _ROW * 4 if data["shards"] else None,
+    }
+    report.setdefault("stored_bytes", {})[name] = data["stored_bytes"]
+    report["ceilings"][name] = ceilings(data, args)
+    print(json.dumps({name: report["ceilings"][name]}), flush=True)
+    decoders = ["users"] if args.pipeline == "users" else args.decoders
+    for decoder in decoders if codec == "zstd" else ["-"]:
+        report["rows"] += run_case(args, layout, codec, decoder, root, data)
+        report["summary"] = summarize(report["rows"], report["ceilings"])
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1, default=_plain)
 
 
 def _plain(value: Any) -> Any:
