@@ -10,12 +10,14 @@ fastest: the order only decides which are measured first.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 
 from ..integrity import _device_checksum
 from .arm import Arm
 from .context import Context
 
-__all__ = ["CANDIDATES", "Row", "Sizes", "candidate_arms"]
+__all__ = ["CANDIDATES", "Row", "Sizes", "candidate_arms", "usable_cores"]
 
 _MiB = 1 << 20
 
@@ -280,13 +282,43 @@ def bypasses_the_cache(arm: Arm) -> bool:
     return arm.name == "direct" or dict(arm.params).get("direct") is True
 
 
+@functools.cache
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def within_cores(arms: tuple[Arm, ...], cores: int) -> tuple[Arm, ...]:
+    """``arms`` with the threads of threaded ``pread`` capped at ``cores`` (repeats dropped).
+
+    A read from the page cache is a memory copy on the CPU: threads beyond the cores add
+    nothing to its rate, but each costs its start in a process's first call and switches
+    in every call. Reads from the disk keep their threads, which wait on the device.
+    """
+    capped: list[Arm] = []
+    for arm in arms:
+        params = dict(arm.params)
+        threads = params.get("threads")
+        if arm.name == "posix" and isinstance(threads, int) and threads > cores:
+            arm = Arm.of("posix", **{**params, "threads": cores})
+        if arm not in capped:
+            capped.append(arm)
+    return tuple(capped)
+
+
 def candidate_arms(context: Context) -> list[Arm]:
     """The arms worth trying in ``context``, best guess first (before availability): those
-    of the first row of :data:`CANDIDATES` that covers it, without the ``O_DIRECT`` arms
-    where the bytes are to stay in the page cache (``context.keep``), and without the tools
-    that cannot checksum where the context needs a checksum that the GPU cannot compute for
-    them."""
+    of the first row of :data:`CANDIDATES` that covers it, with threaded ``pread`` held to
+    the usable cores where the bytes are in the page cache (:func:`within_cores`), without
+    the ``O_DIRECT`` arms where the bytes are to stay in the page cache (``context.keep``),
+    and without the tools that cannot checksum where the context needs a checksum that the
+    GPU cannot compute for them."""
     arms: tuple[Arm, ...] = next((row.arms for row in CANDIDATES if row.covers(context)), ())
+    if context.direction == "read" and context.memory == "host" and context.cache in CACHED:
+        arms = within_cores(arms, usable_cores())
     if context.keep:
         arms = tuple(arm for arm in arms if not bypasses_the_cache(arm))
     if context.checksum and not (context.memory == "cuda" and _device_checksum.available()):

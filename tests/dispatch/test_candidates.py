@@ -6,20 +6,24 @@ whether the bytes are to stay in the page cache, the arms offered at each size
 class from 10 to 36: runs of size classes that get the same list (``"10-20 L1, 21-36 L4"``),
 the lists named once under ``"lists"``. After a deliberate change to
 :mod:`arrayio.dispatch.candidates`, rewrite it with ``python tests/dispatch/test_candidates.py``
-and review the diff.
+and review the diff. The table is pinned as a machine of 16 usable cores gets it
+(:data:`PINNED_CORES`); on fewer, page-cache reads into host memory run fewer threads (tested
+below).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from arrayio.dispatch import dispatcher
+from arrayio.dispatch import candidates, dispatcher
+from arrayio.dispatch.arm import Arm
 from arrayio.dispatch.context import Context
 from arrayio.integrity import _device_checksum
 
@@ -55,8 +59,12 @@ def _group(
     )
 
 
+PINNED_CORES = 16  # the table as a machine of 16 usable cores gets it, whatever runs the test
+
+
 def observed(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[list[Any]]]:
     """For each group of the grid, ``[first, last, labels]`` runs over the size classes."""
+    monkeypatch.setattr(candidates, "usable_cores", lambda: PINNED_CORES)
     found: dict[str, list[list[Any]]] = {}
     for direction, memory, cache, pieces, checksum, gpu_checksums, keep in GRID:
         monkeypatch.setattr(_device_checksum, "available", lambda on=gpu_checksums: on)
@@ -140,3 +148,52 @@ def _write_pinned() -> None:
 
 if __name__ == "__main__":
     sys.exit(_write_pinned())
+
+
+def _labels(context: Context) -> list[str]:
+    return [arm.label for arm in dispatcher.candidate_arms(context)]
+
+
+def test_page_cache_reads_into_host_memory_get_no_more_threads_than_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A read from the page cache is a copy on the CPU: on 2 cores, the prior (the first
+    # arm) and its rival run 2 threads; reads from the disk keep the threads that wait on it.
+    monkeypatch.setattr(candidates, "usable_cores", lambda: 2)
+    warm = Context("read", "host", 29, "vda", "warm", 1, True, 0, False)
+    assert _labels(warm)[:2] == [
+        "posix(task_size=4194304,threads=2)",
+        "posix(task_size=8388608,threads=2)",
+    ]
+    cold = _labels(Context("read", "host", 29, "vda", "cold", 1, True, 0, False))
+    assert cold[:3] == [
+        "direct(task_size=8388608,threads=4)",
+        "direct(task_size=8388608,threads=16)",
+        "posix(task_size=4194304,threads=16)",
+    ]
+    kept = _labels(Context("read", "host", 29, "vda", "cold", 1, True, 0, True))
+    assert kept[0] == "posix(task_size=16777216,threads=16)"
+    # Writes and GPU reads are not copies out of the page cache: untouched.
+    write = _labels(Context("write", "host", 29, "vda", "-", 1, True, 0, False))
+    assert "posix(task_size=4194304,threads=16)" in write
+    monkeypatch.setattr(candidates, "usable_cores", lambda: 16)
+    assert _labels(warm)[0] == "posix(task_size=4194304,threads=16)"
+
+
+def test_arms_that_meet_once_capped_are_tried_once() -> None:
+    arms = (
+        Arm.of("posix", threads=16, task_size=4),
+        Arm.of("posix", threads=4, task_size=4),
+        Arm.of("naive"),
+        Arm.of("kvikio", threads=16, task_size=4),
+    )
+    assert candidates.within_cores(arms, 2) == (
+        Arm.of("posix", threads=2, task_size=4),
+        Arm.of("naive"),
+        Arm.of("kvikio", threads=16, task_size=4),
+    )
+    assert candidates.within_cores(arms, 32) == arms
+
+
+def test_usable_cores_are_this_process_s() -> None:
+    assert candidates.usable_cores() == len(os.sched_getaffinity(0))
