@@ -162,6 +162,17 @@ PEERS = {
             "arrayio.load(path, like='numpy')",
             learns=True,
         ),
+        PeerInfo(
+            "arrayio-numpy-posix",
+            "arrayio",
+            "numpy",
+            ("arrayio",),
+            ("cpu",),
+            "arrayio",
+            "arrayio.load(path, like='numpy') with ARRAYIO_TOOL=posix: one fixed tool "
+            "(threaded pread at its defaults), no choosing; the choice the dispatcher must "
+            "never lose to",
+        ),
     )
 }
 
@@ -234,6 +245,12 @@ def _arrayio(like: str, device: str) -> Callable[[str], Any]:
     return lambda path: arrayio.load(path, like=like, device=device)
 
 
+def _arrayio_fixed(tool: str, like: str, device: str) -> Callable[[str], Any]:
+    """arrayio with every transfer forced to ``tool`` (``ARRAYIO_TOOL``, read per transfer)."""
+    os.environ["ARRAYIO_TOOL"] = tool
+    return _arrayio(like, device)
+
+
 LOADERS: dict[str, Callable[[str], Callable[[str], Any]]] = {
     "safetensors": _safetensors,
     "safetensors-numpy": _safetensors_numpy,
@@ -246,6 +263,7 @@ LOADERS: dict[str, Callable[[str], Callable[[str], Any]]] = {
     "arrayio-jax": lambda device: _arrayio("jax", device),
     "arrayio-cupy": lambda device: _arrayio("cupy", device),
     "arrayio-numpy": lambda device: _arrayio("numpy", device),
+    "arrayio-numpy-posix": lambda device: _arrayio_fixed("posix", "numpy", device),
 }
 
 
@@ -408,6 +426,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         load, result["setup_seconds"] = set_up(peer, spec["device"])
         result["versions"] = versions(peer)
+        result["forced_tool"] = os.environ.get("ARRAYIO_TOOL") or None
         h.write_json(result, spec["result"])
         for call in range(spec["calls"]):
             stage = f"call {call + 1}"

@@ -93,11 +93,18 @@ DEFAULT_PEERS = {
         "arrayio-torch-stfile",
         "arrayio-jax",
         "arrayio-numpy",
+        "arrayio-numpy-posix",
     ),
 }
 # CI: one process per sequence costs an interpreter and a framework import, so the smoke
 # run keeps the peers whose imports are quick, and one learned front door.
-SMOKE_PEERS = ("safetensors", "safetensors-numpy", "arrayio-numpy", "arrayio-torch")
+SMOKE_PEERS = (
+    "safetensors",
+    "safetensors-numpy",
+    "arrayio-numpy",
+    "arrayio-numpy-posix",
+    "arrayio-torch",
+)
 SMOKE_LEARNED = ("arrayio-numpy",)
 CHECKED_BYTES = 192 << 20  # the CRC-32 check's budget: a few tensors, copied to the host
 FRAMEWORKS = frozenset({"torch", "jax", "jaxlib", "cupy", "numpy", "ml_dtypes"})
@@ -363,6 +370,7 @@ def record_of(job: Job, calls: int, nbytes: int, result: dict[str, Any]) -> dict
         "gc": result.get("gc", []),
         "page_cache": result.get("page_cache", []),  # what was done before each call
         "setup_seconds": result.get("setup_seconds"),
+        "forced_tool": result.get("forced_tool"),  # ARRAYIO_TOOL in the sequence's process
         "process_seconds": result.get("process_seconds"),
         "cache_files_at_start": result.get("cache_files_at_start", []),
         "check": result.get("check"),

@@ -56,7 +56,7 @@ def test_the_smoke_run_reports_every_call_of_every_sequence(smoke) -> None:
     assert report["file"]["smallest_bytes"] < report["file"]["largest_bytes"]
     assert report["file"]["checked_tensors"]
     peers = set(fc.SMOKE_PEERS) - set(report["peers_unavailable"])
-    assert {"arrayio-numpy", "arrayio-torch", "safetensors"} <= peers
+    assert {"arrayio-numpy", "arrayio-numpy-posix", "arrayio-torch", "safetensors"} <= peers
     assert report["learned"] == ["arrayio-numpy"]
     assert set(report["warm_up"]) == peers
     series = sorted(peers) + ["arrayio-numpy (learned)"]
@@ -69,6 +69,8 @@ def test_the_smoke_run_reports_every_call_of_every_sequence(smoke) -> None:
         assert run["setup_seconds"]["import"] >= 0, where
         # A fresh sequence starts with an empty cache dir, a learned one with a table.
         assert bool(run["cache_files_at_start"]) == name.endswith("(learned)"), where
+        # Only the fixed-choice reference forces a tool; the others let the dispatcher choose.
+        assert run["forced_tool"] == ("posix" if name == "arrayio-numpy-posix" else None), where
     assert runs["warm", "safetensors"]["page_cache"] == ["warmed", None]
     assert runs["cold_start", "safetensors"]["page_cache"] == ["evicted", None]
     assert runs["cold_every", "safetensors"]["page_cache"] == ["evicted", "evicted"]
