@@ -1,0 +1,101 @@
+"""CI smoke test of ``benchmarks.sharded``: a 2 MiB pytree over 8 CPU host devices, one
+timed round, with whichever optional peers (orbax, tensorstore) are installed, and once
+with both hidden, as on a machine without them.
+
+Nothing here asserts a speed: only that every figure is there, positive and finite, beside
+the ceilings, and that a missing peer is reported as unavailable, with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+OPTIONAL = ("orbax", "tensorstore")
+QUANTITIES = ("save", "restore", "reshard")
+CEILINGS = ("write_fsync", "warm_read")
+
+
+def is_rate(value: object) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and value > 0
+
+
+def smoke(run_module: Any, tmp_path: Path) -> dict[str, Any]:
+    out = tmp_path / "out"
+    run_module(
+        "benchmarks.sharded",
+        *("--out", str(out), "--gib", "0.002", "--devices", "8", "--repeats", "1"),
+        *("--dir", str(tmp_path), "--seed", "1"),
+        tmp_path=tmp_path,
+        timeout=120,
+    )
+    assert (out / "sharded.png").stat().st_size > 0
+    report: dict[str, Any] = json.loads((out / "sharded.json").read_text())
+    return report
+
+
+def check_common(report: dict[str, Any]) -> None:
+    """What every run reports: the ceilings, arrayio beside them, every round's figures."""
+    assert report["benchmark"] == "sharded" and report["devices"] == 8
+    assert {"date", "command", "machine", "versions"} <= set(report)
+    summary = report["summary"]
+    for name in CEILINGS:
+        # A setting the scratch file system refuses says why instead.
+        assert is_rate(summary["ceilings"][name]["GBps"]) or report["ceilings"][name]["error"]
+        assert len(summary["ceilings"][name]["rounds_GBps"]) == 1
+    (ceiling_round,) = report["ceiling_rows"]
+    assert set(ceiling_round) == {"repetition", "write_fsync_s", "warm_read_s"}
+    # The untimed round runs the peers only; the timed one interleaves the ceilings.
+    assert "ceilings" not in report["orders"][0] and "ceilings" in report["orders"][1]
+    arrayio = summary["peers"]["arrayio"]
+    for quantity in QUANTITIES:
+        assert is_rate(arrayio[quantity]), quantity
+        assert arrayio["rounds_GBps"][quantity] == [arrayio[quantity]]
+        assert is_rate(arrayio["vs_ceiling"][quantity]), quantity
+    assert arrayio["save_peak_extra_bytes"] >= 0
+
+
+def test_every_installed_peer_is_measured_and_the_others_say_why(
+    run_module: Any, tmp_path: Path
+) -> None:
+    report = smoke(run_module, tmp_path)
+    check_common(report)
+    peers, unavailable = report["summary"]["peers"], report["peers_unavailable"]
+    for name in OPTIONAL:
+        assert (name in peers) != (name in unavailable), name
+        if name in unavailable:
+            assert "Error" in unavailable[name], name
+            continue
+        for quantity in QUANTITIES:
+            assert is_rate(peers[name][quantity]) and is_rate(peers[name]["vs_ceiling"][quantity])
+    if "orbax" in peers:
+        # OCDBT is orbax's default layout here: the one orbax peer is it, and says so.
+        assert report["orbax_layout"] == {"ocdbt": True, "use_ocdbt_default": True}
+        for name in set(peers) - {"orbax"}:
+            assert all(is_rate(peers[name]["vs_orbax"][q]) for q in QUANTITIES), name
+
+
+def test_missing_peers_are_listed_as_unavailable(
+    run_module: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Packages of the same names first on the path, that fail to import, hide the real ones.
+    hidden = tmp_path / "hidden"
+    for name in OPTIONAL:
+        (hidden / name).mkdir(parents=True)
+        (hidden / name / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    path = os.pathsep.join(filter(None, [str(hidden), os.environ.get("PYTHONPATH")]))
+    monkeypatch.setenv("PYTHONPATH", path)
+    report = smoke(run_module, tmp_path)
+    check_common(report)
+    assert set(report["summary"]["peers"]) == {"arrayio"}
+    for name in OPTIONAL:
+        assert "hidden by the test" in report["peers_unavailable"][name], name
+    assert report["orbax_layout"] is None
+    assert "vs_orbax" not in report["summary"]["peers"]["arrayio"]
