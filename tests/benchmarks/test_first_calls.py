@@ -324,3 +324,18 @@ def test_patterns_can_be_chosen_and_keep_their_order() -> None:
     assert list(fc.calls_of(fc.parse(["--out", "x"])[0])) == list(fc.PATTERNS)
     with pytest.raises(SystemExit):
         fc.parse(["--out", "x", "--patterns", "tepid"])
+
+
+def test_a_cpu_call_ends_with_a_byte_of_every_page_read(tmp_path: Path) -> None:
+    # A loader that maps the file has read nothing when it returns: the clock runs on until
+    # each page of each array has been read once, mapped or copied, nested or not.
+    data = (np.arange(5 * sequence.PAGE + 7) % 251).astype(np.uint8)
+    path = tmp_path / "mapped.bin"
+    data.tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    copied = np.arange(1000, dtype=np.float32)
+    expected = int(data[:: sequence.PAGE].sum()) + int(
+        copied.view(np.uint8)[:: sequence.PAGE].sum()
+    )
+    out = {"mapped": mapped, "layer": {"copied": copied}, "empty": np.zeros(0, np.uint8)}
+    assert sequence.touch_pages(out) == expected
