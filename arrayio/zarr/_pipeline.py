@@ -23,9 +23,12 @@ file, read with the others as one batch. Selections other than plain slices of a
 array go to zarr's pipeline.
 
 Chains it does not handle (other codecs, transposes, big-endian bytes, sharding within
-sharding), chunks in Fortran order, stores whose keys are not files, and writes go to zarr's
-own pipeline, which this one wraps: :meth:`CodecPipeline.explain` says which path an array
-takes, and why.
+sharding), chunks in Fortran order and stores whose keys are not files go to zarr's own
+pipeline, which this one wraps: :meth:`CodecPipeline.explain` says which path an array
+takes, and why. Writes are zarr's pipeline's, with the whole batch in one codec call; into
+an :class:`~arrayio.zarr.NVMeStore` its chunks are then committed as one group (every file
+staged and fsynced at once, then each renamed into place) rather than one durable write
+each.
 
 Select it with ``zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"})``
 (importing :mod:`arrayio.zarr` registers it; so does its ``zarr.codec_pipeline`` entry point).
@@ -159,10 +162,14 @@ class CodecPipeline(_ZarrCodecPipeline):
     def explain(self) -> str:
         """Which path this pipeline's reads take, and why."""
         if self.chain is None:
-            return f"zarr's pipeline: not handled here: {self.why}"
+            return (
+                f"zarr's pipeline: not handled here: {self.why} (writes into an NVMeStore "
+                "still committed as one group)"
+            )
         return (
             f"whole-batch reads ({self.why}) for chunks that are files (LocalStore, "
-            "NVMeStore); zarr's pipeline for other stores and for writes"
+            "NVMeStore); zarr's pipeline for other stores; writes encoded as one batch, "
+            "committed as one group into an NVMeStore"
         )
 
     # -------------------------------------------------------------- what zarr asks of it
@@ -200,7 +207,21 @@ class CodecPipeline(_ZarrCodecPipeline):
     async def write(
         self, batch_info: Iterable[Any], value: Any, drop_axes: tuple[int, ...] = ()
     ) -> None:
-        await self.fallback.write(batch_info, value, drop_axes)
+        """zarr's pipeline encodes the whole batch in one codec call (not
+        ``codec_pipeline.batch_size`` chunks at a time: a GPU codec gets every chunk at
+        once); into an :class:`~arrayio.zarr.NVMeStore` the chunks are then committed as one
+        group (:meth:`~arrayio.zarr.NVMeStore.set_many_sync`) rather than one durable write
+        each. Other stores get zarr's own writes."""
+        batch = list(batch_info)
+        store = _group_store(batch)
+        whole = dataclasses.replace(self.fallback, batch_size=max(1, len(batch)))
+        if store is None:
+            await whole.write(batch, value, drop_axes)
+            return
+        held = _HeldValues()
+        await whole.write([(held.setter(path), *rest) for path, *rest in batch], value, drop_axes)
+        if held.values:
+            await asyncio.to_thread(store.set_many_sync, held.values)
 
     async def _zarrs_read(self, batch: list[Any], out: Any, drop_axes: tuple[int, ...]) -> Any:
         """zarr's pipeline, with the whole batch in one codec call."""
@@ -230,6 +251,61 @@ class CodecPipeline(_ZarrCodecPipeline):
         if _GetResult is None:
             return None
         return tuple({"status": "present" if p else "missing"} for p in present)
+
+
+# ------------------------------------------------------------------ the grouped write
+
+
+def _group_store(batch: Sequence[Any]) -> Any:
+    """The one writable :class:`~arrayio.zarr.NVMeStore` every chunk of ``batch`` is a key
+    of, or None."""
+    from zarr.storage import StorePath
+
+    from ._store import NVMeStore
+
+    stores = {id(path.store) for path, *_ in batch if type(path) is StorePath}
+    if not batch or len(stores) != 1 or type(batch[0][0]) is not StorePath:
+        return None
+    if any(type(path) is not StorePath for path, *_ in batch):
+        return None
+    store = batch[0][0].store
+    return store if isinstance(store, NVMeStore) and not store.read_only else None
+
+
+class _HeldValues:
+    """What a write batch sets its chunks to (None: deletes them), held for one commit."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def setter(self, path: Any) -> _HeldSetter:
+        return _HeldSetter(path, self.values)
+
+
+class _HeldSetter:
+    """A chunk's ``StorePath`` for zarr's write: reads go to the store, ``set`` and
+    ``delete`` are held for the batch's commit."""
+
+    def __init__(self, path: Any, values: dict[str, Any]) -> None:
+        self._path, self._values = path, values
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._path, name)
+
+    def __str__(self) -> str:
+        return str(self._path)
+
+    async def set(self, value: Any) -> None:
+        self.set_sync(value)
+
+    async def delete(self) -> None:
+        self.delete_sync()
+
+    def set_sync(self, value: Any) -> None:
+        self._values[self._path.path] = value
+
+    def delete_sync(self) -> None:
+        self._values[self._path.path] = None
 
 
 # ------------------------------------------------------------------ the whole-batch read

@@ -19,7 +19,16 @@ from ..arrays._buffers import CupyDeviceBuffer
 from ..dispatch import _transfer
 from ..integrity import _atomic
 
-__all__ = ["delete_at", "is_file_at", "write_at"]
+__all__ = [
+    "clean_once",
+    "delete_at",
+    "discard_at",
+    "is_file_at",
+    "publish_at",
+    "stage_at",
+    "sync_directory",
+    "write_at",
+]
 
 
 def _host_bytes(value: Buffer) -> np.ndarray | None:
@@ -62,31 +71,70 @@ def write_at(
     ``exclusive``, linked to it, which raises ``FileExistsError`` if ``name`` exists: of two
     concurrent creators exactly one wins, and nobody sees a partial file.
     """
-    _clean_once(directory_fd, cleaned)
+    clean_once(directory_fd, cleaned)
+    temporary, fd = stage_at(directory_fd, name, value, path)
+    try:
+        publish_at(directory_fd, temporary, name, exclusive, path)
+        sync_directory(directory_fd)
+    finally:
+        os.close(fd)
+
+
+def stage_at(directory_fd: int, name: str, value: Buffer, path: str) -> tuple[str, int]:
+    """The first half of a write: ``value`` in a new temporary file beside ``name``, on disk
+    (fsynced). Returns the temporary's name and its descriptor, open (its lock held) until
+    :func:`publish_at` has put it in place; on failure nothing is left behind."""
     temporary: str | None = None
     fd = -1
     try:
         temporary, fd = _atomic.create_temporary(name, dir_fd=directory_fd)
         _write_value(fd, value)
         os.fsync(fd)
+        return temporary, fd
+    except OSError as error:  # a full disk, and errors naming the key's file
+        discard_at(directory_fd, temporary, fd)
+        _atomic.raise_described(error, path, temporary)
+    except BaseException:
+        discard_at(directory_fd, temporary, fd)
+        raise
+
+
+def publish_at(directory_fd: int, temporary: str, name: str, exclusive: bool, path: str) -> None:
+    """The second half: the staged ``temporary`` renamed over ``name`` or, ``exclusive``,
+    linked to it (``FileExistsError`` if ``name`` exists). The temporary is gone either way."""
+    try:
         if exclusive:
-            os.link(temporary, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+            try:
+                os.link(temporary, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temporary, dir_fd=directory_fd)
         else:
             os.replace(temporary, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
-            temporary = None
-        with contextlib.suppress(OSError):  # some file systems cannot fsync a directory; the
-            os.fsync(directory_fd)  # rename is atomic all the same
-    except OSError as error:  # a full disk, and errors naming the key's file
+    except FileExistsError:
+        raise
+    except OSError as error:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary, dir_fd=directory_fd)
         _atomic.raise_described(error, path, temporary)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-        if temporary is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary, dir_fd=directory_fd)
 
 
-def _clean_once(directory_fd: int, cleaned: set[tuple[int, int]]) -> None:
+def discard_at(directory_fd: int, temporary: str | None, fd: int) -> None:
+    """Close and remove a staged temporary that will not be published."""
+    if fd >= 0:
+        os.close(fd)
+    if temporary is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary, dir_fd=directory_fd)
+
+
+def sync_directory(directory_fd: int) -> None:
+    """Make the directory's renames durable."""
+    with contextlib.suppress(OSError):  # some file systems cannot fsync a directory; the
+        os.fsync(directory_fd)  # rename is atomic all the same
+
+
+def clean_once(directory_fd: int, cleaned: set[tuple[int, int]]) -> None:
     """Remove the temporaries that dead writers left in a directory, the first time a store
     writes there (``cleaned`` holds the directories it has cleaned): a chunk directory can
     hold many thousands of files, and listing it on every write would cost more than the

@@ -400,3 +400,127 @@ def test_random_sharded_arrays_and_selections_read_as_zarr_reads_them(tmp_path_f
         compressors=compressors,
     )
     _read_as_written(store, array, written, selection, seed=ndim)
+
+
+# ------------------------------------------------------------------ the grouped write
+
+
+@pytest.fixture
+def groups(monkeypatch):
+    """The groups NVMeStore.set_many_sync committed: each a dict of key to value or None."""
+    made = []
+    real = NVMeStore.set_many_sync
+
+    def counting(self, values):
+        made.append(dict(values))
+        return real(self, values)
+
+    monkeypatch.setattr(NVMeStore, "set_many_sync", counting)
+    return made
+
+
+def _temporaries(root) -> list:
+    return [p for p in root.rglob("*") if ".arrayio-tmp-" in p.name]
+
+
+@pytest.mark.parametrize("chain", sorted(CHAINS))
+def test_a_write_into_nvmestore_commits_its_chunks_as_one_group(tmp_path, groups, chain):
+    # Partial chunks are read, merged and written back; chunks left at the fill value are
+    # deleted (zarr's write_empty_chunks=False); all in the one group of each write.
+    root = tmp_path / "store"
+    with zarr.config.set(OURS):
+        array = zarr.create_array(
+            NVMeStore(root),
+            shape=(50, 37),
+            chunks=(8, 10),
+            dtype="f4",
+            fill_value=-1,
+            **CHAINS[chain],
+        )
+        data = np.random.default_rng(3).normal(size=(50, 37)).astype("f4")
+        array[...] = data
+        assert len(groups) == 1 and len(groups[0]) == 7 * 4
+        array[3:20, 5:12] = -1  # partial chunks, none left all fill value
+        data[3:20, 5:12] = -1
+        array[8:16, 0:10] = -1  # one whole chunk back to the fill value: deleted
+        data[8:16, 0:10] = -1
+        assert groups[-1] == {"c/1/0": None}
+        assert len(groups) == 3 and set(groups[1]) == {
+            f"c/{i}/{j}" for i in (0, 1, 2) for j in (0, 1)
+        }
+    assert not (root / "c" / "1" / "0").exists()
+    np.testing.assert_array_equal(zarr.open_array(NVMeStore(root), mode="r")[...], data)
+    np.testing.assert_array_equal(zarr.open_array(LocalStore(root), mode="r")[...], data)
+    assert not _temporaries(root)
+
+
+def test_a_sharded_write_commits_its_shards_as_one_group(tmp_path, groups):
+    root = tmp_path / "store"
+    data = np.arange(64 * 40, dtype="i4").reshape(64, 40)
+    with zarr.config.set(OURS):
+        array = zarr.create_array(
+            NVMeStore(root), shape=(64, 40), chunks=(8, 10), shards=(32, 20), dtype="i4"
+        )
+        array[...] = data
+        array[5:40, 3:33] = 7  # partial shards: their other inner chunks kept
+    data[5:40, 3:33] = 7
+    assert [len(g) for g in groups] == [4, 4]
+    np.testing.assert_array_equal(zarr.open_array(LocalStore(root), mode="r")[...], data)
+
+
+@pytest.mark.parametrize("kind", ["local", "memory"])
+def test_other_stores_get_zarr_s_own_writes(tmp_path, groups, kind):
+    store = _store(kind, tmp_path / "store")
+    with zarr.config.set(OURS):
+        array = zarr.create_array(store, shape=(20, 20), chunks=(8, 8), dtype="i2")
+        array[...] = 5
+        assert (array[...] == 5).all()
+    assert not groups
+
+
+def test_a_group_that_fails_to_stage_leaves_every_key_as_it_was(tmp_path, monkeypatch):
+    from arrayio.zarr import _writes
+
+    store = NVMeStore(tmp_path / "store")
+    old = {f"a/{i}": np.full(100, i, np.uint8) for i in range(8)}
+    store.set_many_sync({k: _cpu_buffer(v) for k, v in old.items()})
+    real = _writes._write_value
+    written = []
+
+    def failing(fd, value):
+        if len(written) == 5:
+            raise OSError(28, "No space left on device")
+        written.append(fd)
+        real(fd, value)
+
+    monkeypatch.setattr(_writes, "_write_value", failing)
+    new = {k: _cpu_buffer(np.full(300, 200, np.uint8)) for k in old}
+    with pytest.raises(arrayio.errors.DiskFullError):
+        store.set_many_sync({**new, "a/0": None})
+    for key, value in old.items():
+        np.testing.assert_array_equal(np.fromfile(tmp_path / "store" / key, np.uint8), value)
+    assert not _temporaries(tmp_path / "store")
+
+
+def test_a_group_sets_and_deletes_keys_in_any_folder(tmp_path):
+    store = NVMeStore(tmp_path / "store")
+    store.set_many_sync(
+        {
+            "x/y/z": _cpu_buffer(np.arange(5, dtype=np.uint8)),
+            "top": _cpu_buffer(np.ones(3, np.uint8)),
+        }
+    )
+    store.set_many_sync({"x/y/z": None, "x/w": _cpu_buffer(np.zeros(2, np.uint8))})
+    assert not (tmp_path / "store" / "x" / "y" / "z").exists()
+    assert (tmp_path / "store" / "x" / "w").read_bytes() == b"\0\0"
+    assert (tmp_path / "store" / "top").read_bytes() == b"\1\1\1"
+    with pytest.raises(arrayio.zarr.InvalidKeyError):
+        store.set_many_sync({"../out": _cpu_buffer(np.zeros(1, np.uint8))})
+    with pytest.raises(ValueError, match="read.only"):
+        NVMeStore(tmp_path / "store", read_only=True).set_many_sync({"top": None})
+
+
+def _cpu_buffer(array: np.ndarray):
+    from zarr.core.buffer import cpu
+
+    return cpu.Buffer.from_array_like(array)
