@@ -35,6 +35,7 @@ from ..errors import (
     OutOfMemoryError,
     UnsupportedObjectError,
 )
+from ..integrity._checksum import combine
 from ..runtime import _gcpause, _memory, _progress
 from ..runtime._units import format_bytes
 from ..tools import _pinned
@@ -476,6 +477,82 @@ class Reader:
             result = result[:: rows.step]
         return result[0] if squeeze else result
 
+    def read_row_pieces(
+        self, pieces: Sequence[tuple[str, range, Request]], advance: Any = None
+    ) -> list[Any]:
+        """Read the rows ``rows`` (a range of step 1) of the array ``key`` of each piece into
+        its request's framework and device, every piece as one batch of transfers; return
+        the results in order.
+
+        An array whose pieces here tile its leading axis exactly (each row read once) has
+        its checksum verified from the pieces' CRC-32Cs, combined in row order. Pieces that
+        cover only part of an array (another process reads the rest) cannot be checked
+        against its one checksum, and are not.
+
+        Raises
+        ------
+        KeyNotFoundError, ChecksumError, TruncatedFileError
+        """
+        planned: list[tuple[_Stored, _Stored, range]] = []  # (array, piece, rows)
+        whole: dict[int, Any] = {}  # pieces of arrays whose rows are not byte ranges
+        for i, (key, rows, request) in enumerate(pieces):
+            stored = self._entry(key)
+            if stored.fortran_order or stored.compressed is not None:  # read whole, sliced
+                whole[i] = self._read_whole(stored, request)[rows.start : rows.stop]
+                continue
+            length = _rows_of(stored)
+            row_bytes = stored.nbytes // length if length else 0
+            piece = dataclasses.replace(
+                stored,
+                shape=(len(rows), *stored.shape[1:]) if stored.shape else (),
+                start=stored.start + rows.start * row_bytes,
+                crc32c=None,
+            )
+            planned.append((stored, piece, rows))
+        requests = [request for i, (_, _, request) in enumerate(pieces) if i not in whole]
+        on_host = [
+            (piece.nbytes, request)
+            for (_, piece, _), request in zip(planned, requests, strict=True)
+            if not request.placement.is_cuda
+        ]
+        if on_host:
+            self._check_memory(sum(n for n, _ in on_host), len(on_host), on_host[0][1])
+        checked = {
+            stored.key: stored
+            for stored, _, _ in planned
+            if self._verify and stored.crc32c is not None and _tiles(stored, planned)
+        }
+        with _gcpause.paused(across_transfers=True):
+            with _gcpause.paused():
+                targets = [
+                    self._allocate(piece, request)
+                    for (_, piece, _), request in zip(planned, requests, strict=True)
+                ]
+            crcs = _transfer.read_many(
+                self.fd,
+                [
+                    (piece.start, target.data)
+                    for (_, piece, _), target in zip(planned, targets, strict=True)
+                ],
+                path=self.path,
+                with_checksum=bool(checked),
+                tool=self._tool,
+                done=None if advance is None else lambda i: advance(planned[i][1].nbytes),
+            )
+        for key, stored in checked.items():
+            ordered = sorted(
+                (rows.start, piece.nbytes, crc)
+                for (array, piece, rows), crc in zip(planned, crcs, strict=True)
+                if array.key == key
+            )
+            combined = 0
+            for position, (_, length, crc) in enumerate(ordered):
+                combined = crc if position == 0 else combine(combined, crc, length)
+            self._check(stored, combined)
+        with _gcpause.paused():
+            read = iter([target.finish() for target in targets])
+        return [whole[i] if i in whole else next(read) for i in range(len(pieces))]
+
     def read_into(self, out: Any, key: str | None = None) -> Any:
         """Fill ``out`` (NumPy, CuPy or torch, contiguous) in place with one array; return it.
 
@@ -607,6 +684,22 @@ class Reader:
 
     def __del__(self) -> None:
         self.close()
+
+
+def _tiles(stored: _Stored, planned: Sequence[tuple[_Stored, _Stored, range]]) -> bool:
+    """Whether the pieces of ``stored`` in ``planned`` read each of its rows exactly once."""
+    rows = sorted((r.start, r.stop) for array, _, r in planned if array.key == stored.key)
+    end = 0
+    for start, stop in rows:
+        if start != end:
+            return False
+        end = stop
+    return end == _rows_of(stored)
+
+
+def _rows_of(stored: _Stored) -> int:
+    """The rows of ``stored`` along its leading axis (a 0-d array: one)."""
+    return stored.shape[0] if stored.shape else 1
 
 
 def _leading_rows(index: Any, length: int) -> tuple[range, bool]:

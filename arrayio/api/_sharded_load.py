@@ -1,11 +1,16 @@
 """``load(..., sharding=...)``: global ``jax.Array``s built from the pieces this process's
-devices hold, each piece read from the file on its own (only the rows it covers), placed on
-its device, and joined with ``jax.make_array_from_single_device_arrays``.
+devices hold, each piece read from the file straight onto its device (only the rows it
+covers), and joined with ``jax.make_array_from_single_device_arrays``.
 
-Rows are the unit of a partial read (see :meth:`Reader.read <arrayio.Reader.read>`): a
-sharding along the leading axis reads each device's bytes only; a sharding along another
-axis reads the rows its piece spans and slices them on the device. Devices that hold the
-same rows (replicas) share one read, copied from device to device.
+Rows are the unit of a partial read: a sharding along the leading axis reads each device's
+bytes only; a sharding along another axis reads the rows its piece spans and slices them on
+the device. Devices that hold the same rows (replicas) share one read, copied from device to
+device. Every distinct piece of every array moves in one batch of transfers
+(:meth:`Reader.read_row_pieces <arrayio.Reader.read_row_pieces>`): read one after the other,
+pieces of a few megabytes each leave the tools' threads idle between them. An array whose
+pieces here cover all of its rows is checked against its checksum, the pieces' CRC-32Cs
+combined in row order; a process that holds only some rows (``jax.distributed``) cannot
+check the array's one checksum, and does not.
 """
 
 from __future__ import annotations
@@ -58,34 +63,44 @@ def read_sharded(
     reader: Reader, sharding: Any, keys: list[str], advance: Callable[[int], None]
 ) -> dict[str, Any]:
     """Each array of ``keys`` as a global ``jax.Array`` with its sharding; see the module
-    docstring."""
+    docstring. Every distinct piece of every array is read in one batch of transfers, and
+    an array whose pieces cover all its rows is checked against its checksum."""
     import jax
 
+    from ..arrays._frameworks import parse_target
+
     results: dict[str, Any] = {}
+    wanted: list[tuple[str, range, Any]] = []  # the reads: key, rows, request
+    first_read: dict[tuple[str, tuple[int, ...]], int] = {}  # (key, rows) -> its read
+    layouts: dict[str, list[tuple[Any, tuple[int, ...], tuple[Any, ...]]]] = {}
     for key in keys:
         info = reader[key]
         shape = tuple(info.shape)
         target = sharding_for(sharding, key)
-        if target is None:
+        if target is None:  # whole onto the default device
             results[key] = reader.read(key, like="jax")
             advance(info.nbytes)
             continue
-        pieces = []
-        read: dict[tuple[Any, ...], Any] = {}  # rows -> the first device's piece
+        layout = layouts[key] = []
         for device, index in target.addressable_devices_indices_map(shape).items():
             rows, rest = _rows(index, len(shape))
-            rows_key = (None,) if rows is None else rows.indices(shape[0])
-            first = read.get(rows_key)
-            if first is None:
-                whole = rows is None or rows.indices(shape[0]) == (0, shape[0], 1)
-                first = reader.read(key, None if whole else rows, like="jax", device=device)
-                read[rows_key] = first
-                piece = first
-            else:
-                piece = jax.device_put(first, device)
+            span = range(0, 1) if rows is None else range(*rows.indices(shape[0])[:2])
+            if (key, (span.start, span.stop)) not in first_read:
+                first_read[(key, (span.start, span.stop))] = len(wanted)
+                wanted.append((key, span, parse_target("jax", device)))
+            layout.append((device, (span.start, span.stop), rest))
+    pieces = reader.read_row_pieces(wanted, advance)
+    for key, layout in layouts.items():
+        shape = tuple(reader[key].shape)
+        placed = []
+        for device, span, rest in layout:
+            piece = pieces[first_read[(key, span)]]
+            if next(iter(piece.devices())) != device:  # a replica: copied device to device
+                piece = jax.device_put(piece, device)
             if any(part != slice(None) for part in rest):
                 piece = piece[(slice(None),) + rest]
-            pieces.append(piece)
-        results[key] = jax.make_array_from_single_device_arrays(shape, target, pieces)
-        advance(info.nbytes)
+            placed.append(piece)
+        results[key] = jax.make_array_from_single_device_arrays(
+            shape, sharding_for(sharding, key), placed
+        )
     return results

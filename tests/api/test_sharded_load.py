@@ -41,12 +41,21 @@ CHILD = textwrap.dedent(
     arrayio.save(directory + "/sharded", state, max_shard_size=1024)
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
 
-    reads = []
+    reads, batches = [], []
     real = _reader.Reader.read
     def counting(self, key=None, index=None, **kwargs):
         reads.append((key, None if index is None else index.indices(64 if key == "w" else 16)))
         return real(self, key, index, **kwargs)
     _reader.Reader.read = counting
+    real_pieces = _reader.Reader.read_row_pieces
+    def counting_pieces(self, pieces, advance=None):
+        batches.append(len(pieces))
+        for key, span, _ in pieces:
+            rows = self[key].shape[0] if self[key].shape else 1
+            whole = (span.start, span.stop) == (0, rows)
+            reads.append((key, None if whole else (span.start, span.stop, 1)))
+        return real_pieces(self, pieces, advance)
+    _reader.Reader.read_row_pieces = counting_pieces
 
     report = {}
     for name, spec in {
@@ -79,6 +88,26 @@ CHILD = textwrap.dedent(
         assert restored["w"].sharding == rows and restored["b"].sharding.spec == P("model")
         for key, array in state.items():
             np.testing.assert_array_equal(np.asarray(restored[key]), array)
+    # Every piece of every array of one file moves in one batch of transfers.
+    batches.clear()
+    by_rows = NamedSharding(mesh, P("data"))
+    arrayio.load(directory + "/one.safetensors", sharding=by_rows, keys=["w", "b"])
+    assert batches == [8], batches
+    # A flipped bit in a piece fails the array's checksum, combined from its pieces' CRCs.
+    raw = bytearray(open(directory + "/one.safetensors", "rb").read())
+    start = raw.index(state["w"][40].tobytes())  # a row in the third device's piece
+    raw[start + 5] ^= 0x10
+    open(directory + "/damaged.safetensors", "wb").write(bytes(raw))
+    try:
+        arrayio.load(directory + "/damaged.safetensors", sharding=by_rows, keys="w")
+    except arrayio.errors.ChecksumError as error:
+        assert "'w'" in str(error), error
+    else:
+        raise AssertionError("a damaged piece loaded")
+    loaded = arrayio.load(
+        directory + "/damaged.safetensors", sharding=by_rows, keys="w", verify=False
+    )
+    assert not np.array_equal(np.asarray(loaded), state["w"])
     print(json.dumps(report))
     """
 )
@@ -122,13 +151,13 @@ PROCESS = textwrap.dedent(
 
     assert len(jax.devices()) == 8 and len(jax.local_devices()) == 4
     reads = []
-    real = _reader.Reader.read
-    def counting(self, key=None, index=None, **kwargs):
-        out = real(self, key, index, **kwargs)
-        rows = None if index is None else list(index.indices(64))
-        reads.append([key, rows, int(np.asarray(out).nbytes)])
+    real = _reader.Reader.read_row_pieces
+    def counting(self, pieces, advance=None):
+        out = real(self, pieces, advance)
+        for (key, span, _), piece in zip(pieces, out):
+            reads.append([key, [span.start, span.stop, 1], int(np.asarray(piece).nbytes)])
         return out
-    _reader.Reader.read = counting
+    _reader.Reader.read_row_pieces = counting
     mesh = Mesh(np.array(jax.devices()).reshape(8), ("data",))
     rows = NamedSharding(mesh, P("data"))
     w = arrayio.load(directory + "/w.safetensors", sharding=rows, keys="w")
