@@ -481,8 +481,9 @@ class Reader:
         self, pieces: Sequence[tuple[str, range, Request]], advance: Any = None
     ) -> list[Any]:
         """Read the rows ``rows`` (a range of step 1) of the array ``key`` of each piece into
-        its request's framework and device, every piece as one batch of transfers; return
-        the results in order.
+        its request's framework and device; return the results in order. The pieces move
+        as one batch of transfers, or, where finishing them copies (host bytes put on a JAX
+        device), as batches of up to :data:`COPY_BATCH_BYTES`, as :func:`arrayio.load` does.
 
         An array whose pieces here tile its leading axis exactly (each row read once) has
         its checksum verified from the pieces' CRC-32Cs, combined in row order. Pieces that
@@ -493,65 +494,78 @@ class Reader:
         ------
         KeyNotFoundError, ChecksumError, TruncatedFileError
         """
-        planned: list[tuple[_Stored, _Stored, range]] = []  # (array, piece, rows)
-        whole: dict[int, Any] = {}  # pieces of arrays whose rows are not byte ranges
+        results: dict[int, Any] = {}
+        planned: list[tuple[int, _Stored, _Stored, range, Request]] = []
         for i, (key, rows, request) in enumerate(pieces):
             stored = self._entry(key)
             if stored.fortran_order or stored.compressed is not None:  # read whole, sliced
-                whole[i] = self._read_whole(stored, request)[rows.start : rows.stop]
+                results[i] = self._read_whole(stored, request)[rows.start : rows.stop]
                 continue
-            length = _rows_of(stored)
-            row_bytes = stored.nbytes // length if length else 0
+            row_bytes = stored.nbytes // _rows_of(stored) if _rows_of(stored) else 0
             piece = dataclasses.replace(
                 stored,
                 shape=(len(rows), *stored.shape[1:]) if stored.shape else (),
                 start=stored.start + rows.start * row_bytes,
                 crc32c=None,
             )
-            planned.append((stored, piece, rows))
-        requests = [request for i, (_, _, request) in enumerate(pieces) if i not in whole]
-        on_host = [
-            (piece.nbytes, request)
-            for (_, piece, _), request in zip(planned, requests, strict=True)
-            if not request.placement.is_cuda
-        ]
+            planned.append((i, stored, piece, rows, request))
+        on_host = [(p.nbytes, q) for _, _, p, _, q in planned if not q.placement.is_cuda]
         if on_host:
             self._check_memory(sum(n for n, _ in on_host), len(on_host), on_host[0][1])
+        spans = [(stored, rows) for _, stored, _, rows, _ in planned]
         checked = {
             stored.key: stored
-            for stored, _, _ in planned
-            if self._verify and stored.crc32c is not None and _tiles(stored, planned)
+            for stored, _ in spans
+            if self._verify and stored.crc32c is not None and _tiles(stored, spans)
         }
+        crcs: dict[str, list[tuple[int, int, int | None]]] = {key: [] for key in checked}
+        remaining = iter(planned)
         with _gcpause.paused(across_transfers=True):
-            with _gcpause.paused():
-                targets = [
-                    self._allocate(piece, request)
-                    for (_, piece, _), request in zip(planned, requests, strict=True)
-                ]
-            crcs = _transfer.read_many(
-                self.fd,
-                [
-                    (piece.start, target.data)
-                    for (_, piece, _), target in zip(planned, targets, strict=True)
-                ],
-                path=self.path,
-                with_checksum=bool(checked),
-                tool=self._tool,
-                done=None if advance is None else lambda i: advance(planned[i][1].nbytes),
-            )
-        for key, stored in checked.items():
-            ordered = sorted(
-                (rows.start, piece.nbytes, crc)
-                for (array, piece, rows), crc in zip(planned, crcs, strict=True)
-                if array.key == key
-            )
-            combined = 0
-            for position, (_, length, crc) in enumerate(ordered):
-                combined = crc if position == 0 else combine(combined, crc, length)
-            self._check(stored, combined)
+            while batch := self._allocate_pieces(remaining):
+                found = _transfer.read_many(
+                    self.fd,
+                    [(piece.start, target.data) for (_, _, piece, _, _), target in batch],
+                    path=self.path,
+                    with_checksum=bool(checked),
+                    tool=self._tool,
+                    done=_reporting(advance, [planned[2].nbytes for planned, _ in batch]),
+                )
+                for ((i, stored, piece, rows, _), target), crc in zip(batch, found, strict=True):
+                    if stored.key in crcs:
+                        crcs[stored.key].append((rows.start, piece.nbytes, crc))
+                    with _gcpause.paused():
+                        results[i] = target.finish()
+        for key, parts in crcs.items():
+            self._check_pieces(checked[key], parts)
+        return [results[i] for i in range(len(pieces))]
+
+    def _allocate_pieces(
+        self, pieces: Iterator[tuple[int, _Stored, _Stored, range, Request]]
+    ) -> list[tuple[tuple[int, _Stored, _Stored, range, Request], Target]]:
+        """Allocate the next pieces: all of them, or up to :data:`COPY_BATCH_BYTES` of
+        those whose finishing copies (see :meth:`_allocate_batch`)."""
+        batch = []
+        copied = 0
         with _gcpause.paused():
-            read = iter([target.finish() for target in targets])
-        return [whole[i] if i in whole else next(read) for i in range(len(pieces))]
+            for planned in pieces:
+                target = self._allocate(planned[2], planned[4])
+                batch.append((planned, target))
+                copied += planned[2].nbytes if target.copies else 0
+                if copied >= COPY_BATCH_BYTES:
+                    break
+        return batch
+
+    def _check_pieces(self, stored: _Stored, parts: list[tuple[int, int, int | None]]) -> None:
+        """Check ``stored`` against the CRC-32Cs of its pieces, ``(first row, bytes, crc)``,
+        combined in row order; pieces a forced tool could not checksum leave it unchecked,
+        as a whole array would be."""
+        if any(crc is None for _, _, crc in parts):
+            return
+        combined = 0
+        for position, (_, length, crc) in enumerate(sorted(parts)):
+            assert crc is not None
+            combined = crc if position == 0 else combine(combined, crc, length)
+        self._check(stored, combined)
 
     def read_into(self, out: Any, key: str | None = None) -> Any:
         """Fill ``out`` (NumPy, CuPy or torch, contiguous) in place with one array; return it.
@@ -686,9 +700,17 @@ class Reader:
         self.close()
 
 
-def _tiles(stored: _Stored, planned: Sequence[tuple[_Stored, _Stored, range]]) -> bool:
-    """Whether the pieces of ``stored`` in ``planned`` read each of its rows exactly once."""
-    rows = sorted((r.start, r.stop) for array, _, r in planned if array.key == stored.key)
+def _reporting(advance: Any, sizes: list[int]) -> Callable[[int], None] | None:
+    """``done(k)`` for a batch of transfers of ``sizes`` bytes: ``advance`` by transfer
+    ``k``'s bytes (None where there is nothing to advance)."""
+    if advance is None:
+        return None
+    return lambda k: advance(sizes[k])
+
+
+def _tiles(stored: _Stored, spans: Sequence[tuple[_Stored, range]]) -> bool:
+    """Whether the row ranges of ``stored`` in ``spans`` read each of its rows exactly once."""
+    rows = sorted((r.start, r.stop) for array, r in spans if array.key == stored.key)
     end = 0
     for start, stop in rows:
         if start != end:

@@ -878,3 +878,38 @@ def test_a_load_whose_results_are_copies_reads_in_bounded_batches(tmp_path, monk
     batches.clear()
     arrayio.load(path)  # NumPy results are the buffers read into: one batch
     assert batches == [5]
+
+
+def test_row_pieces_move_in_bounded_batches_and_are_checked_across_them(tmp_path, monkeypatch):
+    jax = pytest.importorskip("jax")
+    from arrayio.api import _reader
+    from arrayio.arrays._frameworks import parse_target
+
+    data = np.arange(64 * 256, dtype=np.float32).reshape(64, 256)  # rows of 1 KiB
+    path = tmp_path / "w.safetensors"
+    arrayio.save(path, {"w": data})
+    batches = []
+    real = _reader._transfer.read_many
+
+    def counting(fd, transfers, **kwargs):
+        batches.append(len(transfers))
+        return real(fd, transfers, **kwargs)
+
+    monkeypatch.setattr(_reader._transfer, "read_many", counting)
+    # Pieces put on a JAX device are copied there: at most 16 rows' worth read at a time.
+    monkeypatch.setattr(_reader, "COPY_BATCH_BYTES", 16 << 10)
+    request = parse_target("jax", jax.devices()[0])
+    pieces = [("w", range(start, start + 8), request) for start in range(0, 64, 8)]
+    with _reader.Reader(path) as reader:
+        got = reader.read_row_pieces(pieces)
+    assert batches == [2, 2, 2, 2]
+    for (_, rows, _), piece in zip(pieces, got, strict=True):
+        np.testing.assert_array_equal(np.asarray(piece), data[rows.start : rows.stop])
+    raw = bytearray(path.read_bytes())
+    raw[raw.index(data[60].tobytes()) + 3] ^= 0x08  # in the last batch
+    path.write_bytes(bytes(raw))
+    with _reader.Reader(path) as reader, pytest.raises(arrayio.errors.ChecksumError, match="'w'"):
+        reader.read_row_pieces(pieces)
+    # Pieces that leave rows to another process cannot be checked against the one CRC.
+    with _reader.Reader(path) as reader:
+        assert len(reader.read_row_pieces(pieces[4:])) == 4
