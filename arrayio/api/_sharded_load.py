@@ -4,7 +4,8 @@ covers), and joined with ``jax.make_array_from_single_device_arrays``.
 
 Rows are the unit of a partial read: a sharding along the leading axis reads each device's
 bytes only; a sharding along another axis reads the rows its piece spans and slices them on
-the device. Devices that hold the same rows (replicas) share one read, copied from device to
+the device (on CPU devices, the rows are read once into host memory and each device copies
+its part). Devices that hold the same rows (replicas) share one read, copied from device to
 device. Every distinct piece of every array moves in one batch of transfers
 (:meth:`Reader.read_row_pieces <arrayio.Reader.read_row_pieces>`): read one after the other,
 pieces of a few megabytes each leave the tools' threads idle between them. An array whose
@@ -82,19 +83,33 @@ def read_sharded(
             advance(info.nbytes)
             continue
         layout = layouts[key] = []
-        for device, index in target.addressable_devices_indices_map(shape).items():
+        placements = target.addressable_devices_indices_map(shape)
+        # On CPU devices, rows that several devices slice (a sharding along a later axis)
+        # are read once into host memory, and each device copies only its part of them:
+        # read onto one device, they would be copied whole to the others, then sliced.
+        sliced = any(
+            part != slice(None)
+            for index in placements.values()
+            for part in _rows(index, len(shape))[1]
+        )
+        via_host = sliced and all(device.platform == "cpu" for device in placements)
+        for device, index in placements.items():
             rows, rest = _rows(index, len(shape))
             span = range(0, 1) if rows is None else range(*rows.indices(shape[0])[:2])
             if (key, (span.start, span.stop)) not in first_read:
                 first_read[(key, (span.start, span.stop))] = len(wanted)
-                wanted.append((key, span, parse_target("jax", device)))
+                request = parse_target("numpy" if via_host else "jax", None if via_host else device)
+                wanted.append((key, span, request))
             layout.append((device, (span.start, span.stop), rest))
     pieces = reader.read_row_pieces(wanted, advance)
     for key, layout in layouts.items():
         shape = tuple(reader[key].shape)
         placed = []
-        for device, span, rest in layout:
-            piece = pieces[first_read[(key, span)]]
+        for device, rows_read, rest in layout:
+            piece = pieces[first_read[(key, rows_read)]]
+            if not isinstance(piece, jax.Array):  # host rows: this device's part, copied
+                placed.append(jax.device_put(piece[(slice(None),) + rest], device))
+                continue
             if next(iter(piece.devices())) != device:  # a replica: copied device to device
                 piece = jax.device_put(piece, device)
             if any(part != slice(None) for part in rest):
