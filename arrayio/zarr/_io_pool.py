@@ -14,10 +14,11 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["IO_THREADS", "executor", "in_pool"]
+__all__ = ["IO_THREADS", "executor", "in_io_thread", "in_pool"]
 
 T = TypeVar("T")
 
+_THREAD_PREFIX = "arrayio-zarr"
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 # Enough requests in flight to keep an NVMe queue busy and to overlap the copies to the GPU.
@@ -30,9 +31,14 @@ def executor() -> concurrent.futures.ThreadPoolExecutor:
     with _pool_lock:
         if _pool is None:
             _pool = concurrent.futures.ThreadPoolExecutor(
-                IO_THREADS, thread_name_prefix="arrayio-zarr"
+                IO_THREADS, thread_name_prefix=_THREAD_PREFIX
             )
         return _pool
+
+
+def in_io_thread() -> bool:
+    """Whether the calling thread is one of the pool's."""
+    return threading.current_thread().name.startswith(_THREAD_PREFIX)
 
 
 def _forget_pool_after_fork() -> None:

@@ -53,6 +53,7 @@ from ..arrays._buffers import CupyDeviceBuffer
 from ..errors import ChecksumError, FormatError
 from ..integrity._checksum import checksum
 from ..tools._pinned import pool as pinned_pool
+from . import _group_writes
 from ._frames import decode_on_host
 from ._io_pool import executor
 
@@ -207,21 +208,26 @@ class CodecPipeline(_ZarrCodecPipeline):
     async def write(
         self, batch_info: Iterable[Any], value: Any, drop_axes: tuple[int, ...] = ()
     ) -> None:
-        """zarr's pipeline encodes the whole batch in one codec call (not
-        ``codec_pipeline.batch_size`` chunks at a time: a GPU codec gets every chunk at
-        once); into an :class:`~arrayio.zarr.NVMeStore` the chunks are then committed as one
-        group (:meth:`~arrayio.zarr.NVMeStore.set_many_sync`) rather than one durable write
-        each. Other stores get zarr's own writes."""
+        """Into an :class:`~arrayio.zarr.NVMeStore`, zarr's pipeline encodes the chunks
+        in groups of up to :func:`~arrayio.zarr._group_writes.group_keys`, each in one codec
+        call (a GPU codec gets the group at once), and each group is committed together
+        (:meth:`~arrayio.zarr.NVMeStore.set_many_sync`) rather than one durable write per
+        chunk. Other stores get zarr's own writes."""
         batch = list(batch_info)
         store = _group_store(batch)
-        whole = dataclasses.replace(self.fallback, batch_size=max(1, len(batch)))
         if store is None:
-            await whole.write(batch, value, drop_axes)
+            await self.fallback.write(batch, value, drop_axes)
             return
-        held = _HeldValues()
-        await whole.write([(held.setter(path), *rest) for path, *rest in batch], value, drop_axes)
-        if held.values:
-            await asyncio.to_thread(store.set_many_sync, held.values)
+        size = _group_writes.group_keys()
+        for start in range(0, len(batch), size):
+            group = batch[start : start + size]
+            held = _HeldValues()
+            encoder = dataclasses.replace(self.fallback, batch_size=len(group))
+            await encoder.write(
+                [(held.setter(path), *rest) for path, *rest in group], value, drop_axes
+            )
+            if held.values:
+                await asyncio.to_thread(store.set_many_sync, held.values)
 
     async def _zarrs_read(self, batch: list[Any], out: Any, drop_axes: tuple[int, ...]) -> Any:
         """zarr's pipeline, with the whole batch in one codec call."""

@@ -9,7 +9,6 @@ explains how the bytes move and why.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import errno
 import os
@@ -31,6 +30,7 @@ from zarr.core.buffer import Buffer
 from zarr.core.buffer.core import default_buffer_prototype
 
 from ..integrity import _atomic
+from . import _group_writes
 from ._io_pool import executor, in_pool
 from ._keys import (
     DIRECTORY,
@@ -44,16 +44,7 @@ from ._keys import (
     split_key,
 )
 from ._reads import byte_span, read_value
-from ._writes import (
-    clean_once,
-    delete_at,
-    discard_at,
-    is_file_at,
-    publish_at,
-    stage_at,
-    sync_directory,
-    write_at,
-)
+from ._writes import clean_once, delete_at, is_file_at, write_at
 
 if TYPE_CHECKING:
     from typing import Self
@@ -570,14 +561,15 @@ class NVMeStore(Store):
             os.close(directory)
 
     def set_many_sync(self, values: Mapping[str, Buffer | None]) -> None:
-        """Store every value of ``values`` at its key (None: delete the key), as one group.
+        """Store every value of ``values`` at its key (None: delete the key), in groups.
 
-        Each key is written as :meth:`set` writes it, atomically and durably, but together:
-        every value goes to a temporary file beside its key on the I/O pool, all at once,
-        each fsynced; only once all of them are on disk is each renamed over its key, and
-        each directory is fsynced once. A value that fails to stage leaves every key of the
-        group as it was. This is how :class:`arrayio.zarr.CodecPipeline` commits the chunks
-        of one write.
+        Each key is written as :meth:`set` writes it, atomically and durably, but in groups
+        of up to :func:`~arrayio.zarr._group_writes.group_keys`: every value of a group goes
+        to a temporary file beside its key on the I/O pool, all at once, each fsynced; only
+        once all of them are on disk is each renamed over its key, and each directory is
+        fsynced once. A value that fails to stage leaves every key of its group and of the
+        groups after it as they were. This is how :class:`arrayio.zarr.CodecPipeline`
+        commits the chunks of a write.
         """
         for key, value in values.items():
             if value is None:
@@ -586,46 +578,21 @@ class NVMeStore(Store):
                 self._prepare_write(key, value)
         self._ensure_open_sync()
         writes = [(key, value) for key, value in values.items() if value is not None]
-        directories: dict[str, int] = {}
-        try:
-            for key, _ in writes:
-                folder, _ = split_key(key)
-                if folder not in directories:
-                    directories[folder] = self._open_directory(folder, name=key, create=True)[0]
-                    clean_once(directories[folder], self._cleaned)
-
-            def stage(key: str, value: Buffer) -> tuple[str, int]:
-                folder, name = split_key(key)
-                return stage_at(directories[folder], name, value, os.path.join(self._root, key))
-
-            futures = [executor().submit(stage, key, value) for key, value in writes]
-            concurrent.futures.wait(futures)
-            failure = next((f.exception() for f in futures if f.exception() is not None), None)
-            staged = [
-                (key, *f.result())
-                for (key, _), f in zip(writes, futures, strict=True)
-                if f.exception() is None
-            ]
-            published = 0
+        size = _group_writes.group_keys()
+        for start in range(0, len(writes), size):
+            group = writes[start : start + size]
+            directories: dict[str, int] = {}
             try:
-                if failure is not None:
-                    raise failure
-                for key, temporary, _ in staged:
-                    folder, name = split_key(key)
-                    path = os.path.join(self._root, key)
-                    publish_at(directories[folder], temporary, name, False, path)
-                    published += 1
+                for key, _ in group:
+                    folder, _ = split_key(key)
+                    if folder not in directories:
+                        opened, _ = self._open_directory(folder, name=key, create=True)
+                        directories[folder] = opened
+                        clean_once(opened, self._cleaned)
+                _group_writes.commit_group(directories, group, self._root)
             finally:
-                for index, (key, temporary, fd) in enumerate(staged):
-                    if index < published:
-                        os.close(fd)
-                    else:  # never put in place
-                        discard_at(directories[split_key(key)[0]], temporary, fd)
-            for directory in directories.values():
-                sync_directory(directory)
-        finally:
-            for directory in directories.values():
-                os.close(directory)
+                for directory in directories.values():
+                    os.close(directory)
         for key, value in values.items():
             if value is None:
                 self._delete(key)

@@ -524,3 +524,76 @@ def _cpu_buffer(array: np.ndarray):
     from zarr.core.buffer import cpu
 
     return cpu.Buffer.from_array_like(array)
+
+
+def test_a_large_write_commits_in_bounded_groups(tmp_path, groups, monkeypatch):
+    from arrayio.zarr import _group_writes
+
+    monkeypatch.setattr(_group_writes, "GROUP_KEYS", 5)
+    root = tmp_path / "store"
+    data = np.arange(50 * 37, dtype="f4").reshape(50, 37)
+    with zarr.config.set(OURS):
+        array = zarr.create_array(NVMeStore(root), shape=(50, 37), chunks=(8, 10), dtype="f4")
+        array[...] = data
+    assert [len(g) for g in groups] == [5, 5, 5, 5, 5, 3]
+    np.testing.assert_array_equal(zarr.open_array(LocalStore(root), mode="r")[...], data)
+
+
+def test_a_write_of_more_chunks_than_open_files_allowed(tmp_path):
+    # Each chunk of a group holds a descriptor until it is renamed: groups stay well under
+    # a process's limit of open files (often 1024).
+    import subprocess
+    import sys
+    import textwrap
+
+    store = str(tmp_path / "s")
+    script = textwrap.dedent(
+        f"""
+        import resource
+        import numpy as np, zarr
+        import arrayio.zarr
+        from arrayio.zarr import NVMeStore
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+        with zarr.config.set({OURS!r}):
+            z = zarr.create_array(NVMeStore({store!r}), shape=(600,), chunks=(1,), dtype="i4")
+            z[:] = np.arange(600, dtype="i4")
+        read = zarr.open_array(NVMeStore({store!r}), mode="r")[:]
+        assert (read == np.arange(600)).all()
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_groups_committed_from_the_io_pool_s_own_threads_do_not_wait_for_it(tmp_path):
+    from arrayio.zarr import _io_pool
+
+    store = NVMeStore(tmp_path / "store")
+
+    def commit(i: int) -> None:
+        values = {f"k{i}/{j}": _cpu_buffer(np.full(10, j, np.uint8)) for j in range(4)}
+        store.set_many_sync(values)
+
+    # More callers than the pool has threads, each inside the pool: staging on the pool
+    # itself would leave every thread waiting for work queued behind them.
+    futures = [_io_pool.executor().submit(commit, i) for i in range(_io_pool.IO_THREADS + 4)]
+    for future in futures:
+        future.result(timeout=60)
+    assert (tmp_path / "store" / "k3" / "2").read_bytes() == bytes([2] * 10)
+
+
+def test_a_rename_that_fails_midway_leaves_no_temporaries(tmp_path):
+    root = tmp_path / "store"
+    store = NVMeStore(root)
+    store.set_many_sync({f"a/{i}": _cpu_buffer(np.full(4, 1, np.uint8)) for i in range(5)})
+    (root / "a" / "3").unlink()
+    (root / "a" / "3").mkdir()  # a directory where a key's file would go: its rename fails
+    with pytest.raises(OSError):
+        store.set_many_sync({f"a/{i}": _cpu_buffer(np.full(4, 2, np.uint8)) for i in range(5)})
+    assert [(root / "a" / str(i)).read_bytes() for i in (0, 1, 2, 4)] == [b"\2" * 4] * 3 + [
+        b"\1" * 4
+    ]
+    assert not _temporaries(root)
