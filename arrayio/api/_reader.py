@@ -493,13 +493,27 @@ class Reader:
         Raises
         ------
         KeyNotFoundError, ChecksumError, TruncatedFileError
+        IndexError
+            For rows outside an array, or a range whose step is not 1 (a 0-d array has
+            the one row ``range(0, 1)``).
         """
         results: dict[int, Any] = {}
         planned: list[tuple[int, _Stored, _Stored, range, Request]] = []
+        wholes: dict[tuple[str, Request], Any] = {}  # arrays whose rows are not byte ranges
         for i, (key, rows, request) in enumerate(pieces):
             stored = self._entry(key)
+            if rows.step != 1 or not 0 <= rows.start <= rows.stop <= _rows_of(stored):
+                raise IndexError(
+                    f"{self.path}: rows {rows.start} to {rows.stop} (step {rows.step}) of "
+                    f"array {key!r}, which has {_rows_of(stored)}"
+                )
             if stored.fortran_order or stored.compressed is not None:  # read whole, sliced
-                results[i] = self._read_whole(stored, request)[rows.start : rows.stop]
+                whole = wholes.get((key, request))
+                if whole is None:
+                    whole = wholes[(key, request)] = self._read_whole(stored, request)
+                results[i] = whole[rows.start : rows.stop] if stored.shape else whole
+                if advance is not None:
+                    advance(len(rows) * (stored.nbytes // max(1, _rows_of(stored))))
                 continue
             row_bytes = stored.nbytes // _rows_of(stored) if _rows_of(stored) else 0
             piece = dataclasses.replace(
@@ -512,11 +526,15 @@ class Reader:
         on_host = [(p.nbytes, q) for _, _, p, _, q in planned if not q.placement.is_cuda]
         if on_host:
             self._check_memory(sum(n for n, _ in on_host), len(on_host), on_host[0][1])
-        spans = [(stored, rows) for _, stored, _, rows, _ in planned]
+        spans: dict[str, list[range]] = {}
+        arrays: dict[str, _Stored] = {}
+        for _, stored, _, rows, _ in planned:
+            spans.setdefault(stored.key, []).append(rows)
+            arrays[stored.key] = stored
         checked = {
-            stored.key: stored
-            for stored, _ in spans
-            if self._verify and stored.crc32c is not None and _tiles(stored, spans)
+            key: stored
+            for key, stored in arrays.items()
+            if self._verify and stored.crc32c is not None and _tiles(stored, spans[key])
         }
         crcs: dict[str, list[tuple[int, int, int | None]]] = {key: [] for key in checked}
         remaining = iter(planned)
@@ -708,9 +726,9 @@ def _reporting(advance: Any, sizes: list[int]) -> Callable[[int], None] | None:
     return lambda k: advance(sizes[k])
 
 
-def _tiles(stored: _Stored, spans: Sequence[tuple[_Stored, range]]) -> bool:
-    """Whether the row ranges of ``stored`` in ``spans`` read each of its rows exactly once."""
-    rows = sorted((r.start, r.stop) for array, r in spans if array.key == stored.key)
+def _tiles(stored: _Stored, spans: Sequence[range]) -> bool:
+    """Whether the row ranges ``spans`` of ``stored`` read each of its rows exactly once."""
+    rows = sorted((r.start, r.stop) for r in spans)
     end = 0
     for start, stop in rows:
         if start != end:

@@ -24,7 +24,11 @@ from ..errors import UnsupportedObjectError
 if TYPE_CHECKING:
     from ._reader import Reader
 
-__all__ = ["read_sharded", "sharding_for"]
+__all__ = ["GROUP_BYTES", "read_sharded", "sharding_for"]
+
+# The bytes of arrays read in one group: pieces wait for their assembly, on the devices (or
+# in host memory) they were read into, only a group at a time.
+GROUP_BYTES = 1 << 30
 
 
 def sharding_for(sharding: Any, key: str) -> Any:
@@ -64,24 +68,44 @@ def read_sharded(
     reader: Reader, sharding: Any, keys: list[str], advance: Callable[[int], None]
 ) -> dict[str, Any]:
     """Each array of ``keys`` as a global ``jax.Array`` with its sharding; see the module
-    docstring. Every distinct piece of every array is read in one batch of transfers, and
-    an array whose pieces cover all its rows is checked against its checksum."""
-    import jax
-
-    from ..arrays._frameworks import parse_target
-
+    docstring. The arrays are read in groups of about :data:`GROUP_BYTES`, every distinct
+    piece of a group in one call, and each group's pieces are let go once its arrays are
+    assembled: a checkpoint's pieces never all wait at once (on one GPU, where a sharding
+    along a later axis reads whole rows)."""
     results: dict[str, Any] = {}
-    wanted: list[tuple[str, range, Any]] = []  # the reads: key, rows, request
-    first_read: dict[tuple[str, tuple[int, ...]], int] = {}  # (key, rows) -> its read
-    layouts: dict[str, list[tuple[Any, tuple[int, ...], tuple[Any, ...]]]] = {}
+    group: list[tuple[str, Any]] = []
+    group_bytes = 0
     for key in keys:
         info = reader[key]
-        shape = tuple(info.shape)
         target = sharding_for(sharding, key)
         if target is None:  # whole onto the default device
             results[key] = reader.read(key, like="jax")
             advance(info.nbytes)
             continue
+        group.append((key, target))
+        group_bytes += info.nbytes
+        if group_bytes >= GROUP_BYTES:
+            results.update(_read_group(reader, group, advance))
+            group, group_bytes = [], 0
+    if group:
+        results.update(_read_group(reader, group, advance))
+    return {key: results[key] for key in keys}
+
+
+def _read_group(
+    reader: Reader, group: list[tuple[str, Any]], advance: Callable[[int], None]
+) -> dict[str, Any]:
+    """The arrays of ``group`` (each key with its sharding), their distinct pieces read in
+    one call of :meth:`Reader.read_row_pieces <arrayio.Reader.read_row_pieces>`."""
+    import jax
+
+    from ..arrays._frameworks import parse_target
+
+    wanted: list[tuple[str, range, Any]] = []  # the reads: key, rows, request
+    first_read: dict[tuple[str, tuple[int, ...]], int] = {}  # (key, rows) -> its read
+    layouts: dict[str, list[tuple[Any, tuple[int, ...], tuple[Any, ...]]]] = {}
+    for key, target in group:
+        shape = tuple(reader[key].shape)
         layout = layouts[key] = []
         placements = target.addressable_devices_indices_map(shape)
         # On CPU devices, rows that several devices slice (a sharding along a later axis)
@@ -102,10 +126,11 @@ def read_sharded(
                 wanted.append((key, span, request))
             layout.append((device, (span.start, span.stop), rest))
     pieces = reader.read_row_pieces(wanted, advance)
-    for key, layout in layouts.items():
+    results: dict[str, Any] = {}
+    for key, target in group:
         shape = tuple(reader[key].shape)
         placed = []
-        for device, rows_read, rest in layout:
+        for device, rows_read, rest in layouts[key]:
             piece = pieces[first_read[(key, rows_read)]]
             if not isinstance(piece, jax.Array):  # host rows: this device's part, copied
                 placed.append(jax.device_put(piece[(slice(None),) + rest], device))
@@ -115,7 +140,5 @@ def read_sharded(
             if any(part != slice(None) for part in rest):
                 piece = piece[(slice(None),) + rest]
             placed.append(piece)
-        results[key] = jax.make_array_from_single_device_arrays(
-            shape, sharding_for(sharding, key), placed
-        )
+        results[key] = jax.make_array_from_single_device_arrays(shape, target, placed)
     return results

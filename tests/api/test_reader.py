@@ -913,3 +913,56 @@ def test_row_pieces_move_in_bounded_batches_and_are_checked_across_them(tmp_path
     # Pieces that leave rows to another process cannot be checked against the one CRC.
     with _reader.Reader(path) as reader:
         assert len(reader.read_row_pieces(pieces[4:])) == 4
+
+
+def test_row_pieces_outside_an_array_are_refused(tmp_path):
+    from arrayio.api import _reader
+    from arrayio.arrays._frameworks import parse_target
+
+    path = tmp_path / "ab.safetensors"
+    arrayio.save(path, {"a": np.zeros((4, 2), np.float32), "b": np.full((4, 2), 7, np.float32)})
+    host = parse_target("numpy", None)
+    with _reader.Reader(path) as reader:
+        for rows in (range(2, 6), range(-1, 1), range(0, 4, 2), range(3, 2)):
+            with pytest.raises(IndexError, match="'a'"):
+                reader.read_row_pieces([("a", rows, host)])
+        assert reader.read_row_pieces([("a", range(4, 4), host)])[0].shape == (0, 2)
+
+
+def test_sharded_loads_of_compressed_members_and_scalars(tmp_path):
+    jax = pytest.importorskip("jax")
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    path = tmp_path / "c.npz"
+    np.savez_compressed(path, s=np.float32(2.5), m=np.arange(12, dtype=np.float32).reshape(4, 3))
+    mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
+    got = arrayio.load(path, sharding=NamedSharding(mesh, P()))
+    assert float(got["s"]) == 2.5 and got["s"].shape == ()
+    np.testing.assert_array_equal(np.asarray(got["m"]), np.arange(12).reshape(4, 3))
+
+
+def test_sharded_loads_read_their_arrays_in_bounded_groups(tmp_path, monkeypatch):
+    jax = pytest.importorskip("jax")
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from arrayio.api import _reader, _sharded_load
+
+    state = {f"w{i}": np.full((8, 256), i, np.float32) for i in range(5)}  # 8 KiB each
+    arrayio.save(tmp_path / "w.safetensors", state)
+    calls = []
+    real = _reader.Reader.read_row_pieces
+
+    def counting(self, pieces, advance=None):
+        calls.append(sorted({key for key, _, _ in pieces}))
+        return real(self, pieces, advance)
+
+    monkeypatch.setattr(_reader.Reader, "read_row_pieces", counting)
+    monkeypatch.setattr(_sharded_load, "GROUP_BYTES", 16 << 10)
+    mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
+    got = arrayio.load(tmp_path / "w.safetensors", sharding=NamedSharding(mesh, P("x")))
+    assert calls == [["w0", "w1"], ["w2", "w3"], ["w4"]]
+    assert list(got) == list(state)
+    for key, value in state.items():
+        np.testing.assert_array_equal(np.asarray(got[key]), value)
