@@ -120,8 +120,14 @@ def scan_frames(data: bytes | bytearray | memoryview | np.ndarray) -> list[Frame
     return frames
 
 
-def decode_on_host(zstd: Any, data: np.ndarray) -> bytes | np.ndarray:
-    """Decode a zstd stream held in host memory with numcodecs, after checking its frames."""
+def decode_on_host(
+    zstd: Any, data: np.ndarray, out: np.ndarray | None = None
+) -> bytes | np.ndarray:
+    """Decode a zstd stream held in host memory with numcodecs, after checking its frames.
+
+    With ``out`` (writable host bytes) and a stream of one frame that declares exactly
+    ``out.nbytes`` of content, the content is decoded into ``out``, which is returned: no
+    allocation, no copy after. Otherwise a new buffer is returned."""
     frames = scan_frames(data)
     for frame in frames:
         if frame.dictionary_id:
@@ -140,7 +146,11 @@ def decode_on_host(zstd: Any, data: np.ndarray) -> bytes | np.ndarray:
                     f"checksum {stored.hex()}, expected {_EMPTY_CHECKSUM.hex()}"
                 )
         return b""
+    fits = out is not None and len(frames) == 1 and frames[0].content_size == out.nbytes
     try:
+        if fits:
+            zstd.decode(data, out=out)
+            return out  # type: ignore[return-value]
         return zstd.decode(data)
     except RuntimeError as error:  # numcodecs reports every libzstd failure as RuntimeError
         kind = ChecksumError if "checksum" in str(error).lower() else FormatError

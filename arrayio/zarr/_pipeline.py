@@ -350,8 +350,8 @@ def _read(
         ]
     else:
         places = [None] * len(batch)
-    # zstd chunks decoded on the GPU by nvCOMP straight into their place in the output
-    destinations = outputs if chain.zstd is not None and on_gpu else None
+    # zstd chunks decoded straight into their place in the output (by nvCOMP on the GPU)
+    destinations = outputs if chain.zstd is not None else None
     with contextlib.ExitStack() as loans:
 
         def staging(nbytes: int) -> np.ndarray:
@@ -391,7 +391,7 @@ def _decode_and_place(
         decoded = (
             _decode_gpu(chain.zstd, slab, encoded, target, destinations)
             if on_gpu
-            else _decode_host(chain.zstd, encoded)
+            else _decode_host(chain.zstd, encoded, destinations)
         )
     elif chain.host_codec is not None:
         decoded = _decode_host(chain.host_codec, encoded)
@@ -630,20 +630,27 @@ def _without_crc(data: np.ndarray, path: str) -> np.ndarray:
     return body
 
 
-def _decode_host(codec: Any, encoded: list[np.ndarray | None]) -> list[np.ndarray | None]:
-    """Each chunk decoded by ``codec`` (numcodecs') on the I/O pool."""
-    decode = (
-        (lambda data: decode_on_host(codec, data))
-        if getattr(codec, "codec_id", None) == "zstd"
-        else codec.decode
-    )
+def _decode_host(
+    codec: Any, encoded: list[np.ndarray | None], destinations: list[Any] | None = None
+) -> list[np.ndarray | None]:
+    """Each chunk decoded by ``codec`` (numcodecs') on the I/O pool; a zstd chunk with a
+    destination (its place in the output, flat host bytes) is decoded there, and its
+    result is that destination."""
+    zstd = getattr(codec, "codec_id", None) == "zstd"
 
-    def one(data: np.ndarray | None) -> np.ndarray | None:
+    def one(index: int) -> np.ndarray | None:
+        data = encoded[index]
         if data is None:
             return None
-        return np.frombuffer(decode(data), dtype=np.uint8)
+        if not zstd:
+            return np.frombuffer(codec.decode(data), dtype=np.uint8)
+        place: np.ndarray | None = destinations[index] if destinations is not None else None
+        result = decode_on_host(codec, data, place)
+        if place is not None and result is place:
+            return place
+        return np.frombuffer(result, dtype=np.uint8)
 
-    return list(executor().map(one, encoded))
+    return list(executor().map(one, range(len(encoded))))
 
 
 def _joined(chunks: list[np.ndarray | None]) -> tuple[np.ndarray, list[np.ndarray | None]]:

@@ -597,3 +597,24 @@ def test_a_rename_that_fails_midway_leaves_no_temporaries(tmp_path):
         b"\1" * 4
     ]
     assert not _temporaries(root)
+
+
+def test_whole_zstd_chunks_decode_into_the_output_on_the_host(tmp_path, monkeypatch):
+    # 60 rows in chunks of 8 full rows: chunks 0 to 6 land whole on contiguous rows of the
+    # output and are decoded there; chunk 7, cut by the array's end, is decoded aside.
+    into_place = []
+    real = _pipeline.decode_on_host
+
+    def recording(codec, data, out=None):
+        result = real(codec, data, out)
+        into_place.append(out is not None and result is out)
+        return result
+
+    monkeypatch.setattr(_pipeline, "decode_on_host", recording)
+    data = np.random.default_rng(5).normal(size=(60, 16)).astype("f4")
+    array = zarr.create_array(LocalStore(tmp_path), shape=(60, 16), chunks=(8, 16), dtype="f4")
+    array[...] = data
+    with zarr.config.set(OURS):
+        got = zarr.open_array(LocalStore(tmp_path), mode="r")[...]
+    np.testing.assert_array_equal(got, data)
+    assert sorted(into_place) == [False] + [True] * 7
