@@ -222,3 +222,35 @@ def test_multi_file_compares_a_checkpoint_in_files_with_one_file(tmp_path, run_m
     summary = report["summary"]["warm"]
     assert summary["files_over_one"] == pytest.approx(row["files"] / row["one_file"])
     assert leftovers(tmp_path, out) == []  # the scratch checkpoint is removed
+
+
+def test_zarr_write_compares_durable_writes_of_every_writer(tmp_path, run_module):
+    pytest.importorskip("zarr")
+    out = tmp_path / "out"
+    run_module(
+        "benchmarks.zarr_write",
+        "--smoke",
+        "--out",
+        str(out),
+        "--dir",
+        str(tmp_path),
+        tmp_path=tmp_path,
+    )
+    report = json.loads((out / "zarr_write.json").read_text())
+    assert report["benchmark"] == "zarr_write" and {"date", "command", "machine"} <= set(report)
+    ran = [
+        w
+        for w in ("arrayio", "nvmestore+zarr", "zarr.LocalStore", "zarrs", "tensorstore")
+        if w not in report["writers_unavailable"]
+    ]
+    assert {"arrayio", "nvmestore+zarr", "zarr.LocalStore"} <= set(ran)
+    assert {(r["chunk_bytes"], r["codec"]) for r in report["rows"]} == {
+        (chunk, codec) for chunk in (1 << 20, 256 << 10) for codec in ("none", "zstd")
+    }
+    for row in report["rows"]:
+        assert set(row["GBps"]) == set(ran) and all(is_rate(v) for v in row["GBps"].values())
+        assert is_rate(row["ceiling_GBps"]) and sorted(row["order"]) == sorted(ran)
+    for case in report["summary"].values():
+        assert case["best_peer"] in ran and case["arrayio_over_best_peer"] > 0
+    assert (out / "zarr_write.png").stat().st_size > 0
+    assert leftovers(tmp_path, out) == []  # the scratch arrays are removed
