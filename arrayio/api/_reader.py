@@ -495,14 +495,15 @@ class Reader:
         KeyNotFoundError, ChecksumError, TruncatedFileError
         IndexError
             For rows outside an array, or a range whose step is not 1 (a 0-d array has
-            the one row ``range(0, 1)``).
+            the one row ``range(0, 1)``, and no other range).
         """
         results: dict[int, Any] = {}
         planned: list[tuple[int, _Stored, _Stored, range, Request]] = []
         wholes: dict[tuple[str, Request], Any] = {}  # arrays whose rows are not byte ranges
         for i, (key, rows, request) in enumerate(pieces):
             stored = self._entry(key)
-            if rows.step != 1 or not 0 <= rows.start <= rows.stop <= _rows_of(stored):
+            outside = not 0 <= rows.start <= rows.stop <= _rows_of(stored)
+            if rows.step != 1 or outside or (not stored.shape and len(rows) != 1):
                 raise IndexError(
                     f"{self.path}: rows {rows.start} to {rows.stop} (step {rows.step}) of "
                     f"array {key!r}, which has {_rows_of(stored)}"

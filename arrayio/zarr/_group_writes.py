@@ -46,7 +46,7 @@ def commit_group(
     temporaries removed; a rename that fails leaves the keys renamed before it replaced,
     and those renames durable."""
     futures: list[concurrent.futures.Future[tuple[str, int]]] = []
-    published: set[int] = set()
+    renaming = False
     try:
         for key, value in writes:
             folder, name = split_key(key)
@@ -57,23 +57,21 @@ def commit_group(
             error = future.exception()
             if error is not None:
                 raise error
-        for index, ((key, _), future) in enumerate(zip(writes, futures, strict=True)):
+        renaming = True  # from here on, the directories are synced whatever happens
+        for (key, _), future in zip(writes, futures, strict=True):
             temporary, _ = future.result()
             folder, name = split_key(key)
             publish_at(directories[folder], temporary, name, False, os.path.join(root, key))
-            published.add(index)
     finally:
         concurrent.futures.wait(futures)  # nothing left staging behind an interrupt
         # futures may be fewer than writes: an interrupt can stop the loop that starts them
-        for index, ((key, _), future) in enumerate(zip(writes, futures, strict=False)):
+        for (key, _), future in zip(writes, futures, strict=False):
             if future.exception() is not None:
                 continue  # stage_at left nothing behind
             temporary, fd = future.result()
-            if index in published:
-                os.close(fd)
-            else:  # never put in place
-                discard_at(directories[split_key(key)[0]], temporary, fd)
-        if published:
+            # Closed, and removed unless it was renamed into place (then it is gone).
+            discard_at(directories[split_key(key)[0]], temporary, fd)
+        if renaming:
             for directory in directories.values():
                 sync_directory(directory)
 

@@ -25,10 +25,10 @@ array go to zarr's pipeline.
 Chains it does not handle (other codecs, transposes, big-endian bytes, sharding within
 sharding), chunks in Fortran order and stores whose keys are not files go to zarr's own
 pipeline, which this one wraps: :meth:`CodecPipeline.explain` says which path an array
-takes, and why. Writes are zarr's pipeline's, with the whole batch in one codec call; into
-an :class:`~arrayio.zarr.NVMeStore` its chunks are then committed as one group (every file
-staged and fsynced at once, then each renamed into place) rather than one durable write
-each.
+takes, and why. Writes are zarr's pipeline's; into an :class:`~arrayio.zarr.NVMeStore` it
+encodes the chunks in groups, each in one codec call, and each group is committed together
+(every file staged and fsynced at once, then each renamed into place) rather than one
+durable write per chunk.
 
 Select it with ``zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"})``
 (importing :mod:`arrayio.zarr` registers it; so does its ``zarr.codec_pipeline`` entry point).
@@ -165,12 +165,12 @@ class CodecPipeline(_ZarrCodecPipeline):
         if self.chain is None:
             return (
                 f"zarr's pipeline: not handled here: {self.why} (writes into an NVMeStore "
-                "still committed as one group)"
+                "still committed in groups)"
             )
         return (
             f"whole-batch reads ({self.why}) for chunks that are files (LocalStore, "
-            "NVMeStore); zarr's pipeline for other stores; writes encoded as one batch, "
-            "committed as one group into an NVMeStore"
+            "NVMeStore); zarr's pipeline for other stores; writes into an NVMeStore encoded "
+            "and committed in groups"
         )
 
     # -------------------------------------------------------------- what zarr asks of it
@@ -533,6 +533,8 @@ def _whole_chunk_outputs(batch: list[Any], target: Any, drop_axes: tuple[int, ..
             view = target[out_selection]
             if (
                 view.flags.c_contiguous
+                # a read-only out must raise, as zarr's pipeline does (CuPy's are writable)
+                and getattr(view.flags, "writeable", True)
                 and tuple(view.shape) == tuple(spec.shape)
                 and view.dtype == spec.dtype.to_native_dtype()
             ):

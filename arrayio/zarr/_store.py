@@ -567,9 +567,10 @@ class NVMeStore(Store):
         of up to :func:`~arrayio.zarr._group_writes.group_keys`: every value of a group goes
         to a temporary file beside its key on the I/O pool, all at once, each fsynced; only
         once all of them are on disk is each renamed over its key, and each directory is
-        fsynced once. A value that fails to stage leaves every key of its group and of the
-        groups after it as they were. This is how :class:`arrayio.zarr.CodecPipeline`
-        commits the chunks of a write.
+        fsynced once. A value that fails to stage, or a key whose folder fails its checks,
+        leaves every key of its group and of the groups after it as they were (the groups
+        before it are written). This is how :class:`arrayio.zarr.CodecPipeline` commits the
+        chunks of a write.
         """
         for key, value in values.items():
             if value is None:

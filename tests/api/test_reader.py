@@ -927,6 +927,13 @@ def test_row_pieces_outside_an_array_are_refused(tmp_path):
             with pytest.raises(IndexError, match="'a'"):
                 reader.read_row_pieces([("a", rows, host)])
         assert reader.read_row_pieces([("a", range(4, 4), host)])[0].shape == (0, 2)
+    scalars = tmp_path / "s.npz"  # a 0-d member has the one row range(0, 1)
+    np.savez(scalars, a=np.arange(3.0), s=np.float32(1.5))
+    with _reader.Reader(scalars) as reader:
+        for rows in (range(1, 1), range(0, 0), range(0, 2)):
+            with pytest.raises(IndexError, match="'s'"):
+                reader.read_row_pieces([("s", rows, host)])
+        assert float(reader.read_row_pieces([("s", range(0, 1), host)])[0]) == 1.5
 
 
 def test_sharded_loads_of_compressed_members_and_scalars(tmp_path):

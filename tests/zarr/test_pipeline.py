@@ -618,3 +618,18 @@ def test_whole_zstd_chunks_decode_into_the_output_on_the_host(tmp_path, monkeypa
         got = zarr.open_array(LocalStore(tmp_path), mode="r")[...]
     np.testing.assert_array_equal(got, data)
     assert sorted(into_place) == [False] + [True] * 7
+
+
+def test_a_read_only_out_is_refused_as_zarr_refuses_it(tmp_path):
+    from zarr.core.buffer import cpu
+
+    data = np.arange(32 * 16, dtype="f4").reshape(32, 16)
+    zarr.create_array(LocalStore(tmp_path), shape=(32, 16), chunks=(8, 16), dtype="f4")[...] = data
+    for config in ({}, OURS):  # zarr's pipeline, then arrayio's
+        out = np.zeros((32, 16), "f4")
+        out.flags.writeable = False
+        with zarr.config.set(config), pytest.raises(ValueError, match="read-only"):
+            zarr.open_array(LocalStore(tmp_path), mode="r").get_basic_selection(
+                ..., out=cpu.NDBuffer.from_numpy_array(out)
+            )
+        assert not out.any()
