@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import config, formats
 from ..arrays import _pytree
+from ..arrays._buffers import result_empty
 from ..arrays._dtypes import DType
 from ..arrays._frameworks import Request, Target, allocate, parse_target, writable_view
 from ..dispatch import _transfer
@@ -499,7 +500,7 @@ class Reader:
         """
         results: dict[int, Any] = {}
         planned: list[tuple[int, _Stored, _Stored, range, Request]] = []
-        wholes: dict[tuple[str, Request], Any] = {}  # arrays whose rows are not byte ranges
+        wholes: dict[str, np.ndarray] = {}  # arrays whose rows are not byte ranges, on the host
         for i, (key, rows, request) in enumerate(pieces):
             stored = self._entry(key)
             outside = not 0 <= rows.start <= rows.stop <= _rows_of(stored)
@@ -509,10 +510,9 @@ class Reader:
                     f"array {key!r}, which has {_rows_of(stored)}"
                 )
             if stored.fortran_order or stored.compressed is not None:  # read whole, sliced
-                whole = wholes.get((key, request))
-                if whole is None:
-                    whole = wholes[(key, request)] = self._read_whole(stored, request)
-                results[i] = whole[rows.start : rows.stop] if stored.shape else whole
+                if key not in wholes:
+                    wholes[key] = self._host_items(stored)
+                results[i] = self._copied_rows(stored, wholes[key], rows, request)
                 if advance is not None:
                     advance(len(rows) * (stored.nbytes // max(1, _rows_of(stored))))
                 continue
@@ -557,6 +557,37 @@ class Reader:
         for key, parts in crcs.items():
             self._check_pieces(checked[key], parts)
         return [results[i] for i in range(len(pieces))]
+
+    def _host_items(self, stored: _Stored) -> np.ndarray:
+        """The whole array ``stored`` read into host memory (checked as a whole read is), as
+        opaque items of its size in the caller's shape and order."""
+        raw = result_empty(stored.nbytes)
+        self._fill(stored, raw)
+        items = raw.view(f"V{stored.dtype.itemsize}")
+        if stored.fortran_order:
+            return items.reshape(stored.shape[::-1]).T
+        return items.reshape(stored.shape)
+
+    def _copied_rows(
+        self, stored: _Stored, items: np.ndarray, rows: range, request: Request
+    ) -> Any:
+        """Rows ``rows`` of ``items`` (see :meth:`_host_items`) copied into a new result of
+        ``request``'s framework and device."""
+        part = items[rows.start : rows.stop] if stored.shape else items
+        data = np.ascontiguousarray(part).reshape(-1).view(np.uint8)
+        piece = dataclasses.replace(
+            stored,
+            shape=tuple(part.shape),
+            crc32c=None,
+            fortran_order=False,
+            compressed=None,
+        )
+        target = self._allocate(piece, request)
+        if isinstance(target.data, np.ndarray):
+            target.data[...] = data
+        else:
+            target.data.copy_from_host(0, data)
+        return target.finish()
 
     def _allocate_pieces(
         self, pieces: Iterator[tuple[int, _Stored, _Stored, range, Request]]

@@ -973,3 +973,34 @@ def test_sharded_loads_read_their_arrays_in_bounded_groups(tmp_path, monkeypatch
     assert list(got) == list(state)
     for key, value in state.items():
         np.testing.assert_array_equal(np.asarray(got[key]), value)
+
+
+def test_row_pieces_of_compressed_and_fortran_arrays_read_them_once(tmp_path, monkeypatch):
+    from arrayio.api import _reader
+    from arrayio.arrays._frameworks import parse_target
+
+    m = np.arange(24, dtype=np.float32).reshape(6, 4)
+    np.savez_compressed(tmp_path / "c.npz", m=m, s=np.int16(-3))
+    np.save(tmp_path / "f.npy", np.asfortranarray(m))
+    fills = []
+    real = _reader.Reader._fill
+    monkeypatch.setattr(
+        _reader.Reader,
+        "_fill",
+        lambda self, stored, data: (fills.append(stored.key), real(self, stored, data))[1],
+    )
+    host = parse_target("numpy", None)
+    torch = pytest.importorskip("torch")
+    other = parse_target("torch", "cpu")
+    for name, key in (("c.npz", "m"), ("f.npy", None)):
+        fills.clear()
+        with _reader.Reader(tmp_path / name) as reader:
+            key = key or reader.keys()[0]
+            got = reader.read_row_pieces(
+                [(key, range(0, 2), host), (key, range(2, 5), other), (key, range(5, 6), host)]
+            )
+        assert fills == [key]  # one whole read for the three pieces
+        assert isinstance(got[1], torch.Tensor) and got[1].is_contiguous()
+        np.testing.assert_array_equal(np.concatenate([np.asarray(g) for g in got]), m)
+    with _reader.Reader(tmp_path / "c.npz") as reader:
+        assert int(reader.read_row_pieces([("s", range(0, 1), other)])[0]) == -3
