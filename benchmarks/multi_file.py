@@ -208,20 +208,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse(argv)
-    if args.replot:
-        h.replot(plot, args.replot)
+    report = h.run_report(
+        NAME,
+        "benchmarks.multi_file",
+        args,
+        argv,
+        plot,
+        measure,
+        device=args.device,
+        like=args.like,
+        files_asked=args.files,
+    )
+    if report is None:
         return None
-    if not args.out:
-        raise SystemExit("--out DIR is needed")
-    os.makedirs(args.out, exist_ok=True)
-    report = h.header(NAME, "benchmarks.multi_file", argv)
-    report.update({"device": args.device, "like": args.like, "files_asked": args.files})
-    started = time.time()
-    measure(args, report)
-    report["seconds"] = time.time() - started
-    out_json = os.path.join(args.out, f"{NAME}.json")
-    h.write_json(report, out_json)
-    h.try_plot(plot, report, os.path.join(args.out, f"{NAME}.png"))
     for cache, row in report["summary"].items():
         print(
             f"{cache}: one file {row['one_file_GBps']:.2f}, files {row['files_GBps']:.2f} GB/s, "

@@ -251,19 +251,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     args = parse(argv)
-    if args.replot:
-        h.replot(plot, args.replot)
+    report = h.run_report(
+        NAME,
+        "benchmarks.zarr_write",
+        args,
+        argv,
+        plot,
+        measure,
+        writers_unavailable=unavailable(args.writers),
+    )
+    if report is None:
         return None
-    if not args.out:
-        raise SystemExit("--out DIR is needed")
-    os.makedirs(args.out, exist_ok=True)
-    report = h.header(NAME, "benchmarks.zarr_write", argv)
-    report["writers_unavailable"] = unavailable(args.writers)
-    started = time.time()
-    measure(args, report)
-    report["seconds"] = time.time() - started
-    h.write_json(report, os.path.join(args.out, f"{NAME}.json"))
-    h.try_plot(plot, report, os.path.join(args.out, f"{NAME}.png"))
     for case, row in report["summary"].items():
         print(
             f"{case}: "

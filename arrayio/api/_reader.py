@@ -17,7 +17,7 @@ import os
 import stat
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -36,12 +36,14 @@ from ..errors import (
     OutOfMemoryError,
     UnsupportedObjectError,
 )
-from ..integrity._checksum import combine
+from ..integrity._checksum import ChecksumParts
 from ..runtime import _gcpause, _memory, _progress
 from ..runtime._units import format_bytes
 from ..tools import _pinned
 
 __all__ = ["ArrayInfo", "Reader"]
+
+T = TypeVar("T")
 
 _ARRAY = object()  # stands for an array leaf where only constants are wanted
 
@@ -370,22 +372,22 @@ class Reader:
         with _gcpause.paused(across_transfers=True):
             while True:
                 with _gcpause.paused():  # the allocations, also in the background
-                    batch = self._allocate_batch(pending, request)
+                    arrays = ((stored, stored, request) for stored in map(self._entry, pending))
+                    batch = self._allocate_batch(arrays)
                 if not batch:
                     return results
                 self._read_batch(batch, results, advance)
 
     def _allocate_batch(
-        self, keys: Iterator[str], request: Request
-    ) -> list[tuple[_Stored, Target]]:
-        """Allocate the next arrays of ``keys``: all of them, or up to
-        :data:`COPY_BATCH_BYTES` of those whose finishing copies."""
-        batch: list[tuple[_Stored, Target]] = []
+        self, items: Iterator[tuple[T, _Stored, Request]]
+    ) -> list[tuple[T, Target]]:
+        """Allocate the next results of ``items`` (each a tag, what it reads, its request):
+        all of them, or up to :data:`COPY_BATCH_BYTES` of those whose finishing copies."""
+        batch: list[tuple[T, Target]] = []
         copied = 0
-        for key in keys:
-            stored = self._entry(key)
+        for tag, stored, request in items:
             target = self._allocate(stored, request)
-            batch.append((stored, target))
+            batch.append((tag, target))
             copied += stored.nbytes if target.copies else 0
             if copied >= COPY_BATCH_BYTES:
                 break
@@ -537,10 +539,14 @@ class Reader:
             for key, stored in arrays.items()
             if self._verify and stored.crc32c is not None and _tiles(stored, spans[key])
         }
-        crcs: dict[str, list[tuple[int, int, int | None]]] = {key: [] for key in checked}
-        remaining = iter(planned)
+        parts = {key: ChecksumParts(stored.nbytes) for key, stored in checked.items()}
+        remaining = ((p, p[2], p[4]) for p in planned)
         with _gcpause.paused(across_transfers=True):
-            while batch := self._allocate_pieces(remaining):
+            while True:
+                with _gcpause.paused():
+                    batch = self._allocate_batch(remaining)
+                if not batch:
+                    break
                 found = _transfer.read_many(
                     self.fd,
                     [(piece.start, target.data) for (_, _, piece, _, _), target in batch],
@@ -549,13 +555,16 @@ class Reader:
                     tool=self._tool,
                     done=_reporting(advance, [planned[2].nbytes for planned, _ in batch]),
                 )
-                for ((i, stored, piece, rows, _), target), crc in zip(batch, found, strict=True):
-                    if stored.key in crcs:
-                        crcs[stored.key].append((rows.start, piece.nbytes, crc))
+                for ((i, stored, piece, _, _), target), crc in zip(batch, found, strict=True):
+                    if stored.key in parts:
+                        if crc is None:  # a forced tool that cannot checksum, as for a
+                            del parts[stored.key]  # whole array: left unchecked
+                        else:
+                            parts[stored.key].add(piece.start - stored.start, piece.nbytes, crc)
                     with _gcpause.paused():
                         results[i] = target.finish()
-        for key, parts in crcs.items():
-            self._check_pieces(checked[key], parts)
+        for key, collected in parts.items():
+            self._check(checked[key], collected.value())
         return [results[i] for i in range(len(pieces))]
 
     def _host_items(self, stored: _Stored) -> np.ndarray:
@@ -588,34 +597,6 @@ class Reader:
         else:
             target.data.copy_from_host(0, data)
         return target.finish()
-
-    def _allocate_pieces(
-        self, pieces: Iterator[tuple[int, _Stored, _Stored, range, Request]]
-    ) -> list[tuple[tuple[int, _Stored, _Stored, range, Request], Target]]:
-        """Allocate the next pieces: all of them, or up to :data:`COPY_BATCH_BYTES` of
-        those whose finishing copies (see :meth:`_allocate_batch`)."""
-        batch = []
-        copied = 0
-        with _gcpause.paused():
-            for planned in pieces:
-                target = self._allocate(planned[2], planned[4])
-                batch.append((planned, target))
-                copied += planned[2].nbytes if target.copies else 0
-                if copied >= COPY_BATCH_BYTES:
-                    break
-        return batch
-
-    def _check_pieces(self, stored: _Stored, parts: list[tuple[int, int, int | None]]) -> None:
-        """Check ``stored`` against the CRC-32Cs of its pieces, ``(first row, bytes, crc)``,
-        combined in row order; pieces a forced tool could not checksum leave it unchecked,
-        as a whole array would be."""
-        if any(crc is None for _, _, crc in parts):
-            return
-        combined = 0
-        for position, (_, length, crc) in enumerate(sorted(parts)):
-            assert crc is not None
-            combined = crc if position == 0 else combine(combined, crc, length)
-        self._check(stored, combined)
 
     def read_into(self, out: Any, key: str | None = None) -> Any:
         """Fill ``out`` (NumPy, CuPy or torch, contiguous) in place with one array; return it.

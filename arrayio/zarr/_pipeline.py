@@ -221,13 +221,13 @@ class CodecPipeline(_ZarrCodecPipeline):
         size = _group_writes.group_keys()
         for start in range(0, len(batch), size):
             group = batch[start : start + size]
-            held = _HeldValues()
+            held: dict[str, Any] = {}
             encoder = dataclasses.replace(self.fallback, batch_size=len(group))
             await encoder.write(
-                [(held.setter(path), *rest) for path, *rest in group], value, drop_axes
+                [(_HeldSetter(path, held), *rest) for path, *rest in group], value, drop_axes
             )
-            if held.values:
-                await asyncio.to_thread(store.set_many_sync, held.values)
+            if held:
+                await asyncio.to_thread(store.set_many_sync, held)
 
     async def _zarrs_read(self, batch: list[Any], out: Any, drop_axes: tuple[int, ...]) -> Any:
         """zarr's pipeline, with the whole batch in one codec call."""
@@ -269,28 +269,18 @@ def _group_store(batch: Sequence[Any]) -> Any:
 
     from ._store import NVMeStore
 
-    stores = {id(path.store) for path, *_ in batch if type(path) is StorePath}
-    if not batch or len(stores) != 1 or type(batch[0][0]) is not StorePath:
+    paths = [path for path, *_ in batch]
+    if not paths or any(type(path) is not StorePath for path in paths):
         return None
-    if any(type(path) is not StorePath for path, *_ in batch):
+    store = paths[0].store
+    if any(path.store is not store for path in paths[1:]):
         return None
-    store = batch[0][0].store
     return store if isinstance(store, NVMeStore) and not store.read_only else None
-
-
-class _HeldValues:
-    """What a write batch sets its chunks to (None: deletes them), held for one commit."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
-
-    def setter(self, path: Any) -> _HeldSetter:
-        return _HeldSetter(path, self.values)
 
 
 class _HeldSetter:
     """A chunk's ``StorePath`` for zarr's write: reads go to the store, ``set`` and
-    ``delete`` are held for the batch's commit."""
+    ``delete`` are held in ``values`` (None: deleted) for the group's commit."""
 
     def __init__(self, path: Any, values: dict[str, Any]) -> None:
         self._path, self._values = path, values

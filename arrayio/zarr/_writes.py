@@ -91,11 +91,10 @@ def stage_at(directory_fd: int, name: str, value: Buffer, path: str) -> tuple[st
         _write_value(fd, value)
         os.fsync(fd)
         return temporary, fd
-    except OSError as error:  # a full disk, and errors naming the key's file
+    except BaseException as error:
         discard_at(directory_fd, temporary, fd)
-        _atomic.raise_described(error, path, temporary)
-    except BaseException:
-        discard_at(directory_fd, temporary, fd)
+        if isinstance(error, OSError):  # a full disk, and errors naming the key's file
+            _atomic.raise_described(error, path, temporary)
         raise
 
 

@@ -814,6 +814,34 @@ def try_plot(
     return path
 
 
+def run_report(
+    name: str,
+    module: str,
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    plot: Callable[[dict[str, Any], str], None],
+    measure: Callable[[argparse.Namespace, dict[str, Any]], None],
+    **fields: Any,
+) -> dict[str, Any] | None:
+    """What a benchmark's ``main`` does around its measurement: redraw the plot of
+    ``--replot`` (None), or make a report (the header, ``fields``), ``measure`` into it,
+    time the whole, and write ``NAME.json`` and ``NAME.png`` under ``--out``."""
+    if args.replot:
+        replot(plot, args.replot)
+        return None
+    if not args.out:
+        raise SystemExit("--out DIR is needed")
+    os.makedirs(args.out, exist_ok=True)
+    report = header(name, module, argv)
+    report.update(fields)
+    started = time.time()
+    measure(args, report)
+    report["seconds"] = time.time() - started
+    write_json(report, os.path.join(args.out, f"{name}.json"))
+    try_plot(plot, report, os.path.join(args.out, f"{name}.png"))
+    return report
+
+
 def replot(plot: Callable[[dict[str, Any], str], None], json_path: str) -> None:
     with open(json_path) as f:
         report = json.load(f)

@@ -31,6 +31,21 @@ def is_rate(value: object) -> bool:
     return isinstance(value, float) and math.isfinite(value) and value > 0
 
 
+def smoke_report(run_module, tmp_path, module: str, name: str) -> tuple[dict, object]:
+    """Run ``benchmarks.<module> --smoke`` in ``tmp_path``; its report and output folder."""
+    out = tmp_path / "out"
+    run_module(
+        f"benchmarks.{module}",
+        "--smoke",
+        "--out",
+        str(out),
+        "--dir",
+        str(tmp_path),
+        tmp_path=tmp_path,
+    )
+    return json.loads((out / f"{name}.json").read_text()), out
+
+
 def test_the_sweep_runs_quick_and_reports_every_case(tmp_path, run_module):
     out, png = tmp_path / "s.json", tmp_path / "s.png"
     run_module(
@@ -204,17 +219,7 @@ def test_the_sweep_judges_its_targets_on_the_ceiling_in_the_same_rounds():
 
 def test_multi_file_compares_a_checkpoint_in_files_with_one_file(tmp_path, run_module):
     pytest.importorskip("torch")  # the state dict is first_calls' (bfloat16 torch tensors)
-    out = tmp_path / "out"
-    run_module(
-        "benchmarks.multi_file",
-        "--smoke",
-        "--out",
-        str(out),
-        "--dir",
-        str(tmp_path),
-        tmp_path=tmp_path,
-    )
-    report = json.loads((out / "multi_file.json").read_text())
+    report, out = smoke_report(run_module, tmp_path, "multi_file", "multi_file")
     assert report["benchmark"] == "multi_file" and report["checkpoint"]["shards"] >= 2
     assert {"date", "command", "machine"} <= set(report)
     (row,) = report["rounds"]
@@ -226,17 +231,7 @@ def test_multi_file_compares_a_checkpoint_in_files_with_one_file(tmp_path, run_m
 
 def test_zarr_write_compares_durable_writes_of_every_writer(tmp_path, run_module):
     pytest.importorskip("zarr")
-    out = tmp_path / "out"
-    run_module(
-        "benchmarks.zarr_write",
-        "--smoke",
-        "--out",
-        str(out),
-        "--dir",
-        str(tmp_path),
-        tmp_path=tmp_path,
-    )
-    report = json.loads((out / "zarr_write.json").read_text())
+    report, out = smoke_report(run_module, tmp_path, "zarr_write", "zarr_write")
     assert report["benchmark"] == "zarr_write" and {"date", "command", "machine"} <= set(report)
     ran = [
         w
