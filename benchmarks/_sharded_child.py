@@ -1,6 +1,8 @@
-"""The measuring process of :mod:`benchmarks.sharded`, started by it with ``--devices`` JAX
-devices already configured (``XLA_FLAGS``): it builds the sharded pytree, runs the rounds
-and prints one ``RESULT {json}`` line. Not meant to be run by hand.
+"""The measuring process of :mod:`benchmarks.sharded`, started by it with its JAX devices
+already configured (``XLA_FLAGS`` for CPU host devices; on GPUs, every GPU, or with
+``processes`` above 1 one GPU per process, joined by ``jax.distributed``): it builds the
+sharded pytree, runs the rounds and prints one ``RESULT {json}`` line (process 0 alone).
+Not meant to be run by hand.
 
 ``python -m benchmarks._sharded_child SPEC_JSON``
 """
@@ -16,10 +18,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -32,12 +35,14 @@ MATRICES = 8
 OPTIONAL_PEERS = ("orbax", "tensorstore")
 
 # The ceilings each round samples beside the peers, one setting each (the question is the
-# disk's rate for plain writes, not the best of several tools'): plain threaded pwrite of
-# the checkpoint's bytes into a new file in the checkpoints' directory, then fsync...
+# disk's rate for plain writes and reads, not the best of several tools'): plain threaded
+# pwrite of the checkpoint's bytes into a new file in the checkpoints' directory, then
+# fsync...
 WRITE_CEILING = ("posix", 4, 64 * h.MiB)
-# ...and that file read back from the page cache by buffered threads.
+# ...that file read back from the page cache by buffered threads...
 READ_CEILING = ("posix", 16, 16 * h.MiB)
-CEILINGS = ("write_fsync", "warm_read")
+# ...and read after eviction with O_DIRECT (``cold``).
+COLD_CEILING = ("direct", 16, 16 * h.MiB)
 
 
 @dataclass
@@ -48,6 +53,37 @@ class Peer:
     path: str
     save: Callable[[], Any]
     restore: Callable[[NamedSharding], dict[str, Any]]
+    # Paths a cold restore evicts (the checkpoint's files).
+    files: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------ processes
+
+
+def start_processes(spec: dict[str, Any]) -> None:
+    """Join ``jax.distributed`` where the run has several processes: on GPUs, process ``r``
+    drives GPU ``r`` alone."""
+    if spec["processes"] == 1:
+        return
+    placement = {"local_device_ids": [spec["rank"]]} if spec["platform"] == "gpu" else {}
+    jax.distributed.initialize(
+        f"localhost:{spec['port']}",
+        num_processes=spec["processes"],
+        process_id=spec["rank"],
+        **placement,
+    )
+
+
+def sync(name: str) -> None:
+    """Every process meets here (nothing to do in one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def leader() -> bool:
+    return jax.process_index() == 0
 
 
 # ------------------------------------------------------------------ the pytree
@@ -62,18 +98,18 @@ def meshes(devices: list[Any]) -> tuple[NamedSharding, NamedSharding]:
 
 
 def build_tree(gib: float, sharding: NamedSharding, devices: int) -> dict[str, Any]:
-    """``MATRICES`` float32 matrices of ``gib`` GiB in all, each sharded along its rows. The
-    rows are a multiple of 2 x devices, so that both meshes split them evenly."""
+    """``MATRICES`` float32 matrices of ``gib`` GiB in all, normally distributed, made on
+    their devices and each sharded along its rows. The rows are a multiple of 2 x devices,
+    so that both meshes split them evenly."""
     rows = int(gib * (1 << 30)) // (4 * COLUMNS * MATRICES)
     rows -= rows % (2 * devices)
     if rows == 0:
         need = 2 * devices * 4 * COLUMNS * MATRICES / (1 << 30)
         raise SystemExit(f"--gib {gib} is too small for {devices} devices: at least {need:g}")
-    rng = np.random.default_rng(0)
-    tree = {
-        f"layer{i}": jax.device_put(rng.standard_normal((rows, COLUMNS), np.float32), sharding)
-        for i in range(MATRICES)
-    }
+    make = jax.jit(
+        lambda key: jax.random.normal(key, (rows, COLUMNS), jnp.float32), out_shardings=sharding
+    )
+    tree = {f"layer{i}": make(jax.random.key(i)) for i in range(MATRICES)}
     jax.block_until_ready(tree)
     return tree
 
@@ -83,13 +119,15 @@ def abstract(tree: dict[str, Any], sharding: NamedSharding) -> dict[str, Any]:
 
 
 def check(tree: dict[str, Any], out: dict[str, Any], sharding: NamedSharding) -> None:
-    """Raise unless ``out`` is ``tree`` with ``sharding``: the first row of each quarter of
-    every array compared, each quarter coming from other shards and other files."""
+    """Raise unless ``out`` is ``tree`` with ``sharding``: every element compared, on the
+    devices (across processes too), whatever the two shardings."""
     assert set(out) == set(tree), sorted(out)
     for k, x in out.items():
         assert x.sharding == sharding, k
-        step = max(1, x.shape[0] // 4)
-        assert np.array_equal(np.asarray(x[::step]), np.asarray(tree[k][::step])), k
+        if x.sharding.device_set != tree[k].sharding.device_set:  # fewer devices: move it
+            x = jax.device_put(x, tree[k].sharding)
+        replicated = NamedSharding(tree[k].sharding.mesh, P())
+        assert bool(jax.jit(jnp.array_equal, out_shardings=replicated)(tree[k], x)), k
 
 
 # ------------------------------------------------------------------ the peers
@@ -162,12 +200,15 @@ def zarr3_metadata(x: Any) -> dict[str, Any]:
 
 def tensorstore_peer(tree: dict[str, Any], scratch: str) -> Peer:
     """tensorstore's ``zarr3`` driver over its ``file`` kvstore, one array per leaf: each
-    process writes its addressable shards (one replica of each), and a restore reads each
-    device's region (its shard, or on the other mesh the part of the chunks it needs) and
-    assembles them with ``jax.make_array_from_single_device_arrays``. Every write and read
-    of the tree is issued before any is waited on."""
+    shard written (one replica of each), and a restore reads each device's region (its
+    shard, or on the other mesh the part of the chunks it needs) and assembles them with
+    ``jax.make_array_from_single_device_arrays``. Every write and read of the tree is
+    issued before any is waited on. One process only: the arrays' creation is not
+    coordinated between processes."""
     import tensorstore
 
+    if jax.process_count() > 1:
+        raise RuntimeError("the tensorstore peer runs in one process only")
     root = os.path.join(scratch, "tensorstore")
     context = tensorstore_context()
 
@@ -209,12 +250,17 @@ def tensorstore_peer(tree: dict[str, Any], scratch: str) -> Peer:
     return Peer(root, save, restore)
 
 
-def make_peers(tree: dict[str, Any], scratch: str) -> tuple[dict[str, Peer], dict[str, str]]:
-    """arrayio, and each optional peer that imports here; those that do not, with why."""
+def make_peers(
+    tree: dict[str, Any], scratch: str, wanted: list[str] | None
+) -> tuple[dict[str, Peer], dict[str, str]]:
+    """arrayio, and each optional peer of ``wanted`` (all where None) that imports and runs
+    here; those that do not, with why."""
     peers = {"arrayio": arrayio_peer(tree, scratch)}
     unavailable = {}
     makers = {"orbax": orbax_peer, "tensorstore": tensorstore_peer}
     for name in OPTIONAL_PEERS:
+        if wanted is not None and name not in wanted:
+            continue
         try:
             peers[name] = makers[name](tree, scratch)
         except Exception as error:  # noqa: BLE001 - any failure to import means "not here"
@@ -230,9 +276,20 @@ def resident_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def timed_with_peak_memory(run: Callable[[], Any]) -> tuple[float, int]:
-    """Seconds ``run`` took, and the most the resident set grew above where it started,
-    sampled every 2 ms."""
+def timed(run: Callable[[], Any], name: str) -> tuple[float, Any]:
+    """Seconds from every process's start of ``run`` to the last one's end (its arrays
+    ready), and what it returned here."""
+    sync(f"{name}:start")
+    start = time.perf_counter()
+    out = run()
+    jax.block_until_ready(out)
+    sync(f"{name}:end")
+    return time.perf_counter() - start, out
+
+
+def timed_with_peak_memory(run: Callable[[], Any], name: str) -> tuple[float, int]:
+    """Seconds ``run`` took (as :func:`timed`), and the most this process's resident set
+    grew above where it started, sampled every 2 ms."""
     base, peak, done = resident_bytes(), [0], threading.Event()
 
     def sample() -> None:
@@ -242,59 +299,79 @@ def timed_with_peak_memory(run: Callable[[], Any]) -> tuple[float, int]:
 
     thread = threading.Thread(target=sample)
     thread.start()
-    start = time.perf_counter()
     try:
-        run()
+        seconds, _ = timed(run, name)
     finally:
-        seconds = time.perf_counter() - start
         done.set()
         thread.join()
     return seconds, max(peak[0], resident_bytes() - base)
 
 
-def timed_restore(peer: Peer, sharding: NamedSharding) -> tuple[float, dict[str, Any]]:
-    start = time.perf_counter()
-    out = peer.restore(sharding)
-    jax.block_until_ready(out)
-    return time.perf_counter() - start, out
+def evict_checkpoint(path: str) -> None:
+    """The checkpoint's files out of the page cache (and every cache, where this is root):
+    done by process 0 while the others wait."""
+    if leader():
+        h.evict(path, drop=True)
+    sync(f"evicted:{path}")
 
 
 def measure_peer(
-    peer: Peer, tree: dict[str, Any], rows: NamedSharding, other: NamedSharding
+    name: str,
+    peer: Peer,
+    tree: dict[str, Any],
+    shardings: dict[str, NamedSharding],
+    cold: bool,
 ) -> dict[str, Any]:
     """One round of a peer: a durable save (its files and directories fsynced, as the write
-    ceiling's file is, inside the timing), a restore onto the save's sharding, one onto the
-    other mesh; both restores checked."""
-    h.remove(peer.path)
+    ceiling's file is, inside the timing); with ``cold`` a restore onto the save's sharding
+    after the files were evicted; then one onto every sharding of ``shardings`` from the
+    page cache (``restore``, the save's own, first). Every restore is checked."""
+    if leader():
+        h.remove(peer.path)
+    sync(f"{name}:removed")
 
     def durable_save() -> None:
         peer.save()
-        h.fsync_tree(peer.path)
+        sync(f"{name}:saved")
+        if leader():
+            h.fsync_tree(peer.path)
 
-    save_s, peak = timed_with_peak_memory(durable_save)
-    restore_s, out = timed_restore(peer, rows)
-    check(tree, out, rows)
-    del out
-    reshard_s, out = timed_restore(peer, other)
-    check(tree, out, other)
-    return {
-        "save_s": save_s,
-        "restore_s": restore_s,
-        "reshard_s": reshard_s,
-        "save_peak_extra_bytes": peak,
-    }
+    save_s, peak = timed_with_peak_memory(durable_save, f"{name}:save")
+    row: dict[str, Any] = {"save_s": save_s, "save_peak_extra_bytes": peak}
+    if cold:
+        evict_checkpoint(peer.path)
+        seconds, out = timed(lambda: peer.restore(shardings["restore"]), f"{name}:cold")
+        check(tree, out, shardings["restore"])
+        del out
+        row["cold_restore_s"] = seconds
+    for quantity, sharding in shardings.items():
+        seconds, out = timed(lambda s=sharding: peer.restore(s), f"{name}:{quantity}")
+        check(tree, out, sharding)
+        del out
+        row[f"{quantity}_s"] = seconds
+    return row
 
 
-def disk_ceilings(scratch: str, nbytes: int) -> h.DiskCeilings:
-    """The write and page-cache read ceilings on a file of ``nbytes`` in ``scratch``, each
-    with its one setting (its samples up front are the warm-up)."""
+def ceiling_names(cold: bool) -> tuple[str, ...]:
+    return ("write_fsync", "warm_read", "cold_read") if cold else ("write_fsync", "warm_read")
+
+
+def disk_ceilings(scratch: str, nbytes: int, cold: bool) -> h.DiskCeilings:
+    """The write, page-cache read (and with ``cold`` the disk's read) ceilings on a file of
+    ``nbytes`` in ``scratch``, each with its one setting (its samples up front are the
+    warm-up)."""
     ceilings = h.DiskCeilings(
         scratch,
         nbytes,
-        drop=False,
-        prefer={"write_fsync": [WRITE_CEILING], "warm_read": [READ_CEILING]},
-        limits=CEILINGS,
+        drop=True,
+        prefer={
+            "write_fsync": [WRITE_CEILING],
+            "warm_read": [READ_CEILING],
+            "cold_read": [COLD_CEILING],
+        },
+        limits=ceiling_names(cold),
     )
+    ceilings.SAMPLES = 1  # one setting each: the search's samples are only the warm-up
     ceilings.search()
     return ceilings
 
@@ -302,7 +379,7 @@ def disk_ceilings(scratch: str, nbytes: int) -> h.DiskCeilings:
 def sample_ceilings(ceilings: h.DiskCeilings) -> dict[str, float]:
     """One sample of each ceiling that has a working setting: seconds for its bytes."""
     seconds = {}
-    for name in CEILINGS:
+    for name in ceilings.limits:
         limit = ceilings.limits[name]
         before = len(limit.samples)
         ceilings.sample(name)
@@ -313,7 +390,8 @@ def sample_ceilings(ceilings: h.DiskCeilings) -> dict[str, float]:
 
 def versions() -> dict[str, str | None]:
     found: dict[str, str | None] = {}
-    for name in ("arrayio", "jax", "jaxlib", "numpy", "orbax-checkpoint", "tensorstore"):
+    names = ("arrayio", "jax", "jaxlib", "numpy", "orbax-checkpoint", "tensorstore", "torch")
+    for name in (*names, "fastsafetensors", "instanttensor"):
         try:
             found[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -321,43 +399,83 @@ def versions() -> dict[str, str | None]:
     return found
 
 
-def main(spec: dict[str, Any]) -> dict[str, Any]:
+def restore_shardings(
+    devices: list[Any], rows: NamedSharding, other: NamedSharding, scaling: bool
+) -> dict[str, NamedSharding]:
+    """What each round restores onto: the save's sharding, the other mesh, and with
+    ``scaling`` rows over the first 1, 2, 4... devices (fewer than all; one process)."""
+    shardings = {"restore": rows, "reshard": other}
+    n = 1
+    while scaling and n < len(devices):
+        mesh = Mesh(np.array(devices[:n]), ("data",))
+        shardings[f"restore_n{n}"] = NamedSharding(mesh, P("data"))
+        n *= 2
+    return shardings
+
+
+def main(spec: dict[str, Any]) -> dict[str, Any] | None:
+    start_processes(spec)
     devices = jax.devices()
     assert len(devices) == spec["devices"], devices
     rows, other = meshes(devices)
+    shardings = restore_shardings(devices, rows, other, spec["scaling"] and spec["processes"] == 1)
     tree = build_tree(spec["gib"], rows, len(devices))
     nbytes = sum(x.nbytes for x in tree.values())
     scratch = spec["dir"]
-    peers, unavailable = make_peers(tree, scratch)
-    ceilings = disk_ceilings(scratch, nbytes)
+    peers, unavailable = make_peers(tree, scratch, spec["peers"])
+    tp = None
+    if spec["hf_gib"]:
+        from benchmarks import _tp_load
+
+        tp = _tp_load.TensorParallel(spec, devices, timed=timed, sync=sync, leader=leader())
+        unavailable.update(tp.unavailable)
+    cold = spec["cold"]
+    ceilings = disk_ceilings(scratch, nbytes, cold) if leader() else None
     measured: list[dict[str, Any]] = []
     ceiling_rows: list[dict[str, Any]] = []
     orders = []
     layout = None
     shuffle = random.Random(spec["seed"]).shuffle
     try:
-        # The first round is untimed (imports, caches, first compilations); the ceilings,
-        # warmed up by their samples up front, join from the second.
+        # The first round is untimed (imports, caches, first compilations) and reads only
+        # from the page cache; the ceilings, warmed up by their samples up front, join from
+        # the second.
         for repetition in range(spec["repeats"] + 1):
-            order = list(peers) + (["ceilings"] if repetition else [])
+            order = list(peers) + (list(tp.peers) if tp else [])
+            order += ["ceilings"] if repetition else []
             shuffle(order)
             orders.append(order)
             for name in order:
                 if name == "ceilings":
-                    ceiling_rows.append({"repetition": repetition, **sample_ceilings(ceilings)})
-                    print(json.dumps(ceiling_rows[-1]), flush=True)
+                    if ceilings is not None:
+                        ceiling_rows.append({"repetition": repetition, **sample_ceilings(ceilings)})
+                        print(json.dumps(ceiling_rows[-1]), flush=True)
+                    sync(f"ceilings:{repetition}")
                     continue
-                row = measure_peer(peers[name], tree, rows, other)
-                if name == "orbax" and layout is None:
-                    layout = orbax_layout(peers[name].path)
+                if name in peers:
+                    peer_cold = cold and repetition > 0
+                    row = measure_peer(name, peers[name], tree, shardings, peer_cold)
+                    if name == "orbax" and layout is None and leader():
+                        layout = orbax_layout(peers[name].path)
+                else:
+                    assert tp is not None
+                    row = tp.measure(name, cold and repetition > 0)
                 if repetition:
                     measured.append({"peer": name, "repetition": repetition, **row})
-                    print(json.dumps(measured[-1]), flush=True)
+                    if leader():
+                        print(json.dumps(measured[-1]), flush=True)
     finally:
-        for peer in peers.values():
-            h.remove(peer.path)
-        ceiling_report = ceilings.report()
-        ceilings.close()
+        sync("done")
+        if leader():
+            for peer in peers.values():
+                h.remove(peer.path)
+            if tp is not None:
+                tp.remove()
+        ceiling_report = ceilings.report() if ceilings is not None else None
+        if ceilings is not None:
+            ceilings.close()
+    if not leader():
+        return None
     return {
         "rows": measured,
         "ceiling_rows": ceiling_rows,
@@ -370,10 +488,17 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         "array_bytes": nbytes // len(tree),
         "arrays": len(tree),
         "devices": len(devices),
+        "processes": jax.process_count(),
+        "device_kinds": sorted({d.device_kind for d in devices}),
         "platform": devices[0].platform,
+        "cold": cold,
+        "scaling": sorted(q for q in shardings if q.startswith("restore_n")),
+        "tensor_parallel": tp.describe() if tp else None,
         "versions": versions(),
     }
 
 
 if __name__ == "__main__":
-    print("RESULT " + json.dumps(main(json.loads(sys.argv[1]))), flush=True)
+    result = main(json.loads(sys.argv[1]))
+    if result is not None:
+        print("RESULT " + json.dumps(result), flush=True)

@@ -46,6 +46,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -58,9 +59,22 @@ from benchmarks.sweep import machine
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-QUANTITIES = ("save", "restore", "reshard")
-# What each quantity is judged against: saves write the disk, restores read the page cache.
-CEILING_OF = {"save": "write_fsync", "restore": "warm_read", "reshard": "warm_read"}
+# What each quantity is judged against: saves write the disk, restores read the page cache
+# (the save just wrote the files), cold ones the disk.
+CEILING_OF = {
+    "save": "write_fsync",
+    "restore": "warm_read",
+    "reshard": "warm_read",
+    "cold_restore": "cold_read",
+    "tp_warm": "warm_read",
+    "tp_cold": "cold_read",
+}
+
+
+def ceiling_of(quantity: str) -> str:
+    """``restore_n1``... (restores onto fewer devices) are judged as restores."""
+    base = quantity.split("_n")[0]
+    return CEILING_OF[base]
 
 
 def rate(nbytes: int, seconds: float) -> float:
@@ -77,6 +91,8 @@ def summarize_ceilings(report: dict[str, Any]) -> dict[str, Any]:
     nbytes = report["ceilings"]["bytes"]
     out = {}
     for name in dict.fromkeys(CEILING_OF.values()):
+        if name not in report["ceilings"]:
+            continue
         rounds = [rate(nbytes, r[f"{name}_s"]) for r in report["ceiling_rows"] if f"{name}_s" in r]
         out[name] = {
             "GBps": statistics.median(rounds) if rounds else None,
@@ -86,33 +102,56 @@ def summarize_ceilings(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def quantities_of(rows: list[dict[str, Any]]) -> list[str]:
+    """The quantities the rows hold (``save_s`` gives ``save``), in a stable order."""
+    found = {k[: -len("_s")] for r in rows for k in r if k.endswith("_s")}
+    return sorted(found, key=lambda q: (list(CEILING_OF).index(q.split("_n")[0]), q))
+
+
 def summarize_peer(rows: list[dict[str, Any]], nbytes: int) -> dict[str, Any]:
     """One peer's GB/s in every round, their medians, and its largest peak during a save."""
     out: dict[str, Any] = {"rounds_GBps": {}}
-    for quantity in QUANTITIES:
+    for quantity in quantities_of(rows):
         rounds = [rate(nbytes, r[f"{quantity}_s"]) for r in rows]
         out["rounds_GBps"][quantity] = rounds
         out[quantity] = statistics.median(rounds)
-    out["save_peak_extra_bytes_rounds"] = [r["save_peak_extra_bytes"] for r in rows]
-    out["save_peak_extra_bytes"] = max(out["save_peak_extra_bytes_rounds"])
+    peaks = [r["save_peak_extra_bytes"] for r in rows if "save_peak_extra_bytes" in r]
+    if peaks:
+        out["save_peak_extra_bytes_rounds"] = peaks
+        out["save_peak_extra_bytes"] = max(peaks)
     return out
 
 
 def summarize(report: dict[str, Any]) -> dict[str, Any]:
     """Per peer: medians of GB/s, and each as a ratio to orbax's and to its ceiling's median
-    (``vs_orbax``, ``vs_ceiling``); the ceilings' medians under ``ceilings``."""
+    (``vs_orbax``, ``vs_ceiling``); the tensor-parallel peers also to InstantTensor's
+    (``vs_instanttensor``); the ceilings' medians under ``ceilings``; with ``scaling``,
+    arrayio's GB/s per device on 1, 2, 4... devices (``per_device``)."""
     ceilings = summarize_ceilings(report)
-    peers = {
-        name: summarize_peer([r for r in report["rows"] if r["peer"] == name], report["nbytes"])
-        for name in sorted({r["peer"] for r in report["rows"]})
-    }
+    tp_bytes = (report.get("tensor_parallel") or {}).get("bytes")
+    peers = {}
+    for name in sorted({r["peer"] for r in report["rows"]}):
+        nbytes = tp_bytes if name.endswith("-tp") else report["nbytes"]
+        peers[name] = summarize_peer([r for r in report["rows"] if r["peer"] == name], nbytes)
     for name, peer in peers.items():
+        quantities = [q for q in peer if q in peer["rounds_GBps"]]
         peer["vs_ceiling"] = {
-            q: ratio(peer[q], ceilings[CEILING_OF[q]]["GBps"]) for q in QUANTITIES
+            q: ratio(peer[q], (ceilings.get(ceiling_of(q)) or {}).get("GBps")) for q in quantities
         }
-        if "orbax" in peers and name != "orbax":
-            peer["vs_orbax"] = {q: ratio(peer[q], peers["orbax"][q]) for q in QUANTITIES}
-    return {"ceilings": ceilings, "peers": peers}
+        for base in ("orbax", "instanttensor-tp"):
+            if base in peers and name != base:
+                key = "vs_" + base.split("-")[0]
+                peer[key] = {q: ratio(peer[q], peers[base].get(q)) for q in quantities}
+    summary: dict[str, Any] = {"ceilings": ceilings, "peers": peers}
+    arrayio = peers.get("arrayio", {})
+    if report.get("scaling"):
+        per_device = {}
+        points = {report["devices"]: arrayio.get("restore")}
+        for quantity in report["scaling"]:
+            points[int(quantity.split("_n")[1])] = arrayio.get(quantity)
+        per_device["restore"] = {n: v / n for n, v in sorted(points.items()) if v}
+        summary["per_device"] = per_device
+    return summary
 
 
 def plot(report: dict[str, Any], path: str) -> None:
@@ -123,20 +162,27 @@ def plot(report: dict[str, Any], path: str) -> None:
 
     summary = report["summary"]
     peers = sorted(summary["peers"])
-    fig, ax = plt.subplots(figsize=(8.5, 4))
+    quantities = sorted(
+        {q for p in peers for q in summary["peers"][p]["rounds_GBps"]},
+        key=lambda q: (list(CEILING_OF).index(q.split("_n")[0]), q),
+    )
+    scaling = summary.get("per_device")
+    fig, axes = plt.subplots(1, 2 if scaling else 1, figsize=(13 if scaling else 9, 4.2))
+    ax = axes[0] if scaling else axes
     width = 0.8 / len(peers)
     for i, peer in enumerate(peers):
-        ax.bar(
-            [q + (i - (len(peers) - 1) / 2) * width for q in range(len(QUANTITIES))],
-            [summary["peers"][peer][q] for q in QUANTITIES],
-            width,
-            label=peer,
-        )
-    style = {"write_fsync": ("--", "write ceiling"), "warm_read": (":", "page-cache read ceiling")}
+        values = [summary["peers"][peer].get(q, 0.0) for q in quantities]
+        offsets = [q + (i - (len(peers) - 1) / 2) * width for q in range(len(quantities))]
+        ax.bar(offsets, values, width, label=peer)
+    style = {
+        "write_fsync": ("--", "write ceiling"),
+        "warm_read": (":", "page-cache read ceiling"),
+        "cold_read": ("-.", "disk read ceiling"),
+    }
     labelled = set()
-    for q, quantity in enumerate(QUANTITIES):
-        name = CEILING_OF[quantity]
-        ceiling = summary["ceilings"][name]["GBps"]
+    for q, quantity in enumerate(quantities):
+        name = ceiling_of(quantity)
+        ceiling = (summary["ceilings"].get(name) or {}).get("GBps")
         if ceiling is not None:
             line, label = style[name]
             ax.hlines(
@@ -148,14 +194,26 @@ def plot(report: dict[str, Any], path: str) -> None:
                 label=None if name in labelled else label,
             )
             labelled.add(name)
-    ax.set_xticks(range(len(QUANTITIES)))
-    ax.set_xticklabels(QUANTITIES)
+    ax.set_xticks(range(len(quantities)))
+    ax.set_xticklabels([q.replace("_", " ") for q in quantities], rotation=30, ha="right")
     ax.set_ylabel("GB/s (median)")
+    processes = report.get("processes", 1)
     ax.set_title(
-        f"{report['gib']} GiB sharded over {report['devices']} {report['platform']} devices, "
-        f"{report['date'][:10]}"
+        f"{report['gib']:g} GiB over {report['devices']} {report['platform']} devices, "
+        f"{processes} process{'es' if processes > 1 else ''}, {report['date'][:10]}",
+        fontsize="medium",
     )
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1, 1))
+    if scaling:
+        ax2 = axes[1]
+        for state, points in scaling.items():
+            counts = [int(n) for n in points]
+            ax2.plot(counts, list(points.values()), marker="o", label=f"arrayio {state}")
+        ax2.set_xlabel("devices restored onto")
+        ax2.set_ylabel("GB/s per device (median)")
+        ax2.set_xticks(sorted({int(n) for p in scaling.values() for n in p}))
+        ax2.set_title("scaling, one process", fontsize="medium")
+        ax2.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -171,25 +229,71 @@ def cpu_model() -> str | None:
     return None
 
 
-def run_child(spec: dict[str, Any], devices: int) -> dict[str, Any]:
-    """Run :mod:`benchmarks._sharded_child` with ``devices`` CPU host devices; its result."""
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks._sharded_child", json.dumps(spec)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    sys.stdout.write(done.stdout[-4000:])
-    if done.returncode != 0:
-        raise SystemExit(f"the benchmark's process failed:\n{done.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.split("RESULT ", 1)[1])
+def child_environment(platform: str, devices: int, processes: int) -> dict[str, str]:
+    """CPU host devices (``devices / processes`` in each process), or the GPUs, with JAX
+    allocating as it goes (the peers share the GPUs' memory with the pytree)."""
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    if platform == "cpu":
+        env["JAX_PLATFORMS"] = "cpu"
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices // processes}"
+    else:
+        env["JAX_PLATFORMS"] = "cuda"
+        env.pop("XLA_FLAGS", None)
+    return env
+
+
+def free_port() -> int:
+    """A port for ``jax.distributed``'s coordinator; the next one serves torch.distributed."""
+    for _ in range(20):
+        with socket.socket() as probe:
+            probe.bind(("localhost", 0))
+            port = int(probe.getsockname()[1])
+        with socket.socket() as probe:
+            try:
+                probe.bind(("localhost", port + 1))
+                return port
+            except OSError:
+                continue
+    raise SystemExit("no two free neighbouring ports for the processes' coordinators")
+
+
+def run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run :mod:`benchmarks._sharded_child` in ``spec["processes"]`` processes; process 0's
+    result."""
+    env = child_environment(spec["platform"], spec["devices"], spec["processes"])
+    port = free_port()
+    logs = [tempfile.TemporaryFile("w+") for _ in range(spec["processes"])]
+    children = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks._sharded_child",
+                json.dumps({**spec, "rank": rank, "port": port}),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE if rank == 0 else logs[rank],
+            stderr=logs[rank],
+            text=True,
+        )
+        for rank in range(spec["processes"])
+    ]
+    assert children[0].stdout is not None
+    lines = []
+    for line in children[0].stdout:  # process 0's rows as they come
+        lines.append(line)
+        if not line.startswith("RESULT "):
+            sys.stdout.write(line)
+            sys.stdout.flush()
+    codes = [child.wait() for child in children]
+    if any(codes):
+        errors = []
+        for rank, log in enumerate(logs):
+            log.seek(0)
+            errors.append(f"process {rank} (exit {codes[rank]}):\n{log.read()[-4000:]}")
+        raise SystemExit("the benchmark's processes failed:\n" + "\n".join(errors))
+    result: dict[str, Any] = json.loads(next(x for x in lines if x.startswith("RESULT "))[7:])
     return result
 
 
@@ -201,7 +305,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", default=None, help="where the checkpoints are written")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--platform", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument(
+        "--processes", type=int, default=1, help="one per GPU (jax.distributed); 1: one for all"
+    )
+    parser.add_argument("--cold", action="store_true", help="also restore after eviction")
+    parser.add_argument("--scaling", action="store_true", help="restore onto 1, 2, 4... devices")
+    parser.add_argument("--peers", default=None, help="optional peers, comma-separated")
+    parser.add_argument("--hf-gib", type=float, default=0.0, help="tensor-parallel HF load")
+    parser.add_argument("--hf-files", type=int, default=4)
     args = parser.parse_args(argv)
+    if args.devices % args.processes:
+        parser.error("--devices must be a multiple of --processes")
     os.makedirs(args.out, exist_ok=True)
     scratch = os.path.abspath(tempfile.mkdtemp(prefix="arrayio-sharded-", dir=args.dir))
     spec = {
@@ -210,10 +325,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "repeats": args.repeats,
         "dir": scratch,
         "seed": args.seed if args.seed is not None else random.randrange(1 << 30),
+        "platform": args.platform,
+        "processes": args.processes,
+        "cold": args.cold,
+        "scaling": args.scaling,
+        "peers": args.peers.split(",") if args.peers is not None else None,
+        "hf_gib": args.hf_gib,
+        "hf_files": args.hf_files,
     }
     start = time.time()
     try:
-        result = run_child(spec, args.devices)
+        result = run_child(spec)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report = {
