@@ -27,12 +27,18 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from .. import config, tools
-from ..arrays._buffers import DeviceBuffer, aligned_empty, driver_copyable, scatter_from_host
+from ..arrays._buffers import (
+    DeviceBuffer,
+    aligned_empty,
+    driver_copyable,
+    scatter_from_host,
+    synchronize_device,
+)
 from ..errors import ConfigError, UnknownToolError
 from ..integrity._checksum import checksum, combine
 from ..runtime import _memory
@@ -53,6 +59,8 @@ __all__ = ["Dispatcher", "candidate_arms", "get", "machine_fingerprint", "parse_
 logger = logging.getLogger("arrayio.dispatch")
 
 _SAVE_INTERVAL = 5.0  # seconds between saves of the learned table
+R = TypeVar("R")
+
 # Below this size a transfer is one system call's latency whatever the tool: it goes
 # straight to the naive tool, with no context probe, no timing and no learning, whose cost
 # (several microseconds) would exceed any difference between tools.
@@ -112,6 +120,27 @@ def _files_share(requests: Sequence[tuple[int, int, Buffer]], share: float) -> l
 
 def _ignore(index: int) -> None:
     """The progress callback of a transfer alone."""
+
+
+def _settled_on_failure(operation: Callable[[Tool], R], buffer: Buffer) -> Callable[[Tool], R]:
+    """``operation``, which on a device buffer waits, when its tool fails, for all work on
+    the buffer's GPU before the failure reaches the policy: the failed tool may have queued
+    writes into the buffers on streams of its own, which would otherwise land after the
+    next tool's bytes and overwrite them."""
+    if isinstance(buffer, np.ndarray):
+        return operation
+
+    def run(tool: Tool) -> R:
+        try:
+            return operation(tool)
+        except BaseException:
+            try:
+                synchronize_device(buffer)
+            except Exception as error:  # noqa: BLE001 - the tool's failure is the one raised
+                logger.warning("arrayio could not wait for the GPU after a failure: %s", error)
+            raise
+
+    return run
 
 
 def _placement(buffer: Buffer) -> tuple[str, int]:
@@ -416,7 +445,9 @@ class Dispatcher:
         def operation(part: list[int]) -> Callable[[Tool], None]:
             chosen = [requests[i] for i in part]
             chosen_names = [names[i] for i in part]
-            return lambda t: batches.read_files(t, chosen, chosen_names, _ignore)
+            return _settled_on_failure(
+                lambda t: batches.read_files(t, chosen, chosen_names, _ignore), chosen[0][2]
+            )
 
         with self.in_flight:
             context = self.files_context(requests, buffer_kind(requests[0][2]))
@@ -798,8 +829,11 @@ class Dispatcher:
 
         def operation(requests: list[Request], report: Callable[[int], None]) -> Operation:
             if direction == "read":
-                return lambda t: batches.read_batch(
-                    t, fd, requests, path, with_checksum, report, meanwhile
+                return _settled_on_failure(
+                    lambda t: batches.read_batch(
+                        t, fd, requests, path, with_checksum, report, meanwhile
+                    ),
+                    requests[0][1],
                 )
             return lambda t: batches.write_batch(t, fd, requests, with_checksum, report)
 

@@ -249,6 +249,73 @@ def test_a_tool_that_fails_after_scribbling_falls_back_with_exact_data(
         assert (arm["failures"], arm["count"]) == (1, 0)
 
 
+class _QueuedDevice:
+    """Host bytes posing as GPU memory whose writes a tool may queue, as on a stream of its
+    own: they land when the GPU is synchronized (``finish``), not when queued."""
+
+    device_index = 0
+
+    def __init__(self, data: np.ndarray, queue: list[Callable[[], None]]) -> None:
+        self.data, self.queue, self.nbytes = data, queue, data.nbytes
+
+    def part(self, start: int, stop: int) -> _QueuedDevice:
+        return _QueuedDevice(self.data[start:stop], self.queue)
+
+    def finish(self) -> None:
+        while self.queue:
+            self.queue.pop(0)()
+
+
+def test_a_failed_tools_queued_device_writes_land_before_the_next_tool_reads(
+    tmp_path, registry, monkeypatch
+):
+    # The first tool queues garbage into the device buffer on its stream, then fails; the
+    # next reads the file's bytes. Unless the GPU is synchronized before the next tool
+    # runs, the garbage lands after the good bytes, and the read returns it, silently.
+    queue: list[Callable[[], None]] = []
+
+    class QueuesThenFails(Tool):
+        name = "queues-then-fails"
+        capabilities = Capabilities(frozenset({"cuda"}), checksums=False)
+
+        def pread(self, fd, buffer, file_offset, *, checksum=None):
+            queue.append(lambda: buffer.data.fill(GARBAGE))
+            raise ToolUnavailableError("queues-then-fails: injected")
+
+        pwrite = pread
+
+    class Reads(Tool):
+        name = "reads"
+        capabilities = Capabilities(frozenset({"cuda"}), checksums=False)
+
+        def pread(self, fd, buffer, file_offset, *, checksum=None):
+            host = np.empty(buffer.nbytes, np.uint8)
+            n = pread_full(fd, host, file_offset)
+            buffer.data[:] = host
+            return IOFuture.completed(n)
+
+        pwrite = pread
+
+    tools.register("queues-then-fails", QueuesThenFails, clobber=True)
+    tools.register("reads", Reads, clobber=True)
+    arms = [Arm("queues-then-fails"), Arm("reads")]
+    monkeypatch.setattr(dispatcher, "candidate_arms", lambda context: list(arms))
+    monkeypatch.setattr(dispatcher, "synchronize_device", lambda buffer: buffer.finish())
+    data = np.random.default_rng(3).integers(0, 256, 4 * MiB, dtype=np.uint8)
+    path = tmp_path / "data.bin"
+    path.write_bytes(data.tobytes())
+    active = dispatcher.Dispatcher(None)
+    device = _QueuedDevice(np.zeros(4 * MiB, np.uint8), queue)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        active.read(fd, device, 0, path=str(path))
+    finally:
+        os.close(fd)
+        active.close()
+    device.finish()  # whatever is still queued lands, as it would before the user's next use
+    assert np.array_equal(device.data, data)
+
+
 def test_a_forced_tool_that_fails_raises_without_fallback_or_mark(tmp_path, registry, fresh):
     scribbler, calls = make_scribbler(lambda: RuntimeError("scribbler: CUDA error 700"))
     tools.register("scribbler", scribbler, clobber=True)
