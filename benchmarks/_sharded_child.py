@@ -430,6 +430,23 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
         tp = _tp_load.TensorParallel(spec, devices, timed=timed, sync=sync, leader=leader())
         unavailable.update(tp.unavailable)
     cold = spec["cold"]
+    about = {
+        "peers_unavailable": unavailable,
+        "nbytes": nbytes,
+        "shard_bytes": nbytes // len(tree) // len(devices),
+        "array_bytes": nbytes // len(tree),
+        "arrays": len(tree),
+        "devices": len(devices),
+        "processes": jax.process_count(),
+        "device_kinds": sorted({d.device_kind for d in devices}),
+        "platform": devices[0].platform,
+        "cold": cold,
+        "scaling": sorted(q for q in shardings if q.startswith("restore_n")),
+        "tensor_parallel": tp.describe() if tp else None,
+        "versions": versions(),
+    }
+    if leader():  # what the rows are of, for a report of the rounds so far
+        print("ABOUT " + json.dumps(about), flush=True)
     ceilings = disk_ceilings(scratch, nbytes, cold) if leader() else None
     measured: list[dict[str, Any]] = []
     ceiling_rows: list[dict[str, Any]] = []
@@ -477,24 +494,12 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
     if not leader():
         return None
     return {
+        **about,
         "rows": measured,
         "ceiling_rows": ceiling_rows,
         "ceilings": ceiling_report,
         "orders": orders,
-        "peers_unavailable": unavailable,
         "orbax_layout": layout,
-        "nbytes": nbytes,
-        "shard_bytes": nbytes // len(tree) // len(devices),
-        "array_bytes": nbytes // len(tree),
-        "arrays": len(tree),
-        "devices": len(devices),
-        "processes": jax.process_count(),
-        "device_kinds": sorted({d.device_kind for d in devices}),
-        "platform": devices[0].platform,
-        "cold": cold,
-        "scaling": sorted(q for q in shardings if q.startswith("restore_n")),
-        "tensor_parallel": tp.describe() if tp else None,
-        "versions": versions(),
     }
 
 

@@ -52,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks.sweep import machine
@@ -141,7 +142,9 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         for base in ("orbax", "instanttensor-tp"):
             if base in peers and name != base:
                 key = "vs_" + base.split("-")[0]
-                peer[key] = {q: ratio(peer[q], peers[base].get(q)) for q in quantities}
+                shared = [q for q in quantities if q in peers[base]["rounds_GBps"]]
+                if shared:
+                    peer[key] = {q: ratio(peer[q], peers[base][q]) for q in shared}
     summary: dict[str, Any] = {"ceilings": ceilings, "peers": peers}
     arrayio = peers.get("arrayio", {})
     if report.get("scaling"):
@@ -209,6 +212,10 @@ def plot(report: dict[str, Any], path: str) -> None:
         for state, points in scaling.items():
             counts = [int(n) for n in points]
             ax2.plot(counts, list(points.values()), marker="o", label=f"arrayio {state}")
+        warm = (summary["ceilings"].get("warm_read") or {}).get("GBps")
+        if warm:  # the host's page cache feeds every device: its share each
+            counts = sorted({int(n) for p in scaling.values() for n in p})
+            ax2.plot(counts, [warm / n for n in counts], "k:", label="page-cache ceiling / devices")
         ax2.set_xlabel("devices restored onto")
         ax2.set_ylabel("GB/s per device (median)")
         ax2.set_xticks(sorted({int(n) for p in scaling.values() for n in p}))
@@ -257,9 +264,10 @@ def free_port() -> int:
     raise SystemExit("no two free neighbouring ports for the processes' coordinators")
 
 
-def run_child(spec: dict[str, Any]) -> dict[str, Any]:
+def run_child(spec: dict[str, Any], progress: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Run :mod:`benchmarks._sharded_child` in ``spec["processes"]`` processes; process 0's
-    result."""
+    result. ``progress`` gets the rounds so far after each row (the run's description, its
+    peers' and ceilings' rows), so that a run stopped before its end leaves them."""
     env = child_environment(spec["platform"], spec["devices"], spec["processes"])
     port = free_port()
     logs = [tempfile.TemporaryFile("w+") for _ in range(spec["processes"])]
@@ -280,26 +288,62 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         for rank in range(spec["processes"])
     ]
     assert children[0].stdout is not None
-    lines = []
+    partial: dict[str, Any] = {"rows": [], "ceiling_rows": []}
+    result = None
     for line in children[0].stdout:  # process 0's rows as they come
-        lines.append(line)
-        if not line.startswith("RESULT "):
-            sys.stdout.write(line)
-            sys.stdout.flush()
+        if line.startswith("RESULT "):
+            result = json.loads(line[len("RESULT ") :])
+            continue
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        if line.startswith("ABOUT "):
+            partial.update(json.loads(line[len("ABOUT ") :]))
+        elif line.startswith("{"):
+            row = json.loads(line)
+            partial["rows" if "peer" in row else "ceiling_rows"].append(row)
+            progress(partial)
     codes = [child.wait() for child in children]
-    if any(codes):
+    if any(codes) or result is None:
         errors = []
         for rank, log in enumerate(logs):
             log.seek(0)
             errors.append(f"process {rank} (exit {codes[rank]}):\n{log.read()[-4000:]}")
         raise SystemExit("the benchmark's processes failed:\n" + "\n".join(errors))
-    result: dict[str, Any] = json.loads(next(x for x in lines if x.startswith("RESULT "))[7:])
     return result
+
+
+def write_report(report: dict[str, Any], out: str, *, complete: bool) -> None:
+    """``out/sharded.json`` (with ``complete``: whether every round ran), and with every
+    round the summary, printed, and the plot."""
+    report = {**report, "complete": complete}
+    if report.get("rows") and "ceilings" in report:
+        report["summary"] = summarize(report)
+    with open(os.path.join(out, "sharded.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    if not complete:
+        return
+    print(json.dumps(report["summary"], indent=1))
+    try:
+        plot(report, os.path.join(out, "sharded.png"))
+    except ImportError:
+        pass
+
+
+def replot(path: str) -> dict[str, Any]:
+    """The report at ``path`` summarized again and plotted beside it."""
+    with open(path) as f:
+        report: dict[str, Any] = json.load(f)
+    report["summary"] = summarize(report)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+    plot(report, os.path.join(os.path.dirname(path), "sharded.png"))
+    return report
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=False)
+    parser.add_argument("--replot", default=None, help="summarize and plot DIR/sharded.json again")
     parser.add_argument("--gib", type=float, default=2.0)
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
@@ -315,6 +359,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--hf-gib", type=float, default=0.0, help="tensor-parallel HF load")
     parser.add_argument("--hf-files", type=int, default=4)
     args = parser.parse_args(argv)
+    if args.replot:
+        return replot(args.replot)
+    if not args.out:
+        parser.error("--out is required")
     if args.devices % args.processes:
         parser.error("--devices must be a multiple of --processes")
     os.makedirs(args.out, exist_ok=True)
@@ -334,28 +382,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "hf_files": args.hf_files,
     }
     start = time.time()
-    try:
-        result = run_child(spec)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    report = {
+    header = {
         "benchmark": "sharded",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
         "command": " ".join(["python", "-m", "benchmarks.sharded", *(argv or sys.argv[1:])]),
         "gib": args.gib,
         "seed": spec["seed"],
         "machine": {**machine(), "cpu_model": cpu_model()},
-        "seconds": time.time() - start,
-        **result,
     }
-    report["summary"] = summarize(report)
-    with open(os.path.join(args.out, "sharded.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    print(json.dumps(report["summary"], indent=1))
+
+    def progress(partial: dict[str, Any]) -> None:
+        so_far = {**header, **partial, "seconds": time.time() - start}
+        write_report(so_far, args.out, complete=False)
+
     try:
-        plot(report, os.path.join(args.out, "sharded.png"))
-    except ImportError:
-        pass
+        result = run_child(spec, progress)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    report = {**header, "seconds": time.time() - start, **result}
+    write_report(report, args.out, complete=True)
+    report["summary"] = summarize(report)
     return report
 
 

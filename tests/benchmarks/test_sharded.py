@@ -99,3 +99,61 @@ def test_missing_peers_are_listed_as_unavailable(
         assert "hidden by the test" in report["peers_unavailable"][name], name
     assert report["orbax_layout"] is None
     assert "vs_orbax" not in report["summary"]["peers"]["arrayio"]
+
+
+def test_cold_restores_scaling_and_a_tensor_parallel_checkpoint(run_module: Any, tmp_path: Path):
+    # One process: restores after eviction beside the disk's read ceiling, restores onto 1,
+    # 2 and 4 of the 8 devices, and the Hugging Face checkpoint in 4 files loaded with a
+    # slice per device (the torch peers need one process per GPU: they say so).
+    out = tmp_path / "out"
+    run_module(
+        "benchmarks.sharded",
+        *("--out", str(out), "--gib", "0.002", "--devices", "8", "--repeats", "1"),
+        *("--dir", str(tmp_path), "--seed", "1", "--cold", "--scaling", "--peers", ""),
+        *("--hf-gib", "0.01", "--hf-files", "4"),
+        tmp_path=tmp_path,
+        timeout=120,
+    )
+    report = json.loads((out / "sharded.json").read_text())
+    assert report["complete"] and report["processes"] == 1
+    assert report["scaling"] == ["restore_n1", "restore_n2", "restore_n4"]
+    (ceiling_round,) = report["ceiling_rows"]
+    assert set(ceiling_round) == {"repetition", "write_fsync_s", "warm_read_s", "cold_read_s"}
+    summary = report["summary"]
+    arrayio = summary["peers"]["arrayio"]
+    for quantity in ("save", "restore", "reshard", "cold_restore", *report["scaling"]):
+        assert is_rate(arrayio[quantity]), quantity
+    assert set(summary["per_device"]["restore"]) == {"1", "2", "4", "8"}
+    tp = summary["peers"]["arrayio-tp"]
+    assert is_rate(tp["tp_warm"]) and is_rate(tp["tp_cold"])
+    assert report["tensor_parallel"]["files"] == 4 and report["tensor_parallel"]["split_tensors"]
+    for name in ("fastsafetensors-tp", "instanttensor-tp"):
+        assert "one process per GPU" in report["peers_unavailable"][name]
+    assert set(summary["peers"]) == {"arrayio", "arrayio-tp"}
+    assert (out / "sharded.png").stat().st_size > 0
+
+
+def test_one_process_per_device_group_joined_by_jax_distributed(run_module: Any, tmp_path: Path):
+    # Two processes of 2 host devices each: every figure is timed from all processes' start
+    # to the last one's end, and every restore checked across them.
+    out = tmp_path / "out"
+    result = run_module(
+        "benchmarks.sharded",
+        *("--out", str(out), "--gib", "0.002", "--devices", "4", "--processes", "2"),
+        *("--repeats", "1", "--dir", str(tmp_path), "--seed", "1", "--cold"),
+        *("--peers", "tensorstore", "--hf-gib", "0.01"),
+        tmp_path=tmp_path,
+        timeout=180,
+    )
+    report = json.loads((out / "sharded.json").read_text())
+    assert report["complete"] and (report["processes"], report["devices"]) == (2, 4)
+    assert "one process only" in report["peers_unavailable"]["tensorstore"]
+    peers = report["summary"]["peers"]
+    assert set(peers) == {"arrayio", "arrayio-tp"}
+    for quantity in ("save", "restore", "reshard", "cold_restore"):
+        assert is_rate(peers["arrayio"][quantity]), quantity
+    assert is_rate(peers["arrayio-tp"]["tp_cold"])
+    # The rows came as they were measured: one line each, after the run's description.
+    lines = [line for line in result.stdout.splitlines() if line.startswith(("ABOUT", "{"))]
+    assert lines[0].startswith("ABOUT ")
+    assert sum(line.startswith('{"peer"') for line in lines) == 2
