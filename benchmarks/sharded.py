@@ -1,12 +1,16 @@
 """Sharded checkpoints: arrayio against orbax and tensorstore, saving and restoring a pytree
-of jax.Arrays sharded over 8 devices, beside the disk's write and page-cache read ceilings,
-in one run.
+of jax.Arrays sharded over several devices, beside the disk's write and read ceilings, in one
+run; optionally a Hugging Face checkpoint loaded with a tensor-parallel slice per device.
 
-``python -m benchmarks.sharded --out DIR [--gib 2] [--devices 8] [--repeats 3] [--dir DIR]``
+``python -m benchmarks.sharded --out DIR [--gib 2] [--devices 8] [--repeats 3] [--dir DIR]
+[--platform cpu|gpu] [--processes 1] [--cold] [--scaling] [--peers orbax,tensorstore]
+[--hf-gib 0] [--hf-files 4]``, or ``--replot DIR/sharded.json``
 
-The run happens in a child process (:mod:`benchmarks._sharded_child`) with ``--devices`` JAX
-devices: CPU host devices (``--xla_force_host_platform_device_count``; the default, and the
-only choice without several GPUs). The pytree is ``--gib`` GiB of 8 float32 matrices (4096
+The run happens in child processes (:mod:`benchmarks._sharded_child`) with ``--devices`` JAX
+devices: CPU host devices (``--xla_force_host_platform_device_count``; the default), or the
+GPUs (``--platform gpu``). ``--processes N`` starts N processes joined by
+``jax.distributed`` (on GPUs, one GPU each); every figure is then timed from all processes'
+start to the last one's end. The pytree is ``--gib`` GiB of 8 float32 matrices (4096
 columns), each sharded along its rows over all devices (``P("data")``). Peers:
 
 * ``arrayio``: ``arrayio.save(path, tree)``; ``arrayio.load(path, structure=...)`` with
@@ -15,28 +19,39 @@ columns), each sharded along its rows over all devices (``P("data")``). Peers:
   ``restore`` with the same target. Its default layout, which is OCDBT in orbax 0.12
   (``use_ocdbt=True``): the JSON's ``orbax_layout`` says what it wrote, so OCDBT is no
   separate peer;
-* ``tensorstore`` (optional): one zarr3 array per leaf over the ``file`` kvstore, a chunk
-  per shard, no compression; each addressable shard written, each device's region read
-  back and assembled with ``jax.make_array_from_single_device_arrays``.
+* ``tensorstore`` (optional, one process only): one zarr3 array per leaf over the ``file``
+  kvstore, a chunk per shard, no compression; each addressable shard written, each device's
+  region read back and assembled with ``jax.make_array_from_single_device_arrays``.
 
-A peer that does not import is listed under ``peers_unavailable`` with the reason. Each
-round, in a shuffled order, every peer and the ceilings:
+``--peers`` names the optional peers to run (all by default). A peer that does not import
+is listed under ``peers_unavailable`` with the reason. Each round, in a shuffled order,
+every peer and the ceilings:
 
 * **save**: made durable inside the timing (the peer's files and directories fsynced, which
   leaves nothing to do for a peer that fsyncs its own);
-* **restore**: onto the same sharding; **reshard**: onto a 4 x 2 mesh sharded along both
-  axes (``P("data", "model")``); both checked against the tree;
-* **peak host memory** during each save: the most the process's resident set grew above
-  where it was, sampled every 2 ms;
-* **ceilings** (:class:`benchmarks.peers._harness.DiskCeilings`): ``write_fsync``, the
-  checkpoint's bytes written into a new file in the same directory by 4 threads of plain
-  ``pwrite`` then fsynced; ``warm_read``, that file read back from the page cache by 16
-  threads. Saves are judged against the first, restores (which read files the save just
-  wrote, so mostly from the page cache) against the second.
+* **cold_restore** (``--cold``, not in the untimed round): onto the same sharding, after the
+  checkpoint's files were evicted and, where the process is root, every cache dropped;
+* **restore**: onto the same sharding; **reshard**: onto a devices/2 x 2 mesh sharded along
+  both axes (``P("data", "model")``); **restore_n1**, ``_n2``... (``--scaling``, one
+  process): along the rows of the first 1, 2, 4... devices. All checked element by element
+  against the tree, on the devices;
+* **tp_cold**, **tp_warm** (``--hf-gib``): the checkpoint of :mod:`benchmarks._tp_load`
+  loaded with a slice per device, by arrayio and, with one process per GPU, by
+  fastsafetensors' and InstantTensor's distributed modes;
+* **peak host memory** during each save: the most process 0's resident set grew above where
+  it was, sampled every 2 ms;
+* **ceilings** (:class:`benchmarks.peers._harness.DiskCeilings`, sampled by process 0):
+  ``write_fsync``, the checkpoint's bytes written into a new file in the same directory by 4
+  threads of plain ``pwrite`` then fsynced; ``warm_read``, that file read back from the page
+  cache by 16 threads; with ``--cold``, ``cold_read``, read by 16 threads of ``O_DIRECT``
+  after eviction. Saves are judged against the first, restores against the second, cold
+  restores against the third.
 
 GB/s of array bytes (10^9 per second); each figure is the median of ``--repeats`` timed
 rounds, after an untimed one; every round's seconds are in the JSON. Results go to
-``DIR/sharded.json`` and ``DIR/sharded.png``.
+``DIR/sharded.json`` (rewritten after every row, ``complete`` false until the end, so that
+a run stopped by a time limit keeps its rounds) and ``DIR/sharded.png``. A 16 GiB run with
+orbax and ``--cold`` took about 10 minutes on the GPU VM's disk (1.2 GB/s written).
 """
 
 from __future__ import annotations
