@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import concurrent.futures
 import contextlib
 import functools
 import hashlib
@@ -76,14 +77,18 @@ class _Once:
 
     def __init__(self, work: Callable[[], None]) -> None:
         self._work: Callable[[], None] | None = work
+        # Batches of several devices run at once: whichever calls second waits until the
+        # work is done, so that no batch reports a transfer before it.
+        self._lock = threading.Lock()
 
     def __call__(self) -> None:
-        work, self._work = self._work, None
-        if work is not None:
-            try:
-                work()
-            except BaseException as error:
-                raise _Abandoned(error) from error
+        with self._lock:
+            work, self._work = self._work, None
+            if work is not None:
+                try:
+                    work()
+                except BaseException as error:
+                    raise _Abandoned(error) from error
 
 
 class _Abandoned(BaseException):
@@ -120,6 +125,22 @@ def _files_share(requests: Sequence[tuple[int, int, Buffer]], share: float) -> l
 
 def _ignore(index: int) -> None:
     """The progress callback of a transfer alone."""
+
+
+def _move_at_once(move: Callable[[list[int]], None], groups: list[list[int]]) -> None:
+    """``move`` each group on a thread of its own, all at once, and raise the first group's
+    error once every group has ended (no transfer may still be filling a buffer then).
+
+    The groups of a read are its devices' transfers (and the host's): one after the other,
+    each device's transfers would end before the next device's begin, every tool's pipeline
+    filling and draining once per device, and one process driving several GPUs would read
+    slower than it does onto one."""
+    with concurrent.futures.ThreadPoolExecutor(len(groups), "arrayio-devices") as pool:
+        futures = [pool.submit(move, indices) for indices in groups]
+    for future in futures:
+        error = future.exception()
+        if error is not None:
+            raise error
 
 
 def _settled_on_failure(operation: Callable[[Tool], R], buffer: Buffer) -> Callable[[Tool], R]:
@@ -638,7 +659,8 @@ class Dispatcher:
         side = _Once(side_work) if batched and (runs or meanwhile is not None) else None
         if side is None:
             move_small()
-        for indices in groups.values():
+
+        def move(indices: list[int]) -> None:
             if len(indices) == 1:  # alone, a batch is just a transfer
                 offset, buffer = requests[indices[0]]
                 results[indices[0]] = self._one(
@@ -646,10 +668,10 @@ class Dispatcher:
                 )
                 if done is not None:
                     done(indices[0])
-                continue
+                return
             reported: set[int] = set()
 
-            def report(k: int, indices: list[int] = indices, reported: set[int] = reported) -> None:
+            def report(k: int) -> None:
                 # Once per request, even when a failing tool's batch is redone by another.
                 if done is not None and indices[k] not in reported:
                     reported.add(indices[k])
@@ -663,9 +685,14 @@ class Dispatcher:
                 crcs = self._batch(direction, fd, batch, path, with_checksum, forced, report, side)
             except _Abandoned as abandoned:
                 raise abandoned.error from None
-            side = None  # ran in that batch, once even if another tool redid it
             for i, crc in zip(indices, crcs, strict=True):
                 results[i] = crc
+
+        if direction == "read" and len(groups) > 1:
+            _move_at_once(move, list(groups.values()))
+        else:
+            for indices in groups.values():
+                move(indices)
         if meanwhile is not None and not batched:
             meanwhile()
         return results

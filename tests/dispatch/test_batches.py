@@ -998,3 +998,94 @@ def test_an_error_of_the_callers_work_is_raised_once_the_transfers_end(tmp_path,
     finally:
         os.close(fd)
     assert all(not e.unavailable for e in arrayio.explain().explanations)  # no tool blamed
+
+
+# -- several devices in one read -----------------------------------------------------------
+
+
+class _OnDevice:
+    """Host bytes posing as memory of GPU ``device_index``."""
+
+    def __init__(self, nbytes: int, device_index: int) -> None:
+        self.data = np.zeros(nbytes, np.uint8)
+        self.nbytes = nbytes
+        self.device_index = device_index
+
+
+def test_each_devices_transfers_move_at_once_with_the_others(tmp_path, registry, monkeypatch):
+    # One read of pieces for two GPUs (a process driving both, as a sharded restore does):
+    # each device's transfers must be in flight while the other's are, or every tool's
+    # pipeline fills and drains once per device. The tool lets a transfer through only once
+    # one of the other device's is in flight too.
+    arrived: set[int] = set()
+    both = threading.Event()
+    devices_met: set[int] = set()
+
+    class MeetsTheOtherDevice(Tool):
+        name = "meets"
+        capabilities = Capabilities(frozenset({"cuda"}), checksums=False)
+
+        def pread(self, fd, buffer, file_offset, *, checksum=None):
+            arrived.add(buffer.device_index)
+            if arrived == {0, 1}:
+                both.set()
+            if not both.wait(timeout=10):
+                raise RuntimeError(f"device {buffer.device_index}'s transfer moved alone")
+            devices_met.add(buffer.device_index)
+            host = np.empty(buffer.nbytes, np.uint8)
+            n = pread_full(fd, host, file_offset)
+            buffer.data[:] = host
+            return IOFuture.completed(n)
+
+        pwrite = pread
+
+    tools.register("meets", MeetsTheOtherDevice, clobber=True)
+    monkeypatch.setattr(dispatcher, "candidate_arms", lambda context: [Arm("meets")])
+    content = np.random.default_rng(5).integers(0, 256, 8 * MiB, dtype=np.uint8)
+    path = tmp_path / "two-devices.bin"
+    path.write_bytes(content.tobytes())
+    # A batch of two pieces for device 0 and a piece alone for device 1.
+    ranges = [(0, 2 * MiB), (2 * MiB, 3 * MiB), (5 * MiB, 3 * MiB)]
+    buffers = [_OnDevice(2 * MiB, 0), _OnDevice(3 * MiB, 0), _OnDevice(3 * MiB, 1)]
+    active = Dispatcher(None)
+    try:
+        _read_into(active, path, ranges, buffers)
+    finally:
+        active.close()
+    assert devices_met == {0, 1}
+    for (offset, n), buffer in zip(ranges, buffers, strict=True):
+        assert np.array_equal(buffer.data, content[offset : offset + n]), offset
+
+
+def test_a_failing_device_raises_once_every_device_has_ended(tmp_path, registry, monkeypatch):
+    # Device 1's transfer fails for good; device 0's, slower, is still filling its buffer:
+    # the read raises only once it has ended, so that nothing writes into the caller's
+    # buffers after the call returns.
+    ended: list[int] = []
+
+    class FailsOnDeviceOne(Tool):
+        name = "fails-on-one"
+        capabilities = Capabilities(frozenset({"cuda"}), checksums=False)
+
+        def pread(self, fd, buffer, file_offset, *, checksum=None):
+            if buffer.device_index == 1:
+                raise ToolUnavailableError("fails-on-one: injected")
+            time.sleep(0.3)
+            buffer.data[:] = 1
+            ended.append(buffer.device_index)
+            return IOFuture.completed(buffer.nbytes)
+
+        pwrite = pread
+
+    tools.register("fails-on-one", FailsOnDeviceOne, clobber=True)
+    monkeypatch.setattr(dispatcher, "candidate_arms", lambda context: [Arm("fails-on-one")])
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(4 * MiB))
+    buffers = [_OnDevice(2 * MiB, 0), _OnDevice(2 * MiB, 1)]
+    active = Dispatcher(None)
+    try:
+        with pytest.raises(ToolUnavailableError, match="injected"):
+            _read_into(active, path, [(0, 2 * MiB), (2 * MiB, 2 * MiB)], buffers)
+    finally:
+        active.close()
+    assert ended == [0]
