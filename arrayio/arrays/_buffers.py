@@ -25,6 +25,7 @@ __all__ = [
     "result_empty",
     "scatter_from_host",
     "synchronize_device",
+    "wait_for_current_streams",
 ]
 
 # Host buffers are aligned for O_DIRECT (4096) and, as a by-product, for JAX's zero-copy
@@ -202,6 +203,36 @@ def synchronize_device(buffer: DeviceBuffer) -> None:
 
     with cupy.cuda.Device(buffer.device_index):
         cupy.cuda.runtime.deviceSynchronize()
+
+
+def wait_for_current_streams(buffers: Sequence[Any]) -> None:
+    """Wait, once per framework and device, for the work queued on the calling thread's
+    current stream of each torch or CuPy device buffer of ``buffers``.
+
+    A read fills device memory from the tools' own (non-blocking) streams, which are not
+    ordered after the caller's: a kernel still queued that writes the buffer (``out.zero_()``
+    before ``read_into(out)``, or the producer of a block the caching allocator handed to a
+    new array) would land after the file's bytes and overwrite them. Memory arrayio
+    allocated itself through the driver (a JAX load's) has no such work, and host buffers
+    none at all."""
+    waited: set[tuple[type, int]] = set()
+    for buffer in buffers:
+        kind = type(buffer)
+        if kind not in (TorchDeviceBuffer, CupyDeviceBuffer):
+            continue
+        key = (kind, buffer.device_index)
+        if key in waited:
+            continue
+        waited.add(key)
+        if kind is TorchDeviceBuffer:
+            import torch
+
+            torch.cuda.current_stream(buffer.device_index).synchronize()
+        else:
+            import cupy
+
+            with cupy.cuda.Device(buffer.device_index):
+                cupy.cuda.get_current_stream().synchronize()
 
 
 def driver_copyable(buffer: Any) -> bool:

@@ -6,7 +6,10 @@ which picks the transfer tool (and its parameters) it has learned to be fastest 
 context, or the one the caller forces with ``tool=`` or ``ARRAYIO_TOOL``. The CRC-32C of the
 bytes is computed on the way while they are on the host anyway, or, for device buffers of a
 few megabytes and more (and for tools that never stage through the host, like KvikIO), on
-the GPU after the transfer (:mod:`arrayio.integrity._device_checksum`).
+the GPU after the transfer (:mod:`arrayio.integrity._device_checksum`). A read into a torch
+or CuPy device buffer first waits for the work queued on the caller's current stream
+(:func:`~arrayio.arrays._buffers.wait_for_current_streams`): the tools fill it from streams
+of their own.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..arrays._buffers import wait_for_current_streams
 from . import dispatcher
 
 if TYPE_CHECKING:
@@ -40,6 +44,7 @@ def read_into(
     TruncatedFileError
         If the file ends before ``dest`` is full.
     """
+    wait_for_current_streams([dest])
     return dispatcher.get().read(
         fd, dest, file_offset, path=path, with_checksum=with_checksum, tool=tool
     )
@@ -59,6 +64,7 @@ def read_queued(
     """
     from . import coalesce
 
+    wait_for_current_streams([dest])  # in the asking thread: its streams, not the leader's
     coalesce.read(fd, file_offset, dest, path)
 
 
@@ -95,6 +101,7 @@ def read_many(
     TruncatedFileError
         If the file ends before a buffer is full.
     """
+    wait_for_current_streams([buffer for _, buffer in requests])
     return dispatcher.get().read_many(
         fd,
         requests,

@@ -104,9 +104,12 @@ class SpillFiles:
         fd = os.open(entry.file, os.O_RDONLY | os.O_CLOEXEC)
         try:
             check = self.verify and entry.crc is not None
-            crc = _transfer.read_into(
-                fd, 0, target.data, path=entry.file, with_checksum=check, tool=self.tool
-            )
+            # On the side stream the block was allocated on: the read waits for that
+            # stream's work, not the compute stream's (see wait_for_current_streams).
+            with self._streams.allocating(entry):
+                crc = _transfer.read_into(
+                    fd, 0, target.data, path=entry.file, with_checksum=check, tool=self.tool
+                )
         finally:
             os.close(fd)
         if check and crc != entry.crc:

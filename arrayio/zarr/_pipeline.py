@@ -49,7 +49,7 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, Sharding
 from zarr.codecs import ZstdCodec as _ZarrZstdCodec
 from zarr.core.codec_pipeline import BatchedCodecPipeline
 
-from ..arrays._buffers import CupyDeviceBuffer
+from ..arrays._buffers import CupyDeviceBuffer, wait_for_current_streams
 from ..errors import ChecksumError, FormatError
 from ..integrity._checksum import checksum
 from ..tools._pinned import pool as pinned_pool
@@ -594,6 +594,7 @@ def _read_files(
                 views.append(view)
                 staged.append((handle, offset, view))
                 staged_paths.append(_name(chunk))
+        wait_for_current_streams([place for _, _, place in direct])  # zarr's output
         for requests, paths in ((direct, direct_paths), (staged, staged_paths)):
             if requests:
                 dispatcher.get().read_files(requests, paths=paths)

@@ -1089,3 +1089,41 @@ def test_a_failing_device_raises_once_every_device_has_ended(tmp_path, registry,
     finally:
         active.close()
     assert ended == [0]
+
+
+def test_reads_wait_for_the_callers_streams_before_any_tool_runs(
+    tmp_path, registry, monkeypatch, fresh
+):
+    # Device buffers are filled from the tools' own streams: the caller's queued work on
+    # them must be done first (the GPU test shows the race; here, the order of the calls).
+    from arrayio.dispatch import _transfer
+
+    events: list[str] = []
+    monkeypatch.setattr(
+        _transfer,
+        "wait_for_current_streams",
+        lambda buffers: events.append(f"wait {sorted(b.device_index for b in buffers)}"),
+    )
+
+    class Records(Tool):
+        name = "records"
+        capabilities = Capabilities(frozenset({"cuda"}), checksums=False)
+
+        def pread(self, fd, buffer, file_offset, *, checksum=None):
+            events.append(f"read {buffer.device_index}")
+            return IOFuture.completed(buffer.nbytes)
+
+        pwrite = pread
+
+    tools.register("records", Records, clobber=True)
+    monkeypatch.setattr(dispatcher, "candidate_arms", lambda context: [Arm("records")])
+    path = tmp_path / "r.bin"
+    path.write_bytes(bytes(4 * MiB))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _transfer.read_many(fd, [(0, _OnDevice(2 * MiB, 1)), (2 * MiB, _OnDevice(2 * MiB, 1))])
+        _transfer.read_into(fd, 0, _OnDevice(2 * MiB, 0))
+    finally:
+        os.close(fd)
+    assert events[0] == "wait [1, 1]" and events[1:3] == ["read 1", "read 1"]
+    assert events[3:] == ["wait [0]", "read 0"]

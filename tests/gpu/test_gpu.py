@@ -141,6 +141,33 @@ def test_read_into_device_memory_in_place(tmp_path):
     assert t.cpu().numpy().tobytes() == a.tobytes()
 
 
+@pytest.mark.parametrize("tool", [None, "staged(threads=4,chunk_size=1048576)", "kvikio"])
+def test_a_read_into_memory_a_queued_kernel_still_writes_gets_the_files_bytes(tmp_path, tool):
+    # The caller's stream still holds a long kernel, then a fill of the output: the tools
+    # write from streams of their own, so without waiting for the caller's stream the fill
+    # lands after the file's bytes. Torch and CuPy outputs, on their current streams.
+    torch = pytest.importorskip("torch")
+    cupy = pytest.importorskip("cupy")
+    if tool == "kvikio":
+        pytest.importorskip("kvikio")
+    a = random_array(by_name("uint8"), (16 << 20,))
+    path = tmp_path / "x.safetensors"
+    arrayio.save(path, {"x": a})
+    out = torch.empty(a.shape, dtype=torch.uint8, device="cuda")
+    torch.cuda._sleep(1 << 30)  # about half a second of the GPU's clock
+    out.fill_(7)
+    arrayio.read_into(path, out, key="x", tool=tool)
+    assert out.cpu().numpy().tobytes() == a.tobytes()
+    # CuPy: a kernel that takes a while, on CuPy's current stream, then the fill.
+    c = cupy.empty(a.shape, dtype=cupy.uint8)
+    busy = cupy.ones((4096, 4096), dtype=cupy.float32)
+    for _ in range(20):
+        busy = busy @ busy / 4096
+    c.fill(7)
+    arrayio.read_into(path, c, key="x", tool=tool)
+    assert cupy.asnumpy(c).tobytes() == a.tobytes()
+
+
 @pytest.mark.parametrize("source", GPU_FRAMEWORKS, ids=lambda f: f.id)
 def test_large_array_through_small_staging_buffers(tmp_path, source):
     # 48 MiB through 1 MiB staging buffers: dozens of chunks each way, checksums verified.
