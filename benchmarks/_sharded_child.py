@@ -357,12 +357,17 @@ def ceiling_names(cold: bool) -> tuple[str, ...]:
 
 
 def disk_ceilings(scratch: str, nbytes: int, cold: bool) -> h.DiskCeilings:
-    """The write, page-cache read (and with ``cold`` the disk's read) ceilings on a file of
-    ``nbytes`` in ``scratch``, each with its one setting (its samples up front are the
-    warm-up)."""
+    """The write, page-cache read (and with ``cold`` the disk's read) ceilings, each with its
+    one setting (its samples up front are the warm-up): on a file of ``nbytes`` in
+    ``scratch``, or with several processes, each process on a file of its share of them,
+    in a folder of its own, all sampled at once (:func:`sample_ceilings`)."""
+    processes, rank = jax.process_count(), jax.process_index()
+    if processes > 1:
+        scratch = os.path.join(scratch, f"ceiling-{rank}")
+        os.makedirs(scratch, exist_ok=True)
     ceilings = h.DiskCeilings(
         scratch,
-        nbytes,
+        -(-nbytes // processes),
         drop=True,
         prefer={
             "write_fsync": [WRITE_CEILING],
@@ -376,16 +381,47 @@ def disk_ceilings(scratch: str, nbytes: int, cold: bool) -> h.DiskCeilings:
     return ceilings
 
 
-def sample_ceilings(ceilings: h.DiskCeilings) -> dict[str, float]:
-    """One sample of each ceiling that has a working setting: seconds for its bytes."""
-    seconds = {}
+def sample_ceilings(ceilings: h.DiskCeilings, repetition: int) -> dict[str, float]:
+    """One sample of each ceiling that has a working setting: seconds for its bytes. With
+    several processes, every process samples its file at once (they meet after preparing
+    it, so that no process's eviction or warming overlaps another's timing), and the
+    slowest process's seconds are the ceiling's, for all the processes' bytes."""
+    seconds: dict[str, float] = {}
     for name in ceilings.limits:
         limit = ceilings.limits[name]
-        before = len(limit.samples)
-        ceilings.sample(name)
-        if len(limit.samples) > before:
-            seconds[f"{name}_s"] = limit.samples[-1]
-    return seconds
+        tag = f"ceiling:{name}:{repetition}"
+        if limit.tool is None:
+            sync(f"{tag}:ready")  # no setting works here: meet the others all the same
+        else:
+            before = len(limit.samples)
+            ceilings.sample(name, ready=lambda tag=tag: sync(f"{tag}:ready"))
+            if len(limit.samples) > before:
+                seconds[f"{name}_s"] = limit.samples[-1]
+        sync(f"{tag}:end")
+    if jax.process_count() == 1:
+        return seconds
+    from jax.experimental import multihost_utils
+
+    names = [f"{name}_s" for name in ceilings.limits]
+    mine = np.array([seconds.get(name, np.nan) for name in names], dtype=np.float64)
+    every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, len(names))
+    slowest = every.max(axis=0)
+    return {name: float(v) for name, v in zip(names, slowest, strict=True) if np.isfinite(v)}
+
+
+def ceilings_report(ceilings: h.DiskCeilings) -> dict[str, Any]:
+    """The ceilings' report (process 0's search and samples); its ``bytes`` are every
+    process's, which the rounds' seconds are for."""
+    report = ceilings.report()
+    processes = jax.process_count()
+    if processes > 1:
+        report["bytes_per_process"] = report["bytes"]
+        report["bytes"] = report["bytes"] * processes
+        report["sampled"] = (
+            f"{processes} processes at once, each its own file of bytes_per_process; a "
+            "round's seconds are the slowest process's"
+        )
+    return report
 
 
 def versions() -> dict[str, str | None]:
@@ -430,6 +466,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
         tp = _tp_load.TensorParallel(spec, devices, timed=timed, sync=sync, leader=leader())
         unavailable.update(tp.unavailable)
     cold = spec["cold"]
+    ceilings = disk_ceilings(scratch, nbytes, cold)
     about = {
         "peers_unavailable": unavailable,
         "nbytes": nbytes,
@@ -444,10 +481,11 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
         "scaling": sorted(q for q in shardings if q.startswith("restore_n")),
         "tensor_parallel": tp.describe() if tp else None,
         "versions": versions(),
+        # The ceilings' size and settings (their whole report comes at the end).
+        "ceilings": ceilings_report(ceilings),
     }
     if leader():  # what the rows are of, for a report of the rounds so far
         print("ABOUT " + json.dumps(about), flush=True)
-    ceilings = disk_ceilings(scratch, nbytes, cold) if leader() else None
     measured: list[dict[str, Any]] = []
     ceiling_rows: list[dict[str, Any]] = []
     orders = []
@@ -464,10 +502,10 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
             orders.append(order)
             for name in order:
                 if name == "ceilings":
-                    if ceilings is not None:
-                        ceiling_rows.append({"repetition": repetition, **sample_ceilings(ceilings)})
-                        print(json.dumps(ceiling_rows[-1]), flush=True)
-                    sync(f"ceilings:{repetition}")
+                    row = {"repetition": repetition, **sample_ceilings(ceilings, repetition)}
+                    ceiling_rows.append(row)
+                    if leader():
+                        print(json.dumps(row), flush=True)
                     continue
                 if name in peers:
                     peer_cold = cold and repetition > 0
@@ -488,9 +526,8 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
                 h.remove(peer.path)
             if tp is not None:
                 tp.remove()
-        ceiling_report = ceilings.report() if ceilings is not None else None
-        if ceilings is not None:
-            ceilings.close()
+        ceiling_report = ceilings_report(ceilings)
+        ceilings.close()
     if not leader():
         return None
     return {

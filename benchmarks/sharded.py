@@ -40,12 +40,13 @@ every peer and the ceilings:
   fastsafetensors' and InstantTensor's distributed modes;
 * **peak host memory** during each save: the most process 0's resident set grew above where
   it was, sampled every 2 ms;
-* **ceilings** (:class:`benchmarks.peers._harness.DiskCeilings`, sampled by process 0):
-  ``write_fsync``, the checkpoint's bytes written into a new file in the same directory by 4
-  threads of plain ``pwrite`` then fsynced; ``warm_read``, that file read back from the page
-  cache by 16 threads; with ``--cold``, ``cold_read``, read by 16 threads of ``O_DIRECT``
-  after eviction. Saves are judged against the first, restores against the second, cold
-  restores against the third.
+* **ceilings** (:class:`benchmarks.peers._harness.DiskCeilings`): ``write_fsync``, the
+  checkpoint's bytes written into a new file in the same directory by 4 threads of plain
+  ``pwrite`` then fsynced; ``warm_read``, that file read back from the page cache by 16
+  threads; with ``--cold``, ``cold_read``, read by 16 threads of ``O_DIRECT`` after
+  eviction. With several processes, each process samples a file of its share of the bytes,
+  all at once (the slowest one's seconds count), as their devices read at once. Saves are
+  judged against the first, restores against the second, cold restores against the third.
 
 GB/s of array bytes (10^9 per second); each figure is the median of ``--repeats`` timed
 rounds, after an untimed one; every round's seconds are in the JSON. Results go to

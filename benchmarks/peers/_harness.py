@@ -545,11 +545,19 @@ class DiskCeilings:
         self.pinned_h2d_GBps: float | None = None
         self._labels: dict[tuple[str, int, int], str] = {}
 
-    def _write(self, tool: Any, path: str | None = None, view: np.ndarray | None = None) -> float:
+    def _write(
+        self,
+        tool: Any,
+        path: str | None = None,
+        view: np.ndarray | None = None,
+        ready: Callable[[], None] | None = None,
+    ) -> float:
         """Seconds to write ``view`` (the whole host buffer) to ``path`` (the ceiling's
-        file) with ``tool``, fsync included."""
+        file) with ``tool``, fsync included; ``ready()`` just before the timing starts."""
         fd = os.open(path or self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
+            if ready is not None:
+                ready()
             start = time.perf_counter()
             tool.write(fd, self.host if view is None else view, 0)
             os.fsync(fd)
@@ -558,10 +566,16 @@ class DiskCeilings:
             os.close(fd)
 
     def _read(
-        self, tool: Any, cold: bool, path: str | None = None, view: np.ndarray | None = None
+        self,
+        tool: Any,
+        cold: bool,
+        path: str | None = None,
+        view: np.ndarray | None = None,
+        ready: Callable[[], None] | None = None,
     ) -> float:
         """Seconds to read ``path`` (the ceiling's file) into ``view`` (the whole host
-        buffer) with ``tool``, after evicting it (``cold``) or reading it into the cache."""
+        buffer) with ``tool``, after evicting it (``cold``) or reading it into the cache;
+        ``ready()`` between the two."""
         path = path or self.path
         if cold:
             evict(path, self.drop)
@@ -569,16 +583,18 @@ class DiskCeilings:
             warm(path)
         fd = os.open(path, os.O_RDONLY)
         try:
+            if ready is not None:
+                ready()
             start = time.perf_counter()
             tool.read(fd, self.host if view is None else view, 0)
             return time.perf_counter() - start
         finally:
             os.close(fd)
 
-    def _once(self, name: str, tool: Any) -> float:
+    def _once(self, name: str, tool: Any, ready: Callable[[], None] | None = None) -> float:
         if name == "write_fsync":
-            return self._write(tool)
-        return self._read(tool, cold=name == "cold_read")
+            return self._write(tool, ready=ready)
+        return self._read(tool, cold=name == "cold_read", ready=ready)
 
     def search(self) -> None:
         """``SAMPLES`` samples of every setting; the fastest (by its median) of each ceiling is
@@ -626,19 +642,22 @@ class DiskCeilings:
         for name in self.limits:
             self.sample(name)
 
-    def sample(self, name: str, path: str | None = None) -> None:
+    def sample(
+        self, name: str, path: str | None = None, ready: Callable[[], None] | None = None
+    ) -> None:
         """One sample of the ceiling ``name``, if it has a setting. A cold read may read
         another file, ``path`` (a peer's checkpoint, see :func:`measure_round`): its
-        seconds are scaled to the ceiling's size."""
+        seconds are scaled to the ceiling's size. ``ready()`` runs once the file is
+        evicted or warmed, just before the timing: processes sampling at once meet there."""
         limit = self.limits[name]
         if limit.tool is None:
             return
         if name != "cold_read" or path is None or not os.path.isfile(path):
-            limit.samples.append(self._once(name, limit.tool))
+            limit.samples.append(self._once(name, limit.tool, ready))
             limit.files.append(os.path.basename(self.path))
             return
         view = self.host[: min(os.path.getsize(path), self.nbytes)]
-        seconds = self._read(limit.tool, True, path, view)
+        seconds = self._read(limit.tool, True, path, view, ready)
         limit.samples.append(seconds * self.nbytes / view.nbytes)
         limit.files.append(os.path.basename(path))
 

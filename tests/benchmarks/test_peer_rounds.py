@@ -161,7 +161,7 @@ def test_a_ceiling_is_judged_on_its_samples_in_the_rounds(tmp_path, monkeypatch)
         peer.write_bytes(b"x" * (1 << 20))
         read: list[tuple[str, int]] = []
 
-        def fake_read(tool, cold, path=None, view=None):
+        def fake_read(tool, cold, path=None, view=None, ready=None):
             read.append((path, None if view is None else view.nbytes))
             return 0.5
 

@@ -148,6 +148,10 @@ def test_one_process_per_device_group_joined_by_jax_distributed(run_module: Any,
     report = json.loads((out / "sharded.json").read_text())
     assert report["complete"] and (report["processes"], report["devices"]) == (2, 4)
     assert "one process only" in report["peers_unavailable"]["tensorstore"]
+    # Each process samples the ceilings on its own share of the bytes, all at once.
+    ceilings = report["ceilings"]
+    assert ceilings["bytes"] == 2 * ceilings["bytes_per_process"] >= report["nbytes"]
+    assert report["summary"]["ceilings"]["cold_read"]["rounds_GBps"]
     peers = report["summary"]["peers"]
     assert set(peers) == {"arrayio", "arrayio-tp"}
     for quantity in ("save", "restore", "reshard", "cold_restore"):
