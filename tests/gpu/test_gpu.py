@@ -498,3 +498,31 @@ print("ok")
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "launcher driver" in result.stdout and "ok" in result.stdout
+
+
+def test_a_sharded_save_and_load_over_every_gpu_of_one_process(tmp_path):
+    # On a machine of several GPUs: each GPU's rows saved from it and read back onto it, the
+    # pieces of all the GPUs moving at once (one batch each), then resharded along the
+    # columns; every element compared on the host.
+    jax = pytest.importorskip("jax")
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    gpus = jax.devices("gpu")
+    if len(gpus) < 2:
+        pytest.skip(f"{len(gpus)} GPU: this test needs several")
+    rows = NamedSharding(Mesh(np.array(gpus), ("data",)), P("data"))
+    columns = NamedSharding(Mesh(np.array(gpus), ("model",)), P(None, "model"))
+    values = {
+        f"w{i}": np.random.default_rng(i).standard_normal((len(gpus) * 512, 1024), np.float32)
+        for i in range(3)
+    }
+    tree = {k: jax.device_put(v, rows) for k, v in values.items()}
+    path = tmp_path / "sharded.safetensors"
+    arrayio.save(path, tree)
+    for sharding in (rows, columns):
+        out = arrayio.load(path, sharding=sharding)
+        for k, v in values.items():
+            assert out[k].sharding == sharding, k
+            assert {s.device for s in out[k].addressable_shards} == set(gpus), k
+            assert np.asarray(out[k]).tobytes() == v.tobytes(), k
