@@ -18,6 +18,7 @@ import atexit
 import collections
 import concurrent.futures
 import contextlib
+import contextvars
 import functools
 import hashlib
 import inspect
@@ -78,8 +79,9 @@ class _Once:
     def __init__(self, work: Callable[[], None]) -> None:
         self._work: Callable[[], None] | None = work
         # Batches of several devices run at once: whichever calls second waits until the
-        # work is done, so that no batch reports a transfer before it.
-        self._lock = threading.Lock()
+        # work is done, so that no batch reports a transfer before it. Reentrant: work that
+        # reached a batch of its own on its thread finds nothing left to do, not a deadlock.
+        self._lock = threading.RLock()
 
     def __call__(self) -> None:
         with self._lock:
@@ -128,19 +130,66 @@ def _ignore(index: int) -> None:
 
 
 def _move_at_once(move: Callable[[list[int]], None], groups: list[list[int]]) -> None:
-    """``move`` each group on a thread of its own, all at once, and raise the first group's
-    error once every group has ended (no transfer may still be filling a buffer then).
+    """``move`` each group at once with the others (the first on this thread, each other on
+    a thread of its own), and raise once every group has ended, an interrupt included: no
+    transfer may still be filling a caller's buffer when this returns or raises.
 
     The groups of a read are its devices' transfers (and the host's): one after the other,
     each device's transfers would end before the next device's begin, every tool's pipeline
     filling and draining once per device, and one process driving several GPUs would read
-    slower than it does onto one."""
-    with concurrent.futures.ThreadPoolExecutor(len(groups), "arrayio-devices") as pool:
-        futures = [pool.submit(move, indices) for indices in groups]
-    for future in futures:
-        error = future.exception()
-        if error is not None:
-            raise error
+    slower than it does onto one. Of several errors, an interrupt is raised first, then a
+    data error (a truncated file), then a tool's failure; the others are noted on it."""
+    errors: list[BaseException] = []
+    pool = concurrent.futures.ThreadPoolExecutor(len(groups) - 1, "arrayio-devices")
+    try:
+        futures = [
+            pool.submit(contextvars.copy_context().run, move, indices) for indices in groups[1:]
+        ]
+        try:
+            move(groups[0])
+        except BaseException as own:  # noqa: BLE001 - raised once every group has ended
+            errors.append(own)
+        for future in futures:
+            while True:  # an interrupt while waiting: note it, and wait on
+                try:
+                    error = future.exception()
+                    break
+                except BaseException as interrupt:  # noqa: BLE001 - raised after the wait
+                    errors.append(interrupt)
+            if error is not None:
+                errors.append(error)
+    finally:
+        pool.shutdown(wait=True)
+    if errors:
+        raise _first_of(errors)
+
+
+def _one_at_a_time(done: Callable[[int], None]) -> Callable[[int], None]:
+    """``done`` behind a lock: a progress bar's count is not safe from several threads."""
+    lock = threading.Lock()
+
+    def report(index: int) -> None:
+        with lock:
+            done(index)
+
+    return report
+
+
+def _first_of(errors: list[BaseException]) -> BaseException:
+    """The error a read of several groups raises: an interrupt before a data error before a
+    tool's failure; the others noted on it (they would otherwise vanish)."""
+
+    def rank(error: BaseException) -> int:
+        if not isinstance(error, Exception):
+            return 0
+        return 2 if is_tool_failure(error) else 1
+
+    first = min(errors, key=rank)
+    if hasattr(first, "add_note"):  # Python 3.11+
+        for other in errors:
+            if other is not first:
+                first.add_note(f"arrayio: another device's transfers failed too: {other!r}")
+    return first
 
 
 def _settled_on_failure(operation: Callable[[Tool], R], buffer: Buffer) -> Callable[[Tool], R]:
@@ -154,11 +203,12 @@ def _settled_on_failure(operation: Callable[[Tool], R], buffer: Buffer) -> Calla
     def run(tool: Tool) -> R:
         try:
             return operation(tool)
-        except BaseException:
-            try:
-                synchronize_device(buffer)
-            except Exception as error:  # noqa: BLE001 - the tool's failure is the one raised
-                logger.warning("arrayio could not wait for the GPU after a failure: %s", error)
+        except Exception as failure:
+            if is_tool_failure(failure):  # another tool is next: its bytes must land last
+                try:
+                    synchronize_device(buffer)
+                except Exception as error:  # noqa: BLE001 - the tool's failure is raised
+                    logger.warning("arrayio could not wait for the GPU after a failure: %s", error)
             raise
 
     return run
@@ -574,11 +624,14 @@ class Dispatcher:
         describes. Transfers below :data:`SMALL_TRANSFER` go through the naive tool, as they
         would alone, neighbours in the file with one read (or, touching, one write); a read's
         small transfers move while its first batch's transfers do.
-        ``done(i)`` is called once request ``i`` has completed (for progress bars).
-        ``meanwhile()`` is the caller's work that needs the buffers but not their bytes
-        (wrapping them as a framework's arrays): it runs once, on this thread, while the
-        batch's transfers move (before the first of them is reported done), or after them
-        where nothing is batched; what it raises is raised once every transfer has ended.
+        The transfers of several devices (and the host) move at once, each device's on a
+        thread of its own (see :func:`_move_at_once`).
+        ``done(i)`` is called once request ``i`` has completed (for progress bars; from
+        the devices' threads, one call at a time). ``meanwhile()`` is the caller's work
+        that needs the buffers but not their bytes (wrapping them as a framework's
+        arrays): it runs once, on this thread or one of the devices', while the batches'
+        transfers move (before the first of them is reported done), or after them where
+        nothing is batched; what it raises is raised once every transfer has ended.
 
         Raises
         ------
@@ -689,6 +742,8 @@ class Dispatcher:
                 results[i] = crc
 
         if direction == "read" and len(groups) > 1:
+            if done is not None:  # the devices' threads report one at a time
+                done = _one_at_a_time(done)
             _move_at_once(move, list(groups.values()))
         else:
             for indices in groups.values():

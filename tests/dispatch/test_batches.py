@@ -1127,3 +1127,71 @@ def test_reads_wait_for_the_callers_streams_before_any_tool_runs(
         os.close(fd)
     assert events[0] == "wait [1, 1]" and events[1:3] == ["read 1", "read 1"]
     assert events[3:] == ["wait [0]", "read 0"]
+
+
+def test_an_interrupt_in_one_devices_transfers_waits_for_the_others(
+    tmp_path, registry, monkeypatch
+):
+    # Ctrl-C lands on the caller's thread while another device's transfer, on a thread of
+    # the read, is still filling its buffer: the interrupt is raised only once that
+    # transfer has ended (nothing writes into the caller's buffers after the call).
+    import signal
+
+    ended: list[int] = []
+
+    class Slow(Tool):
+        name = "slow-per-device"
+        capabilities = Capabilities(frozenset({"cuda"}), checksums=False)
+
+        def pread(self, fd, buffer, file_offset, *, checksum=None):
+            time.sleep(0.6)
+            buffer.data[:] = 1
+            ended.append(buffer.device_index)
+            return IOFuture.completed(buffer.nbytes)
+
+        pwrite = pread
+
+    tools.register("slow-per-device", Slow, clobber=True)
+    monkeypatch.setattr(dispatcher, "candidate_arms", lambda context: [Arm("slow-per-device")])
+    path = tmp_path / "i.bin"
+    path.write_bytes(bytes(4 * MiB))
+    buffers = [_OnDevice(2 * MiB, 0), _OnDevice(2 * MiB, 1)]
+    active = Dispatcher(None)
+    interrupt = threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT))
+    try:
+        interrupt.start()
+        with pytest.raises(KeyboardInterrupt):
+            _read_into(active, path, [(0, 2 * MiB), (2 * MiB, 2 * MiB)], buffers)
+        assert 1 in ended  # the other device's transfer had ended when the call raised
+    finally:
+        interrupt.cancel()
+        active.close()
+
+
+def test_a_data_error_on_one_device_outranks_a_tool_failure_on_another(
+    tmp_path, registry, monkeypatch
+):
+    class TruncatedOnOne(Tool):
+        name = "truncated-on-one"
+        capabilities = Capabilities(frozenset({"cuda"}), checksums=False)
+
+        def pread(self, fd, buffer, file_offset, *, checksum=None):
+            if buffer.device_index == 1:
+                raise TruncatedFileError("pretend: the file ends early")
+            raise ToolUnavailableError("pretend: this tool cannot run")
+
+        pwrite = pread
+
+    tools.register("truncated-on-one", TruncatedOnOne, clobber=True)
+    monkeypatch.setattr(dispatcher, "candidate_arms", lambda context: [Arm("truncated-on-one")])
+    path = tmp_path / "t.bin"
+    path.write_bytes(bytes(4 * MiB))
+    buffers = [_OnDevice(2 * MiB, 0), _OnDevice(2 * MiB, 1)]
+    active = Dispatcher(None)
+    try:
+        with pytest.raises(TruncatedFileError, match="ends early") as raised:
+            _read_into(active, path, [(0, 2 * MiB), (2 * MiB, 2 * MiB)], buffers)
+    finally:
+        active.close()
+    # The other device's failure is not lost: it is noted on the error raised.
+    assert any("cannot run" in note for note in getattr(raised.value, "__notes__", []))
