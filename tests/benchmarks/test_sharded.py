@@ -8,6 +8,7 @@ the ceilings, and that a missing peer is reported as unavailable, with the reaso
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -147,7 +148,10 @@ def test_one_process_per_device_group_joined_by_jax_distributed(run_module: Any,
     )
     report = json.loads((out / "sharded.json").read_text())
     assert report["complete"] and (report["processes"], report["devices"]) == (2, 4)
-    assert "one process only" in report["peers_unavailable"]["tensorstore"]
+    # tensorstore's peer runs in one process only (where tensorstore is installed at all).
+    why = report["peers_unavailable"]["tensorstore"]
+    installed = importlib.util.find_spec("tensorstore") is not None
+    assert "one process only" in why if installed else "No module named" in why
     # Each process samples the ceilings on its own share of the bytes, all at once.
     ceilings = report["ceilings"]
     assert ceilings["bytes"] == 2 * ceilings["bytes_per_process"] >= report["nbytes"]
