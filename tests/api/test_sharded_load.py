@@ -31,7 +31,6 @@ CHILD = textwrap.dedent(
 
     directory = sys.argv[1]
     assert len(jax.devices()) == 8
-    rng = np.random.default_rng(0)
     state = {
         "w": rng.standard_normal((64, 12)).astype(np.float32),
         "b": rng.standard_normal(16).astype(np.float32),
@@ -185,3 +184,67 @@ def test_each_process_reads_only_its_own_rows(tmp_path: Path, jax_processes) -> 
         [(start, start + 8, 1) for start in range(32, 64, 8)],
     ]
     assert [sum(r[2] for r in process_reads) for process_reads in reads] == [512, 512]
+
+
+TENSOR_PARALLEL = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import jax
+    process, port, directory = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process)
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import arrayio
+    from arrayio.api import _reader
+
+    read_bytes = []
+    real = _reader.Reader.read_row_pieces
+    def counting(self, pieces, advance=None):
+        out = real(self, pieces, advance)
+        read_bytes.extend(int(np.asarray(piece).nbytes) for piece in out)
+        return out
+    _reader.Reader.read_row_pieces = counting
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    def tensor_parallel(key):  # matrices split along their rows, the rest whole everywhere
+        return NamedSharding(mesh, P("data") if key.endswith(".weight") else P())
+    state = arrayio.load(directory + "/checkpoint", sharding=tensor_parallel)
+    checked = 0
+    for key in sorted(state):
+        x = state[key]
+        assert x.sharding == tensor_parallel(key), key
+        expected = np.load(directory + "/" + key + ".npy")
+        for shard in x.addressable_shards:
+            np.testing.assert_array_equal(np.asarray(shard.data), expected[shard.index])
+            checked += 1
+    print(json.dumps({"keys": sorted(state), "checked": checked, "read": sum(read_bytes)}))
+    jax.distributed.shutdown()
+    """
+)
+
+
+def test_a_checkpoint_in_several_files_loads_a_tensor_parallel_slice_per_process(
+    tmp_path: Path, jax_processes
+) -> None:
+    # A Hugging Face-style checkpoint in 3 files, loaded by two processes of 4 devices with
+    # a slice of every matrix per device: each process holds (and reads) only its rows of
+    # the matrices, and the biases whole.
+    import numpy as np
+
+    import arrayio
+
+    rng = np.random.default_rng(1)
+    state = {}
+    for layer in range(3):
+        state[f"layer{layer}.weight"] = rng.standard_normal((64, 32)).astype(np.float32)
+        state[f"layer{layer}.bias"] = rng.standard_normal(32).astype(np.float32)
+    for key, value in state.items():
+        np.save(tmp_path / f"{key}.npy", value)
+    arrayio.save(tmp_path / "checkpoint", state, max_shard_size=64 * 32 * 4 + 32 * 4)
+    assert len(list((tmp_path / "checkpoint").glob("*.safetensors"))) == 3
+    reports = jax_processes(TENSOR_PARALLEL, timeout=180)
+    for report in reports:
+        assert report["keys"] == sorted(state)
+        assert report["checked"] == 6 * 4  # every array's 4 local pieces
+    # Each process reads half of every matrix and each bias once (its devices share it).
+    half_of_matrices = 3 * 32 * 32 * 4
+    assert [r["read"] for r in reports] == [half_of_matrices + 3 * 32 * 4] * 2
