@@ -31,6 +31,7 @@ CHILD = textwrap.dedent(
 
     directory = sys.argv[1]
     assert len(jax.devices()) == 8
+    rng = np.random.default_rng(0)
     state = {
         "w": rng.standard_normal((64, 12)).astype(np.float32),
         "b": rng.standard_normal(16).astype(np.float32),
