@@ -13,6 +13,7 @@ Neither reads the file. (``preadv2(RWF_NOWAIT)`` is no probe: on a miss it fails
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import functools
@@ -20,6 +21,7 @@ import mmap
 import os
 import platform
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["Context", "InFlight", "cache_state", "piece_class", "size_class", "storage_of"]
@@ -247,11 +249,25 @@ class InFlight:
     def __init__(self) -> None:
         self._count = 0
         self._lock = threading.Lock()
+        self._fixed = threading.local()
 
     def bucket(self) -> int:
-        """1, 2 or 4 (4 or more) transfers under way, this one included."""
-        count = max(self._count, 1)
+        """1, 2 or 4 (4 or more) transfers under way, this one included (or, in a thread of
+        :meth:`counted_as`, the count given there)."""
+        count = max(getattr(self._fixed, "count", None) or self._count, 1)
         return 1 if count == 1 else 2 if count < 4 else 4
+
+    @contextlib.contextmanager
+    def counted_as(self, count: int) -> Iterator[None]:
+        """In this thread, transfers count ``count`` under way: the devices' batches of one
+        read, started at once, are all learned in the context of that many, whichever of
+        them the others' threads have entered yet."""
+        before = getattr(self._fixed, "count", None)
+        self._fixed.count = count
+        try:
+            yield
+        finally:
+            self._fixed.count = before
 
     def __enter__(self) -> InFlight:
         with self._lock:

@@ -744,7 +744,13 @@ class Dispatcher:
         if direction == "read" and len(groups) > 1:
             if done is not None:  # the devices' threads report one at a time
                 done = _one_at_a_time(done)
-            _move_at_once(move, list(groups.values()))
+            at_once = len(groups)
+
+            def move_among(indices: list[int]) -> None:
+                with self.in_flight.counted_as(at_once):
+                    move(indices)
+
+            _move_at_once(move_among, list(groups.values()))
         else:
             for indices in groups.values():
                 move(indices)

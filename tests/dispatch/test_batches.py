@@ -1044,15 +1044,27 @@ def test_each_devices_transfers_move_at_once_with_the_others(tmp_path, registry,
     content = np.random.default_rng(5).integers(0, 256, 8 * MiB, dtype=np.uint8)
     path = tmp_path / "two-devices.bin"
     path.write_bytes(content.tobytes())
-    # A batch of two pieces for device 0 and a piece alone for device 1.
-    ranges = [(0, 2 * MiB), (2 * MiB, 3 * MiB), (5 * MiB, 3 * MiB)]
-    buffers = [_OnDevice(2 * MiB, 0), _OnDevice(3 * MiB, 0), _OnDevice(3 * MiB, 1)]
+    # A batch of two pieces for each device; device 1's starts a moment late, after
+    # device 0 has chosen its tool in its context.
+    ranges = [(0, 2 * MiB), (2 * MiB, 2 * MiB), (4 * MiB, 2 * MiB), (6 * MiB, 2 * MiB)]
+    buffers = [_OnDevice(2 * MiB, d) for d in (0, 0, 1, 1)]
+    real_batch = Dispatcher._batch
+
+    def late_on_one(self, direction, fd, batch, *args, **kwargs):
+        if batch[0][1].device_index == 1:
+            time.sleep(0.2)
+        return real_batch(self, direction, fd, batch, *args, **kwargs)
+
+    monkeypatch.setattr(Dispatcher, "_batch", late_on_one)
     active = Dispatcher(None)
     try:
         _read_into(active, path, ranges, buffers)
+        learned = [key for key, _ in active.table.items()]
     finally:
         active.close()
     assert devices_met == {0, 1}
+    # Both devices' batches are learned as two transfers at once, whichever started first.
+    assert learned and all("/x2" in key for key in learned), learned
     for (offset, n), buffer in zip(ranges, buffers, strict=True):
         assert np.array_equal(buffer.data, content[offset : offset + n]), offset
 
