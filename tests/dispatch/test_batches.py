@@ -1069,37 +1069,47 @@ def test_each_devices_transfers_move_at_once_with_the_others(tmp_path, registry,
         assert np.array_equal(buffer.data, content[offset : offset + n]), offset
 
 
+def _read_two_devices(tmp_path, monkeypatch, name: str, pread) -> None:
+    """Make a tool of ``pread`` (device memory only) the one candidate, and read a 4 MiB
+    file's halves into stand-ins of GPUs 0 and 1, with a new dispatcher."""
+    tool = type(
+        name,
+        (Tool,),
+        {
+            "name": name,
+            "capabilities": Capabilities(frozenset({"cuda"}), checksums=False),
+            "pread": pread,
+            "pwrite": pread,
+        },
+    )
+    tools.register(name, tool, clobber=True)
+    monkeypatch.setattr(dispatcher, "candidate_arms", lambda context: [Arm(name)])
+    path = tmp_path / f"{name}.bin"
+    path.write_bytes(bytes(4 * MiB))
+    buffers = [_OnDevice(2 * MiB, 0), _OnDevice(2 * MiB, 1)]
+    active = Dispatcher(None)
+    try:
+        _read_into(active, path, [(0, 2 * MiB), (2 * MiB, 2 * MiB)], buffers)
+    finally:
+        active.close()
+
+
 def test_a_failing_device_raises_once_every_device_has_ended(tmp_path, registry, monkeypatch):
     # Device 1's transfer fails for good; device 0's, slower, is still filling its buffer:
     # the read raises only once it has ended, so that nothing writes into the caller's
     # buffers after the call returns.
     ended: list[int] = []
 
-    class FailsOnDeviceOne(Tool):
-        name = "fails-on-one"
-        capabilities = Capabilities(frozenset({"cuda"}), checksums=False)
+    def pread(self, fd, buffer, file_offset, *, checksum=None):
+        if buffer.device_index == 1:
+            raise ToolUnavailableError("fails-on-one: injected")
+        time.sleep(0.3)
+        buffer.data[:] = 1
+        ended.append(buffer.device_index)
+        return IOFuture.completed(buffer.nbytes)
 
-        def pread(self, fd, buffer, file_offset, *, checksum=None):
-            if buffer.device_index == 1:
-                raise ToolUnavailableError("fails-on-one: injected")
-            time.sleep(0.3)
-            buffer.data[:] = 1
-            ended.append(buffer.device_index)
-            return IOFuture.completed(buffer.nbytes)
-
-        pwrite = pread
-
-    tools.register("fails-on-one", FailsOnDeviceOne, clobber=True)
-    monkeypatch.setattr(dispatcher, "candidate_arms", lambda context: [Arm("fails-on-one")])
-    path = tmp_path / "f.bin"
-    path.write_bytes(bytes(4 * MiB))
-    buffers = [_OnDevice(2 * MiB, 0), _OnDevice(2 * MiB, 1)]
-    active = Dispatcher(None)
-    try:
-        with pytest.raises(ToolUnavailableError, match="injected"):
-            _read_into(active, path, [(0, 2 * MiB), (2 * MiB, 2 * MiB)], buffers)
-    finally:
-        active.close()
+    with pytest.raises(ToolUnavailableError, match="injected"):
+        _read_two_devices(tmp_path, monkeypatch, "fails-on-one", pread)
     assert ended == [0]
 
 
@@ -1151,59 +1161,31 @@ def test_an_interrupt_in_one_devices_transfers_waits_for_the_others(
 
     ended: list[int] = []
 
-    class Slow(Tool):
-        name = "slow-per-device"
-        capabilities = Capabilities(frozenset({"cuda"}), checksums=False)
+    def pread(self, fd, buffer, file_offset, *, checksum=None):
+        time.sleep(0.6)
+        buffer.data[:] = 1
+        ended.append(buffer.device_index)
+        return IOFuture.completed(buffer.nbytes)
 
-        def pread(self, fd, buffer, file_offset, *, checksum=None):
-            time.sleep(0.6)
-            buffer.data[:] = 1
-            ended.append(buffer.device_index)
-            return IOFuture.completed(buffer.nbytes)
-
-        pwrite = pread
-
-    tools.register("slow-per-device", Slow, clobber=True)
-    monkeypatch.setattr(dispatcher, "candidate_arms", lambda context: [Arm("slow-per-device")])
-    path = tmp_path / "i.bin"
-    path.write_bytes(bytes(4 * MiB))
-    buffers = [_OnDevice(2 * MiB, 0), _OnDevice(2 * MiB, 1)]
-    active = Dispatcher(None)
     interrupt = threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT))
     try:
         interrupt.start()
         with pytest.raises(KeyboardInterrupt):
-            _read_into(active, path, [(0, 2 * MiB), (2 * MiB, 2 * MiB)], buffers)
+            _read_two_devices(tmp_path, monkeypatch, "slow-per-device", pread)
         assert 1 in ended  # the other device's transfer had ended when the call raised
     finally:
         interrupt.cancel()
-        active.close()
 
 
 def test_a_data_error_on_one_device_outranks_a_tool_failure_on_another(
     tmp_path, registry, monkeypatch
 ):
-    class TruncatedOnOne(Tool):
-        name = "truncated-on-one"
-        capabilities = Capabilities(frozenset({"cuda"}), checksums=False)
+    def pread(self, fd, buffer, file_offset, *, checksum=None):
+        if buffer.device_index == 1:
+            raise TruncatedFileError("pretend: the file ends early")
+        raise ToolUnavailableError("pretend: this tool cannot run")
 
-        def pread(self, fd, buffer, file_offset, *, checksum=None):
-            if buffer.device_index == 1:
-                raise TruncatedFileError("pretend: the file ends early")
-            raise ToolUnavailableError("pretend: this tool cannot run")
-
-        pwrite = pread
-
-    tools.register("truncated-on-one", TruncatedOnOne, clobber=True)
-    monkeypatch.setattr(dispatcher, "candidate_arms", lambda context: [Arm("truncated-on-one")])
-    path = tmp_path / "t.bin"
-    path.write_bytes(bytes(4 * MiB))
-    buffers = [_OnDevice(2 * MiB, 0), _OnDevice(2 * MiB, 1)]
-    active = Dispatcher(None)
-    try:
-        with pytest.raises(TruncatedFileError, match="ends early") as raised:
-            _read_into(active, path, [(0, 2 * MiB), (2 * MiB, 2 * MiB)], buffers)
-    finally:
-        active.close()
+    with pytest.raises(TruncatedFileError, match="ends early") as raised:
+        _read_two_devices(tmp_path, monkeypatch, "truncated-on-one", pread)
     # The other device's failure is not lost: it is noted on the error raised.
     assert any("cannot run" in note for note in getattr(raised.value, "__notes__", []))
