@@ -466,7 +466,9 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
         tp = _tp_load.TensorParallel(spec, devices, timed=timed, sync=sync, leader=leader())
         unavailable.update(tp.unavailable)
     cold = spec["cold"]
-    ceilings = disk_ceilings(scratch, nbytes, cold)
+    ceiling_gib = spec.get("ceiling_gib")
+    ceiling_bytes = int(ceiling_gib * (1 << 30)) if ceiling_gib else nbytes
+    ceilings = disk_ceilings(scratch, ceiling_bytes, cold)
     about = {
         "peers_unavailable": unavailable,
         "nbytes": nbytes,

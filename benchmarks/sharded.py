@@ -4,7 +4,7 @@ run; optionally a Hugging Face checkpoint loaded with a tensor-parallel slice pe
 
 ``python -m benchmarks.sharded --out DIR [--gib 2] [--devices 8] [--repeats 3] [--dir DIR]
 [--platform cpu|gpu] [--processes 1] [--cold] [--scaling] [--peers orbax,tensorstore]
-[--hf-gib 0] [--hf-files 4]``, or ``--replot DIR/sharded.json``
+[--hf-gib 0] [--hf-files 4] [--ceiling-gib G]``, or ``--replot DIR/sharded.json``
 
 The run happens in child processes (:mod:`benchmarks._sharded_child`) with ``--devices`` JAX
 devices: CPU host devices (``--xla_force_host_platform_device_count``; the default), or the
@@ -44,7 +44,9 @@ every peer and the ceilings:
   checkpoint's bytes written into a new file in the same directory by 4 threads of plain
   ``pwrite`` then fsynced; ``warm_read``, that file read back from the page cache by 16
   threads; with ``--cold``, ``cold_read``, read by 16 threads of ``O_DIRECT`` after
-  eviction. With several processes, each process samples a file of its share of the bytes,
+  eviction; on a file of the checkpoint's size, or of ``--ceiling-gib`` (a rate, not a
+  time: a smaller file saves the minutes each round's ceilings take at 16 GiB). With
+  several processes, each process samples a file of its share of the bytes,
   all at once (the slowest one's seconds count), as their devices read at once. Saves are
   judged against the first, restores against the second, cold restores against the third.
 
@@ -374,6 +376,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--peers", default=None, help="optional peers, comma-separated")
     parser.add_argument("--hf-gib", type=float, default=0.0, help="tensor-parallel HF load")
     parser.add_argument("--hf-files", type=int, default=4)
+    parser.add_argument(
+        "--ceiling-gib",
+        type=float,
+        default=None,
+        help="the ceilings' file (default: the checkpoint's size); smaller to save time",
+    )
     args = parser.parse_args(argv)
     if args.replot:
         return replot(args.replot)
@@ -396,6 +404,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "peers": args.peers.split(",") if args.peers is not None else None,
         "hf_gib": args.hf_gib,
         "hf_files": args.hf_files,
+        "ceiling_gib": args.ceiling_gib,
     }
     start = time.time()
     header = {

@@ -111,12 +111,13 @@ def test_cold_restores_scaling_and_a_tensor_parallel_checkpoint(run_module: Any,
         "benchmarks.sharded",
         *("--out", str(out), "--gib", "0.002", "--devices", "8", "--repeats", "1"),
         *("--dir", str(tmp_path), "--seed", "1", "--cold", "--scaling", "--peers", ""),
-        *("--hf-gib", "0.01", "--hf-files", "4"),
+        *("--hf-gib", "0.01", "--hf-files", "4", "--ceiling-gib", str(1 / 1024)),
         tmp_path=tmp_path,
         timeout=120,
     )
     report = json.loads((out / "sharded.json").read_text())
     assert report["complete"] and report["processes"] == 1
+    assert report["ceilings"]["bytes"] == 1 << 20 != report["nbytes"]  # --ceiling-gib
     assert report["scaling"] == ["restore_n1", "restore_n2", "restore_n4"]
     (ceiling_round,) = report["ceiling_rows"]
     assert set(ceiling_round) == {"repetition", "write_fsync_s", "warm_read_s", "cold_read_s"}
