@@ -463,7 +463,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
     if spec["hf_gib"]:
         from benchmarks import _tp_load
 
-        tp = _tp_load.TensorParallel(spec, devices, timed=timed, sync=sync, leader=leader())
+        tp = _tp_load.TensorParallel(spec, devices, timed=timed, sync=sync, evict=evict_checkpoint)
         unavailable.update(tp.unavailable)
     cold = spec["cold"]
     ceiling_gib = spec.get("ceiling_gib")

@@ -37,8 +37,8 @@ from benchmarks.peers import _harness as h
 TORCH_PEERS = ("fastsafetensors-tp", "instanttensor-tp")
 
 
-def write_checkpoint(directory: str, gib: float, files: int) -> dict[str, Any]:
-    """The state dict as ``files`` safetensors files and their index; what was written."""
+def write_checkpoint(directory: str, gib: float, files: int) -> None:
+    """The state dict as ``files`` safetensors files and their index, made durable."""
     import torch
     from safetensors.torch import save_file
 
@@ -72,7 +72,6 @@ def write_checkpoint(directory: str, gib: float, files: int) -> dict[str, Any]:
     with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
         json.dump(index, f)
     h.fsync_tree(directory)
-    return {"bytes": total, "tensors": len(entries), "files": len(groups)}
 
 
 class TensorParallel:
@@ -85,21 +84,23 @@ class TensorParallel:
         *,
         timed: Callable[[Callable[[], Any], str], tuple[float, Any]],
         sync: Callable[[str], None],
-        leader: bool,
+        evict: Callable[[str], None],
     ) -> None:
+        """``timed``, ``sync`` and ``evict`` are the measuring process's: time a load from
+        every process's start to the last one's end, meet, and push a path out of the page
+        cache (process 0, the others waiting)."""
         import jax
         from jax.sharding import Mesh, NamedSharding
         from jax.sharding import PartitionSpec as P
 
         self.directory = os.path.join(spec["dir"], "hf")
-        self.timed, self.sync, self.leader = timed, sync, leader
-        written = (
-            write_checkpoint(self.directory, spec["hf_gib"], spec["hf_files"]) if leader else None
-        )
+        self.timed, self.sync, self._evict = timed, sync, evict
+        self.rank, self.processes = jax.process_index(), jax.process_count()
+        if self.rank == 0:
+            write_checkpoint(self.directory, spec["hf_gib"], spec["hf_files"])
         sync("hf:written")
         with open(os.path.join(self.directory, "model.safetensors.index.json")) as f:
             index = json.load(f)
-        self.written = written
         self.bytes = index["metadata"]["total_size"]
         self.file_of = {k: os.path.join(self.directory, v) for k, v in index["weight_map"].items()}
         self.files = sorted(set(self.file_of.values()))
@@ -110,7 +111,6 @@ class TensorParallel:
         self.shardings = {
             k: NamedSharding(mesh, P("data") if k in self.split else P()) for k in self.shapes
         }
-        self.rank, self.processes = jax.process_index(), jax.process_count()
         self.peers: dict[str, Callable[[], dict[str, Any]]] = {"arrayio-tp": self._arrayio}
         self.unavailable: dict[str, str] = {}
         self._start_torch(spec)
@@ -244,13 +244,10 @@ class TensorParallel:
             assert got.shape == expected.shape and np.array_equal(got, expected), key
 
     def evict(self) -> None:
-        if self.leader:
-            for file in self.files:
-                h.evict(file, drop=True)
-        self.sync("hf:evicted")
+        self._evict(self.directory)
 
     def warm(self) -> None:
-        if self.leader:
+        if self.rank == 0:
             for file in self.files:
                 h.warm(file)
         self.sync("hf:warm")

@@ -73,6 +73,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks.peers import _harness as h
 from benchmarks.sweep import machine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,14 +97,6 @@ def ceiling_of(quantity: str) -> str:
     return CEILING_OF[base]
 
 
-def rate(nbytes: int, seconds: float) -> float:
-    return nbytes / seconds / 1e9
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
 def summarize_ceilings(report: dict[str, Any]) -> dict[str, Any]:
     """Each ceiling's GB/s in every timed round and their median; None where its setting
     failed (the ceiling's ``error`` in ``report["ceilings"]`` says why)."""
@@ -112,9 +105,10 @@ def summarize_ceilings(report: dict[str, Any]) -> dict[str, Any]:
     for name in dict.fromkeys(CEILING_OF.values()):
         if name not in report["ceilings"]:
             continue
-        rounds = [rate(nbytes, r[f"{name}_s"]) for r in report["ceiling_rows"] if f"{name}_s" in r]
+        rows = [r for r in report["ceiling_rows"] if f"{name}_s" in r]
+        rounds = [h.rate(nbytes, r[f"{name}_s"]) for r in rows]
         out[name] = {
-            "GBps": statistics.median(rounds) if rounds else None,
+            "GBps": h.median(rounds),
             "rounds_GBps": rounds,
             "setting": report["ceilings"][name]["setting"],
         }
@@ -131,7 +125,7 @@ def summarize_peer(rows: list[dict[str, Any]], nbytes: int) -> dict[str, Any]:
     """One peer's GB/s in every round, their medians, and its largest peak during a save."""
     out: dict[str, Any] = {"rounds_GBps": {}}
     for quantity in quantities_of(rows):
-        rounds = [rate(nbytes, r[f"{quantity}_s"]) for r in rows]
+        rounds = [h.rate(nbytes, r[f"{quantity}_s"]) for r in rows]
         out["rounds_GBps"][quantity] = rounds
         out[quantity] = statistics.median(rounds)
     peaks = [r["save_peak_extra_bytes"] for r in rows if "save_peak_extra_bytes" in r]
@@ -155,14 +149,14 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     for name, peer in peers.items():
         quantities = [q for q in peer if q in peer["rounds_GBps"]]
         peer["vs_ceiling"] = {
-            q: ratio(peer[q], (ceilings.get(ceiling_of(q)) or {}).get("GBps")) for q in quantities
+            q: h.ratio(peer[q], (ceilings.get(ceiling_of(q)) or {}).get("GBps")) for q in quantities
         }
         for base in ("orbax", "instanttensor-tp"):
             if base in peers and name != base:
                 key = "vs_" + base.split("-")[0]
                 shared = [q for q in quantities if q in peers[base]["rounds_GBps"]]
                 if shared:
-                    peer[key] = {q: ratio(peer[q], peers[base][q]) for q in shared}
+                    peer[key] = {q: h.ratio(peer[q], peers[base][q]) for q in shared}
     summary: dict[str, Any] = {"ceilings": ceilings, "peers": peers}
     arrayio = peers.get("arrayio", {})
     if report.get("scaling"):
@@ -330,31 +324,27 @@ def run_child(spec: dict[str, Any], progress: Callable[[dict[str, Any]], None]) 
     return result
 
 
-def write_report(report: dict[str, Any], out: str, *, complete: bool) -> None:
-    """``out/sharded.json`` (with ``complete``: whether every round ran), and with every
-    round the summary, printed, and the plot."""
+def write_report(report: dict[str, Any], out: str, *, complete: bool) -> dict[str, Any]:
+    """``out/sharded.json`` (with ``complete``: whether every round ran; written whole or
+    not at all) and the report it holds, summarized once it has rows and ceilings; with
+    every round, the summary printed and the plot drawn."""
     report = {**report, "complete": complete}
     if report.get("rows") and "ceilings" in report:
         report["summary"] = summarize(report)
-    with open(os.path.join(out, "sharded.json"), "w") as f:
-        json.dump(report, f, indent=1)
-    if not complete:
-        return
-    print(json.dumps(report["summary"], indent=1))
-    try:
-        plot(report, os.path.join(out, "sharded.png"))
-    except ImportError:
-        pass
+    h.write_json(report, os.path.join(out, "sharded.json"))
+    if complete:
+        print(json.dumps(report["summary"], indent=1))
+        h.try_plot(plot, report, os.path.join(out, "sharded.png"))
+    return report
 
 
 def replot(path: str) -> dict[str, Any]:
-    """The report at ``path`` summarized again and plotted beside it."""
+    """The report at ``path`` summarized again, and plotted beside it."""
     with open(path) as f:
         report: dict[str, Any] = json.load(f)
     report["summary"] = summarize(report)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
-    plot(report, os.path.join(os.path.dirname(path), "sharded.png"))
+    h.write_json(report, path)
+    h.replot(plot, path)
     return report
 
 
@@ -408,9 +398,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     start = time.time()
     header = {
-        "benchmark": "sharded",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
-        "command": " ".join(["python", "-m", "benchmarks.sharded", *(argv or sys.argv[1:])]),
+        **h.header("sharded", "benchmarks.sharded", argv),
         "gib": args.gib,
         "seed": spec["seed"],
         "machine": {**machine(), "cpu_model": cpu_model()},
@@ -425,9 +413,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report = {**header, "seconds": time.time() - start, **result}
-    write_report(report, args.out, complete=True)
-    report["summary"] = summarize(report)
-    return report
+    return write_report(report, args.out, complete=True)
 
 
 if __name__ == "__main__":

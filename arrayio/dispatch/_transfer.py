@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from ..arrays._buffers import DeviceBuffer
 
-__all__ = ["read_into", "read_many", "read_queued", "write_from", "write_many"]
+__all__ = ["read_files", "read_into", "read_many", "read_queued", "write_from", "write_many"]
 
 
 def read_into(
@@ -66,6 +66,21 @@ def read_queued(
 
     wait_for_current_streams([dest])  # in the asking thread: its streams, not the leader's
     coalesce.read(fd, file_offset, dest, path)
+
+
+def read_files(
+    requests: Sequence[tuple[int, int, Any]], *, paths: Sequence[str] | None = None
+) -> None:
+    """Fill each ``(fd, file_offset, buffer)`` from several files as one batch (see
+    :meth:`Dispatcher.read_files <arrayio.dispatch.dispatcher.Dispatcher.read_files>`).
+
+    Raises
+    ------
+    TruncatedFileError
+        If a file ends before its buffer is full.
+    """
+    wait_for_current_streams([buffer for _, _, buffer in requests])
+    dispatcher.get().read_files(requests, paths=paths)
 
 
 def write_from(

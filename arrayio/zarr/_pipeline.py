@@ -49,7 +49,7 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, Sharding
 from zarr.codecs import ZstdCodec as _ZarrZstdCodec
 from zarr.core.codec_pipeline import BatchedCodecPipeline
 
-from ..arrays._buffers import CupyDeviceBuffer, wait_for_current_streams
+from ..arrays._buffers import CupyDeviceBuffer
 from ..errors import ChecksumError, FormatError
 from ..integrity._checksum import checksum
 from ..tools._pinned import pool as pinned_pool
@@ -543,7 +543,7 @@ def _read_files(
     is its size, else into one host buffer (from ``staging(nbytes)``, default a new NumPy
     array). Returns the host buffer, each chunk's bytes in it (None for a missing chunk or
     one read in place), and whether each was read in place."""
-    from ..dispatch import dispatcher
+    from ..dispatch import _transfer
 
     sizes: list[int | None] = []
     fds: list[int | None] = []
@@ -594,10 +594,9 @@ def _read_files(
                 views.append(view)
                 staged.append((handle, offset, view))
                 staged_paths.append(_name(chunk))
-        wait_for_current_streams([place for _, _, place in direct])  # zarr's output
         for requests, paths in ((direct, direct_paths), (staged, staged_paths)):
             if requests:
-                dispatcher.get().read_files(requests, paths=paths)
+                _transfer.read_files(requests, paths=paths)
         return slab, views, in_place
     finally:
         for handle in opened.values():
