@@ -7,11 +7,18 @@ import pytest
 
 zarr = pytest.importorskip("zarr")
 
-from hypothesis import HealthCheck, settings  # noqa: E402
-from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
+from hypothesis import (  # noqa: E402
+    HealthCheck,
+    assume,
+    settings,
+)
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import rule, run_state_machine_as_test  # noqa: E402
 from zarr.testing.stateful import (  # noqa: E402
+    MAX_BINARY_SIZE,
     ZarrHierarchyStateMachine,
     ZarrStoreStateMachine,
+    zarr_keys,
 )
 
 from arrayio.zarr import NVMeStore  # noqa: E402
@@ -46,8 +53,28 @@ def test_zarr_hierarchy_state_machine(tmp_path) -> None:
     run_state_machine_as_test(machine, settings=SETTINGS)
 
 
+class _NVMeStoreMachine(ZarrStoreStateMachine):
+    # A key is a file: no file system holds both "0" and "0/0", and a directory made for
+    # a key stays once it is deleted. zarr skips this machine for LocalStore for that
+    # reason; here the sequences that set a key beside a file or directory of an earlier
+    # one are left out, and everything else runs.
+    def __init__(self, store) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(store)
+        self.ever_set: set[str] = set()
+
+    @staticmethod
+    def _nested(a: str, b: str) -> bool:
+        return a.startswith(b + "/") or b.startswith(a + "/")
+
+    @rule(key=zarr_keys(), data=st.binary(min_size=0, max_size=MAX_BINARY_SIZE))
+    def set(self, key: str, data: bytes) -> None:
+        assume(not any(self._nested(key, other) for other in self.ever_set))
+        self.ever_set.add(key)
+        super().set(key, data)
+
+
 def test_zarr_store_state_machine(tmp_path) -> None:
     def machine() -> ZarrStoreStateMachine:
-        return ZarrStoreStateMachine(NVMeStore(tmp_path / "store"))
+        return _NVMeStoreMachine(NVMeStore(tmp_path / "store"))
 
     run_state_machine_as_test(machine, settings=SETTINGS)
