@@ -534,6 +534,8 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
         return None
     return {
         **about,
+        # Which tools this process's dispatcher chose, and what it measured of each.
+        "dispatcher": str(arrayio.explain()),
         "rows": measured,
         "ceiling_rows": ceiling_rows,
         "ceilings": ceiling_report,

@@ -46,6 +46,8 @@ def check_common(report: dict[str, Any]) -> None:
     """What every run reports: the ceilings, arrayio beside them, every round's figures."""
     assert report["benchmark"] == "sharded" and report["devices"] == 8
     assert {"date", "command", "machine", "versions"} <= set(report)
+    # What the dispatcher chose for the restores it learned from (arrays of 1 MiB and more).
+    assert "dispatcher" in report and "GB/s" in report["dispatcher"]
     summary = report["summary"]
     for name in CEILINGS:
         # A setting the scratch file system refuses says why instead.
