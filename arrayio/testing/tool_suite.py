@@ -39,7 +39,7 @@ import crc32c
 import numpy as np
 import pytest
 
-from ..arrays._buffers import CupyDeviceBuffer, aligned_empty
+from ..arrays._buffers import CupyDeviceBuffer, aligned_empty, wait_for_current_streams
 from ..integrity._checksum import ChecksumParts
 from ..tools.base import Availability, Tool
 from .frameworks import gpu_available
@@ -161,6 +161,17 @@ def _contents(fd: int) -> np.ndarray:
         chunks.append(chunk)
         done += len(chunk)
     return np.frombuffer(b"".join(chunks), np.uint8)
+
+
+def _device_buffer(array: Any) -> CupyDeviceBuffer:
+    """``array``'s memory as arrayio's reads and writes hand it to a tool: with nothing
+    queued on it. The tools copy on streams of their own, not ordered after the caller's;
+    the callers wait for their current streams first (``wait_for_current_streams``). Without
+    this wait, ``cupy.zeros``' fill could land after the file's bytes whenever the GPU is
+    busy with another process's kernels."""
+    buffer = CupyDeviceBuffer(array)
+    wait_for_current_streams([buffer])
+    return buffer
 
 
 def _assert_same_bytes(actual: np.ndarray, expected: np.ndarray) -> None:
@@ -385,7 +396,7 @@ class ToolConformance:
                 if cupy is None:
                     buffer: Any = host_buffer(size, k % 2)
                 else:
-                    buffer = CupyDeviceBuffer(cupy.zeros(size, dtype=cupy.uint8))
+                    buffer = _device_buffer(cupy.zeros(size, dtype=cupy.uint8))
                 barrier.wait()
                 assert tool.read(fd, buffer, offset) == size
                 got.append(buffer if cupy is None else cupy.asnumpy(buffer.array))
@@ -433,7 +444,7 @@ class ToolConformance:
         cupy = self.require_gpu(tool, "read")
         data = random_bytes(FILE_SIZE)
         fd = open_file(data)
-        device = CupyDeviceBuffer(cupy.zeros(size, dtype=cupy.uint8))
+        device = _device_buffer(cupy.zeros(size, dtype=cupy.uint8))
         parts = self.checksum_parts(tool, size)
         assert tool.pread(fd, device, offset, checksum=parts).get() == size
         _assert_same_bytes(cupy.asnumpy(device.array), data[offset : offset + size])
@@ -444,7 +455,7 @@ class ToolConformance:
         cupy = self.require_gpu(tool, "read")
         data = random_bytes(FILE_SIZE)
         fd = open_file(data)
-        device = CupyDeviceBuffer(cupy.zeros(8192, dtype=cupy.uint8))
+        device = _device_buffer(cupy.zeros(8192, dtype=cupy.uint8))
         assert tool.read(fd, device, FILE_SIZE - 100) == 100
         _assert_same_bytes(cupy.asnumpy(device.array[:100]), data[-100:])
         assert tool.read(fd, device, FILE_SIZE + 1) == 0
@@ -456,7 +467,7 @@ class ToolConformance:
         before = random_bytes(FILE_SIZE, seed=1)
         fd = open_file(before)
         source = random_bytes(size, seed=2)
-        device = CupyDeviceBuffer(cupy.asarray(source))
+        device = _device_buffer(cupy.asarray(source))
         parts = self.checksum_parts(tool, size)
         assert tool.pwrite(fd, device, offset, checksum=parts).get() == size
         expected = before.copy()
@@ -491,7 +502,7 @@ class ToolConformance:
         cupy = self.require_gpu(tool, "read")
         data = random_bytes(FILE_SIZE)
         fd = open_file(data)
-        devices = [CupyDeviceBuffer(cupy.zeros(size, dtype=cupy.uint8)) for _, size in requests]
+        devices = [_device_buffer(cupy.zeros(size, dtype=cupy.uint8)) for _, size in requests]
         parts = [self.checksum_parts(tool, size) for _, size in requests]
         pairs = [(offset, device) for (offset, _), device in zip(requests, devices, strict=True)]
         got = tool.preadv(fd, pairs, checksums=parts).get()
@@ -515,7 +526,7 @@ class ToolConformance:
         before = random_bytes(FILE_SIZE, seed=1)
         fd = open_file(before)
         sources = [random_bytes(size, seed=3 + i) for i, size in enumerate(sizes)]
-        devices = [CupyDeviceBuffer(cupy.asarray(source)) for source in sources]
+        devices = [_device_buffer(cupy.asarray(source)) for source in sources]
         parts = [self.checksum_parts(tool, size) for size in sizes]
         assert tool.pwritev(fd, devices, offset, checksums=parts).get() == sum(sizes)
         joined = np.concatenate(sources)

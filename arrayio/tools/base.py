@@ -182,6 +182,11 @@ class Tool(abc.ABC):
         file ends first (the rest of ``buffer`` is then unspecified). With ``checksum`` (only
         passed to tools whose capabilities say ``checksums``), the tool records the CRC-32C
         of every byte it read, in pieces, before the future completes.
+
+        Device memory comes with nothing queued that writes it: a tool copies on streams of
+        its own, not ordered after the caller's, and arrayio's reads wait for the caller's
+        current streams before any tool runs
+        (:func:`~arrayio.arrays._buffers.wait_for_current_streams`).
         """
 
     @abc.abstractmethod
