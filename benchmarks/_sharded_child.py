@@ -41,8 +41,14 @@ OPTIONAL_PEERS = ("orbax", "tensorstore")
 WRITE_CEILING = ("posix", 4, 64 * h.MiB)
 # ...that file read back from the page cache by buffered threads...
 READ_CEILING = ("posix", 16, 16 * h.MiB)
-# ...and read after eviction with O_DIRECT (``cold``).
+# ...and read after eviction with O_DIRECT (``cold``)...
 COLD_CEILING = ("direct", 16, 16 * h.MiB)
+# ...and by buffered threads (``cold``): the disk's rate for a read that leaves the file in
+# the page cache, as arrayio's reads of a file its process reads again do.
+COLD_BUFFERED_CEILING = ("posix", 16, 16 * h.MiB)
+# On GPUs, pinned host memory copied to every device at once (of each process), at most
+# this much per device: the host-to-device links' limit on a restore from the page cache.
+DEVICE_COPY_BYTES = 1 << 30
 
 
 @dataclass
@@ -353,7 +359,62 @@ def measure_peer(
 
 
 def ceiling_names(cold: bool) -> tuple[str, ...]:
-    return ("write_fsync", "warm_read", "cold_read") if cold else ("write_fsync", "warm_read")
+    cold_names = ("cold_read", "cold_buffered_read") if cold else ()
+    return ("write_fsync", "warm_read", *cold_names)
+
+
+class DeviceCopyCeiling:
+    """Pinned host memory copied to each of this process's GPUs at once (torch, a stream
+    per device, every copy queued before any is waited on): ``nbytes`` per device."""
+
+    def __init__(self, devices: list[Any], nbytes: int) -> None:
+        import torch
+
+        self.torch = torch
+        self.nbytes = nbytes
+        self.indices = [d.local_hardware_id for d in devices]
+        self.hosts = [torch.ones(nbytes, dtype=torch.uint8, pin_memory=True) for _ in devices]
+        self.targets = [torch.empty(nbytes, dtype=torch.uint8, device=i) for i in self.indices]
+        self.streams = [torch.cuda.Stream(device=i) for i in self.indices]
+        self.samples: list[float] = []
+        self.sample()  # the warm-up
+
+    def sample(self, ready: Callable[[], None] | None = None) -> float:
+        for i in self.indices:
+            self.torch.cuda.synchronize(i)
+        if ready is not None:
+            ready()
+        start = time.perf_counter()
+        for host, target, stream in zip(self.hosts, self.targets, self.streams, strict=True):
+            with self.torch.cuda.stream(stream):
+                target.copy_(host, non_blocking=True)
+        for stream in self.streams:
+            stream.synchronize()
+        seconds = time.perf_counter() - start
+        self.samples.append(seconds)
+        return seconds
+
+    def report(self) -> dict[str, Any]:
+        devices = len(self.indices) * jax.process_count()
+        return {
+            "bytes": self.nbytes * devices,
+            "setting": f"torch pinned copy_ of {self.nbytes} bytes to each of {devices} GPUs",
+            "interleaved_seconds": self.samples[1:],
+        }
+
+
+def device_copy_ceiling(ceiling_bytes: int) -> DeviceCopyCeiling | None:
+    """On GPUs with torch: the host-to-device ceiling, a share of ``ceiling_bytes`` per
+    device (at most ``DEVICE_COPY_BYTES``)."""
+    devices = jax.local_devices()
+    if devices[0].platform != "gpu":
+        return None
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return None
+    share = min(DEVICE_COPY_BYTES, ceiling_bytes // jax.device_count())
+    return DeviceCopyCeiling(devices, max(share, 1 << 20))
 
 
 def disk_ceilings(scratch: str, nbytes: int, cold: bool) -> h.DiskCeilings:
@@ -373,6 +434,7 @@ def disk_ceilings(scratch: str, nbytes: int, cold: bool) -> h.DiskCeilings:
             "write_fsync": [WRITE_CEILING],
             "warm_read": [READ_CEILING],
             "cold_read": [COLD_CEILING],
+            "cold_buffered_read": [COLD_BUFFERED_CEILING],
         },
         limits=ceiling_names(cold),
     )
@@ -381,7 +443,9 @@ def disk_ceilings(scratch: str, nbytes: int, cold: bool) -> h.DiskCeilings:
     return ceilings
 
 
-def sample_ceilings(ceilings: h.DiskCeilings, repetition: int) -> dict[str, float]:
+def sample_ceilings(
+    ceilings: h.DiskCeilings, device_copy: DeviceCopyCeiling | None, repetition: int
+) -> dict[str, float]:
     """One sample of each ceiling that has a working setting: seconds for its bytes. With
     several processes, every process samples its file at once (they meet after preparing
     it, so that no process's eviction or warming overlaps another's timing), and the
@@ -398,21 +462,31 @@ def sample_ceilings(ceilings: h.DiskCeilings, repetition: int) -> dict[str, floa
             if len(limit.samples) > before:
                 seconds[f"{name}_s"] = limit.samples[-1]
         sync(f"{tag}:end")
+    if device_copy is not None:
+        tag = f"ceiling:host_to_device:{repetition}"
+        seconds["host_to_device_s"] = device_copy.sample(lambda: sync(f"{tag}:ready"))
+        sync(f"{tag}:end")
     if jax.process_count() == 1:
         return seconds
     from jax.experimental import multihost_utils
 
     names = [f"{name}_s" for name in ceilings.limits]
+    names += ["host_to_device_s"] if device_copy is not None else []
     mine = np.array([seconds.get(name, np.nan) for name in names], dtype=np.float64)
     every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, len(names))
     slowest = every.max(axis=0)
     return {name: float(v) for name, v in zip(names, slowest, strict=True) if np.isfinite(v)}
 
 
-def ceilings_report(ceilings: h.DiskCeilings) -> dict[str, Any]:
+def ceilings_report(
+    ceilings: h.DiskCeilings, device_copy: DeviceCopyCeiling | None
+) -> dict[str, Any]:
     """The ceilings' report (process 0's search and samples); its ``bytes`` are every
-    process's, which the rounds' seconds are for."""
+    process's, which the rounds' seconds are for (the host-to-device ceiling's, under its
+    own name, every device's)."""
     report = ceilings.report()
+    if device_copy is not None:
+        report["host_to_device"] = device_copy.report()
     processes = jax.process_count()
     if processes > 1:
         report["bytes_per_process"] = report["bytes"]
@@ -469,6 +543,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
     ceiling_gib = spec.get("ceiling_gib")
     ceiling_bytes = int(ceiling_gib * (1 << 30)) if ceiling_gib else nbytes
     ceilings = disk_ceilings(scratch, ceiling_bytes, cold)
+    device_copy = device_copy_ceiling(ceiling_bytes)
     about = {
         "peers_unavailable": unavailable,
         "nbytes": nbytes,
@@ -484,7 +559,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
         "tensor_parallel": tp.describe() if tp else None,
         "versions": versions(),
         # The ceilings' size and settings (their whole report comes at the end).
-        "ceilings": ceilings_report(ceilings),
+        "ceilings": ceilings_report(ceilings, device_copy),
     }
     if leader():  # what the rows are of, for a report of the rounds so far
         print("ABOUT " + json.dumps(about), flush=True)
@@ -504,7 +579,10 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
             orders.append(order)
             for name in order:
                 if name == "ceilings":
-                    row = {"repetition": repetition, **sample_ceilings(ceilings, repetition)}
+                    row = {
+                        "repetition": repetition,
+                        **sample_ceilings(ceilings, device_copy, repetition),
+                    }
                     ceiling_rows.append(row)
                     if leader():
                         print(json.dumps(row), flush=True)
@@ -528,7 +606,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
                 h.remove(peer.path)
             if tp is not None:
                 tp.remove()
-        ceiling_report = ceilings_report(ceilings)
+        ceiling_report = ceilings_report(ceilings, device_copy)
         ceilings.close()
     if not leader():
         return None

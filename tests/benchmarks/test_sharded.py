@@ -122,9 +122,13 @@ def test_cold_restores_scaling_and_a_tensor_parallel_checkpoint(run_module: Any,
     assert report["ceilings"]["bytes"] == 1 << 20 != report["nbytes"]  # --ceiling-gib
     assert report["scaling"] == ["restore_n1", "restore_n2", "restore_n4"]
     (ceiling_round,) = report["ceiling_rows"]
-    assert set(ceiling_round) == {"repetition", "write_fsync_s", "warm_read_s", "cold_read_s"}
+    cold = {"cold_read_s", "cold_buffered_read_s"}
+    assert set(ceiling_round) == {"repetition", "write_fsync_s", "warm_read_s", *cold}
     summary = report["summary"]
     arrayio = summary["peers"]["arrayio"]
+    # A cold restore is also judged against the disk's buffered rate (no GPU: no copy ceiling).
+    assert set(arrayio["vs_tighter_ceilings"]["cold_restore"]) == {"cold_buffered_read"}
+    assert arrayio["vs_tighter_ceilings"]["restore"] == {}
     for quantity in ("save", "restore", "reshard", "cold_restore", *report["scaling"]):
         assert is_rate(arrayio[quantity]), quantity
     assert set(summary["per_device"]["restore"]) == {"1", "2", "4", "8"}
@@ -159,6 +163,7 @@ def test_one_process_per_device_group_joined_by_jax_distributed(run_module: Any,
     ceilings = report["ceilings"]
     assert ceilings["bytes"] == 2 * ceilings["bytes_per_process"] >= report["nbytes"]
     assert report["summary"]["ceilings"]["cold_read"]["rounds_GBps"]
+    assert report["summary"]["ceilings"]["cold_buffered_read"]["rounds_GBps"]
     peers = report["summary"]["peers"]
     assert set(peers) == {"arrayio", "arrayio-tp"}
     for quantity in ("save", "restore", "reshard", "cold_restore"):
@@ -168,3 +173,26 @@ def test_one_process_per_device_group_joined_by_jax_distributed(run_module: Any,
     lines = [line for line in result.stdout.splitlines() if line.startswith(("ABOUT", "{"))]
     assert lines[0].startswith("ABOUT ")
     assert sum(line.startswith('{"peer"') for line in lines) == 2
+
+
+def test_each_ceiling_is_a_rate_of_its_own_bytes() -> None:
+    # The host-to-device ceiling copies its own bytes (every GPU's share), not the disk
+    # ceilings' file: each ceiling's rate, and each ratio to it, uses its own.
+    from benchmarks import sharded
+
+    report = {
+        "nbytes": 8 * 10**9,
+        "ceilings": {
+            "bytes": 4 * 10**9,
+            "warm_read": {"setting": "posix"},
+            "host_to_device": {"bytes": 2 * 10**9, "setting": "torch"},
+        },
+        "ceiling_rows": [{"repetition": 1, "warm_read_s": 0.1, "host_to_device_s": 0.1}],
+        "rows": [{"peer": "arrayio", "repetition": 1, "restore_s": 0.4}],
+    }
+    summary = sharded.summarize(report)
+    assert summary["ceilings"]["warm_read"]["GBps"] == pytest.approx(40.0)
+    assert summary["ceilings"]["host_to_device"]["GBps"] == pytest.approx(20.0)
+    arrayio = summary["peers"]["arrayio"]
+    assert arrayio["vs_ceiling"]["restore"] == pytest.approx(0.5)
+    assert arrayio["vs_tighter_ceilings"]["restore"] == {"host_to_device": pytest.approx(1.0)}
