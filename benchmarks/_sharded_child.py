@@ -49,6 +49,10 @@ COLD_BUFFERED_CEILING = ("posix", 16, 16 * h.MiB)
 # On GPUs, pinned host memory copied to every device at once (of each process), at most
 # this much per device: the host-to-device links' limit on a restore from the page cache.
 DEVICE_COPY_BYTES = 1 << 30
+# Host memory copied by as many threads as the page-cache ceiling reads with, at most this
+# much per process: the memory's own rate, which a read from the page cache into GPUs pays
+# once more than a read into host memory (the staging buffer is written, then read again).
+MEMORY_COPY_BYTES = 1 << 30
 
 
 @dataclass
@@ -403,6 +407,53 @@ class DeviceCopyCeiling:
         }
 
 
+class MemoryCopyCeiling:
+    """``nbytes`` of host memory copied into another buffer by ``threads`` threads at once
+    (NumPy's copy releases the interpreter's lock), each its own slice."""
+
+    def __init__(self, nbytes: int, threads: int) -> None:
+        import concurrent.futures
+
+        self.nbytes = nbytes
+        self.source = np.ones(nbytes, dtype=np.uint8)
+        self.target = np.zeros(nbytes, dtype=np.uint8)
+        step = -(-nbytes // threads)
+        self.slices = [slice(start, start + step) for start in range(0, nbytes, step)]
+        self.pool = concurrent.futures.ThreadPoolExecutor(len(self.slices))
+        self.samples: list[float] = []
+        self.sample()  # the warm-up (faults every page in)
+
+    def _copy(self, part: slice) -> None:
+        np.copyto(self.target[part], self.source[part])
+
+    def sample(self, ready: Callable[[], None] | None = None) -> float:
+        if ready is not None:
+            ready()
+        start = time.perf_counter()
+        list(self.pool.map(self._copy, self.slices))
+        seconds = time.perf_counter() - start
+        self.samples.append(seconds)
+        return seconds
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "bytes": self.nbytes * jax.process_count(),
+            "setting": f"numpy copyto of {self.nbytes} bytes by {len(self.slices)} threads "
+            f"in each of {jax.process_count()} processes",
+            "interleaved_seconds": self.samples[1:],
+        }
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+
+def memory_copy_ceiling(ceiling_bytes: int) -> MemoryCopyCeiling:
+    """The host memory's copy rate, a share of ``ceiling_bytes`` per process (at most
+    ``MEMORY_COPY_BYTES``), by the page-cache ceiling's threads."""
+    share = min(MEMORY_COPY_BYTES, ceiling_bytes // jax.process_count())
+    return MemoryCopyCeiling(max(share, 1 << 20), threads=READ_CEILING[1])
+
+
 def device_copy_ceiling(ceiling_bytes: int) -> DeviceCopyCeiling | None:
     """On GPUs with torch: the host-to-device ceiling, a share of ``ceiling_bytes`` per
     device (at most ``DEVICE_COPY_BYTES``)."""
@@ -443,9 +494,11 @@ def disk_ceilings(scratch: str, nbytes: int, cold: bool) -> h.DiskCeilings:
     return ceilings
 
 
-def sample_ceilings(
-    ceilings: h.DiskCeilings, device_copy: DeviceCopyCeiling | None, repetition: int
-) -> dict[str, float]:
+# The ceilings sampled beside the disk's, by name: each has sample(ready) and report().
+Extras = dict[str, Any]
+
+
+def sample_ceilings(ceilings: h.DiskCeilings, extras: Extras, repetition: int) -> dict[str, float]:
     """One sample of each ceiling that has a working setting: seconds for its bytes. With
     several processes, every process samples its file at once (they meet after preparing
     it, so that no process's eviction or warming overlaps another's timing), and the
@@ -462,31 +515,28 @@ def sample_ceilings(
             if len(limit.samples) > before:
                 seconds[f"{name}_s"] = limit.samples[-1]
         sync(f"{tag}:end")
-    if device_copy is not None:
-        tag = f"ceiling:host_to_device:{repetition}"
-        seconds["host_to_device_s"] = device_copy.sample(lambda: sync(f"{tag}:ready"))
+    for name, extra in extras.items():
+        tag = f"ceiling:{name}:{repetition}"
+        seconds[f"{name}_s"] = extra.sample(lambda tag=tag: sync(f"{tag}:ready"))
         sync(f"{tag}:end")
     if jax.process_count() == 1:
         return seconds
     from jax.experimental import multihost_utils
 
     names = [f"{name}_s" for name in ceilings.limits]
-    names += ["host_to_device_s"] if device_copy is not None else []
+    names += [f"{name}_s" for name in extras]
     mine = np.array([seconds.get(name, np.nan) for name in names], dtype=np.float64)
     every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, len(names))
     slowest = every.max(axis=0)
     return {name: float(v) for name, v in zip(names, slowest, strict=True) if np.isfinite(v)}
 
 
-def ceilings_report(
-    ceilings: h.DiskCeilings, device_copy: DeviceCopyCeiling | None
-) -> dict[str, Any]:
+def ceilings_report(ceilings: h.DiskCeilings, extras: Extras) -> dict[str, Any]:
     """The ceilings' report (process 0's search and samples); its ``bytes`` are every
-    process's, which the rounds' seconds are for (the host-to-device ceiling's, under its
-    own name, every device's)."""
+    process's, which the rounds' seconds are for (the extra ceilings', under their own
+    names, are theirs)."""
     report = ceilings.report()
-    if device_copy is not None:
-        report["host_to_device"] = device_copy.report()
+    report.update({name: extra.report() for name, extra in extras.items()})
     processes = jax.process_count()
     if processes > 1:
         report["bytes_per_process"] = report["bytes"]
@@ -543,7 +593,10 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
     ceiling_gib = spec.get("ceiling_gib")
     ceiling_bytes = int(ceiling_gib * (1 << 30)) if ceiling_gib else nbytes
     ceilings = disk_ceilings(scratch, ceiling_bytes, cold)
+    extras: Extras = {"memory_copy": memory_copy_ceiling(ceiling_bytes)}
     device_copy = device_copy_ceiling(ceiling_bytes)
+    if device_copy is not None:
+        extras["host_to_device"] = device_copy
     about = {
         "peers_unavailable": unavailable,
         "nbytes": nbytes,
@@ -559,7 +612,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
         "tensor_parallel": tp.describe() if tp else None,
         "versions": versions(),
         # The ceilings' size and settings (their whole report comes at the end).
-        "ceilings": ceilings_report(ceilings, device_copy),
+        "ceilings": ceilings_report(ceilings, extras),
     }
     if leader():  # what the rows are of, for a report of the rounds so far
         print("ABOUT " + json.dumps(about), flush=True)
@@ -581,7 +634,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
                 if name == "ceilings":
                     row = {
                         "repetition": repetition,
-                        **sample_ceilings(ceilings, device_copy, repetition),
+                        **sample_ceilings(ceilings, extras, repetition),
                     }
                     ceiling_rows.append(row)
                     if leader():
@@ -606,8 +659,9 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
                 h.remove(peer.path)
             if tp is not None:
                 tp.remove()
-        ceiling_report = ceilings_report(ceilings, device_copy)
+        ceiling_report = ceilings_report(ceilings, extras)
         ceilings.close()
+        extras["memory_copy"].close()
     if not leader():
         return None
     return {

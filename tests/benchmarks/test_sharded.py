@@ -54,7 +54,8 @@ def check_common(report: dict[str, Any]) -> None:
         assert is_rate(summary["ceilings"][name]["GBps"]) or report["ceilings"][name]["error"]
         assert len(summary["ceilings"][name]["rounds_GBps"]) == 1
     (ceiling_round,) = report["ceiling_rows"]
-    assert set(ceiling_round) == {"repetition", "write_fsync_s", "warm_read_s"}
+    assert set(ceiling_round) == {"repetition", "write_fsync_s", "warm_read_s", "memory_copy_s"}
+    assert is_rate(summary["ceilings"]["memory_copy"]["GBps"])
     # The untimed round runs the peers only; the timed one interleaves the ceilings.
     assert "ceilings" not in report["orders"][0] and "ceilings" in report["orders"][1]
     arrayio = summary["peers"]["arrayio"]
@@ -123,7 +124,13 @@ def test_cold_restores_scaling_and_a_tensor_parallel_checkpoint(run_module: Any,
     assert report["scaling"] == ["restore_n1", "restore_n2", "restore_n4"]
     (ceiling_round,) = report["ceiling_rows"]
     cold = {"cold_read_s", "cold_buffered_read_s"}
-    assert set(ceiling_round) == {"repetition", "write_fsync_s", "warm_read_s", *cold}
+    assert set(ceiling_round) == {
+        "repetition",
+        "write_fsync_s",
+        "warm_read_s",
+        "memory_copy_s",
+        *cold,
+    }
     summary = report["summary"]
     arrayio = summary["peers"]["arrayio"]
     # A cold restore is also judged against the disk's buffered rate (no GPU: no copy ceiling).
