@@ -8,7 +8,7 @@ guarantees of an ordinary save:
 
 1. every process plans the same layout from the global shapes and dtypes;
 2. process 0 creates the temporary beside the target (:func:`create_temporary`, holding its
-   lock) and tells the others its name;
+   lock), reserves its blocks, and tells the others its name;
 3. each process writes its pieces as one dispatcher batch (process 0 also the arrays that
    are not sharded across processes), fsyncs, and reports each piece's CRC-32C;
 4. process 0 combines the CRCs of each tensor's pieces in order, writes the header, fsyncs
@@ -36,8 +36,14 @@ from ..arrays._frameworks import _export_jax, export_for_save, framework_of
 from ..arrays._shards import local_pieces
 from ..dispatch import _transfer
 from ..formats import safetensors
-from ..integrity._atomic import _fsync_directory, create_temporary, resolve_target
+from ..integrity._atomic import (
+    _fsync_directory,
+    create_temporary,
+    describe_write_error,
+    resolve_target,
+)
 from ..integrity._checksum import combine
+from ..tools._io import preallocate
 
 __all__ = ["needs_distributed_save", "save_distributed"]
 
@@ -103,9 +109,15 @@ def save_distributed(
     if rank == 0:
         try:
             name, fd = create_temporary(target)
-            os.ftruncate(fd, layout.file_size)
+            # Every block reserved before any process writes: the processes' writes are then
+            # overwrites, which ext4 runs side by side under the file's shared lock, where
+            # writes into a sparse file's holes take turns under its exclusive lock (see
+            # preallocate). A disk without room for the file says so here, before anyone
+            # writes. Where the file system cannot reserve, the file is only sized.
+            if not preallocate(fd, 0, layout.file_size):
+                os.ftruncate(fd, layout.file_size)
         except OSError as error:  # the others hear of it as an empty name
-            failure = error
+            failure = describe_write_error(error, target, name or None)
             if fd >= 0:
                 os.close(fd)
                 os.unlink(name)
@@ -137,6 +149,8 @@ def save_distributed(
             dtype=np.int64,
         ).reshape(-1, 4)
     except Exception as error:  # noqa: BLE001 - every process must hear of it, then it is raised
+        if isinstance(error, OSError):
+            error = describe_write_error(error, target, name)
         failure, table = error, np.array([[_FAILED, 0, 0, 0]], dtype=np.int64)
     # Every process reaches every collective below, whatever failed, so that none waits
     # forever for one that gave up.

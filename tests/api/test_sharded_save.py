@@ -112,7 +112,7 @@ def test_arrays_sharded_by_rows_are_written_shard_by_shard(tmp_path: Path) -> No
 
 PROCESS = textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys
     import numpy as np
     import jax
     process, port, directory = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -122,12 +122,14 @@ PROCESS = textwrap.dedent(
     from arrayio.dispatch import _transfer
 
     assert len(jax.devices()) == 8 and len(jax.local_devices()) == 4
-    written, fail = [], []
+    written, fail, reserved = [], [], []
     real = _transfer.write_many
     def counting(fd, batch, **kwargs):
         if fail:
             raise OSError("pretend: this process cannot write")
         written.append(sum(data.nbytes for _, data in batch))
+        status = os.fstat(fd)
+        reserved.append(status.st_blocks * 512 >= status.st_size)  # before any byte lands
         return real(fd, batch, **kwargs)
     _transfer.write_many = counting
 
@@ -155,10 +157,38 @@ PROCESS = textwrap.dedent(
         failed = None
     except (OSError, RuntimeError) as error:
         failed = type(error).__name__
-    print(json.dumps({"written": first_save, "failed": failed}))
+    # Process 0 finds no room for the file: it raises DiskFullError, the other hears that
+    # nothing was created, and nothing is written or committed.
+    fail.clear()
+    from arrayio.api import _save_distributed
+    def no_room(fd, offset, nbytes):
+        raise OSError(28, "No space left on device")
+    _save_distributed.preallocate = no_room
+    before = len(written)
+    try:
+        arrayio.save(directory + "/state.safetensors", {"w": global_array(w * 0, P("data"))})
+        full = None
+    except Exception as error:
+        full = type(error).__name__
+    print(json.dumps({
+        "written": first_save,
+        "failed": failed,
+        "reserved": reserved[:2],
+        "full": full,
+        "written_when_full": len(written) - before,
+    }))
     jax.distributed.shutdown()
     """
 )
+
+
+def _can_reserve(directory: Path) -> bool:
+    from arrayio.tools._io import preallocate
+
+    with open(directory / "probe", "wb") as f:
+        reserved = preallocate(f.fileno(), 0, 1 << 20)
+    (directory / "probe").unlink()
+    return reserved
 
 
 def test_each_process_writes_only_its_own_shards(tmp_path: Path, jax_processes) -> None:
@@ -171,6 +201,12 @@ def test_each_process_writes_only_its_own_shards(tmp_path: Path, jax_processes) 
     # 8 columns of c (128) and n; process 1: rows 32 to 63 (512) and its 8 columns of c.
     # Then each its half of d's last axis (192). Nothing crossed between processes.
     assert [r["written"] for r in reports] == [[512 + 64 + 128 + 4, 192], [512 + 128, 192]]
+    # The file's blocks were reserved before either process wrote (where the file system
+    # can reserve), so that their writes overlap.
+    can_reserve = _can_reserve(tmp_path)
+    assert [r["reserved"] for r in reports] == [[can_reserve] * 2] * 2
+    assert [r["full"] for r in reports] == ["DiskFullError", "RuntimeError"]
+    assert [r["written_when_full"] for r in reports] == [0, 0]
     assert [r["failed"] for r in reports] == ["RuntimeError", "OSError"]  # the state is intact:
     loaded = arrayio.load(tmp_path / "state.safetensors")
     np.testing.assert_array_equal(loaded["w"], np.arange(256, dtype=np.float32).reshape(64, 4))
