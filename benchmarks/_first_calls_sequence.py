@@ -466,6 +466,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             result["gc"].append(collector.report())
             result["page_cache"].append(page_cache)
             h.write_json(result, spec["result"])
+        if peer.name.startswith("arrayio"):
+            # Which tool each context's calls ran on (after the calls, out of their timing).
+            import arrayio
+
+            result["dispatcher"] = str(arrayio.explain())
+            h.write_json(result, spec["result"])
     except Exception as error:  # noqa: BLE001 - the parent reports it beside the others
         result["error"] = f"{type(error).__name__}: {error}"
         result["failed_at"] = stage

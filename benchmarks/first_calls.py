@@ -377,6 +377,8 @@ def record_of(job: Job, calls: int, nbytes: int, result: dict[str, Any]) -> dict
         "error": result.get("error"),
         "failed_at": result.get("failed_at"),
         "traceback": result.get("traceback"),
+        # arrayio.explain() after the calls: which tools each context's calls ran on.
+        "dispatcher": result.get("dispatcher"),
     }
 
 

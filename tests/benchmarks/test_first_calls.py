@@ -71,6 +71,8 @@ def test_the_smoke_run_reports_every_call_of_every_sequence(smoke) -> None:
         assert bool(run["cache_files_at_start"]) == name.endswith("(learned)"), where
         # Only the fixed-choice reference forces a tool; the others let the dispatcher choose.
         assert run["forced_tool"] == ("posix" if name == "arrayio-numpy-posix" else None), where
+        # arrayio's sequences say which tools their calls ran on.
+        assert ("dispatch table" in (run["dispatcher"] or "")) == name.startswith("arrayio"), where
     assert runs["warm", "safetensors"]["page_cache"] == ["warmed", None]
     assert runs["cold_start", "safetensors"]["page_cache"] == ["evicted", None]
     assert runs["cold_every", "safetensors"]["page_cache"] == ["evicted", "evicted"]
