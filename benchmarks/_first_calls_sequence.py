@@ -468,6 +468,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             h.write_json(result, spec["result"])
         if peer.name.startswith("arrayio"):
             # Which tool each context's calls ran on (after the calls, out of their timing).
+            stage = "the dispatcher's report"
             import arrayio
 
             result["dispatcher"] = str(arrayio.explain())

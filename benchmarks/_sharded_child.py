@@ -398,6 +398,10 @@ class DeviceCopyCeiling:
         self.samples.append(seconds)
         return seconds
 
+    def close(self) -> None:
+        self.hosts, self.targets, self.streams = [], [], []
+        self.torch.cuda.empty_cache()
+
     def report(self) -> dict[str, Any]:
         devices = len(self.indices) * jax.process_count()
         return {
@@ -445,6 +449,7 @@ class MemoryCopyCeiling:
 
     def close(self) -> None:
         self.pool.shutdown()
+        self.source = self.target = np.empty(0, dtype=np.uint8)
 
 
 def memory_copy_ceiling(ceiling_bytes: int) -> MemoryCopyCeiling:
@@ -661,7 +666,8 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
                 tp.remove()
         ceiling_report = ceilings_report(ceilings, extras)
         ceilings.close()
-        extras["memory_copy"].close()
+        for extra in extras.values():
+            extra.close()
     if not leader():
         return None
     return {

@@ -130,7 +130,9 @@ def save_distributed(
     if failure is not None:
         raise failure
     if not name:
-        raise RuntimeError(f"{path}: process 0 could not create the file; nothing was written")
+        raise RuntimeError(
+            f"{path}: process 0 could not create or reserve the file; nothing was written"
+        )
     try:
         own = fd if rank == 0 else os.open(name, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
         try:

@@ -492,7 +492,10 @@ class DiskCeilings:
 
     ``limits`` keeps only some of the three (a benchmark that only reads names
     ``("cold_read", "warm_read")``): without the write ceiling, :meth:`search` writes the
-    file plainly before searching the reads.
+    file plainly before searching the reads. ``prefer`` may add a ceiling of another name:
+    one named ``cold_...`` reads after eviction, like ``cold_read`` (but only ``cold_read``
+    samples a peer's file, :meth:`sample`, and has a lead-in, :meth:`lead_in`), any other
+    from the page cache.
     """
 
     SAMPLES = 3
