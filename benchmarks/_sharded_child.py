@@ -452,6 +452,48 @@ class MemoryCopyCeiling:
         self.source = self.target = np.empty(0, dtype=np.uint8)
 
 
+class SharedFileWriteCeiling:
+    """The write ceiling's setting with every process writing its share into one file, at
+    its own offset, then fsyncing it: the shape of a multi-process save, which writes one
+    checkpoint file, where ``write_fsync`` gives each process a file of its own."""
+
+    def __init__(self, directory: str, host: np.ndarray) -> None:
+        from benchmarks import _ceiling_tools
+
+        self.path = os.path.join(directory, "ceiling-shared.bin")
+        self.host = host  # this process's share: the disk ceilings' buffer
+        self.tool = _ceiling_tools.make(*WRITE_CEILING)
+        self.samples: list[float] = []
+
+    def sample(self, ready: Callable[[], None] | None = None) -> float:
+        if jax.process_index() == 0:  # a new file each time, made before anyone writes
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+        if ready is not None:
+            ready()
+        start = time.perf_counter()
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            self.tool.write(fd, self.host, jax.process_index() * self.host.nbytes)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        seconds = time.perf_counter() - start
+        self.samples.append(seconds)
+        return seconds
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "bytes": self.host.nbytes * jax.process_count(),
+            "setting": f"{self.tool.label}, every process its share of one file, then fsync",
+            "interleaved_seconds": self.samples,
+        }
+
+    def close(self) -> None:  # after every process's last sample (the run's end)
+        self.tool.close()
+        if jax.process_index() == 0:
+            h.remove(self.path)
+
+
 def memory_copy_ceiling(ceiling_bytes: int) -> MemoryCopyCeiling:
     """The host memory's copy rate, a share of ``ceiling_bytes`` per process (at most
     ``MEMORY_COPY_BYTES``), by the page-cache ceiling's threads."""
@@ -599,6 +641,8 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
     ceiling_bytes = int(ceiling_gib * (1 << 30)) if ceiling_gib else nbytes
     ceilings = disk_ceilings(scratch, ceiling_bytes, cold)
     extras: Extras = {"memory_copy": memory_copy_ceiling(ceiling_bytes)}
+    if jax.process_count() > 1:
+        extras["write_fsync_shared"] = SharedFileWriteCeiling(scratch, ceilings.host)
     device_copy = device_copy_ceiling(ceiling_bytes)
     if device_copy is not None:
         extras["host_to_device"] = device_copy

@@ -49,7 +49,9 @@ every peer and the ceilings:
   ``host_to_device``, pinned host memory copied to every GPU at once (up to 1 GiB each);
   and ``memory_copy``, host memory copied by 16 threads in each process (up to 1 GiB each:
   a read from the page cache into GPUs moves each byte through host memory once more than
-  a read into host memory). The disk's on a file of the checkpoint's size, or of
+  a read into host memory); with several processes, ``write_fsync_shared``, the write
+  ceiling's setting with every process writing its share into one file (as their save
+  does). The disk's on a file of the checkpoint's size, or of
   ``--ceiling-gib`` (a rate, not a time: a smaller file saves the minutes each round's
   ceilings take at 16 GiB). The copy ceilings hold their buffers for the whole run (per
   process 2 GiB of host memory, and on GPUs 1 GiB pinned and 1 GiB on each GPU). With
@@ -101,8 +103,10 @@ CEILING_OF = {
 
 # The tighter limits some quantities also meet, where the run sampled them: a cold read
 # through the page cache (arrayio's, for a file its process reads again) meets the disk's
-# buffered rate, and every read onto GPUs the host-to-device copies'.
+# buffered rate, every read onto GPUs the host-to-device copies', and a save from several
+# processes the rate of their writes into one file.
 ALSO_BOUNDED_BY = {
+    "save": ("write_fsync_shared",),
     "restore": ("host_to_device",),
     "reshard": ("host_to_device",),
     "cold_restore": ("cold_buffered_read", "host_to_device"),
@@ -113,6 +117,7 @@ CEILINGS = (
     *dict.fromkeys(CEILING_OF.values()),
     "cold_buffered_read",
     "host_to_device",
+    "write_fsync_shared",
     "memory_copy",  # no quantity's ceiling: the memory's rate, for the arithmetic
 )
 

@@ -171,6 +171,10 @@ def test_one_process_per_device_group_joined_by_jax_distributed(run_module: Any,
     assert ceilings["bytes"] == 2 * ceilings["bytes_per_process"] >= report["nbytes"]
     assert report["summary"]["ceilings"]["cold_read"]["rounds_GBps"]
     assert report["summary"]["ceilings"]["cold_buffered_read"]["rounds_GBps"]
+    # Their save is also judged against their writes into one shared file.
+    assert report["ceilings"]["write_fsync_shared"]["bytes"] == ceilings["bytes"]
+    save_also = report["summary"]["peers"]["arrayio"]["vs_tighter_ceilings"]["save"]
+    assert set(save_also) == {"write_fsync_shared"} and save_also["write_fsync_shared"] > 0
     peers = report["summary"]["peers"]
     assert set(peers) == {"arrayio", "arrayio-tp"}
     for quantity in ("save", "restore", "reshard", "cold_restore"):
