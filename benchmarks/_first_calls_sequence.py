@@ -424,6 +424,18 @@ def set_up(peer: PeerInfo, device: str) -> tuple[Callable[[str], Any], dict[str,
     return load, {"import": imported - start, "device": time.perf_counter() - imported}
 
 
+def _driver_pool(peer: PeerInfo, device: str) -> Any:
+    """For arrayio into JAX on a GPU, the pool of device memory JAX gives back: each call
+    records how many of its outputs it reused and how many the driver allocated anew."""
+    if not (peer.name.startswith("arrayio") and peer.framework == "jax"):
+        return None
+    if not device.startswith("cuda"):
+        return None
+    from arrayio.arrays import _driver_buffers
+
+    return _driver_buffers._pool
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Run the sequence ``spec`` describes; the result is also written to ``spec["result"]``
     after every call. An exception ends the sequence: the result says at which stage."""
@@ -446,9 +458,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         result["versions"] = versions(peer)
         result["forced_tool"] = os.environ.get("ARRAYIO_TOOL") or None
         h.write_json(result, spec["result"])
+        pool = _driver_pool(peer, spec["device"])
         for call in range(spec["calls"]):
             stage = f"call {call + 1}"
             page_cache = prepare(spec["pattern"], call, spec["path"], spec["drop_caches"])
+            before = pool.counts() if pool is not None else None
             with h.GcMeter() as collector:
                 began = time.perf_counter()
                 out = load(spec["path"])
@@ -456,6 +470,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 if not spec["device"].startswith("cuda"):
                     touch_pages(out)
                 seconds = time.perf_counter() - began
+            if pool is not None and before is not None:
+                after = pool.counts()
+                result.setdefault("pool", []).append({k: after[k] - before[k] for k in after})
             stage = f"check of call {call + 1}"
             check_structure(out, spec["expected"], spec["device"])
             if call == 0:

@@ -379,6 +379,8 @@ def record_of(job: Job, calls: int, nbytes: int, result: dict[str, Any]) -> dict
         "traceback": result.get("traceback"),
         # arrayio.explain() after the calls: which tools each context's calls ran on.
         "dispatcher": result.get("dispatcher"),
+        # arrayio into JAX on a GPU: per call, outputs from the pool and newly allocated.
+        "pool": result.get("pool"),
     }
 
 

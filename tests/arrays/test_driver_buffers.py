@@ -188,6 +188,7 @@ def test_the_pool_gives_a_block_back_to_an_equal_allocation_after_one_wait(drive
     assert driver.waits == 1  # once for the blocks given since the last wait, not per block
     assert pool.take(1000, 1) is not a and driver.made == 3  # another device's
     assert pool.take(4096, 0) and driver.made == 4  # another size
+    assert pool.counts() == {"reused": 2, "allocated": driver.made}
 
 
 def test_the_pool_keeps_at_most_a_share_of_the_device(driver):

@@ -341,3 +341,15 @@ def test_a_cpu_call_ends_with_a_byte_of_every_page_read(tmp_path: Path) -> None:
     )
     out = {"mapped": mapped, "layer": {"copied": copied}, "empty": np.zeros(0, np.uint8)}
     assert sequence.touch_pages(out) == expected
+
+
+def test_only_arrayio_into_jax_on_a_gpu_records_its_pool() -> None:
+    # Each such call records how many outputs came from the pool of memory JAX gave back,
+    # and how many the driver allocated anew; no other sequence has that pool.
+    from arrayio.arrays import _driver_buffers
+    from benchmarks import _first_calls_sequence as sequence
+
+    jax_peer, torch_peer = sequence.PEERS["arrayio-jax"], sequence.PEERS["arrayio-torch"]
+    assert sequence._driver_pool(jax_peer, "cuda:0") is _driver_buffers._pool
+    assert sequence._driver_pool(jax_peer, "cpu") is None
+    assert sequence._driver_pool(torch_peer, "cuda:0") is None
