@@ -9,6 +9,7 @@ Not meant to be run by hand.
 
 from __future__ import annotations
 
+import abc
 import importlib.metadata
 import inspect
 import json
@@ -367,92 +368,105 @@ def ceiling_names(cold: bool) -> tuple[str, ...]:
     return ("write_fsync", "warm_read", *cold_names)
 
 
-class DeviceCopyCeiling:
+class ExtraCeiling(abc.ABC):
+    """A ceiling sampled beside the disk's: :meth:`_prepare` untimed, then ``ready()``
+    (where the processes meet), then :meth:`_move` timed. ``bytes`` are every process's."""
+
+    setting = ""
+
+    def __init__(self, nbytes: int) -> None:
+        self.bytes = nbytes * jax.process_count()
+        self.samples: list[float] = []
+
+    def _prepare(self) -> None:  # noqa: B027 - optional hook
+        """Untimed, before each sample."""
+
+    @abc.abstractmethod
+    def _move(self) -> None:
+        """This process's timed work."""
+
+    def sample(self, ready: Callable[[], None] | None = None) -> float:
+        self._prepare()
+        if ready is not None:
+            ready()
+        start = time.perf_counter()
+        self._move()
+        seconds = time.perf_counter() - start
+        self.samples.append(seconds)
+        return seconds
+
+    def report(self) -> dict[str, Any]:
+        return {"bytes": self.bytes, "setting": self.setting, "interleaved_seconds": self.samples}
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what it holds, after every process's last sample (the run's end)."""
+
+
+class DeviceCopyCeiling(ExtraCeiling):
     """Pinned host memory copied to each of this process's GPUs at once (torch, a stream
     per device, every copy queued before any is waited on): ``nbytes`` per device."""
 
     def __init__(self, devices: list[Any], nbytes: int) -> None:
         import torch
 
+        super().__init__(nbytes * len(devices))
         self.torch = torch
-        self.nbytes = nbytes
         self.indices = [d.local_hardware_id for d in devices]
         self.hosts = [torch.ones(nbytes, dtype=torch.uint8, pin_memory=True) for _ in devices]
         self.targets = [torch.empty(nbytes, dtype=torch.uint8, device=i) for i in self.indices]
         self.streams = [torch.cuda.Stream(device=i) for i in self.indices]
-        self.samples: list[float] = []
-        self.sample()  # the warm-up
+        gpus = len(devices) * jax.process_count()
+        self.setting = f"torch pinned copy_ of {nbytes} bytes to each of {gpus} GPUs"
+        self._prepare()
+        self._move()  # the warm-up
 
-    def sample(self, ready: Callable[[], None] | None = None) -> float:
+    def _prepare(self) -> None:
         for i in self.indices:
             self.torch.cuda.synchronize(i)
-        if ready is not None:
-            ready()
-        start = time.perf_counter()
+
+    def _move(self) -> None:
         for host, target, stream in zip(self.hosts, self.targets, self.streams, strict=True):
             with self.torch.cuda.stream(stream):
                 target.copy_(host, non_blocking=True)
         for stream in self.streams:
             stream.synchronize()
-        seconds = time.perf_counter() - start
-        self.samples.append(seconds)
-        return seconds
 
     def close(self) -> None:
         self.hosts, self.targets, self.streams = [], [], []
         self.torch.cuda.empty_cache()
 
-    def report(self) -> dict[str, Any]:
-        devices = len(self.indices) * jax.process_count()
-        return {
-            "bytes": self.nbytes * devices,
-            "setting": f"torch pinned copy_ of {self.nbytes} bytes to each of {devices} GPUs",
-            "interleaved_seconds": self.samples[1:],
-        }
 
-
-class MemoryCopyCeiling:
+class MemoryCopyCeiling(ExtraCeiling):
     """``nbytes`` of host memory copied into another buffer by ``threads`` threads at once
     (NumPy's copy releases the interpreter's lock), each its own slice."""
 
     def __init__(self, nbytes: int, threads: int) -> None:
         import concurrent.futures
 
-        self.nbytes = nbytes
+        super().__init__(nbytes)
         self.source = np.ones(nbytes, dtype=np.uint8)
         self.target = np.zeros(nbytes, dtype=np.uint8)
         step = -(-nbytes // threads)
         self.slices = [slice(start, start + step) for start in range(0, nbytes, step)]
         self.pool = concurrent.futures.ThreadPoolExecutor(len(self.slices))
-        self.samples: list[float] = []
-        self.sample()  # the warm-up (faults every page in)
+        self.setting = (
+            f"numpy copyto of {nbytes} bytes by {len(self.slices)} threads "
+            f"in each of {jax.process_count()} processes"
+        )
+        self._move()  # the warm-up (faults every page in)
 
     def _copy(self, part: slice) -> None:
         np.copyto(self.target[part], self.source[part])
 
-    def sample(self, ready: Callable[[], None] | None = None) -> float:
-        if ready is not None:
-            ready()
-        start = time.perf_counter()
+    def _move(self) -> None:
         list(self.pool.map(self._copy, self.slices))
-        seconds = time.perf_counter() - start
-        self.samples.append(seconds)
-        return seconds
-
-    def report(self) -> dict[str, Any]:
-        return {
-            "bytes": self.nbytes * jax.process_count(),
-            "setting": f"numpy copyto of {self.nbytes} bytes by {len(self.slices)} threads "
-            f"in each of {jax.process_count()} processes",
-            "interleaved_seconds": self.samples[1:],
-        }
 
     def close(self) -> None:
         self.pool.shutdown()
         self.source = self.target = np.empty(0, dtype=np.uint8)
 
 
-class SharedFileWriteCeiling:
+class SharedFileWriteCeiling(ExtraCeiling):
     """The write ceiling's setting with every process writing its share into one file, at
     its own offset, then fsyncing it: the shape of a multi-process save, which writes one
     checkpoint file, where ``write_fsync`` gives each process a file of its own."""
@@ -460,35 +474,25 @@ class SharedFileWriteCeiling:
     def __init__(self, directory: str, host: np.ndarray) -> None:
         from benchmarks import _ceiling_tools
 
+        super().__init__(host.nbytes)
         self.path = os.path.join(directory, "ceiling-shared.bin")
         self.host = host  # this process's share: the disk ceilings' buffer
         self.tool = _ceiling_tools.make(*WRITE_CEILING)
-        self.samples: list[float] = []
+        self.setting = f"{self.tool.label}, every process its share of one file, then fsync"
 
-    def sample(self, ready: Callable[[], None] | None = None) -> float:
+    def _prepare(self) -> None:
         if jax.process_index() == 0:  # a new file each time, made before anyone writes
             os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
-        if ready is not None:
-            ready()
-        start = time.perf_counter()
+
+    def _move(self) -> None:
         fd = os.open(self.path, os.O_WRONLY)
         try:
             self.tool.write(fd, self.host, jax.process_index() * self.host.nbytes)
             os.fsync(fd)
         finally:
             os.close(fd)
-        seconds = time.perf_counter() - start
-        self.samples.append(seconds)
-        return seconds
 
-    def report(self) -> dict[str, Any]:
-        return {
-            "bytes": self.host.nbytes * jax.process_count(),
-            "setting": f"{self.tool.label}, every process its share of one file, then fsync",
-            "interleaved_seconds": self.samples,
-        }
-
-    def close(self) -> None:  # after every process's last sample (the run's end)
+    def close(self) -> None:
         self.tool.close()
         if jax.process_index() == 0:
             h.remove(self.path)
@@ -541,8 +545,8 @@ def disk_ceilings(scratch: str, nbytes: int, cold: bool) -> h.DiskCeilings:
     return ceilings
 
 
-# The ceilings sampled beside the disk's, by name: each has sample(ready) and report().
-Extras = dict[str, Any]
+# The ceilings sampled beside the disk's, by name.
+Extras = dict[str, ExtraCeiling]
 
 
 def sample_ceilings(ceilings: h.DiskCeilings, extras: Extras, repetition: int) -> dict[str, float]:
