@@ -122,10 +122,18 @@ CEILINGS = (
 )
 
 
+def base_of(quantity: str) -> str:
+    """``restore_n1``... (restores onto fewer devices) are restores."""
+    return quantity.split("_n")[0]
+
+
 def ceiling_of(quantity: str) -> str:
-    """``restore_n1``... (restores onto fewer devices) are judged as restores."""
-    base = quantity.split("_n")[0]
-    return CEILING_OF[base]
+    return CEILING_OF[base_of(quantity)]
+
+
+def in_order(quantities: Any) -> list[str]:
+    """``quantities`` in the order of :data:`CEILING_OF`, then by name."""
+    return sorted(quantities, key=lambda q: (list(CEILING_OF).index(base_of(q)), q))
 
 
 def summarize_ceilings(report: dict[str, Any]) -> dict[str, Any]:
@@ -149,7 +157,7 @@ def summarize_ceilings(report: dict[str, Any]) -> dict[str, Any]:
 def quantities_of(rows: list[dict[str, Any]]) -> list[str]:
     """The quantities the rows hold (``save_s`` gives ``save``), in a stable order."""
     found = {k[: -len("_s")] for r in rows for k in r if k.endswith("_s")}
-    return sorted(found, key=lambda q: (list(CEILING_OF).index(q.split("_n")[0]), q))
+    return in_order(found)
 
 
 def summarize_peer(rows: list[dict[str, Any]], nbytes: int) -> dict[str, Any]:
@@ -220,10 +228,7 @@ def plot(report: dict[str, Any], path: str) -> None:
 
     summary = report["summary"]
     peers = sorted(summary["peers"])
-    quantities = sorted(
-        {q for p in peers for q in summary["peers"][p]["rounds_GBps"]},
-        key=lambda q: (list(CEILING_OF).index(q.split("_n")[0]), q),
-    )
+    quantities = in_order({q for p in peers for q in summary["peers"][p]["rounds_GBps"]})
     scaling = summary.get("per_device")
     fig, axes = plt.subplots(1, 2 if scaling else 1, figsize=(13 if scaling else 9, 4.2))
     ax = axes[0] if scaling else axes

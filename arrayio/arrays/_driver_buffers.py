@@ -92,7 +92,7 @@ class _Pool:
         self._unsynchronized: set[int] = set()  # devices given memory since their last wait
         # Allocations served from the pool, and those the driver made: whether a load's
         # outputs paid for new memory (the first-calls benchmark records them per call).
-        self.reused = self.allocated = 0
+        self._reused = self._allocated = 0
 
     def take(self, nbytes: int, device: int) -> _cuda.DeviceMemory:
         size = -(-max(nbytes, 1) // _GRANULE) * _GRANULE
@@ -101,18 +101,18 @@ class _Pool:
             if blocks:
                 memory = blocks.pop()
                 self._bytes[device] -= size
-                self.reused += 1
+                self._reused += 1
                 if device in self._unsynchronized:  # (under the lock: no one takes a block
                     _cuda.synchronize_context(device)  # before the wait is over)
                     self._unsynchronized.discard(device)
                 return memory
-            self.allocated += 1
+            self._allocated += 1
         return _cuda.DeviceMemory(size, device)
 
     def counts(self) -> dict[str, int]:
         """Allocations so far: served from the pool (``reused``) and new (``allocated``)."""
         with self._lock:
-            return {"reused": self.reused, "allocated": self.allocated}
+            return {"reused": self._reused, "allocated": self._allocated}
 
     def give(self, memory: _cuda.DeviceMemory) -> None:
         device = memory.device
