@@ -1235,6 +1235,10 @@ def run_data_set(
     decoders = ["users"] if args.pipeline == "users" else args.decoders
     for decoder in decoders if codec == "zstd" else ["-"]:
         report["rows"] += run_case(args, layout, codec, decoder, root, data)
+        # Where arrayio's pipeline decoded zstd chunks bound for the GPU, and why.
+        from arrayio.zarr import _decode_placement
+
+        report["decode_placement"] = _decode_placement.report()
         report["summary"] = summarize(
             report["rows"], report["ceilings"], report["stored_bytes"], report["array_bytes"]
         )

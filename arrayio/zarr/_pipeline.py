@@ -55,6 +55,7 @@ from ..integrity._checksum import checksum
 from ..tools._pinned import pool as pinned_pool
 from . import _group_writes
 from ._frames import decode_on_host
+from ._gpu_decode import decode_for_gpu
 from ._io_pool import executor
 
 __all__ = ["CodecPipeline"]
@@ -378,11 +379,11 @@ def _decode_and_place(
             for data, chunk in zip(encoded, files, strict=True)
         ]
     if chain.zstd is not None:
-        decoded = (
-            _decode_gpu(chain.zstd, slab, encoded, target, destinations)
-            if on_gpu
-            else _decode_host(chain.zstd, encoded, destinations)
-        )
+        if on_gpu:
+            sizes = [_decoded_bytes(spec) for _, spec, *_ in batch]
+            decoded = decode_for_gpu(chain.zstd, slab, encoded, sizes, target, destinations)
+        else:
+            decoded = _decode_host(chain.zstd, encoded, destinations)
     elif chain.host_codec is not None:
         decoded = _decode_host(chain.host_codec, encoded)
         if on_gpu:  # one copy of all the decoded chunks
@@ -400,7 +401,7 @@ def _decode_and_place(
             target[out_selection] = _fill_value(spec)
             continue
         dtype = spec.dtype.to_native_dtype()
-        expected = int(np.prod(spec.shape)) * dtype.itemsize
+        expected = _decoded_bytes(spec)
         if data.nbytes != expected:
             raise FormatError(f"a chunk decoded to {data.nbytes} bytes, expected {expected}")
         chunk = data.view(dtype).reshape(spec.shape)
@@ -690,29 +691,9 @@ def _to_device(slab: np.ndarray, encoded: list[np.ndarray | None], target: Any) 
     return out
 
 
-def _decode_gpu(
-    zstd: Any,
-    slab: np.ndarray,
-    encoded: list[np.ndarray | None],
-    target: Any,
-    destinations: list[Any] | None = None,
-) -> list[Any]:
-    """The chunks decoded on ``target``'s GPU by nvCOMP, in one batch (into their
-    ``destinations`` where given)."""
-    from ._gpu_worker import DeviceWorker
-
-    on_device = _to_device(slab, encoded, target)
-    indices = [i for i, data in enumerate(on_device) if data is not None]
-    places = [destinations[i] for i in indices] if destinations is not None else None
-    results = DeviceWorker.submit(
-        target.device.id, "decode", [on_device[i] for i in indices], zstd, places
-    ).result()
-    out: list[Any] = [None] * len(encoded)
-    for i, result in zip(indices, results, strict=True):
-        if isinstance(result, Exception):
-            raise result
-        out[i] = result
-    return out
+def _decoded_bytes(spec: Any) -> int:
+    """The bytes a chunk of ``spec`` decodes to."""
+    return int(np.prod(spec.shape)) * spec.dtype.to_native_dtype().itemsize
 
 
 def _order(spec: Any) -> str:

@@ -112,10 +112,12 @@ def test_the_pipeline_decodes_a_read_in_one_gpu_batch(tmp_path, cupy, monkeypatc
     assert [len(arrays) for arrays, _ in batches] == [64]
 
 
-def _submitted(monkeypatch) -> list:
-    """The (chunks, destinations) of every batch the pipeline hands nvCOMP's worker."""
+def _submitted(monkeypatch, host_share: float = 0.0) -> list:
+    """The (chunks, destinations) of every batch the pipeline hands nvCOMP's worker, with
+    ``host_share`` of each batch's chunks decoded on the host instead (none by default)."""
     from arrayio.zarr import _gpu_worker
 
+    _placed(monkeypatch, host_share)
     made = []
     real = _gpu_worker.DeviceWorker.submit
 
@@ -125,6 +127,104 @@ def _submitted(monkeypatch) -> list:
 
     monkeypatch.setattr(_gpu_worker.DeviceWorker, "submit", spying)
     return made
+
+
+def _placed(monkeypatch, host_share: float) -> None:
+    """Every batch shares ``host_share`` of its chunks with the host, whatever was learned."""
+    from arrayio.zarr import _decode_placement
+
+    def fixed(device_id, chunk_bytes, chunks):
+        context = _decode_placement.context_of(device_id, chunk_bytes, chunks)
+        return _decode_placement.Placement(round(host_share * chunks), context, "forced")
+
+    monkeypatch.setattr(_decode_placement, "placement", fixed)
+
+
+@pytest.mark.parametrize("host_share", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("crc", [False, True])
+@pytest.mark.parametrize("rows", [256, 300])
+def test_zstd_chunks_decoded_on_the_host_and_by_nvcomp_read_exactly(
+    tmp_path, cupy, monkeypatch, host_share, crc, rows
+):
+    # Whatever share the host decodes, every chunk lands in its place: whole row chunks in
+    # the output's own memory, the cut last chunk and a slab's cut chunks placed after.
+    data = np.random.default_rng(6).normal(size=(rows, 256)).astype(np.float32)
+    compressors = [zarr.codecs.ZstdCodec(level=3)]
+    if crc:
+        compressors.append(zarr.codecs.Crc32cCodec())
+    z = zarr.create_array(
+        LocalStore(tmp_path),
+        shape=data.shape,
+        chunks=(32, 256),
+        dtype="f4",
+        compressors=compressors,
+    )
+    z[...] = data
+    given = _submitted(monkeypatch, host_share)
+    with (
+        zarr.config.enable_gpu(),
+        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
+    ):
+        array = zarr.open_array(NVMeStore(tmp_path, read_only=True), mode="r")
+        got = array[...]
+        part = array[45:270, 7:200]
+    np.testing.assert_array_equal(cupy.asnumpy(got), data)
+    np.testing.assert_array_equal(cupy.asnumpy(part), data[45:270, 7:200])
+    chunks = -(-rows // 32)
+    expected_gpu = chunks - round(host_share * chunks)
+    assert (len(given[0][0]) if given else 0) == expected_gpu
+
+
+def test_a_damaged_chunk_decoded_on_the_host_raises(tmp_path, cupy, monkeypatch):
+    from arrayio.errors import ArrayioError
+
+    data = np.random.default_rng(7).normal(size=(256, 256)).astype(np.float32)
+    z = zarr.create_array(
+        LocalStore(tmp_path),
+        shape=data.shape,
+        chunks=(32, 256),
+        dtype="f4",
+        compressors=[zarr.codecs.ZstdCodec(level=3, checksum=True)],
+    )
+    z[...] = data
+    chunk = tmp_path / "c" / "7" / "0"
+    damaged = bytearray(chunk.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(damaged))
+    _placed(monkeypatch, 1.0)
+    with (
+        zarr.config.enable_gpu(),
+        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
+    ):
+        with pytest.raises(ArrayioError, match="zstd chunk"):
+            zarr.open_array(NVMeStore(tmp_path, read_only=True), mode="r")[...]
+
+
+def test_the_first_read_of_a_context_is_shared_then_placed_by_rate(tmp_path, cupy, monkeypatch):
+    from arrayio.zarr import _decode_placement, _gpu_worker
+
+    monkeypatch.setattr(_decode_placement, "_learned", {})
+    data = np.random.default_rng(8).normal(size=(512, 256)).astype(np.float32)
+    z = zarr.create_array(LocalStore(tmp_path), shape=data.shape, chunks=(32, 256), dtype="f4")
+    z[...] = data
+    sizes = []
+    real = _gpu_worker.DeviceWorker.submit
+
+    def spying(device_id, kind, arrays, zstd, destinations=None):
+        sizes.append(len(arrays))
+        return real(device_id, kind, arrays, zstd, destinations)
+
+    monkeypatch.setattr(_gpu_worker.DeviceWorker, "submit", spying)
+    with (
+        zarr.config.enable_gpu(),
+        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
+    ):
+        array = zarr.open_array(NVMeStore(tmp_path, read_only=True), mode="r")
+        for _ in range(3):
+            np.testing.assert_array_equal(cupy.asnumpy(array[...]), data)
+    assert sizes[0] == 8  # 16 chunks, half of them on the host, measured
+    [line] = _decode_placement.report()
+    assert "batches of about 2^4" in line and "3 batches" in line
 
 
 @pytest.mark.parametrize("rows", [256, 300])

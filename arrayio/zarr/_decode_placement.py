@@ -1,0 +1,112 @@
+"""Where zstd chunks bound for a GPU are decoded: by nvCOMP, by the host's cores, or both.
+
+nvCOMP decodes a batch of chunks with one chunk per unit of the GPU's work, so its rate
+grows with the number of chunks and falls with their size: many small chunks decode far
+faster on the GPU than on the host, while a few chunks of many megabytes decode faster on
+the host's cores (numcodecs releases the GIL), with one copy of the decoded bytes to the
+GPU after. Neither is the better choice everywhere, and where the line falls depends on the
+GPU, the cores and the chunks. So the pipeline measures it.
+
+Per context (the GPU, and the batch's decoded chunk size and chunk count, each rounded to
+a power of two), a batch's chunks are shared between the two, which run at once:
+
+* the first batch of a context is split in half, and each side's rate (decoded bytes over
+  the seconds from its start to its chunks being on the GPU) is measured within the call;
+* later batches give each side the share of chunks its measured rate earns, so both finish
+  together; a side whose share would be under :data:`SNAP` gets none (a few chunks on a
+  slow side would make the whole call wait for them), and each call's figures replace the
+  earlier ones for the sides that ran.
+
+A batch of one chunk goes to nvCOMP. What was learned lasts for the process;
+:func:`report` says what each context does and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+__all__ = ["SNAP", "Placement", "placement", "record", "report"]
+
+SNAP = 0.15  # a side earning less than this share of a batch gets none of it
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Placement:
+    """How many of a batch's chunks the host decodes (the rest go to nvCOMP), and why."""
+
+    host_chunks: int
+    context: tuple[int, int, int]
+    why: str
+
+
+@dataclasses.dataclass
+class _Learned:
+    gpu_rate: float | None = None  # decoded bytes per second, the last batch it ran
+    host_rate: float | None = None
+    batches: int = 0
+
+
+_learned: dict[tuple[int, int, int], _Learned] = {}
+_lock = threading.Lock()
+
+
+def _power_of_two(value: int) -> int:
+    return max(0, int(value) - 1).bit_length()
+
+
+def context_of(device_id: int, chunk_bytes: int, chunks: int) -> tuple[int, int, int]:
+    """The context of a batch: its GPU, and its chunk size and count as powers of two."""
+    return (device_id, _power_of_two(chunk_bytes), _power_of_two(chunks))
+
+
+def placement(device_id: int, chunk_bytes: int, chunks: int) -> Placement:
+    """How a batch of ``chunks`` zstd chunks, each decoding to about ``chunk_bytes``, is
+    shared between the host and nvCOMP on GPU ``device_id``."""
+    context = context_of(device_id, chunk_bytes, chunks)
+    if chunks < 2:
+        return Placement(0, context, "one chunk: nvCOMP")
+    with _lock:
+        learned = _learned.get(context)
+        gpu, host = (learned.gpu_rate, learned.host_rate) if learned else (None, None)
+    if gpu is None or host is None:
+        return Placement(chunks // 2, context, "nothing measured yet: half on each, measured")
+    share = host / (host + gpu)
+    rates = f"host {host / 1e9:.2f} GB/s, nvCOMP {gpu / 1e9:.2f} GB/s"
+    if share < SNAP:
+        return Placement(0, context, f"nvCOMP alone ({rates})")
+    if share > 1 - SNAP:
+        return Placement(chunks, context, f"the host alone ({rates})")
+    host_chunks = min(chunks - 1, max(1, round(share * chunks)))
+    return Placement(host_chunks, context, f"shared by rate ({rates})")
+
+
+def record(context: tuple[int, int, int], gpu_rate: float | None, host_rate: float | None) -> None:
+    """What a batch of ``context`` measured on the sides that ran (None: not run)."""
+    with _lock:
+        learned = _learned.setdefault(context, _Learned())
+        if gpu_rate is not None:
+            learned.gpu_rate = gpu_rate
+        if host_rate is not None:
+            learned.host_rate = host_rate
+        learned.batches += 1
+
+
+def report() -> list[str]:
+    """One line per context learned in this process."""
+    lines = []
+    with _lock:
+        items = sorted(_learned.items())
+    for (device_id, size, count), learned in items:
+        decided = placement(device_id, 1 << size, 1 << count)
+        lines.append(
+            f"cuda:{device_id}, chunks of about 2^{size} bytes, batches of about 2^{count}: "
+            f"{decided.why}; {learned.batches} batches"
+        )
+    return lines
+
+
+def forget() -> None:
+    """Forget what was learned (tests)."""
+    with _lock:
+        _learned.clear()
