@@ -132,6 +132,10 @@ class NvcompZstd:
                     out[i] = array
                 try:
                     result = self.codec.decode(self.batch([sources[i] for i in on_gpu]), out=batch)
+                    # Wait here, where CuPy lets go of the interpreter's lock while it waits,
+                    # rather than in nvCOMP's reading of the sizes: threads decoding on the
+                    # host meanwhile need the lock between their chunks.
+                    self.stream.synchronize()
                     decoded_sizes = list(result.buffer_sizes)
                 except Exception:  # noqa: BLE001 - the host decodes them, or says what is wrong
                     decoded_sizes = [-1] * len(on_gpu)
