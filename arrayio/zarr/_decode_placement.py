@@ -8,14 +8,18 @@ GPU after. Neither is the better choice everywhere, and where the line falls dep
 GPU, the cores and the chunks. So the pipeline measures it.
 
 Per context (the GPU, and the batch's decoded chunk size and chunk count, each rounded to
-a power of two), a batch's chunks are shared between the two, which run at once:
+a power of two):
 
-* the first batch of a context is split in half, and each side's rate (decoded bytes over
-  the seconds from its start to its chunks being on the GPU) is measured within the call;
-* later batches give each side the share of chunks its measured rate earns, so both finish
-  together; a side whose share would be under :data:`SNAP` gets none (a few chunks on a
-  slow side would make the whole call wait for them), and each call's figures replace the
-  earlier ones for the sides that ran.
+* the first batch is split in half, and each side's rate (decoded bytes over the seconds
+  from its start to its chunks being on the GPU) is measured within the call;
+* the rates give two candidates: the batch shared in proportion to them, so that both
+  sides finish together, and the faster side alone. A side whose share would be under
+  :data:`SNAP` gets none (a few chunks on a slow side would make the whole call wait for
+  them), and then the faster side alone is the one candidate;
+* the rates are not additive (both sides need the interpreter and the cores, and nvCOMP's
+  time barely shrinks with fewer chunks), so each candidate runs one batch, its overall
+  rate measured, and later batches go to the candidate that ran fastest. A shared batch
+  measures the sides' rates again.
 
 A batch of one chunk goes to nvCOMP. What was learned lasts for the process;
 :func:`report` says what each context does and why.
@@ -26,9 +30,12 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-__all__ = ["SNAP", "Placement", "placement", "record", "report"]
+__all__ = ["GPU", "HOST", "SHARED", "SNAP", "Placement", "placement", "record", "report"]
 
 SNAP = 0.15  # a side earning less than this share of a batch gets none of it
+
+
+SHARED, GPU, HOST, MEASURING = "shared", "nvCOMP alone", "the host alone", "measuring"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -38,12 +45,14 @@ class Placement:
     host_chunks: int
     context: tuple[int, int, int]
     why: str
+    mode: str = MEASURING  # what the batch's overall rate is recorded as
 
 
 @dataclasses.dataclass
 class _Learned:
-    gpu_rate: float | None = None  # decoded bytes per second, the last batch it ran
+    gpu_rate: float | None = None  # decoded bytes per second, the last shared batch
     host_rate: float | None = None
+    modes: dict[str, float] = dataclasses.field(default_factory=dict)  # overall rates
     batches: int = 0
 
 
@@ -65,30 +74,43 @@ def placement(device_id: int, chunk_bytes: int, chunks: int) -> Placement:
     shared between the host and nvCOMP on GPU ``device_id``."""
     context = context_of(device_id, chunk_bytes, chunks)
     if chunks < 2:
-        return Placement(0, context, "one chunk: nvCOMP")
+        return Placement(0, context, "one chunk: nvCOMP", GPU)
     with _lock:
         learned = _learned.get(context)
         gpu, host = (learned.gpu_rate, learned.host_rate) if learned else (None, None)
+        modes = dict(learned.modes) if learned else {}
     if gpu is None or host is None:
         return Placement(chunks // 2, context, "nothing measured yet: half on each, measured")
     share = host / (host + gpu)
-    rates = f"host {host / 1e9:.2f} GB/s, nvCOMP {gpu / 1e9:.2f} GB/s"
-    if share < SNAP:
-        return Placement(0, context, f"nvCOMP alone ({rates})")
-    if share > 1 - SNAP:
-        return Placement(chunks, context, f"the host alone ({rates})")
-    host_chunks = min(chunks - 1, max(1, round(share * chunks)))
-    return Placement(host_chunks, context, f"shared by rate ({rates})")
+    rates = f"host {host / 1e9:.2f} GB/s, nvCOMP {gpu / 1e9:.2f} GB/s when shared"
+    alone = HOST if host > gpu else GPU
+    candidates = [alone] if share < SNAP or share > 1 - SNAP else [SHARED, alone]
+    untried = [mode for mode in candidates if mode not in modes]
+    mode = untried[0] if untried else max(candidates, key=modes.__getitem__)
+    if untried:
+        why = f"{mode}: tried once ({rates})"
+    else:
+        ran = ", ".join(f"{m} {modes[m] / 1e9:.2f} GB/s" for m in candidates)
+        why = f"{mode}: the fastest overall ({ran}; {rates})"
+    if mode == SHARED:
+        return Placement(min(chunks - 1, max(1, round(share * chunks))), context, why, SHARED)
+    return Placement(chunks if mode == HOST else 0, context, why, mode)
 
 
-def record(context: tuple[int, int, int], gpu_rate: float | None, host_rate: float | None) -> None:
-    """What a batch of ``context`` measured on the sides that ran (None: not run)."""
+def record(
+    chosen: Placement,
+    gpu_rate: float | None,
+    host_rate: float | None,
+    overall_rate: float | None = None,
+) -> None:
+    """What a batch placed as ``chosen`` measured: each side's rate where both ran (None:
+    not measured) and the batch's overall rate."""
     with _lock:
-        learned = _learned.setdefault(context, _Learned())
-        if gpu_rate is not None:
-            learned.gpu_rate = gpu_rate
-        if host_rate is not None:
-            learned.host_rate = host_rate
+        learned = _learned.setdefault(chosen.context, _Learned())
+        if gpu_rate is not None and host_rate is not None:
+            learned.gpu_rate, learned.host_rate = gpu_rate, host_rate
+        if overall_rate is not None and chosen.mode != MEASURING:
+            learned.modes[chosen.mode] = overall_rate
         learned.batches += 1
 
 

@@ -69,7 +69,10 @@ def decode_for_gpu(
 
         gpu_seconds = gpu_done[0] - start if gpu_done else None
         _decode_placement.record(
-            chosen.context, rate(on_gpu, gpu_seconds), rate(on_host, host_seconds)
+            chosen,
+            rate(on_gpu, gpu_seconds),
+            rate(on_host, host_seconds),
+            rate(indices, time.perf_counter() - start),
         )
     for i in indices:
         if isinstance(out[i], Exception):

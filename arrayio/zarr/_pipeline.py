@@ -572,7 +572,11 @@ def _read_files(
             place is not None and size == place.nbytes
             for place, size in zip(places, sizes, strict=True)
         ]
-        total = sum(s for s, placed in zip(sizes, in_place, strict=True) if s and not placed)
+        # Each chunk starts on a 256-byte boundary of the buffer: nvCOMP reads a chunk only
+        # at an aligned address, and a chunk packed at any offset would be copied first.
+        total = sum(
+            _aligned(s) for s, placed in zip(sizes, in_place, strict=True) if s and not placed
+        )
         slab = staging(total) if staging is not None else np.empty(total, dtype=np.uint8)
         views: list[np.ndarray | None] = []
         staged: list[tuple[int, int, Any]] = []
@@ -591,7 +595,7 @@ def _read_files(
                 direct_paths.append(_name(chunk))
             else:
                 view = slab[at : at + size]
-                at += size
+                at += _aligned(size)
                 views.append(view)
                 staged.append((handle, offset, view))
                 staged_paths.append(_name(chunk))
@@ -603,6 +607,14 @@ def _read_files(
         for handle in opened.values():
             if handle is not None:
                 os.close(handle)
+
+
+_CHUNK_ALIGNMENT = 256
+
+
+def _aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of :data:`_CHUNK_ALIGNMENT`."""
+    return -(-nbytes // _CHUNK_ALIGNMENT) * _CHUNK_ALIGNMENT
 
 
 def _name(chunk: Any) -> str:
