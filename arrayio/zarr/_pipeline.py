@@ -168,10 +168,14 @@ class CodecPipeline(_ZarrCodecPipeline):
                 f"zarr's pipeline: not handled here: {self.why} (writes into an NVMeStore "
                 "still committed in groups)"
             )
+        from ._decode_placement import report
+
+        learned = report()
         return (
             f"whole-batch reads ({self.why}) for chunks that are files (LocalStore, "
             "NVMeStore); zarr's pipeline for other stores; writes into an NVMeStore encoded "
             "and committed in groups"
+            + "".join(f"\nzstd into GPU memory, {line}" for line in learned)
         )
 
     # -------------------------------------------------------------- what zarr asks of it

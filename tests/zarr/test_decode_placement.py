@@ -100,3 +100,16 @@ def test_the_report_says_what_each_context_does_and_why():
     assert line.startswith("cuda:0, chunks of about 2^24 bytes, batches of about 2^6: ")
     assert "the host alone: the fastest overall (the host alone 7.00 GB/s" in line
     assert line.endswith("; 2 batches")
+
+
+def test_the_pipeline_explains_the_placements_it_learned():
+    zarr = pytest.importorskip("zarr")
+    from arrayio.zarr import CodecPipeline
+
+    pipeline = CodecPipeline.from_codecs([zarr.codecs.BytesCodec(), zarr.codecs.ZstdCodec()])
+    assert "zstd into GPU memory" not in pipeline.explain()
+    run(placement.placement(0, MiB, 64), gpu=9e9, host=1e9, overall=8e9)
+    explained = pipeline.explain().splitlines()
+    assert explained[0].startswith("whole-batch reads (bytes, zstd)")
+    assert explained[1].startswith("zstd into GPU memory, cuda:0, chunks of about 2^20 bytes")
+    assert "nvCOMP alone: tried once" in explained[1]
