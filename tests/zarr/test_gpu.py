@@ -129,6 +129,20 @@ def _submitted(monkeypatch, host_share: float = 0.0) -> list:
     return made
 
 
+def _reads_whole_and_part(cupy, root, data, part) -> None:
+    """The array at ``root``, read whole and at ``part`` into GPU memory through arrayio's
+    pipeline, holds ``data``."""
+    with (
+        zarr.config.enable_gpu(),
+        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
+    ):
+        array = zarr.open_array(NVMeStore(root, read_only=True), mode="r")
+        got = array[...]
+        got_part = array[part]
+    np.testing.assert_array_equal(cupy.asnumpy(got), data)
+    np.testing.assert_array_equal(cupy.asnumpy(got_part), data[part])
+
+
 def _placed(monkeypatch, host_share: float) -> None:
     """Every batch shares ``host_share`` of its chunks with the host, whatever was learned."""
     from arrayio.zarr import _decode_placement
@@ -161,15 +175,7 @@ def test_zstd_chunks_decoded_on_the_host_and_by_nvcomp_read_exactly(
     )
     z[...] = data
     given = _submitted(monkeypatch, host_share)
-    with (
-        zarr.config.enable_gpu(),
-        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
-    ):
-        array = zarr.open_array(NVMeStore(tmp_path, read_only=True), mode="r")
-        got = array[...]
-        part = array[45:270, 7:200]
-    np.testing.assert_array_equal(cupy.asnumpy(got), data)
-    np.testing.assert_array_equal(cupy.asnumpy(part), data[45:270, 7:200])
+    _reads_whole_and_part(cupy, tmp_path, data, (slice(45, 270), slice(7, 200)))
     chunks = -(-rows // 32)
     expected_gpu = chunks - round(host_share * chunks)
     assert (len(given[0][0]) if given else 0) == expected_gpu
@@ -258,15 +264,7 @@ def test_sharded_zstd_arrays_read_into_the_gpu_in_one_batch(tmp_path, cupy, monk
     )
     z[...] = data
     batches = _submitted(monkeypatch)
-    with (
-        zarr.config.enable_gpu(),
-        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
-    ):
-        array = zarr.open_array(NVMeStore(tmp_path, read_only=True), mode="r")
-        got = array[...]
-        part = array[10:200, 30:250]
-    np.testing.assert_array_equal(cupy.asnumpy(got), data)
-    np.testing.assert_array_equal(cupy.asnumpy(part), data[10:200, 30:250])
+    _reads_whole_and_part(cupy, tmp_path, data, (slice(10, 200), slice(30, 250)))
     assert len(batches[0][0]) == 256
 
 
