@@ -35,8 +35,11 @@ __all__ = [
     "driver",
     "driver_cuda_major",
     "make_current",
+    "register_read_only",
+    "registers_read_only",
     "synchronize_context",
     "total_memory",
+    "unregister",
 ]
 
 _PORTABLE = 0x01  # CU_MEMHOSTALLOC_PORTABLE: pinned for every context, not one
@@ -144,6 +147,36 @@ def driver_cuda_major() -> int:
     version = ctypes.c_int()
     check(driver().cuDriverGetVersion(ctypes.byref(version)), "cuDriverGetVersion")
     return version.value // 1000
+
+
+_REGISTER_READ_ONLY = 0x08  # CU_MEMHOSTREGISTER_READ_ONLY
+_READ_ONLY_HOST_REGISTER_SUPPORTED = 113  # CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED
+
+
+@functools.cache
+def registers_read_only(device: int) -> bool:
+    """Whether ``device`` can take host memory registered read-only (pages the process may
+    only read, such as a read-only mapping of a file) as the source of its copies."""
+    value = ctypes.c_int()
+    check(
+        driver().cuDeviceGetAttribute(
+            ctypes.byref(value), _READ_ONLY_HOST_REGISTER_SUPPORTED, device
+        ),
+        "cuDeviceGetAttribute",
+    )
+    return bool(value.value)
+
+
+def register_read_only(address: int, nbytes: int) -> None:
+    """Page-lock ``nbytes`` of host memory at ``address`` (page-aligned) for the current
+    context's copies, read-only: the driver pins the pages behind it, faulting in any that
+    are missing, and the copy engine reads them directly."""
+    check(driver().cuMemHostRegister_v2(address, nbytes, _REGISTER_READ_ONLY), "cuMemHostRegister")
+
+
+def unregister(address: int) -> None:
+    """Undo :func:`register_read_only` of the range at ``address``."""
+    check(driver().cuMemHostUnregister(address), "cuMemHostUnregister")
 
 
 def synchronize_context(device: int) -> None:

@@ -33,6 +33,7 @@ _REGISTRY: dict[str, type[Tool] | str] = {
     "mmap": "arrayio.tools.mmap:MmapTool",
     "kvikio": "arrayio.tools.kvikio:KvikioTool",
     "staged": "arrayio.tools.staged:StagedTool",
+    "pagecache": "arrayio.tools.pagecache:PagecacheTool",
 }
 
 

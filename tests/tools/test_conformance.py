@@ -100,6 +100,16 @@ class TestStagedDirect(_OnDirectFileSystem, _Available, ToolConformance):
     tool_params = {"threads": 4, "chunk_size": 64 << 10, "direct": True}
 
 
+class TestPagecacheOneThread(_Available, ToolConformance):
+    tool_name = "pagecache"
+    tool_params = {"threads": 1, "window": 64 << 10}
+
+
+class TestPagecacheManyWindows(_Available, ToolConformance):
+    tool_name = "pagecache"
+    tool_params = {"threads": 4, "window": 64 << 10}
+
+
 class TestKvikio(_Available, ToolConformance):
     tool_name = "kvikio"
     tool_params = {"threads": 4, "task_size": 64 << 10}
