@@ -202,7 +202,14 @@ class PagecacheTool(ThreadedTool):
     def pwrite(
         self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
     ) -> IOFuture[int]:
-        raise TypeError("pagecache only reads; use another tool to write")
+        """Not supported: the capabilities say reads only, so the dispatcher never asks.
+
+        Raises
+        ------
+        ToolUnavailableError
+            Always.
+        """
+        raise ToolUnavailableError("pagecache only reads; use another tool to write")
 
 
 def _copy_windows(device: int, base: int, targets: list[int], windows: list[Window]) -> int:

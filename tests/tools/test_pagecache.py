@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrayio import tools
+from arrayio.errors import ToolUnavailableError
 from arrayio.tools.pagecache import PAGE, plan
 
 requests_strategy = st.lists(
@@ -87,7 +88,7 @@ def test_it_refuses_host_memory_and_writes(tmp_path):
     try:
         with pytest.raises(TypeError, match="device memory"):
             tool.pread(fd, np.empty(100, np.uint8), 0)
-        with pytest.raises(TypeError, match="only reads"):
+        with pytest.raises(ToolUnavailableError, match="only reads"):
             tool.pwrite(fd, np.empty(100, np.uint8), 0)
     finally:
         os.close(fd)
