@@ -165,6 +165,17 @@ PEERS = {
             learns=True,
         ),
         PeerInfo(
+            "arrayio-torch-pagecache",
+            "arrayio",
+            "torch",
+            ("arrayio", "torch"),
+            ("cuda",),
+            "arrayio",
+            "arrayio.load(path, like='torch', device='cuda') with ARRAYIO_TOOL=pagecache: "
+            "the GPU copying straight out of the page cache (its pages registered with "
+            "CUDA), no choosing; a tool the dispatcher does not offer yet",
+        ),
+        PeerInfo(
             "arrayio-numpy-posix",
             "arrayio",
             "numpy",
@@ -266,6 +277,7 @@ LOADERS: dict[str, Callable[[str], Callable[[str], Any]]] = {
     "arrayio-cupy": lambda device: _arrayio("cupy", device),
     "arrayio-numpy": lambda device: _arrayio("numpy", device),
     "arrayio-numpy-posix": lambda device: _arrayio_fixed("posix", "numpy", device),
+    "arrayio-torch-pagecache": lambda device: _arrayio_fixed("pagecache", "torch", device),
 }
 
 
