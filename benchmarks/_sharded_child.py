@@ -144,12 +144,13 @@ def check(tree: dict[str, Any], out: dict[str, Any], sharding: NamedSharding) ->
 # ------------------------------------------------------------------ the peers
 
 
-def arrayio_peer(tree: dict[str, Any], scratch: str) -> Peer:
+def arrayio_peer(tree: dict[str, Any], scratch: str, restore_tool: str | None = None) -> Peer:
+    """arrayio's save and restore; the restores name ``restore_tool`` where given."""
     path = os.path.join(scratch, "arrayio.safetensors")
     return Peer(
         path,
         lambda: arrayio.save(path, tree),
-        lambda sharding: arrayio.load(path, structure=abstract(tree, sharding)),
+        lambda sharding: arrayio.load(path, structure=abstract(tree, sharding), tool=restore_tool),
     )
 
 
@@ -262,11 +263,11 @@ def tensorstore_peer(tree: dict[str, Any], scratch: str) -> Peer:
 
 
 def make_peers(
-    tree: dict[str, Any], scratch: str, wanted: list[str] | None
+    tree: dict[str, Any], scratch: str, wanted: list[str] | None, restore_tool: str | None = None
 ) -> tuple[dict[str, Peer], dict[str, str]]:
-    """arrayio, and each optional peer of ``wanted`` (all where None) that imports and runs
-    here; those that do not, with why."""
-    peers = {"arrayio": arrayio_peer(tree, scratch)}
+    """arrayio (its restores naming ``restore_tool``, where given), and each optional peer
+    of ``wanted`` (all where None) that imports and runs here; those that do not, with why."""
+    peers = {"arrayio": arrayio_peer(tree, scratch, restore_tool)}
     unavailable = {}
     makers = {"orbax": orbax_peer, "tensorstore": tensorstore_peer}
     for name in OPTIONAL_PEERS:
@@ -633,7 +634,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
     tree = build_tree(spec["gib"], rows, len(devices))
     nbytes = sum(x.nbytes for x in tree.values())
     scratch = spec["dir"]
-    peers, unavailable = make_peers(tree, scratch, spec["peers"])
+    peers, unavailable = make_peers(tree, scratch, spec["peers"], spec.get("restore_tool"))
     tp = None
     if spec["hf_gib"]:
         from benchmarks import _tp_load

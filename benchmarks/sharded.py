@@ -4,6 +4,7 @@ run; optionally a Hugging Face checkpoint loaded with a tensor-parallel slice pe
 
 ``python -m benchmarks.sharded --out DIR [--gib 2] [--devices 8] [--repeats 3] [--dir DIR]
 [--platform cpu|gpu] [--processes 1] [--cold] [--scaling] [--peers orbax,tensorstore]
+[--restore-tool NAME]
 [--hf-gib 0] [--hf-files 4] [--ceiling-gib G]``, or ``--replot DIR/sharded.json``
 
 The run happens in child processes (:mod:`benchmarks._sharded_child`) with ``--devices`` JAX
@@ -23,6 +24,8 @@ columns), each sharded along its rows over all devices (``P("data")``). Peers:
   kvstore, a chunk per shard, no compression; each addressable shard written, each device's
   region read back and assembled with ``jax.make_array_from_single_device_arrays``.
 
+``--restore-tool`` has arrayio's restores name a transfer tool (``tool=``), as a user can
+(``pagecache``: the GPU copying straight out of the page cache); its saves still choose.
 ``--peers`` names the optional peers to run (all by default). A peer that does not import
 is listed under ``peers_unavailable`` with the reason. Each round, in a shuffled order,
 every peer and the ceilings:
@@ -412,6 +415,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--cold", action="store_true", help="also restore after eviction")
     parser.add_argument("--scaling", action="store_true", help="restore onto 1, 2, 4... devices")
     parser.add_argument("--peers", default=None, help="optional peers, comma-separated")
+    parser.add_argument(
+        "--restore-tool",
+        default=None,
+        help="the tool arrayio's restores name (tool=, e.g. pagecache); its saves choose theirs",
+    )
     parser.add_argument("--hf-gib", type=float, default=0.0, help="tensor-parallel HF load")
     parser.add_argument("--hf-files", type=int, default=4)
     parser.add_argument(
@@ -443,12 +451,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "hf_gib": args.hf_gib,
         "hf_files": args.hf_files,
         "ceiling_gib": args.ceiling_gib,
+        "restore_tool": args.restore_tool,
     }
     start = time.time()
     header = {
         **h.header("sharded", "benchmarks.sharded", argv),
         "gib": args.gib,
         "seed": spec["seed"],
+        "restore_tool": args.restore_tool,
         "machine": {**machine(), "cpu_model": cpu_model()},
     }
 

@@ -115,11 +115,16 @@ def test_cold_restores_scaling_and_a_tensor_parallel_checkpoint(run_module: Any,
         *("--out", str(out), "--gib", "0.002", "--devices", "8", "--repeats", "1"),
         *("--dir", str(tmp_path), "--seed", "1", "--cold", "--scaling", "--peers", ""),
         *("--hf-gib", "0.01", "--hf-files", "4", "--ceiling-gib", str(1 / 1024)),
+        *("--restore-tool", "naive"),
         tmp_path=tmp_path,
         timeout=120,
     )
     report = json.loads((out / "sharded.json").read_text())
     assert report["complete"] and report["processes"] == 1
+    # The restores named the tool: the dispatcher measured it in the contexts it read in.
+    assert report["restore_tool"] == "naive"
+    reads = [block for block in report["dispatcher"].split("\n\n") if block.startswith("read/")]
+    assert reads and all("naive" in block.splitlines()[0] for block in reads), reads
     assert report["ceilings"]["bytes"] == 1 << 20 != report["nbytes"]  # --ceiling-gib
     assert report["scaling"] == ["restore_n1", "restore_n2", "restore_n4"]
     (ceiling_round,) = report["ceiling_rows"]
