@@ -37,6 +37,7 @@ Select it with ``zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipe
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import os
@@ -331,6 +332,20 @@ def _files_of(batch: Sequence[Any]) -> list[str] | None:
     return files
 
 
+# A batch whose chunks are decoded is read and decoded in groups, each group's decode
+# running while the next group is read: the disk (or the page cache) and the decoders work
+# at once instead of one after the other. At most two groups are in hand at a time. A group
+# has at least two chunks per core, so that decoding it on the host keeps every core busy.
+DECODE_GROUPS = 8
+
+
+def _groups(count: int, cores: int) -> list[range]:
+    """The batch's ``count`` chunks cut into about :data:`DECODE_GROUPS` runs, each of at
+    least two chunks per core."""
+    size = max(1, 2 * cores, -(-count // DECODE_GROUPS))
+    return [range(start, min(start + size, count)) for start in range(0, count, size)]
+
+
 def _read(
     chain: _Chain, batch: list[Any], files: list[str], out: Any, drop_axes: tuple[int, ...]
 ) -> list[bool]:
@@ -347,7 +362,9 @@ def _read(
         places = [None] * len(batch)
     # zstd chunks decoded straight into their place in the output (by nvCOMP on the GPU)
     destinations = outputs if chain.zstd is not None else None
-    with contextlib.ExitStack() as loans:
+
+    def read_group(span: range) -> tuple[contextlib.ExitStack, Any]:
+        loans = contextlib.ExitStack()
 
         def staging(nbytes: int) -> np.ndarray:
             # Bytes bound for the GPU are staged in pinned memory from the shared pool:
@@ -356,10 +373,63 @@ def _read(
                 return loans.enter_context(pinned_pool.lend(nbytes))[:nbytes]
             return np.empty(nbytes, dtype=np.uint8)
 
-        slab, encoded, in_place = _read_files(files, places, staging)
-        return _decode_and_place(
-            chain, batch, files, target, drop_axes, on_gpu, slab, encoded, in_place, destinations
-        )
+        try:
+            return loans, _read_files([files[i] for i in span], [places[i] for i in span], staging)
+        except BaseException:
+            loans.close()
+            raise
+
+    def decode_group(span: range, loans: contextlib.ExitStack, read: Any) -> list[bool]:
+        slab, encoded, in_place = read
+        with loans, _on_device_of(target, on_gpu):
+            return _decode_and_place(
+                chain,
+                [batch[i] for i in span],
+                [files[i] for i in span],
+                target,
+                drop_axes,
+                on_gpu,
+                slab,
+                encoded,
+                in_place,
+                None if destinations is None else [destinations[i] for i in span],
+            )
+
+    spans = [range(len(batch))] if stored_as_is else _groups(len(batch), _cores())
+    if len(spans) == 1:
+        return decode_group(spans[0], *read_group(spans[0]))
+    decoded: list[concurrent.futures.Future[list[bool]]] = []
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="arrayio-zarr-decode") as pool:
+        for span in spans:
+            loans, read = read_group(span)
+            try:
+                decoded.append(pool.submit(decode_group, span, loans, read))
+            except BaseException:
+                loans.close()
+                raise
+            if len(decoded) >= 2:
+                decoded[-2].result()  # before a third group is read: two in hand at most
+        return [flag for future in decoded for flag in future.result()]
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def _on_device_of(target: Any, on_gpu: bool) -> Iterator[None]:
+    """``target``'s GPU current in this thread (a decoding thread's is the first GPU)."""
+    if not on_gpu:
+        yield
+        return
+    import cupy
+
+    with cupy.cuda.Device(target.device.id):
+        yield
 
 
 def _decode_and_place(

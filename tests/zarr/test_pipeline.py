@@ -633,3 +633,95 @@ def test_a_read_only_out_is_refused_as_zarr_refuses_it(tmp_path):
                 ..., out=cpu.NDBuffer.from_numpy_array(out)
             )
         assert not out.any()
+
+
+# ---------------------------------------------------------------- reads and decodes in groups
+
+
+def test_groups_cover_the_batch_in_runs_of_two_chunks_per_core_or_an_eighth():
+    assert _pipeline._groups(0, 4) == []
+    assert _pipeline._groups(5, 4) == [range(0, 5)]
+    assert _pipeline._groups(20, 2) == [
+        range(0, 4),
+        range(4, 8),
+        range(8, 12),
+        range(12, 16),
+        range(16, 20),
+    ]
+    groups = _pipeline._groups(1024, 16)
+    assert len(groups) == 8 and all(len(g) == 128 for g in groups)
+    assert [len(g) for g in _pipeline._groups(64, 16)] == [32, 32]
+
+
+@pytest.mark.parametrize("chain", ["default", "zstd+crc32c", "gzip", "blosc+crc32c"])
+@pytest.mark.parametrize("selection", SELECTIONS, ids=str)
+def test_a_chunk_per_group_reads_as_zarr_reads_it(tmp_path, monkeypatch, chain, selection):
+    monkeypatch.setattr(
+        _pipeline, "_groups", lambda count, cores: [range(i, i + 1) for i in range(count)]
+    )
+    expected = _written(NVMeStore(tmp_path), chain)
+    with zarr.config.set(OURS):
+        got = zarr.open_array(NVMeStore(tmp_path, read_only=True), mode="r")[selection]
+    np.testing.assert_array_equal(got, expected[selection])
+
+
+def test_a_group_is_decoded_while_the_next_is_read_and_two_at_most_are_in_hand(
+    tmp_path, monkeypatch
+):
+    import threading
+
+    monkeypatch.setattr(
+        _pipeline,
+        "_groups",
+        lambda count, cores: [range(i, min(i + 4, count)) for i in range(0, count, 4)],
+    )
+    events: list[str] = []
+    lock = threading.Lock()
+    read_files, decode = _pipeline._read_files, _pipeline._decode_and_place
+    first_decode_started = threading.Event()
+
+    def reading(files, places, staging=None):
+        with lock:
+            events.append(f"read {len(events)}")
+        if len([e for e in events if e.startswith("read")]) == 2:
+            # the second group's read waits until the first group's decode runs beside it
+            assert first_decode_started.wait(10), "the first decode did not start"
+        return read_files(files, places, staging)
+
+    def decoding(*args):
+        first_decode_started.set()
+        result = decode(*args)
+        with lock:
+            events.append("decoded")
+        return result
+
+    monkeypatch.setattr(_pipeline, "_read_files", reading)
+    monkeypatch.setattr(_pipeline, "_decode_and_place", decoding)
+    expected = _written(NVMeStore(tmp_path), "default")  # 7 x 4 chunks: 7 groups of 4
+    with zarr.config.set(OURS):
+        got = zarr.open_array(NVMeStore(tmp_path, read_only=True), mode="r")[...]
+    np.testing.assert_array_equal(got, expected)
+    reads = [i for i, e in enumerate(events) if e.startswith("read")]
+    assert len(reads) == 7 and events.count("decoded") == 7
+    for k in range(2, 7):  # before group k is read, group k - 2 has been decoded
+        assert events[: reads[k]].count("decoded") >= k - 1
+
+
+def test_a_damaged_chunk_in_a_middle_group_raises_and_leaves_no_thread(tmp_path, monkeypatch):
+    import threading
+
+    monkeypatch.setattr(
+        _pipeline,
+        "_groups",
+        lambda count, cores: [range(i, min(i + 4, count)) for i in range(0, count, 4)],
+    )
+    _written(LocalStore(tmp_path), "zstd+crc32c")
+    chunk = tmp_path / "c" / "2" / "1"
+    damaged = bytearray(chunk.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(damaged))
+    before = {t.name for t in threading.enumerate()}
+    with zarr.config.set(OURS), pytest.raises(ChecksumError):
+        zarr.open_array(NVMeStore(tmp_path, read_only=True), mode="r")[...]
+    left = {t.name for t in threading.enumerate()} - before
+    assert not any(name.startswith("arrayio-zarr-decode") for name in left), left
