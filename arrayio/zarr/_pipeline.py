@@ -11,11 +11,15 @@ batch zarr gives a read (every chunk the selection touches) at once:
    as one batch of many files (one tool, every read in flight, one decision): a dispatcher
    call per chunk file costs about as much as its read from the page cache;
 2. ``crc32c`` codecs are verified there, on the host, as the bytes are in hand;
-3. zstd chunks are decoded in one call: on the GPU by nvCOMP in one batch (the GPU worker of
-   :mod:`~arrayio.zarr.codecs`), after one copy of the whole buffer to the device, or on the
-   host by numcodecs on the I/O pool;
+3. zstd chunks are decoded in one call: bound for the GPU, by nvCOMP in one batch (the GPU
+   worker of :mod:`~arrayio.zarr.codecs`) and by numcodecs on the host's cores at once, as
+   :mod:`~arrayio.zarr._decode_placement` shares them; bound for the host, by numcodecs on
+   the I/O pool;
 4. each chunk's part of the selection is copied into the output (missing chunks get the fill
    value).
+
+Chains that decode run these steps in groups of the batch's chunks (:func:`_groups`), each
+group decoded while the next is read.
 
 A sharded array's inner chunks are the batch: each shard's index is read once (its crc32c
 checked), and every inner chunk the selection touches becomes a byte range of its shard's
