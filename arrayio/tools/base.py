@@ -17,20 +17,23 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from ..arrays._buffers import DeviceBuffer
+from ..errors import ToolUnavailableError
 from ..integrity._checksum import ChecksumParts
 
 __all__ = [
     "Availability",
     "Capabilities",
     "Buffer",
+    "DeviceRanges",
     "IOFuture",
+    "ReadsOnly",
     "Tool",
     "buffer_kind",
 ]
@@ -227,3 +230,60 @@ class Tool(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<arrayio tool {self.label}>"
+
+
+class ReadsOnly:
+    """For a tool that only reads (its capabilities say so): a write raises."""
+
+    name: str
+
+    def pwrite(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> IOFuture[int]:
+        """Not supported: the capabilities say reads only, so the dispatcher never asks.
+
+        Raises
+        ------
+        ToolUnavailableError
+            Always.
+        """
+        raise ToolUnavailableError(f"{self.name} reads only; use another tool to write")
+
+
+class DeviceRanges(abc.ABC):
+    """For a tool that moves device memory only and reads several buffers as one range of
+    the file (``preadv``): a read of one buffer is a range of one."""
+
+    name: str
+
+    def pread(
+        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
+    ) -> IOFuture[int]:
+        device_only(self.name, buffer)
+        return self.preadv(fd, [(file_offset, buffer)], checksums=[checksum])
+
+    @abc.abstractmethod
+    def preadv(
+        self,
+        fd: int,
+        requests: Sequence[tuple[int, Buffer]],
+        *,
+        checksums: Sequence[ChecksumParts | None] | None = None,
+    ) -> IOFuture[int]:
+        """Start filling each ``(file_offset, buffer)`` of ``requests`` (device memory, one
+        GPU, in file order, none overlapping) as one range of the file, from the first
+        nonempty request's offset to the last's end; ``checksums[i]``, when given, receives
+        buffer ``i``'s bytes. The future gives the bytes of the range read: all of it, or up
+        to the end of the file."""
+
+
+def device_only(name: str, buffer: Buffer) -> None:
+    """Refuse host memory for a tool that moves device memory only.
+
+    Raises
+    ------
+    TypeError
+        For a host buffer.
+    """
+    if isinstance(buffer, np.ndarray):
+        raise TypeError(f"{name} moves device memory; use another tool for host memory")

@@ -20,11 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ToolUnavailableError
 from ..integrity._checksum import ChecksumParts
 from ._io import batched, libc_function, pread_full
 from ._threaded import ThreadedTool
-from .base import Buffer, Capabilities, IOFuture
+from .base import Buffer, Capabilities, IOFuture, ReadsOnly
 
 __all__ = ["MmapTool"]
 
@@ -97,7 +96,7 @@ def _copy_mapped(fd: int, view: np.ndarray, file_offset: int) -> int:
     return copied
 
 
-class MmapTool(ThreadedTool):
+class MmapTool(ReadsOnly, ThreadedTool):
     """Parallel copies out of read-only memory maps; see the module docstring.
 
     Parameters
@@ -137,15 +136,3 @@ class MmapTool(ThreadedTool):
             return IOFuture.completed(sum(task(start) for start in starts))
         pool = self._executor()
         return IOFuture.gather([IOFuture(pool.submit(task, start)) for start in starts])
-
-    def pwrite(
-        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
-    ) -> IOFuture[int]:
-        """Not supported: the capabilities say reads only, so the dispatcher never asks.
-
-        Raises
-        ------
-        ToolUnavailableError
-            Always.
-        """
-        raise ToolUnavailableError("mmap reads only")

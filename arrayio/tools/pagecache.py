@@ -39,7 +39,15 @@ from ..arrays._buffers import DeviceBuffer
 from ..errors import ToolUnavailableError
 from ..integrity._checksum import ChecksumParts
 from ._threaded import ThreadedTool
-from .base import Availability, Buffer, Capabilities, IOFuture
+from .base import (
+    Availability,
+    Buffer,
+    Capabilities,
+    DeviceRanges,
+    IOFuture,
+    ReadsOnly,
+    device_only,
+)
 
 __all__ = ["PagecacheTool", "Copy", "Window", "plan"]
 
@@ -94,7 +102,7 @@ def plan(
     return map_start, map_end - map_start, windows
 
 
-class PagecacheTool(ThreadedTool):
+class PagecacheTool(ReadsOnly, DeviceRanges, ThreadedTool):
     """Reads into GPU memory straight from the page cache; see the module docstring.
 
     Parameters
@@ -133,11 +141,6 @@ class PagecacheTool(ThreadedTool):
             return Availability(False, "no GPU here takes read-only host registrations")
         return Availability(True)
 
-    def pread(
-        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
-    ) -> IOFuture[int]:
-        return self.preadv(fd, [(file_offset, buffer)], checksums=[checksum])
-
     def preadv(
         self,
         fd: int,
@@ -145,11 +148,10 @@ class PagecacheTool(ThreadedTool):
         *,
         checksums: Sequence[ChecksumParts | None] | None = None,
     ) -> IOFuture[int]:
-        """Start filling each ``(file_offset, buffer)`` of ``requests`` (device memory, one
-        GPU, in file order, none overlapping) from one mapping of the range they span. The
-        future gives the bytes of that range read: all of it, or up to the end of the file."""
-        if any(isinstance(buffer, np.ndarray) for _, buffer in requests):
-            raise TypeError("pagecache reads into device memory; use another tool for host memory")
+        """:meth:`DeviceRanges.preadv`, from one mapping of the range the requests span,
+        registered a window at a time."""
+        for _, buffer in requests:
+            device_only(self.name, buffer)
         if checksums is not None and any(parts is not None for parts in checksums):
             raise ToolUnavailableError("pagecache cannot checksum bytes the CPU never reads")
         buffers = [cast(DeviceBuffer, buffer) for _, buffer in requests]
@@ -198,18 +200,6 @@ class PagecacheTool(ThreadedTool):
             finish(0)
             raise
         return IOFuture.gather(futures, finish)
-
-    def pwrite(
-        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
-    ) -> IOFuture[int]:
-        """Not supported: the capabilities say reads only, so the dispatcher never asks.
-
-        Raises
-        ------
-        ToolUnavailableError
-            Always.
-        """
-        raise ToolUnavailableError("pagecache only reads; use another tool to write")
 
 
 def _copy_windows(device: int, base: int, targets: list[int], windows: list[Window]) -> int:

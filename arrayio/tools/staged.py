@@ -56,14 +56,14 @@ from ._io import (
 from ._pinned import SLACK, Borrowed
 from ._pinned import pool as pinned_pool
 from ._threaded import ThreadedTool
-from .base import Availability, Buffer, Capabilities, IOFuture
+from .base import Availability, Buffer, Capabilities, DeviceRanges, IOFuture
 
 __all__ = ["StagedTool"]
 
 _PREPARE_PAUSE = 0.02  # seconds between the pinned buffers prepare() allocates
 
 
-class StagedTool(ThreadedTool):
+class StagedTool(DeviceRanges, ThreadedTool):
     """Pinned-buffer pipeline for device memory; see the module docstring.
 
     Parameters
@@ -147,13 +147,6 @@ class StagedTool(ThreadedTool):
             raise
         return IOFuture.gather(futures, finish)
 
-    def pread(
-        self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
-    ) -> IOFuture[int]:
-        if isinstance(buffer, np.ndarray):
-            raise TypeError("staged moves device memory; use another tool for host memory")
-        return self.preadv(fd, [(file_offset, buffer)], checksums=[checksum])
-
     def preadv(
         self,
         fd: int,
@@ -161,13 +154,10 @@ class StagedTool(ThreadedTool):
         *,
         checksums: Sequence[ChecksumParts | None] | None = None,
     ) -> IOFuture[int]:
-        """Start filling each ``(file_offset, buffer)`` of ``requests`` (device memory, one
-        GPU, in file order, none overlapping) as one range of the file, from the first
-        request's offset to the last's end: its chunks are cut across the buffers'
+        """:meth:`DeviceRanges.preadv`: the range's chunks are cut across the buffers'
         boundaries (one read fills several small buffers' pinned copies, and the bytes
         between requests are read and dropped), and each chunk's pieces are copied to their
-        buffers. ``checksums[i]``, when given, receives buffer ``i``'s bytes. The future
-        gives the bytes of the range read: all of it, or up to the end of the file."""
+        buffers."""
         devices = [buffer for _, buffer in requests if not isinstance(buffer, np.ndarray)]
         if len(devices) < len(requests):
             raise TypeError("staged moves device memory; use another tool for host memory")

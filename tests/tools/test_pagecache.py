@@ -88,7 +88,7 @@ def test_it_refuses_host_memory_and_writes(tmp_path):
     try:
         with pytest.raises(TypeError, match="device memory"):
             tool.pread(fd, np.empty(100, np.uint8), 0)
-        with pytest.raises(ToolUnavailableError, match="only reads"):
+        with pytest.raises(ToolUnavailableError, match="reads only"):
             tool.pwrite(fd, np.empty(100, np.uint8), 0)
     finally:
         os.close(fd)
