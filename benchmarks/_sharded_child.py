@@ -62,7 +62,7 @@ class Peer:
     ``restore(sharding)`` returns it as jax.Arrays with that sharding."""
 
     path: str
-    save: Callable[[], Any]
+    save: Callable[[], Any] | None  # None: it restores another peer's checkpoint
     restore: Callable[[NamedSharding], dict[str, Any]]
     # Paths a cold restore evicts (the checkpoint's files).
     files: list[str] = field(default_factory=list)
@@ -145,11 +145,12 @@ def check(tree: dict[str, Any], out: dict[str, Any], sharding: NamedSharding) ->
 
 
 def arrayio_peer(tree: dict[str, Any], scratch: str, restore_tool: str | None = None) -> Peer:
-    """arrayio's save and restore; the restores name ``restore_tool`` where given."""
+    """arrayio's save and restore; with ``restore_tool``, restores only, of arrayio's
+    checkpoint, naming that tool."""
     path = os.path.join(scratch, "arrayio.safetensors")
     return Peer(
         path,
-        lambda: arrayio.save(path, tree),
+        None if restore_tool else lambda: arrayio.save(path, tree),
         lambda sharding: arrayio.load(path, structure=abstract(tree, sharding), tool=restore_tool),
     )
 
@@ -265,9 +266,12 @@ def tensorstore_peer(tree: dict[str, Any], scratch: str) -> Peer:
 def make_peers(
     tree: dict[str, Any], scratch: str, wanted: list[str] | None, restore_tool: str | None = None
 ) -> tuple[dict[str, Peer], dict[str, str]]:
-    """arrayio (its restores naming ``restore_tool``, where given), and each optional peer
-    of ``wanted`` (all where None) that imports and runs here; those that do not, with why."""
-    peers = {"arrayio": arrayio_peer(tree, scratch, restore_tool)}
+    """arrayio, its restores naming ``restore_tool`` where given (``arrayio+TOOL``: restores
+    only, of arrayio's checkpoint), and each optional peer of ``wanted`` (all where None)
+    that imports and runs here; those that do not, with why."""
+    peers = {"arrayio": arrayio_peer(tree, scratch)}
+    if restore_tool:
+        peers[f"arrayio+{restore_tool}"] = arrayio_peer(tree, scratch, restore_tool)
     unavailable = {}
     makers = {"orbax": orbax_peer, "tensorstore": tensorstore_peer}
     for name in OPTIONAL_PEERS:
@@ -338,18 +342,21 @@ def measure_peer(
     ceiling's file is, inside the timing); with ``cold`` a restore onto the save's sharding
     after the files were evicted; then one onto every sharding of ``shardings`` from the
     page cache (``restore``, the save's own, first). Every restore is checked."""
-    if leader():
-        h.remove(peer.path)
-    sync(f"{name}:removed")
-
-    def durable_save() -> None:
-        peer.save()
-        sync(f"{name}:saved")
+    row: dict[str, Any] = {}
+    save = peer.save
+    if save is not None:  # else it restores the checkpoint another peer just saved
         if leader():
-            h.fsync_tree(peer.path)
+            h.remove(peer.path)
+        sync(f"{name}:removed")
 
-    save_s, peak = timed_with_peak_memory(durable_save, f"{name}:save")
-    row: dict[str, Any] = {"save_s": save_s, "save_peak_extra_bytes": peak}
+        def durable_save() -> None:
+            save()
+            sync(f"{name}:saved")
+            if leader():
+                h.fsync_tree(peer.path)
+
+        save_s, peak = timed_with_peak_memory(durable_save, f"{name}:save")
+        row.update(save_s=save_s, save_peak_extra_bytes=peak)
     if cold:
         evict_checkpoint(peer.path)
         seconds, out = timed(lambda: peer.restore(shardings["restore"]), f"{name}:cold")
@@ -680,9 +687,13 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
         # from the page cache; the ceilings, warmed up by their samples up front, join from
         # the second.
         for repetition in range(spec["repeats"] + 1):
-            order = list(peers) + (list(tp.peers) if tp else [])
-            order += ["ceilings"] if repetition else []
+            order = [name for name, peer in peers.items() if peer.save is not None]
+            order += (list(tp.peers) if tp else []) + (["ceilings"] if repetition else [])
             shuffle(order)
+            # A peer that restores arrayio's checkpoint comes right after arrayio's save, in
+            # the same state of the page cache.
+            at = order.index("arrayio") + 1
+            order[at:at] = [name for name, peer in peers.items() if peer.save is None]
             orders.append(order)
             for name in order:
                 if name == "ceilings":

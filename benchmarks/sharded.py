@@ -24,8 +24,9 @@ columns), each sharded along its rows over all devices (``P("data")``). Peers:
   kvstore, a chunk per shard, no compression; each addressable shard written, each device's
   region read back and assembled with ``jax.make_array_from_single_device_arrays``.
 
-``--restore-tool`` has arrayio's restores name a transfer tool (``tool=``), as a user can
-(``pagecache``: the GPU copying straight out of the page cache); its saves still choose.
+``--restore-tool TOOL`` adds the peer ``arrayio+TOOL``: right after arrayio's save and
+restores in every round, the same checkpoint restored naming that transfer tool
+(``tool=``), as a user can (``pagecache``: the GPU copying straight out of the page cache).
 ``--peers`` names the optional peers to run (all by default). A peer that does not import
 is listed under ``peers_unavailable`` with the reason. Each round, in a shuffled order,
 every peer and the ceilings:
@@ -418,7 +419,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--restore-tool",
         default=None,
-        help="the tool arrayio's restores name (tool=, e.g. pagecache); its saves choose theirs",
+        help="also restore arrayio's checkpoint naming this tool (tool=, e.g. pagecache), "
+        "as the peer arrayio+TOOL, right after arrayio in every round",
     )
     parser.add_argument("--hf-gib", type=float, default=0.0, help="tensor-parallel HF load")
     parser.add_argument("--hf-files", type=int, default=4)

@@ -121,10 +121,13 @@ def test_cold_restores_scaling_and_a_tensor_parallel_checkpoint(run_module: Any,
     )
     report = json.loads((out / "sharded.json").read_text())
     assert report["complete"] and report["processes"] == 1
-    # The restores named the tool: the dispatcher measured it in the contexts it read in.
+    # The same checkpoint restored naming the tool, right after arrayio in every round.
     assert report["restore_tool"] == "naive"
-    reads = [block for block in report["dispatcher"].split("\n\n") if block.startswith("read/")]
-    assert reads and all("naive" in block.splitlines()[0] for block in reads), reads
+    assert all(order[order.index("arrayio") + 1] == "arrayio+naive" for order in report["orders"])
+    named = report["summary"]["peers"]["arrayio+naive"]
+    assert "save" not in named and "save_peak_extra_bytes" not in named
+    for quantity in ("restore", "reshard", "cold_restore", *report["scaling"]):
+        assert is_rate(named[quantity]) and is_rate(named["vs_ceiling"][quantity]), quantity
     assert report["ceilings"]["bytes"] == 1 << 20 != report["nbytes"]  # --ceiling-gib
     assert report["scaling"] == ["restore_n1", "restore_n2", "restore_n4"]
     (ceiling_round,) = report["ceiling_rows"]
@@ -149,7 +152,7 @@ def test_cold_restores_scaling_and_a_tensor_parallel_checkpoint(run_module: Any,
     assert report["tensor_parallel"]["files"] == 4 and report["tensor_parallel"]["split_tensors"]
     for name in ("fastsafetensors-tp", "instanttensor-tp"):
         assert "one process per GPU" in report["peers_unavailable"][name]
-    assert set(summary["peers"]) == {"arrayio", "arrayio-tp"}
+    assert set(summary["peers"]) == {"arrayio", "arrayio+naive", "arrayio-tp"}
     assert (out / "sharded.png").stat().st_size > 0
 
 
