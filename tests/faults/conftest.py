@@ -62,12 +62,16 @@ class Child:
         self.process = process
         self.stderr_path = stderr
         self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
+        self.pump = threading.Thread(target=self._pump, daemon=True)
+        self.pump.start()
 
     def _pump(self) -> None:
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.put(line.rstrip("\n"))
+        try:
+            for line in self.process.stdout:
+                self.lines.put(line.rstrip("\n"))
+        except ValueError:  # the stream was closed under it: the child's output is over
+            pass
         self.lines.put(None)
 
     def next_line(self, timeout: float = 60) -> str | None:
@@ -155,6 +159,7 @@ def spawn(tmp_path: Path) -> Iterator[Any]:
     for running in started:
         if running.process.poll() is None:
             running.kill()
+        running.pump.join(10)  # the child is gone: its output ends, then the pump
         for stream in (running.process.stdout, running.process.stdin):
             if stream is not None:
                 stream.close()

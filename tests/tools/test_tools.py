@@ -676,3 +676,30 @@ def test_mmap_reports_a_file_shrunk_under_it_as_a_short_read(tmp_path: Path, thr
     )
     assert done.returncode == 0, f"the reader died ({done.returncode}): {done.stderr}"
     assert int(done.stdout) < 20 << 20  # short: the dispatcher raises TruncatedFileError
+
+
+def test_mmap_a_file_cut_inside_the_last_page_of_a_read_comes_up_short(tmp_path, monkeypatch):
+    # A file cut inside the page a copy ends in reads as zeros past its new end, not as a
+    # fault: the read must come up short (a TruncatedFileError), not return the zeros.
+    from arrayio.tools import mmap as mmap_tool
+
+    data = random_bytes(3 * 4096 + 100)
+    path = tmp_path / "data.bin"
+    path.write_bytes(data.tobytes())
+    real = mmap_tool._kernel_copy
+
+    def cutting(destination: int, source: int, nbytes: int) -> int | None:
+        os.truncate(path, 3 * 4096 + 50)  # after the map was made, before the copy
+        return real(destination, source, nbytes)
+
+    monkeypatch.setattr(mmap_tool, "_kernel_copy", cutting)
+    tool = tools.make("mmap", threads=1)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        buffer = host_buffer(data.nbytes)
+        got = tool.read(fd, buffer, 0)
+    finally:
+        os.close(fd)
+        tool.close()
+    assert got == 3 * 4096 + 50
+    assert bytes(buffer[:got]) == data[:got].tobytes()
