@@ -218,7 +218,7 @@ def _free_host(address: int) -> None:
 
 def _unregister(address: int) -> None:
     try:
-        driver().cuMemHostUnregister(address)
+        unregister(address)
     except Exception:  # noqa: BLE001 - as _free_host
         pass
 

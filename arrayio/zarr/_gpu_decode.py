@@ -4,18 +4,18 @@ the host's cores at once, as :mod:`~arrayio.zarr._decode_placement` shares them 
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import time
 from typing import Any
 
 import numpy as np
 
+from ..dispatch.candidates import usable_cores
 from ..tools._pinned import pool as pinned_pool
 from . import _decode_placement
 from ._frames import decode_on_host
 from ._io_pool import executor
 
-__all__ = ["decode_for_gpu"]
+__all__ = ["decode_for_gpu", "to_device"]
 
 
 def decode_for_gpu(
@@ -93,24 +93,18 @@ def _submit_gpu(
     gets the moment they are decoded."""
     if not chosen:
         return None
-    import cupy
-
     from ._gpu_worker import DeviceWorker
 
     base = slab.__array_interface__["data"][0]
-    first = min(encoded[i].__array_interface__["data"][0] for i in chosen)  # type: ignore[union-attr]
+    parts = [encoded[i] for i in chosen]
+    first = min(part.__array_interface__["data"][0] for part in parts)  # type: ignore[union-attr]
     last = max(
-        encoded[i].__array_interface__["data"][0] + encoded[i].nbytes  # type: ignore[union-attr]
-        for i in chosen
+        part.__array_interface__["data"][0] + part.nbytes  # type: ignore[union-attr]
+        for part in parts
     )
-    with cupy.cuda.Device(target.device.id):
-        # One copy of the span of the slab that holds the chosen chunks (they are read into
-        # it in order, so the span is theirs and little else).
-        device = cupy.asarray(slab[first - base : last - base])
-    arrays = []
-    for i in chosen:
-        offset = encoded[i].__array_interface__["data"][0] - first  # type: ignore[union-attr]
-        arrays.append(device[offset : offset + encoded[i].nbytes])  # type: ignore[union-attr]
+    # One copy of the span of the slab that holds the chosen chunks (they are read into it
+    # in order, so the span is theirs and little else).
+    arrays = to_device(slab[first - base : last - base], parts, target)
     places = [destinations[i] for i in chosen] if destinations is not None else None
     future = DeviceWorker.submit(target.device.id, "decode", arrays, zstd, places)
     future.add_done_callback(lambda _: done.append(time.perf_counter()))
@@ -131,7 +125,7 @@ def _decode_on_host(
     result, or the error a chunk raised, goes into ``out``."""
     import cupy
 
-    threads = max(1, min(len(chosen), len(os.sched_getaffinity(0))))
+    threads = max(1, min(len(chosen), usable_cores()))
     largest = max(decoded_sizes[i] for i in chosen)
     shares = [chosen[k::threads] for k in range(threads)]
     with pinned_pool.lend(threads * largest) as pinned:
@@ -177,3 +171,20 @@ def _one_on_host(
         )
         stream.synchronize()  # the bytes are on the GPU: the buffer is free again
     return place
+
+
+def to_device(slab: np.ndarray, encoded: list[np.ndarray | None], target: Any) -> list[Any]:
+    """The chunks (views of ``slab``) on ``target``'s GPU, with one copy of ``slab``."""
+    import cupy
+
+    with cupy.cuda.Device(target.device.id):
+        device = cupy.asarray(slab)
+    start = slab.__array_interface__["data"][0]
+    out: list[Any] = []
+    for data in encoded:
+        if data is None:
+            out.append(None)
+            continue
+        offset = data.__array_interface__["data"][0] - start if data.nbytes else 0
+        out.append(device[offset : offset + data.nbytes])
+    return out

@@ -55,12 +55,13 @@ from zarr.codecs import ZstdCodec as _ZarrZstdCodec
 from zarr.core.codec_pipeline import BatchedCodecPipeline
 
 from ..arrays._buffers import CupyDeviceBuffer
+from ..dispatch.candidates import usable_cores
 from ..errors import ChecksumError, FormatError
 from ..integrity._checksum import checksum
 from ..tools._pinned import pool as pinned_pool
 from . import _group_writes
 from ._frames import decode_on_host
-from ._gpu_decode import decode_for_gpu
+from ._gpu_decode import decode_for_gpu, to_device
 from ._io_pool import executor
 
 __all__ = ["CodecPipeline"]
@@ -399,7 +400,7 @@ def _read(
                 None if destinations is None else [destinations[i] for i in span],
             )
 
-    spans = [range(len(batch))] if stored_as_is else _groups(len(batch), _cores())
+    spans = [range(len(batch))] if stored_as_is else _groups(len(batch), usable_cores())
     if len(spans) == 1:
         return decode_group(spans[0], *read_group(spans[0]))
     decoded: list[concurrent.futures.Future[list[bool]]] = []
@@ -414,14 +415,6 @@ def _read(
             if len(decoded) >= 2:
                 decoded[-2].result()  # before a third group is read: two in hand at most
         return [flag for future in decoded for flag in future.result()]
-
-
-def _cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 @contextlib.contextmanager
@@ -465,9 +458,9 @@ def _decode_and_place(
     elif chain.host_codec is not None:
         decoded = _decode_host(chain.host_codec, encoded)
         if on_gpu:  # one copy of all the decoded chunks
-            decoded = _to_device(*_joined(decoded), target)
+            decoded = to_device(*_joined(decoded), target)
     elif on_gpu:
-        decoded = _to_device(slab, encoded, target)
+        decoded = to_device(slab, encoded, target)
     else:
         decoded = encoded
     for index, ((_, spec, chunk_selection, out_selection, _), data, placed) in enumerate(
@@ -762,23 +755,6 @@ def _numcodecs_of(codec: Any) -> Any:
 
         return GZip(codec.level)
     return getattr(codec, "_blosc_codec", None)
-
-
-def _to_device(slab: np.ndarray, encoded: list[np.ndarray | None], target: Any) -> list[Any]:
-    """The chunks (views of ``slab``) on ``target``'s GPU, with one copy of ``slab``."""
-    import cupy
-
-    with cupy.cuda.Device(target.device.id):
-        device = cupy.asarray(slab)
-    start = slab.__array_interface__["data"][0]
-    out: list[Any] = []
-    for data in encoded:
-        if data is None:
-            out.append(None)
-            continue
-        offset = data.__array_interface__["data"][0] - start if data.nbytes else 0
-        out.append(device[offset : offset + data.nbytes])
-    return out
 
 
 def _decoded_bytes(spec: Any) -> int:
