@@ -259,8 +259,12 @@ def _arrayio(like: str, device: str) -> Callable[[str], Any]:
 
 
 def _arrayio_fixed(tool: str, like: str, device: str) -> Callable[[str], Any]:
-    """arrayio with every transfer forced to ``tool`` (``ARRAYIO_TOOL``, read per transfer)."""
-    os.environ["ARRAYIO_TOOL"] = tool
+    """arrayio with every transfer forced to ``tool``, as ``ARRAYIO_TOOL`` does. arrayio reads
+    its environment when imported, which the peer's set-up has done: setting the variable
+    now would force nothing."""
+    import arrayio
+
+    arrayio.config.set(tool=tool)
     return _arrayio(like, device)
 
 
@@ -436,6 +440,15 @@ def set_up(peer: PeerInfo, device: str) -> tuple[Callable[[str], Any], dict[str,
     return load, {"import": imported - start, "device": time.perf_counter() - imported}
 
 
+def _forced_tool(peer: PeerInfo) -> str | None:
+    """The tool arrayio's settings force on every transfer of an arrayio peer, or None."""
+    if not peer.name.startswith("arrayio"):
+        return None
+    import arrayio
+
+    return arrayio.config.get().tool
+
+
 def _driver_pool(peer: PeerInfo, device: str) -> Any:
     """For arrayio into JAX on a GPU, the pool of device memory JAX gives back: each call
     records how many of its outputs it reused and how many the driver allocated anew."""
@@ -468,7 +481,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         load, result["setup_seconds"] = set_up(peer, spec["device"])
         result["versions"] = versions(peer)
-        result["forced_tool"] = os.environ.get("ARRAYIO_TOOL") or None
+        result["forced_tool"] = _forced_tool(peer)
         h.write_json(result, spec["result"])
         pool = _driver_pool(peer, spec["device"])
         for call in range(spec["calls"]):

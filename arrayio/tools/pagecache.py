@@ -78,9 +78,14 @@ class Window:
 def plan(
     requests: Sequence[tuple[int, int]], file_size: int, window: int, page: int = PAGE
 ) -> tuple[int, int, list[Window]]:
-    """The mapping (its file offset and length, whole pages) and windows that copy each
+    """The mapping (its file offset, a page's, and its length, to the end of the last page
+    read or of the file, whichever comes first) and windows that copy each
     ``(file_offset, nbytes)`` of ``requests`` (in file order, none overlapping) up to the end
-    of the file; windows with nothing to copy (gaps between requests) are left out."""
+    of the file; windows with nothing to copy (gaps between requests) are left out.
+
+    Windows are whole pages: the last may reach past the mapping's length to the end of its
+    page, which the kernel maps with the rest (``mmap`` refuses a length past the file's
+    end, but maps whole pages)."""
     spans = [(offset, min(offset + nbytes, file_size)) for offset, nbytes in requests]
     live = [(start, end) for start, end in spans if end > start]
     if not live:
@@ -99,7 +104,7 @@ def plan(
                 copies.append(Copy(index, begin - map_start, begin - offset, finish - begin))
         if copies:
             windows.append(Window(low - map_start, high - low, tuple(copies)))
-    return map_start, map_end - map_start, windows
+    return map_start, min(map_end, file_size) - map_start, windows
 
 
 class PagecacheTool(ReadsOnly, DeviceRanges, ThreadedTool):

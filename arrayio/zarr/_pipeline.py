@@ -18,8 +18,9 @@ batch zarr gives a read (every chunk the selection touches) at once:
 4. each chunk's part of the selection is copied into the output (missing chunks get the fill
    value).
 
-Chains that decode run these steps in groups of the batch's chunks (:func:`_groups`), each
-group decoded while the next is read.
+Chains that decode on the host run these steps in groups of the batch's chunks
+(:func:`_groups`), each group decoded while the next is read; zstd chunks bound for a GPU
+are one batch, nvCOMP's rate growing with its batches.
 
 A sharded array's inner chunks are the batch: each shard's index is read once (its crc32c
 checked), and every inner chunk the selection touches becomes a byte range of its shard's
@@ -400,7 +401,10 @@ def _read(
                 None if destinations is None else [destinations[i] for i in span],
             )
 
-    spans = [range(len(batch))] if stored_as_is else _groups(len(batch), usable_cores())
+    # zstd chunks bound for a GPU stay one batch: nvCOMP decodes a batch in one launch, so
+    # its rate grows with the batch's chunks, and the decode placement learns per batch size.
+    whole = stored_as_is or (on_gpu and chain.zstd is not None)
+    spans = [range(len(batch))] if whole else _groups(len(batch), usable_cores())
     if len(spans) == 1:
         return decode_group(spans[0], *read_group(spans[0]))
     decoded: list[concurrent.futures.Future[list[bool]]] = []

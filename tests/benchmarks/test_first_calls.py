@@ -353,3 +353,18 @@ def test_only_arrayio_into_jax_on_a_gpu_records_its_pool() -> None:
     assert sequence._driver_pool(jax_peer, "cuda:0") is _driver_buffers._pool
     assert sequence._driver_pool(jax_peer, "cpu") is None
     assert sequence._driver_pool(torch_peer, "cuda:0") is None
+
+
+def test_a_fixed_choice_forces_its_tool_once_arrayio_is_imported(tmp_path: Path) -> None:
+    # The peer's set-up imports arrayio before making its loader, and arrayio reads
+    # ARRAYIO_TOOL when imported: the loader must force the tool through the settings.
+    import arrayio
+
+    path = tmp_path / "a.safetensors"
+    arrayio.save(path, {"x": np.arange(1000, dtype=np.float32)})
+    try:
+        load = sequence.LOADERS["arrayio-numpy-posix"]("cpu")
+        assert arrayio.config.get().tool == "posix"
+        np.testing.assert_array_equal(load(str(path))["x"], np.arange(1000, dtype=np.float32))
+    finally:
+        arrayio.config.set(tool=None)
