@@ -15,11 +15,13 @@ raise SIGBUS: pinning a page past the new end fails instead, and the read's coun
 to the file's size after the copies. A window's pages are registered once per read
 (windows are aligned to pages, not to the buffers).
 
-The dispatcher does not offer it yet: it serves reads that name it (``tool="pagecache"``,
-``ARRAYIO_TOOL=pagecache``). Reads only, into device memory only, and it cannot checksum
-bytes it never sees (arrayio then verifies on the GPU). Needs a GPU that takes read-only
-registrations (``CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED``) and its driver,
-no framework.
+The dispatcher does not offer it: registering and unregistering every read's windows
+costs more than the pass it saves when one GPU loads from the page cache
+(docs/design/tools.md has the measurements). It serves reads that name it
+(``tool="pagecache"``, ``ARRAYIO_TOOL=pagecache``). Reads only, into device memory only,
+and it cannot checksum bytes it never sees (arrayio then verifies on the GPU). Needs a GPU
+that takes read-only registrations (``CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED``)
+and its driver, no framework.
 """
 
 from __future__ import annotations
