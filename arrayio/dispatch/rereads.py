@@ -30,6 +30,9 @@ __all__ = ["REMEMBERED", "ReReads"]
 
 REMEMBERED = 4096
 
+# A file's directory not yet looked up (None: it could not be).
+_UNKNOWN: Any = object()
+
 # Within untracked(): transfers that are nobody's use of their files (tune()'s scratch files).
 _untracked: contextvars.ContextVar[bool] = contextvars.ContextVar("untracked", default=False)
 
@@ -39,7 +42,9 @@ class ReReads:
 
     def __init__(self, remembered: int = REMEMBERED) -> None:
         self.remembered = remembered
-        self._files: collections.OrderedDict[tuple[int, ...], int] = collections.OrderedDict()
+        # Each file read, with its directory once looked up: a batch of a Zarr array's
+        # chunks re-reads a thousand files, and a lookup costs a readlink and a stat.
+        self._files: collections.OrderedDict[tuple[int, ...], Any] = collections.OrderedDict()
         self._reread_directories: set[tuple[int, int]] = set()
         self._written: collections.OrderedDict[tuple[int, int], int] = collections.OrderedDict()
         self._read_after_write: set[tuple[int, int]] = set()  # directories
@@ -57,10 +62,12 @@ class ReReads:
         finally:
             _untracked.reset(token)
 
-    def _remember(self, latest: collections.OrderedDict[Any, int], key: tuple[int, ...]) -> None:
-        """Mark ``key`` the newest of ``latest``, forgetting the oldest past the bound
-        (called with the lock held)."""
-        latest[key] = 1
+    def _remember(
+        self, latest: collections.OrderedDict[Any, Any], key: tuple[int, ...], value: Any = 1
+    ) -> None:
+        """Mark ``key`` (with ``value``) the newest of ``latest``, forgetting the oldest past
+        the bound (called with the lock held)."""
+        latest[key] = value
         latest.move_to_end(key)
         while len(latest) > self.remembered:
             latest.popitem(last=False)
@@ -95,12 +102,18 @@ class ReReads:
                 with self._lock:
                     self._read_after_write.add(folder)
         with self._lock:
+            folder = self._files.get(key, _UNKNOWN)
             seen = key in self._files
-            self._remember(self._files, key)
+            self._remember(self._files, key, folder)
         if not seen and not ask:
             return None
-        folder = _directory_of(fd)
+        if folder is _UNKNOWN:
+            # Looked up once per file: a file moved to another directory since keeps the
+            # first, which only marks the wrong directory as re-read.
+            folder = _directory_of(fd)
         with self._lock:
+            if key in self._files:
+                self._files[key] = folder
             if seen:
                 if folder is not None:
                     self._reread_directories.add(folder)

@@ -588,25 +588,70 @@ def _whole_chunk_outputs(batch: list[Any], target: Any, drop_axes: tuple[int, ..
     """Each chunk's place in the output as flat bytes, where the chunk lands there whole on
     one C-contiguous range (else None): its file, stored as it is, can be read there, and a
     compressed chunk decoded there. A whole-array read of an array chunked along its first
-    axis places every chunk so: no staging, no copy, no placement."""
-    if drop_axes:
+    axis places every chunk so: no staging, no copy, no placement.
+
+    The ranges are worked out from the selections and cut from one flat view of the output:
+    indexing a CuPy array costs tens of microseconds, and a read may have thousands of
+    chunks."""
+    if (
+        drop_axes
+        or not target.flags.c_contiguous
+        # a read-only out must raise, as zarr's pipeline does (CuPy's are writable)
+        or not getattr(target.flags, "writeable", True)
+    ):
         return [None] * len(batch)
+    shape = tuple(target.shape)
+    itemsize = target.dtype.itemsize
+    flat = target.reshape(-1).view(np.uint8)
+    checked_dtype: Any = None  # the chunks share their spec's dtype: compared once
+    same_dtype = False
     outputs: list[Any] = []
     for _, spec, _, out_selection, complete in batch:
-        flat = None
         selection = out_selection if isinstance(out_selection, tuple) else (out_selection,)
-        if complete and all(isinstance(part, slice) for part in selection):  # a view, no copy
-            view = target[out_selection]
-            if (
-                view.flags.c_contiguous
-                # a read-only out must raise, as zarr's pipeline does (CuPy's are writable)
-                and getattr(view.flags, "writeable", True)
-                and tuple(view.shape) == tuple(spec.shape)
-                and view.dtype == spec.dtype.to_native_dtype()
-            ):
-                flat = view.reshape(-1).view(np.uint8)
-        outputs.append(flat)
+        where = _contiguous_range(selection, shape) if complete else None
+        if where is not None and where[2] == tuple(spec.shape):
+            if spec.dtype is not checked_dtype:
+                checked_dtype = spec.dtype
+                same_dtype = target.dtype == spec.dtype.to_native_dtype()
+            if same_dtype:
+                first, count, _ = where
+                outputs.append(flat[first * itemsize : (first + count) * itemsize])
+                continue
+        outputs.append(None)
     return outputs
+
+
+def _contiguous_range(
+    selection: tuple[Any, ...], shape: tuple[int, ...]
+) -> tuple[int, int, tuple[int, ...]] | None:
+    """Where ``selection`` (slices) of a C-contiguous array of ``shape`` is one range of its
+    elements: (first element, count, the selection's shape); None where it is not, or
+    where it is not all slices of step 1."""
+    if len(selection) > len(shape):
+        return None
+    extents = [0] * len(shape)
+    first, count, stride = 0, 1, 1
+    partial = False
+    # From the last axis: contiguous where every axis after the last partial one is whole,
+    # and every axis before it is one index.
+    for axis in range(len(shape) - 1, -1, -1):
+        part = selection[axis] if axis < len(selection) else _WHOLE
+        if part.__class__ is not slice:
+            return None
+        length = shape[axis]
+        start, stop, step = part.indices(length)
+        extent = stop - start
+        if step != 1 or extent <= 0 or (partial and extent != 1):
+            return None
+        partial = partial or extent != length
+        extents[axis] = extent
+        first += start * stride
+        count *= extent
+        stride *= length
+    return first, count, tuple(extents)
+
+
+_WHOLE = slice(None)
 
 
 def _read_files(

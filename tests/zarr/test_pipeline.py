@@ -4,6 +4,8 @@ path, the others zarr's."""
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -725,3 +727,37 @@ def test_a_damaged_chunk_in_a_middle_group_raises_and_leaves_no_thread(tmp_path,
         zarr.open_array(NVMeStore(tmp_path, read_only=True), mode="r")[...]
     left = {t.name for t in threading.enumerate()} - before
     assert not any(name.startswith("arrayio-zarr-decode") for name in left), left
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_whole_chunk_places_are_the_contiguous_views_of_their_selections(data):
+    # The ranges worked out from the selections are exactly the views that indexing the
+    # output gives, where those are C-contiguous and of the chunk's shape.
+    shape = tuple(data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=3)))
+    target = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+    selection = tuple(
+        slice(a, a + data.draw(st.integers(0, n - a)))
+        for n in shape
+        for a in [data.draw(st.integers(0, n - 1))]
+    )
+    chunk_shape = tuple(s.stop - s.start for s in selection)
+    spec = types.SimpleNamespace(
+        shape=chunk_shape, dtype=types.SimpleNamespace(to_native_dtype=lambda: np.dtype(np.int32))
+    )
+    [got] = _pipeline._whole_chunk_outputs([(None, spec, None, selection, True)], target, ())
+    view = target[selection]
+    if view.size and view.flags.c_contiguous:
+        assert got is not None
+        np.testing.assert_array_equal(got.view(np.int32), view.reshape(-1))
+        assert got.__array_interface__["data"][0] == view.__array_interface__["data"][0]
+    else:
+        assert got is None
+    # a chunk of another shape, or not complete, gets no place
+    other = types.SimpleNamespace(shape=chunk_shape + (1,), dtype=spec.dtype)
+    assert _pipeline._whole_chunk_outputs([(None, other, None, selection, True)], target, ()) == [
+        None
+    ]
+    assert _pipeline._whole_chunk_outputs([(None, spec, None, selection, False)], target, ()) == [
+        None
+    ]
