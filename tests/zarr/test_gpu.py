@@ -422,3 +422,40 @@ def test_torch_and_cupy_on_the_gpu(stored, monkeypatch, cupy):
     assert isinstance(tensor, torch.Tensor) and tensor.device.type == "cuda"
     np.testing.assert_array_equal(tensor.cpu().numpy(), data[7])
     assert tensor.data_ptr() == made[-1].data.tensor.data_ptr()
+
+
+def test_nvcomp_batches_of_views_of_one_allocation_are_carved(cupy, monkeypatch):
+    # A read's chunks (views of its one device copy) and their places in the output (views
+    # of the output) go to nvCOMP as spans of their allocation, not one wrapper per chunk;
+    # the chunks decode exactly into their places.
+    import numcodecs
+
+    from arrayio.zarr._nvcomp import NvcompZstd
+
+    gpu = NvcompZstd(0)
+    per_array = []
+    real = gpu.nvcomp.as_arrays
+
+    def as_arrays(first, *args, **kwargs):
+        if isinstance(first, list):
+            per_array.append(len(first))
+        return real(first, *args, **kwargs)
+
+    monkeypatch.setattr(gpu.nvcomp, "as_arrays", as_arrays)
+    rng = np.random.default_rng(9)
+    chunks = [np.cumsum(rng.integers(-2, 3, 4096, dtype=np.int32)) for _ in range(12)]
+    codec = numcodecs.Zstd(level=0)
+    frames = [np.frombuffer(codec.encode(c.tobytes()), np.uint8) for c in chunks]
+    offsets = np.cumsum([0] + [-(-f.nbytes // 256) * 256 for f in frames])
+    slab = np.zeros(int(offsets[-1]), np.uint8)
+    for frame, at in zip(frames, offsets, strict=False):
+        slab[at : at + frame.nbytes] = frame
+    device = cupy.asarray(slab)
+    sources = [device[at : at + f.nbytes] for f, at in zip(frames, offsets, strict=False)]
+    out = cupy.zeros(12 * 4096, dtype=np.int32)
+    flat = out.view(np.uint8)
+    places = [flat[k * 16384 : (k + 1) * 16384] for k in range(12)]
+    results = gpu.decode(sources, lambda data: None, places)
+    assert all(r is p for r, p in zip(results, places, strict=True))
+    np.testing.assert_array_equal(cupy.asnumpy(out), np.concatenate(chunks))
+    assert gpu.carve and per_array == []  # every batch carved, none wrapped per array
