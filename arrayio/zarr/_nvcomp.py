@@ -88,37 +88,7 @@ class NvcompZstd:
         return place
 
     def batch(self, arrays: Sequence[Any]) -> Any:
-        """nvCOMP's batch of ``arrays`` (flat bytes). Views of one allocation (a read's
-        chunks in its device copy, their places in the output) are carved from one span of
-        it: wrapping each array costs nvCOMP's Python tens of microseconds, and a batch may
-        hold thousands."""
-        arrays = list(arrays)
-        span = self._span(arrays) if self.carve and len(arrays) > 1 else None
-        if span is not None:
-            whole, offsets = span
-            try:
-                return self.nvcomp.as_arrays(
-                    whole, offsets, [a.nbytes for a in arrays], cuda_stream=self.stream.ptr
-                )
-            except Exception:  # noqa: BLE001 - an nvCOMP without it: one array per entry
-                self.carve = False
-        return self.nvcomp.as_arrays(arrays, cuda_stream=self.stream.ptr)
-
-    def _span(self, arrays: list[Any]) -> tuple[Any, list[int]] | None:
-        """The bytes of the one allocation that all ``arrays`` (flat bytes) are views of,
-        from the first array's start to the last one's end, and each array's offset in
-        it; None where they are not of one allocation."""
-        memory = arrays[0].data.mem
-        if any(a.data.mem is not memory for a in arrays):
-            return None
-        pointers = [a.data.ptr for a in arrays]
-        low = min(pointers)
-        high = max(p + a.nbytes for p, a in zip(pointers, arrays, strict=True))
-        cupy = self.cupy
-        whole = cupy.ndarray(
-            (high - low,), dtype=np.uint8, memptr=cupy.cuda.MemoryPointer(memory, low - memory.ptr)
-        )
-        return whole, [p - low for p in pointers]
+        return self.nvcomp.as_arrays(list(arrays), cuda_stream=self.stream.ptr)
 
     def frames(self, arrays: Sequence[Any], sizes: Sequence[int]) -> np.ndarray:
         """Run the frame scan: per array, (0 if nvCOMP can decode it, content size, checksum
