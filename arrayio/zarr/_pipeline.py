@@ -358,14 +358,11 @@ def _read(
     """Fill ``out`` from the chunks of ``batch`` (in ``files``); whether each was present."""
     target = out.as_ndarray_like()
     on_gpu = type(target).__module__.split(".")[0] == "cupy"
-    outputs = _whole_chunk_outputs(batch, target, drop_axes)
     stored_as_is = chain.zstd is None and chain.host_codec is None and not chain.crc32c
     if stored_as_is:  # each chunk's file read into its place in the output
-        places = [
-            None if view is None else CupyDeviceBuffer(view) if on_gpu else view for view in outputs
-        ]
-    else:
-        places = [None] * len(batch)
+        return _read_as_stored(chain, batch, files, target, drop_axes, on_gpu)
+    outputs = _whole_chunk_outputs(batch, target, drop_axes)
+    places: list[Any] = [None] * len(batch)
     # zstd chunks decoded straight into their place in the output (by nvCOMP on the GPU)
     destinations = outputs if chain.zstd is not None else None
 
@@ -403,7 +400,7 @@ def _read(
 
     # zstd chunks bound for a GPU stay one batch: nvCOMP decodes a batch in one launch, so
     # its rate grows with the batch's chunks, and the decode placement learns per batch size.
-    whole = stored_as_is or (on_gpu and chain.zstd is not None)
+    whole = on_gpu and chain.zstd is not None
     spans = [range(len(batch))] if whole else _groups(len(batch), usable_cores())
     if len(spans) == 1:
         return decode_group(spans[0], *read_group(spans[0]))
@@ -419,6 +416,59 @@ def _read(
             if len(decoded) >= 2:
                 decoded[-2].result()  # before a third group is read: two in hand at most
         return [flag for future in decoded for flag in future.result()]
+
+
+def _read_as_stored(
+    chain: _Chain,
+    batch: list[Any],
+    files: list[Any],
+    target: Any,
+    drop_axes: tuple[int, ...],
+    on_gpu: bool,
+) -> list[bool]:
+    """:func:`_read` of chunks stored as they are: each chunk's bytes read into its place in
+    the output where it has one (runs of a shard's inner chunks as one request each, see
+    :func:`_runs`), the others into one buffer and copied into place."""
+    flat, ranges = _whole_chunk_ranges(batch, target, drop_axes)
+    runs = _runs(files, ranges)
+    run_files: list[Any] = []
+    run_places: list[Any] = []
+    for run in runs:
+        first, where = files[run[0]], ranges[run[0]]
+        if len(run) == 1:
+            run_files.append(first)
+        else:
+            run_files.append((first[0], first[1], sum(files[i][2] for i in run)))
+        if where is None:
+            run_places.append(None)
+        else:
+            nbytes = sum(part[1] for part in (ranges[i] for i in run) if part is not None)
+            view = flat[where[0] : where[0] + nbytes]
+            run_places.append(CupyDeviceBuffer(view) if on_gpu else view)
+    with contextlib.ExitStack() as loans:
+
+        def staging(nbytes: int) -> np.ndarray:
+            # Bytes bound for the GPU are staged in pinned memory from the shared pool.
+            if on_gpu and nbytes:
+                return loans.enter_context(pinned_pool.lend(nbytes))[:nbytes]
+            return np.empty(nbytes, dtype=np.uint8)
+
+        slab, views, placed = _read_files(run_files, run_places, staging)
+        encoded: list[np.ndarray | None] = [None] * len(batch)
+        in_place = [False] * len(batch)
+        for run, view, run_placed in zip(runs, views, placed, strict=True):
+            at = 0
+            for i in run:
+                if run_placed:
+                    in_place[i] = True
+                elif view is not None:
+                    size = files[i][2] if len(run) > 1 else view.nbytes
+                    encoded[i] = view[at : at + size]
+                    at += size
+        with _on_device_of(target, on_gpu):
+            return _decode_and_place(
+                chain, batch, files, target, drop_axes, on_gpu, slab, encoded, in_place
+            )
 
 
 @contextlib.contextmanager
@@ -588,9 +638,18 @@ def _whole_chunk_outputs(batch: list[Any], target: Any, drop_axes: tuple[int, ..
     """Each chunk's place in the output as flat bytes, where the chunk lands there whole on
     one C-contiguous range (else None): its file, stored as it is, can be read there, and a
     compressed chunk decoded there. A whole-array read of an array chunked along its first
-    axis places every chunk so: no staging, no copy, no placement.
+    axis places every chunk so: no staging, no copy, no placement."""
+    flat, ranges = _whole_chunk_ranges(batch, target, drop_axes)
+    return [None if where is None else flat[where[0] : where[0] + where[1]] for where in ranges]
 
-    The ranges are worked out from the selections and cut from one flat view of the output:
+
+def _whole_chunk_ranges(
+    batch: list[Any], target: Any, drop_axes: tuple[int, ...]
+) -> tuple[Any, list[tuple[int, int] | None]]:
+    """The output as flat bytes, and the range of it (start, bytes) each chunk lands on whole
+    (see :func:`_whole_chunk_outputs`), or None.
+
+    The ranges are worked out from the selections, and places are cut from one flat view:
     indexing a CuPy array costs tens of microseconds, and a read may have thousands of
     chunks."""
     if (
@@ -599,13 +658,13 @@ def _whole_chunk_outputs(batch: list[Any], target: Any, drop_axes: tuple[int, ..
         # a read-only out must raise, as zarr's pipeline does (CuPy's are writable)
         or not getattr(target.flags, "writeable", True)
     ):
-        return [None] * len(batch)
+        return None, [None] * len(batch)
     shape = tuple(target.shape)
     itemsize = target.dtype.itemsize
     flat = target.reshape(-1).view(np.uint8)
     checked_dtype: Any = None  # the chunks share their spec's dtype: compared once
     same_dtype = False
-    outputs: list[Any] = []
+    ranges: list[tuple[int, int] | None] = []
     for _, spec, _, out_selection, complete in batch:
         selection = out_selection if isinstance(out_selection, tuple) else (out_selection,)
         where = _contiguous_range(selection, shape) if complete else None
@@ -614,11 +673,41 @@ def _whole_chunk_outputs(batch: list[Any], target: Any, drop_axes: tuple[int, ..
                 checked_dtype = spec.dtype
                 same_dtype = target.dtype == spec.dtype.to_native_dtype()
             if same_dtype:
-                first, count, _ = where
-                outputs.append(flat[first * itemsize : (first + count) * itemsize])
+                ranges.append((where[0] * itemsize, where[1] * itemsize))
                 continue
-        outputs.append(None)
-    return outputs
+        ranges.append(None)
+    return flat, ranges
+
+
+def _runs(files: list[Any], ranges: list[tuple[int, int] | None]) -> list[list[int]]:
+    """The chunks (indices) in runs read as one request each: inner chunks of one shard file
+    that lie one after another both in the file and in the output (a whole-array read of a
+    sharded array chunked along its first axis), else each chunk alone. A sharded array's
+    inner chunks would otherwise be a request each, thousands for one read."""
+    joinable = sorted(
+        (
+            i
+            for i, (chunk, where) in enumerate(zip(files, ranges, strict=True))
+            if isinstance(chunk, tuple) and where is not None
+        ),
+        key=lambda i: (files[i][0], files[i][1]),
+    )
+    runs: list[list[int]] = []
+    for i in joinable:
+        if runs:
+            last = runs[-1][-1]
+            (path, offset, nbytes), (place, _) = files[last], ranges[last]  # type: ignore[misc]
+            if (
+                files[i][0] == path
+                and files[i][1] == offset + nbytes
+                and ranges[i][0] == place + nbytes  # type: ignore[index]
+            ):
+                runs[-1].append(i)
+                continue
+        runs.append([i])
+    alone = set(joinable)
+    runs.extend([i] for i in range(len(files)) if i not in alone)
+    return runs
 
 
 def _contiguous_range(

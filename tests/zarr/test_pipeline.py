@@ -761,3 +761,60 @@ def test_whole_chunk_places_are_the_contiguous_views_of_their_selections(data):
     assert _pipeline._whole_chunk_outputs([(None, spec, None, selection, False)], target, ()) == [
         None
     ]
+
+
+def test_runs_join_inner_chunks_adjacent_in_their_shard_and_in_the_output():
+    files = [
+        ("s0", 0, 10),
+        ("s0", 10, 10),  # after chunk 0 in the file and in the output: joined
+        ("s0", 20, 10),  # after in the file, not in the output: alone
+        ("s1", 0, 10),  # another shard: a run of its own
+        "c/0",  # a whole file: alone
+        ("s1", 10, 10),  # no place in the output: alone
+        None,  # missing: alone
+    ]
+    ranges = [(0, 10), (10, 10), (40, 10), (20, 10), (60, 10), None, None]
+    runs = _pipeline._runs(files, ranges)
+    assert sorted(runs) == [[0, 1], [2], [3], [4], [5], [6]]
+    # the order of the batch does not matter: runs follow the file
+    order = [1, 3, 0, 2, 6, 4, 5]
+    shuffled = _pipeline._runs([files[i] for i in order], [ranges[i] for i in order])
+    assert sorted(sorted(order[i] for i in run) for run in shuffled) == sorted(runs)
+
+
+def test_a_sharded_array_stored_as_is_is_read_a_request_per_run(tmp_path, monkeypatch):
+    # 4 shards of 8 inner chunks of whole rows, one inner chunk never written: a whole read
+    # is one request per run of adjacent inner chunks (the missing one splits its shard's);
+    # a slab of whole inner chunks fewer; the values are zarr's.
+    store = LocalStore(tmp_path)
+    array = zarr.create_array(
+        store,
+        shape=(128, 6),
+        chunks=(4, 6),
+        shards=(32, 6),
+        dtype="int32",
+        fill_value=-3,
+        compressors=None,
+    )
+    values = np.arange(128 * 6, dtype=np.int32).reshape(128, 6)
+    array[:40] = values[:40]
+    array[44:] = values[44:]  # inner chunk 10 (rows 40 to 43) of shard 1 never written
+    expected = values.copy()
+    expected[40:44] = -3
+    requests: list[int] = []
+    real = _pipeline._read_files
+
+    def counting(files, places, staging=None):
+        requests.append(len(files))
+        return real(files, places, staging)
+
+    monkeypatch.setattr(_pipeline, "_read_files", counting)
+    with zarr.config.set(OURS):
+        reopened = zarr.open_array(store, mode="r")
+        np.testing.assert_array_equal(reopened[...], expected)
+        assert requests[-1] == 6  # shards 0, 2, 3 whole; shard 1 in two runs; the missing one
+        np.testing.assert_array_equal(reopened[8:72], expected[8:72])
+        assert requests[-1] == 5  # shard 0 from row 8, shard 1 in two, shard 2 to row 72; missing
+        np.testing.assert_array_equal(reopened[5:70, 2:4], expected[5:70, 2:4])  # no place
+    with zarr.config.set({"codec_pipeline.path": "zarr.core.codec_pipeline.BatchedCodecPipeline"}):
+        np.testing.assert_array_equal(zarr.open_array(store, mode="r")[...], expected)
