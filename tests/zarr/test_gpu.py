@@ -422,3 +422,38 @@ def test_torch_and_cupy_on_the_gpu(stored, monkeypatch, cupy):
     assert isinstance(tensor, torch.Tensor) and tensor.device.type == "cuda"
     np.testing.assert_array_equal(tensor.cpu().numpy(), data[7])
     assert tensor.data_ptr() == made[-1].data.tensor.data_ptr()
+
+
+def test_sharded_arrays_stored_as_is_are_read_into_the_gpu_a_run_per_shard(
+    tmp_path, cupy, monkeypatch
+):
+    # 4 shards of 16 inner chunks of whole rows, uncompressed: each shard's inner chunks are
+    # read into GPU memory as one request, straight into their rows of the output.
+    from arrayio.zarr import _pipeline
+
+    data = np.random.default_rng(6).normal(size=(256, 128)).astype(np.float32)
+    z = zarr.create_array(
+        LocalStore(tmp_path),
+        shape=data.shape,
+        chunks=(4, 128),
+        shards=(64, 128),
+        dtype="f4",
+        compressors=None,
+    )
+    z[...] = data
+    made = []
+    real = _pipeline._read_files
+
+    def spying(files, places, staging=None):
+        result = real(files, places, staging)
+        made.append(result[2])
+        return result
+
+    monkeypatch.setattr(_pipeline, "_read_files", spying)
+    with (
+        zarr.config.enable_gpu(),
+        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
+    ):
+        got = zarr.open_array(LocalStore(tmp_path, read_only=True), mode="r")[...]
+    np.testing.assert_array_equal(cupy.asnumpy(got), data)
+    assert made[-1] == [True] * 4
