@@ -683,12 +683,16 @@ def _runs(files: list[Any], ranges: list[tuple[int, int] | None]) -> list[list[i
     """The chunks (indices) in runs read as one request each: inner chunks of one shard file
     that lie one after another both in the file and in the output (a whole-array read of a
     sharded array chunked along its first axis), else each chunk alone. A sharded array's
-    inner chunks would otherwise be a request each, thousands for one read."""
+    inner chunks would otherwise be a request each, thousands for one read.
+
+    Only chunks whose stored length is their size in the output join a run: a run is checked
+    as a whole, and a damaged index whose lengths only add up must still be refused chunk by
+    chunk."""
     joinable = sorted(
         (
             i
             for i, (chunk, where) in enumerate(zip(files, ranges, strict=True))
-            if isinstance(chunk, tuple) and where is not None
+            if isinstance(chunk, tuple) and where is not None and chunk[2] == where[1]
         ),
         key=lambda i: (files[i][0], files[i][1]),
     )

@@ -15,8 +15,10 @@ zarr = pytest.importorskip("zarr")
 
 from zarr.codecs import (  # noqa: E402
     BloscCodec,
+    BytesCodec,
     Crc32cCodec,
     GzipCodec,
+    ShardingCodec,
     TransposeCodec,
     ZstdCodec,
 )
@@ -818,3 +820,24 @@ def test_a_sharded_array_stored_as_is_is_read_a_request_per_run(tmp_path, monkey
         np.testing.assert_array_equal(reopened[5:70, 2:4], expected[5:70, 2:4])  # no place
     with zarr.config.set({"codec_pipeline.path": "zarr.core.codec_pipeline.BatchedCodecPipeline"}):
         np.testing.assert_array_equal(zarr.open_array(store, mode="r")[...], expected)
+
+
+def test_a_shard_index_whose_lengths_only_add_up_is_refused_not_read_in_place(tmp_path):
+    # One shard of three inner chunks of 4 int32, its index unchecksummed and rewritten so
+    # that chunk 0 claims 32 bytes and chunk 2 none: the run's total matches the output's,
+    # but no chunk's does. zarr's pipeline raises; so must this one, not fill the output
+    # with the wrong bytes (and leave chunk 2's rows unwritten).
+    store = LocalStore(tmp_path)
+    sharding = ShardingCodec(chunk_shape=(4,), codecs=[BytesCodec()], index_codecs=[BytesCodec()])
+    array = zarr.create_array(
+        store, shape=(12,), chunks=(12,), dtype="int32", serializer=sharding, compressors=None
+    )
+    array[...] = np.arange(12, dtype=np.int32) + 100
+    path = tmp_path / "c" / "0"
+    raw = path.read_bytes()
+    data = raw[:-48]
+    index = np.array([[0, 32], [48, 16], [32, 0]], dtype="<u8")
+    junk = np.full(4, -999, dtype=np.int32).tobytes()
+    path.write_bytes(data[:16] + junk + data[32:48] + data[16:32] + index.tobytes())
+    with zarr.config.set(OURS), pytest.raises(arrayio.errors.FormatError):
+        zarr.open_array(store, mode="r")[...]
