@@ -112,8 +112,8 @@ class ReReads:
             # first, which only marks the wrong directory as re-read.
             folder = _directory_of(fd)
         with self._lock:
-            if key in self._files:
-                self._files[key] = folder
+            if key in self._files:  # a failed lookup is tried again next time
+                self._files[key] = _UNKNOWN if folder is None else folder
             if seen:
                 if folder is not None:
                     self._reread_directories.add(folder)
