@@ -20,7 +20,7 @@ batch zarr gives a read (every chunk the selection touches) at once:
 
 Chains that decode on the host run these steps in groups of the batch's chunks
 (:func:`_groups`), each group decoded while the next is read; zstd chunks bound for a GPU
-are one batch, nvCOMP's rate growing with its batches.
+go in batches of up to :data:`GPU_BATCH_BYTES`, nvCOMP's rate growing with its batches.
 
 A sharded array's inner chunks are the batch: each shard's index is read once (its crc32c
 checked), and every inner chunk the selection touches becomes a byte range of its shard's
@@ -345,6 +345,27 @@ def _files_of(batch: Sequence[Any]) -> list[str] | None:
 DECODE_GROUPS = 8
 
 
+# zstd chunks bound for a GPU go to nvCOMP in batches as large as this (of decoded bytes):
+# its rate grows with the batch, and a read's compressed bytes are staged in pinned memory,
+# so a read of many gigabytes is cut into batches of this size, each read while the one
+# before decodes (two in hand at most, as for the host's groups).
+GPU_BATCH_BYTES = 2 << 30
+
+
+def _byte_groups(sizes: Sequence[int], limit: int) -> list[range]:
+    """Consecutive runs of ``sizes`` of at most ``limit`` bytes each (a size above it alone)."""
+    groups: list[range] = []
+    start, total = 0, 0
+    for index, nbytes in enumerate(sizes):
+        if index > start and total + nbytes > limit:
+            groups.append(range(start, index))
+            start, total = index, 0
+        total += nbytes
+    if start < len(sizes):
+        groups.append(range(start, len(sizes)))
+    return groups
+
+
 def _groups(count: int, cores: int) -> list[range]:
     """The batch's ``count`` chunks cut into about :data:`DECODE_GROUPS` runs, each of at
     least two chunks per core."""
@@ -398,10 +419,14 @@ def _read(
                 None if destinations is None else [destinations[i] for i in span],
             )
 
-    # zstd chunks bound for a GPU stay one batch: nvCOMP decodes a batch in one launch, so
-    # its rate grows with the batch's chunks, and the decode placement learns per batch size.
-    whole = on_gpu and chain.zstd is not None
-    spans = [range(len(batch))] if whole else _groups(len(batch), usable_cores())
+    # zstd chunks bound for a GPU stay in batches as large as GPU_BATCH_BYTES allows: nvCOMP
+    # decodes a batch in one launch, so its rate grows with the batch's chunks, and the
+    # decode placement learns per batch size.
+    if on_gpu and chain.zstd is not None:
+        sizes = [_decoded_bytes(spec) for _, spec, *_ in batch]
+        spans = _byte_groups(sizes, GPU_BATCH_BYTES)
+    else:
+        spans = _groups(len(batch), usable_cores())
     if len(spans) == 1:
         return decode_group(spans[0], *read_group(spans[0]))
     decoded: list[concurrent.futures.Future[list[bool]]] = []

@@ -457,3 +457,22 @@ def test_sharded_arrays_stored_as_is_are_read_into_the_gpu_a_run_per_shard(
         got = zarr.open_array(LocalStore(tmp_path, read_only=True), mode="r")[...]
     np.testing.assert_array_equal(cupy.asnumpy(got), data)
     assert made[-1] == [True] * 4
+
+
+def test_a_read_larger_than_a_gpu_batch_is_decoded_in_batches(tmp_path, cupy, monkeypatch):
+    # zstd chunks bound for the GPU go to nvCOMP in batches of at most GPU_BATCH_BYTES of
+    # decoded bytes (here a quarter of the array): 4 batches of 16 chunks, the values exact.
+    from arrayio.zarr import _pipeline
+
+    data = np.random.default_rng(8).normal(size=(256, 256)).astype(np.float32)
+    z = zarr.create_array(LocalStore(tmp_path), shape=data.shape, chunks=(32, 32), dtype="f4")
+    z[...] = data
+    monkeypatch.setattr(_pipeline, "GPU_BATCH_BYTES", data.nbytes // 4)
+    batches = _submitted(monkeypatch)
+    with (
+        zarr.config.enable_gpu(),
+        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
+    ):
+        got = zarr.open_array(LocalStore(tmp_path, read_only=True), mode="r")[...]
+    np.testing.assert_array_equal(cupy.asnumpy(got), data)
+    assert [len(arrays) for arrays, _ in batches] == [16, 16, 16, 16]

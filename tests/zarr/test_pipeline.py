@@ -841,3 +841,14 @@ def test_a_shard_index_whose_lengths_only_add_up_is_refused_not_read_in_place(tm
     path.write_bytes(data[:16] + junk + data[32:48] + data[16:32] + index.tobytes())
     with zarr.config.set(OURS), pytest.raises(arrayio.errors.FormatError):
         zarr.open_array(store, mode="r")[...]
+
+
+def test_byte_groups_cut_runs_of_at_most_the_limit():
+    assert _pipeline._byte_groups([], 10) == []
+    assert _pipeline._byte_groups([4, 4, 4], 10) == [range(0, 2), range(2, 3)]
+    assert _pipeline._byte_groups([4, 4, 2, 12, 1], 10) == [
+        range(0, 3),
+        range(3, 4),  # larger than the limit: alone
+        range(4, 5),
+    ]
+    assert _pipeline._byte_groups([1] * 5, 100) == [range(0, 5)]
