@@ -180,8 +180,11 @@ def _load_shards(
         return dict(part)
 
     workers = 1 if _all_in_the_page_cache(list(by_file)) else min(len(by_file), 8)
-    with concurrent.futures.ThreadPoolExecutor(workers, "arrayio-shards") as pool:
-        parts = list(pool.map(lambda item: load_file(*item), by_file.items()))
+    if workers == 1:  # one after another: on the caller's thread, its CUDA stream current
+        parts = [load_file(*item) for item in by_file.items()]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(workers, "arrayio-shards") as pool:
+            parts = list(pool.map(lambda item: load_file(*item), by_file.items()))
     loaded: dict[str, Any] = {}
     for part in parts:
         loaded.update(part)

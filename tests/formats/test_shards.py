@@ -303,3 +303,25 @@ def test_shards_load_one_at_a_time_from_the_page_cache_and_together_from_the_dis
     monkeypatch.setattr(_load.Reader, "load", load)
     same(arrayio.load(tmp_path), tensors)
     assert most[0] == most_at_once
+
+
+def test_shards_from_the_page_cache_load_on_the_caller_s_thread(tmp_path, monkeypatch):
+    # One after another, on the caller's thread: no thread to start and hand over to, and a
+    # GPU load waits for the caller's own current CUDA stream, not a worker's default one.
+    import threading
+
+    from arrayio.api import _load
+    from arrayio.dispatch import context
+
+    tensors = write_checkpoint(tmp_path, files=3)
+    monkeypatch.setattr(context, "cache_state", lambda fd, offset, nbytes: "warm")
+    threads = []
+    real = _load.Reader.load
+
+    def load(self, **kwargs):
+        threads.append(threading.current_thread())
+        return real(self, **kwargs)
+
+    monkeypatch.setattr(_load.Reader, "load", load)
+    same(arrayio.load(tmp_path), tensors)
+    assert threads == [threading.current_thread()] * 3
