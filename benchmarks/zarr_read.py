@@ -78,6 +78,7 @@ import math
 import os
 import platform
 import queue
+import shutil
 import statistics
 import sys
 import tempfile
@@ -1195,9 +1196,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rows": [],
     }
     print(json.dumps({"peers_unavailable": report["peers_unavailable"]}), flush=True)
-    for layout in args.layouts:
-        for codec in args.codecs:
-            run_data_set(args, report, scratch, layout, codec, json_path)
+    try:
+        for layout in args.layouts:
+            for codec in args.codecs:
+                run_data_set(args, report, scratch, layout, codec, json_path)
+                # one data set on the disk at a time
+                shutil.rmtree(os.path.join(scratch, f"{layout}-{codec}"), ignore_errors=True)
+    finally:  # the data sets are gigabytes: none is left in --dir
+        shutil.rmtree(scratch, ignore_errors=True)
     print(json.dumps(report.get("summary"), indent=1), flush=True)
     plot(report, os.path.join(args.out, "zarr_read.png"))
     return report

@@ -72,6 +72,8 @@ def test_zarr_read_benchmark_runs_every_layout_selection_and_peer(tmp_path, run_
     report = run(run_module, tmp_path, "--layouts", "chunked,sharded", "--selections", "whole,slab")
 
     assert report["benchmark"] == "zarr_read" and report["memory"] == "host"
+    # its data sets are removed: no scratch directory is left in --dir
+    assert not list(tmp_path.glob("arrayio-zarr-read-*"))
     assert report["command"].startswith("python -m benchmarks.zarr_read --memory host")
     assert report["versions"]["zarr"] and report["machine"]["cpus"] and report["cores"] >= 1
     assert report["array_bytes"] == 8 << 20
