@@ -19,7 +19,7 @@ import abc
 import dataclasses
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 
@@ -275,6 +275,26 @@ class DeviceRanges(abc.ABC):
         nonempty request's offset to the last's end; ``checksums[i]``, when given, receives
         buffer ``i``'s bytes. The future gives the bytes of the range read: all of it, or up
         to the end of the file."""
+
+
+def one_gpu(name: str, requests: Sequence[tuple[int, Buffer]]) -> list[DeviceBuffer]:
+    """The buffers of ``requests``, refused unless every one is device memory and those that
+    hold bytes are of one GPU.
+
+    Raises
+    ------
+    TypeError
+        For a host buffer.
+    ValueError
+        For buffers of several GPUs.
+    """
+    buffers = []
+    for _, buffer in requests:
+        device_only(name, buffer)
+        buffers.append(cast(DeviceBuffer, buffer))
+    if len({buffer.device_index for buffer in buffers if buffer.nbytes}) > 1:
+        raise ValueError("preadv takes buffers of one GPU")
+    return buffers
 
 
 def device_only(name: str, buffer: Buffer) -> None:

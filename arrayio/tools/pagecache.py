@@ -32,12 +32,11 @@ import functools
 import mmap
 import os
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from ..arrays import _cuda
-from ..arrays._buffers import DeviceBuffer
 from ..errors import ToolUnavailableError
 from ..integrity._checksum import ChecksumParts
 from ._threaded import ThreadedTool
@@ -48,7 +47,7 @@ from .base import (
     DeviceRanges,
     IOFuture,
     ReadsOnly,
-    device_only,
+    one_gpu,
 )
 
 __all__ = ["PagecacheTool", "Copy", "Window", "plan"]
@@ -157,14 +156,10 @@ class PagecacheTool(ReadsOnly, DeviceRanges, ThreadedTool):
     ) -> IOFuture[int]:
         """:meth:`DeviceRanges.preadv`, from one mapping of the range the requests span,
         registered a window at a time."""
-        for _, buffer in requests:
-            device_only(self.name, buffer)
+        buffers = one_gpu(self.name, requests)
         if checksums is not None and any(parts is not None for parts in checksums):
             raise ToolUnavailableError("pagecache cannot checksum bytes the CPU never reads")
-        buffers = [cast(DeviceBuffer, buffer) for _, buffer in requests]
         devices = {buffer.device_index for buffer in buffers if buffer.nbytes}
-        if len(devices) > 1:
-            raise ValueError("preadv takes buffers of one GPU")
         size = os.fstat(fd).st_size
         nonempty = [(offset, buffer) for offset, buffer in requests if buffer.nbytes]
         map_start, map_length, windows = plan(

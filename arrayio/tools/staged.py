@@ -56,7 +56,7 @@ from ._io import (
 from ._pinned import SLACK, Borrowed
 from ._pinned import pool as pinned_pool
 from ._threaded import ThreadedTool
-from .base import Availability, Buffer, Capabilities, DeviceRanges, IOFuture
+from .base import Availability, Buffer, Capabilities, DeviceRanges, IOFuture, one_gpu
 
 __all__ = ["StagedTool"]
 
@@ -158,11 +158,7 @@ class StagedTool(DeviceRanges, ThreadedTool):
         boundaries (one read fills several small buffers' pinned copies, and the bytes
         between requests are read and dropped), and each chunk's pieces are copied to their
         buffers."""
-        devices = [buffer for _, buffer in requests if not isinstance(buffer, np.ndarray)]
-        if len(devices) < len(requests):
-            raise TypeError("staged moves device memory; use another tool for host memory")
-        if len({buffer.device_index for buffer in devices}) > 1:
-            raise ValueError("preadv takes buffers of one GPU")
+        one_gpu(self.name, requests)
         pieces = _Pieces.at(requests, checksums)
         if pieces.nbytes == 0:
             return IOFuture.completed(0)

@@ -46,7 +46,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -383,22 +383,14 @@ def _read(
     if stored_as_is:  # each chunk's file read into its place in the output
         return _read_as_stored(chain, batch, files, target, drop_axes, on_gpu)
     outputs = _whole_chunk_outputs(batch, target, drop_axes)
-    places: list[Any] = [None] * len(batch)
     # zstd chunks decoded straight into their place in the output (by nvCOMP on the GPU)
     destinations = outputs if chain.zstd is not None else None
 
     def read_group(span: range) -> tuple[contextlib.ExitStack, Any]:
         loans = contextlib.ExitStack()
-
-        def staging(nbytes: int) -> np.ndarray:
-            # Bytes bound for the GPU are staged in pinned memory from the shared pool:
-            # copied at the link's rate, and pinned once for the process, not per read.
-            if on_gpu and nbytes:
-                return loans.enter_context(pinned_pool.lend(nbytes))[:nbytes]
-            return np.empty(nbytes, dtype=np.uint8)
-
         try:
-            return loans, _read_files([files[i] for i in span], [places[i] for i in span], staging)
+            staging = _staging(loans, on_gpu)
+            return loans, _read_files([files[i] for i in span], [None] * len(span), staging)
         except BaseException:
             loans.close()
             raise
@@ -471,14 +463,7 @@ def _read_as_stored(
             view = flat[where[0] : where[0] + nbytes]
             run_places.append(CupyDeviceBuffer(view) if on_gpu else view)
     with contextlib.ExitStack() as loans:
-
-        def staging(nbytes: int) -> np.ndarray:
-            # Bytes bound for the GPU are staged in pinned memory from the shared pool.
-            if on_gpu and nbytes:
-                return loans.enter_context(pinned_pool.lend(nbytes))[:nbytes]
-            return np.empty(nbytes, dtype=np.uint8)
-
-        slab, views, placed = _read_files(run_files, run_places, staging)
+        slab, views, placed = _read_files(run_files, run_places, _staging(loans, on_gpu))
         encoded: list[np.ndarray | None] = [None] * len(batch)
         in_place = [False] * len(batch)
         for run, view, run_placed in zip(runs, views, placed, strict=True):
@@ -494,6 +479,19 @@ def _read_as_stored(
             return _decode_and_place(
                 chain, batch, files, target, drop_axes, on_gpu, slab, encoded, in_place
             )
+
+
+def _staging(loans: contextlib.ExitStack, on_gpu: bool) -> Callable[[int], np.ndarray]:
+    """Where a read stages the chunks that are not read into their place: bytes bound for
+    the GPU in pinned memory lent by the shared pool until ``loans`` closes (copied at the
+    link's rate, and pinned once for the process, not per read), others in a new array."""
+
+    def staging(nbytes: int) -> np.ndarray:
+        if on_gpu and nbytes:
+            return loans.enter_context(pinned_pool.lend(nbytes))[:nbytes]
+        return np.empty(nbytes, dtype=np.uint8)
+
+    return staging
 
 
 @contextlib.contextmanager

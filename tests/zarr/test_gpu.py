@@ -69,22 +69,13 @@ def test_arrays_written_on_the_cpu_read_into_the_gpu(tmp_path, cupy, codec, pipe
 def test_whole_row_chunks_are_read_into_gpu_memory_in_place(tmp_path, cupy, monkeypatch, rows):
     # Chunks of 64 full rows land on contiguous rows of the GPU output: read there by the
     # dispatcher (device buffers), no staging; the array's last, cut chunk is staged.
-    from arrayio.zarr import _pipeline
 
     data = np.random.default_rng(3).normal(size=(rows, 512)).astype(np.float32)
     z = zarr.create_array(
         LocalStore(tmp_path), shape=data.shape, chunks=(64, 512), dtype="f4", compressors=None
     )
     z[...] = data
-    made = []
-    real = _pipeline._read_files
-
-    def spying(files, places, staging=None):
-        result = real(files, places, staging)
-        made.append(result[2])
-        return result
-
-    monkeypatch.setattr(_pipeline, "_read_files", spying)
+    made = _in_place(monkeypatch)
     with (
         zarr.config.enable_gpu(),
         zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
@@ -110,6 +101,22 @@ def test_the_pipeline_decodes_a_read_in_one_gpu_batch(tmp_path, cupy, monkeypatc
         got = zarr.open_array(LocalStore(tmp_path, read_only=True), mode="r")[...]
     np.testing.assert_array_equal(cupy.asnumpy(got), data)
     assert [len(arrays) for arrays, _ in batches] == [64]
+
+
+def _in_place(monkeypatch) -> list:
+    """Per read, whether each request of the pipeline's file reads landed in the output."""
+    from arrayio.zarr import _pipeline
+
+    made = []
+    real = _pipeline._read_files
+
+    def spying(files, places, staging=None):
+        result = real(files, places, staging)
+        made.append(result[2])
+        return result
+
+    monkeypatch.setattr(_pipeline, "_read_files", spying)
+    return made
 
 
 def _submitted(monkeypatch, host_share: float = 0.0) -> list:
@@ -429,7 +436,6 @@ def test_sharded_arrays_stored_as_is_are_read_into_the_gpu_a_run_per_shard(
 ):
     # 4 shards of 16 inner chunks of whole rows, uncompressed: each shard's inner chunks are
     # read into GPU memory as one request, straight into their rows of the output.
-    from arrayio.zarr import _pipeline
 
     data = np.random.default_rng(6).normal(size=(256, 128)).astype(np.float32)
     z = zarr.create_array(
@@ -441,15 +447,7 @@ def test_sharded_arrays_stored_as_is_are_read_into_the_gpu_a_run_per_shard(
         compressors=None,
     )
     z[...] = data
-    made = []
-    real = _pipeline._read_files
-
-    def spying(files, places, staging=None):
-        result = real(files, places, staging)
-        made.append(result[2])
-        return result
-
-    monkeypatch.setattr(_pipeline, "_read_files", spying)
+    made = _in_place(monkeypatch)
     with (
         zarr.config.enable_gpu(),
         zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
