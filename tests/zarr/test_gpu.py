@@ -76,11 +76,7 @@ def test_whole_row_chunks_are_read_into_gpu_memory_in_place(tmp_path, cupy, monk
     )
     z[...] = data
     made = _in_place(monkeypatch)
-    with (
-        zarr.config.enable_gpu(),
-        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
-    ):
-        got = zarr.open_array(NVMeStore(tmp_path, read_only=True), mode="r")[...]
+    got = _read_whole(NVMeStore(tmp_path, read_only=True))
     assert isinstance(got, cupy.ndarray)
     np.testing.assert_array_equal(cupy.asnumpy(got), data)
     whole = rows // 64
@@ -94,11 +90,7 @@ def test_the_pipeline_decodes_a_read_in_one_gpu_batch(tmp_path, cupy, monkeypatc
     z = zarr.create_array(LocalStore(tmp_path), shape=data.shape, chunks=(32, 32), dtype="f4")
     z[...] = data
     batches = _submitted(monkeypatch)
-    with (
-        zarr.config.enable_gpu(),
-        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
-    ):
-        got = zarr.open_array(LocalStore(tmp_path, read_only=True), mode="r")[...]
+    got = _read_whole(LocalStore(tmp_path, read_only=True))
     np.testing.assert_array_equal(cupy.asnumpy(got), data)
     assert [len(arrays) for arrays, _ in batches] == [64]
 
@@ -117,6 +109,15 @@ def _in_place(monkeypatch) -> list:
 
     monkeypatch.setattr(_pipeline, "_read_files", spying)
     return made
+
+
+def _read_whole(store):
+    """The array in ``store`` read whole into GPU memory through arrayio's pipeline."""
+    with (
+        zarr.config.enable_gpu(),
+        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
+    ):
+        return zarr.open_array(store, mode="r")[...]
 
 
 def _submitted(monkeypatch, host_share: float = 0.0) -> list:
@@ -251,11 +252,7 @@ def test_zstd_row_chunks_are_decoded_into_their_place_in_the_output(
     z = zarr.create_array(LocalStore(tmp_path), shape=data.shape, chunks=(32, 256), dtype="f4")
     z[...] = data
     given = _submitted(monkeypatch)
-    with (
-        zarr.config.enable_gpu(),
-        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
-    ):
-        got = zarr.open_array(LocalStore(tmp_path, read_only=True), mode="r")[...]
+    got = _read_whole(LocalStore(tmp_path, read_only=True))
     np.testing.assert_array_equal(cupy.asnumpy(got), data)
     [(_, places)] = given
     whole = rows // 32
@@ -448,11 +445,7 @@ def test_sharded_arrays_stored_as_is_are_read_into_the_gpu_a_run_per_shard(
     )
     z[...] = data
     made = _in_place(monkeypatch)
-    with (
-        zarr.config.enable_gpu(),
-        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
-    ):
-        got = zarr.open_array(LocalStore(tmp_path, read_only=True), mode="r")[...]
+    got = _read_whole(LocalStore(tmp_path, read_only=True))
     np.testing.assert_array_equal(cupy.asnumpy(got), data)
     assert made[-1] == [True] * 4
 
@@ -467,10 +460,6 @@ def test_a_read_larger_than_a_gpu_batch_is_decoded_in_batches(tmp_path, cupy, mo
     z[...] = data
     monkeypatch.setattr(_pipeline, "GPU_BATCH_BYTES", data.nbytes // 4)
     batches = _submitted(monkeypatch)
-    with (
-        zarr.config.enable_gpu(),
-        zarr.config.set({"codec_pipeline.path": "arrayio.zarr.CodecPipeline"}),
-    ):
-        got = zarr.open_array(LocalStore(tmp_path, read_only=True), mode="r")[...]
+    got = _read_whole(LocalStore(tmp_path, read_only=True))
     np.testing.assert_array_equal(cupy.asnumpy(got), data)
     assert [len(arrays) for arrays, _ in batches] == [16, 16, 16, 16]
