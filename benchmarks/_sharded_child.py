@@ -299,8 +299,26 @@ def timed(run: Callable[[], Any], name: str) -> tuple[float, Any]:
     start = time.perf_counter()
     out = run()
     jax.block_until_ready(out)
+    own = time.perf_counter() - start
     sync(f"{name}:end")
-    return time.perf_counter() - start, out
+    seconds = time.perf_counter() - start
+    EACH_PROCESS[name] = gather_seconds(own)
+    return seconds, out
+
+
+# Each process's own seconds of the last ``timed`` of each name (its start to its own arrays
+# ready, without waiting for the others): where one process lags, the spread shows it.
+EACH_PROCESS: dict[str, list[float]] = {}
+
+
+def gather_seconds(own: float) -> list[float]:
+    """``own`` of every process, in process order (after the timing)."""
+    if jax.process_count() == 1:
+        return [own]
+    from jax.experimental import multihost_utils
+
+    gathered = multihost_utils.process_allgather(np.array([own], np.float64))
+    return [float(x) for x in np.asarray(gathered).reshape(-1)]
 
 
 def timed_with_peak_memory(run: Callable[[], Any], name: str) -> tuple[float, int]:
@@ -321,6 +339,26 @@ def timed_with_peak_memory(run: Callable[[], Any], name: str) -> tuple[float, in
         done.set()
         thread.join()
     return seconds, max(peak[0], resident_bytes() - base)
+
+
+def every_process_text(text: str, scratch: str) -> list[str]:
+    """``text`` of every process, in process order, on process 0 (a file each in
+    ``scratch``, read and removed by process 0); one process: ``[text]``."""
+    if jax.process_count() == 1:
+        return [text]
+    path = os.path.join(scratch, f"process-text-{jax.process_index()}.txt")
+    with open(path, "w") as f:
+        f.write(text)
+    sync("process-text:written")
+    texts = []
+    if leader():
+        for rank in range(jax.process_count()):
+            path = os.path.join(scratch, f"process-text-{rank}.txt")
+            with open(path) as f:
+                texts.append(f.read())
+            os.remove(path)
+    sync("process-text:read")
+    return texts
 
 
 def evict_checkpoint(path: str) -> None:
@@ -357,17 +395,20 @@ def measure_peer(
 
         save_s, peak = timed_with_peak_memory(durable_save, f"{name}:save")
         row.update(save_s=save_s, save_peak_extra_bytes=peak)
+        row["save_each_process_seconds"] = EACH_PROCESS[f"{name}:save"]
     if cold:
         evict_checkpoint(peer.path)
         seconds, out = timed(lambda: peer.restore(shardings["restore"]), f"{name}:cold")
         check(tree, out, shardings["restore"])
         del out
         row["cold_restore_s"] = seconds
+        row["cold_restore_each_process_seconds"] = EACH_PROCESS[f"{name}:cold"]
     for quantity, sharding in shardings.items():
         seconds, out = timed(lambda s=sharding: peer.restore(s), f"{name}:{quantity}")
         check(tree, out, sharding)
         del out
         row[f"{quantity}_s"] = seconds
+        row[f"{quantity}_each_process_seconds"] = EACH_PROCESS[f"{name}:{quantity}"]
     return row
 
 
@@ -728,12 +769,15 @@ def main(spec: dict[str, Any]) -> dict[str, Any] | None:
         ceilings.close()
         for extra in extras.values():
             extra.close()
+    dispatchers = every_process_text(str(arrayio.explain()), scratch)
     if not leader():
         return None
     return {
         **about,
-        # Which tools this process's dispatcher chose, and what it measured of each.
-        "dispatcher": str(arrayio.explain()),
+        # Which tools process 0's dispatcher chose, and what it measured of each; every
+        # process's in ``dispatchers`` (each process learns on its own).
+        "dispatcher": dispatchers[0],
+        "dispatchers": dispatchers,
         "rows": measured,
         "ceiling_rows": ceiling_rows,
         "ceilings": ceiling_report,

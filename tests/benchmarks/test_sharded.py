@@ -188,6 +188,16 @@ def test_one_process_per_device_group_joined_by_jax_distributed(run_module: Any,
     for quantity in ("save", "restore", "reshard", "cold_restore"):
         assert is_rate(peers["arrayio"][quantity]), quantity
     assert is_rate(peers["arrayio-tp"]["tp_cold"])
+    # Each process's own seconds (its start to its own arrays ready) beside the run's, which
+    # waits for the slowest; and each process's dispatcher, as it learned on its own.
+    (row,) = [r for r in report["rows"] if r["peer"] == "arrayio"]
+    for quantity in ("save", "restore", "reshard", "cold_restore"):
+        each = row[f"{quantity}_each_process_seconds"]
+        assert len(each) == 2 and 0 < max(each) <= row[f"{quantity}_s"], quantity
+    dispatchers = report["dispatchers"]
+    assert len(dispatchers) == 2 and dispatchers[0] == report["dispatcher"]
+    assert all("arrayio dispatch table" in text for text in dispatchers)
+    assert not list(tmp_path.glob("process-text-*"))
     # The rows came as they were measured: one line each, after the run's description.
     lines = [line for line in result.stdout.splitlines() if line.startswith(("ABOUT", "{"))]
     assert lines[0].startswith("ABOUT ")
