@@ -296,6 +296,7 @@ def timed(run: Callable[[], Any], name: str) -> tuple[float, Any]:
     """Seconds from every process's start of ``run`` to the last one's end (its arrays
     ready), and what it returned here."""
     sync(f"{name}:start")
+    activated = page_activations()
     start = time.perf_counter()
     out = run()
     jax.block_until_ready(out)
@@ -303,7 +304,27 @@ def timed(run: Callable[[], Any], name: str) -> tuple[float, Any]:
     sync(f"{name}:end")
     seconds = time.perf_counter() - start
     EACH_PROCESS[name] = gather_seconds(own)
+    if activated is not None:
+        ACTIVATIONS[name] = (page_activations() or activated) - activated
     return seconds, out
+
+
+# Pages the kernel moved to its active list during the last ``timed`` of each name, on the
+# whole machine (``pgactivate`` in /proc/vmstat): a page's second read moves it, so a
+# read right after a cold one pays a move per page.
+ACTIVATIONS: dict[str, int] = {}
+
+
+def page_activations() -> int | None:
+    """``pgactivate`` of /proc/vmstat (None where there is none)."""
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                if line.startswith("pgactivate "):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 # Each process's own seconds of the last ``timed`` of each name (its start to its own arrays
@@ -339,6 +360,16 @@ def timed_with_peak_memory(run: Callable[[], Any], name: str) -> tuple[float, in
         done.set()
         thread.join()
     return seconds, max(peak[0], resident_bytes() - base)
+
+
+def warm_checkpoint(path: str) -> None:
+    """The checkpoint's files read through the page cache twice (by process 0 while the
+    others wait), as the ceilings' file is: after a cold restore, the next read of a page
+    moves it to the kernel's active list, a cost the page-cache ceiling does not pay
+    (``docs/design/measurement.md``, "Warm loads follow two passes")."""
+    if leader():
+        h.warm(path)
+    sync(f"warmed:{path}")
 
 
 def every_process_text(text: str, scratch: str) -> list[str]:
@@ -378,8 +409,9 @@ def measure_peer(
 ) -> dict[str, Any]:
     """One round of a peer: a durable save (its files and directories fsynced, as the write
     ceiling's file is, inside the timing); with ``cold`` a restore onto the save's sharding
-    after the files were evicted; then one onto every sharding of ``shardings`` from the
-    page cache (``restore``, the save's own, first). Every restore is checked."""
+    after the files were evicted, then the files read twice (:func:`warm_checkpoint`); then
+    one restore onto every sharding of ``shardings`` from the page cache (``restore``, the
+    save's own, first). Every restore is checked."""
     row: dict[str, Any] = {}
     save = peer.save
     if save is not None:  # else it restores the checkpoint another peer just saved
@@ -396,6 +428,7 @@ def measure_peer(
         save_s, peak = timed_with_peak_memory(durable_save, f"{name}:save")
         row.update(save_s=save_s, save_peak_extra_bytes=peak)
         row["save_each_process_seconds"] = EACH_PROCESS[f"{name}:save"]
+        row["save_pgactivate"] = ACTIVATIONS.get(f"{name}:save")
     if cold:
         evict_checkpoint(peer.path)
         seconds, out = timed(lambda: peer.restore(shardings["restore"]), f"{name}:cold")
@@ -403,12 +436,15 @@ def measure_peer(
         del out
         row["cold_restore_s"] = seconds
         row["cold_restore_each_process_seconds"] = EACH_PROCESS[f"{name}:cold"]
+        row["cold_restore_pgactivate"] = ACTIVATIONS.get(f"{name}:cold")
+        warm_checkpoint(peer.path)
     for quantity, sharding in shardings.items():
         seconds, out = timed(lambda s=sharding: peer.restore(s), f"{name}:{quantity}")
         check(tree, out, sharding)
         del out
         row[f"{quantity}_s"] = seconds
         row[f"{quantity}_each_process_seconds"] = EACH_PROCESS[f"{name}:{quantity}"]
+        row[f"{quantity}_pgactivate"] = ACTIVATIONS.get(f"{name}:{quantity}")
     return row
 
 

@@ -35,7 +35,10 @@ every peer and the ceilings:
   leaves nothing to do for a peer that fsyncs its own);
 * **cold_restore** (``--cold``, not in the untimed round): onto the same sharding, after the
   checkpoint's files were evicted and, where the process is root, every cache dropped;
-* **restore**: onto the same sharding; **reshard**: onto a devices/2 x 2 mesh sharded along
+* **restore**: onto the same sharding, from the page cache (after a cold restore, the files
+  read twice first, untimed, as the page-cache ceiling's file is: the read after a cold one
+  moves every page to the kernel's active list, a cost the rows' ``pgactivate`` counts);
+  **reshard**: onto a devices/2 x 2 mesh sharded along
   both axes (``P("data", "model")``); **restore_n1**, ``_n2``... (``--scaling``, one
   process): along the rows of the first 1, 2, 4... devices. All checked element by element
   against the tree, on the devices;

@@ -194,6 +194,8 @@ def test_one_process_per_device_group_joined_by_jax_distributed(run_module: Any,
     for quantity in ("save", "restore", "reshard", "cold_restore"):
         each = row[f"{quantity}_each_process_seconds"]
         assert len(each) == 2 and 0 < max(each) <= row[f"{quantity}_s"], quantity
+        # the pages the kernel moved to its active list meanwhile (Linux's /proc/vmstat)
+        assert isinstance(row[f"{quantity}_pgactivate"], int), quantity
     dispatchers = report["dispatchers"]
     assert len(dispatchers) == 2 and dispatchers[0] == report["dispatcher"]
     assert all("arrayio dispatch table" in text for text in dispatchers)
