@@ -54,6 +54,7 @@ from .context import Context, InFlight, cache_state, piece_class, size_class, st
 from .failures import is_tool_failure
 from .policy import Arm, Policy, Split
 from .rereads import ReReads
+from .second_pass import SecondPass
 from .table import Table
 
 __all__ = ["Dispatcher", "candidate_arms", "get", "machine_fingerprint", "parse_arm", "reset"]
@@ -382,6 +383,8 @@ class Dispatcher:
         self.policy = Policy(self.candidates, self.table, clock=clock, sample_every=4)
         self.in_flight = InFlight()
         self.rereads = ReReads()
+        # Kept cold reads read once more between transfers: see second_pass.
+        self.second_pass = SecondPass(self.in_flight.busy)
         self._last_save = time.monotonic()
         self._save_lock = threading.Lock()
         self._naive = tools.make("naive")  # small transfers: no lookup on their path
@@ -942,6 +945,8 @@ class Dispatcher:
                 )
             if forced is None:
                 self.policy.account(context, self._clock() - start, explored)
+        if direction == "read" and context.keep:
+            self.second_pass.after_cold_read(fd, ranges)
         self.last = (context, arm)
         if len(batch) > 1:
             self.last_batch = self.last
@@ -1060,6 +1065,7 @@ class Dispatcher:
     def close(self) -> None:
         """Save, and release the tools' threads and buffers."""
         self.save()
+        self.second_pass.close()
         self.policy.close()
         self._naive.close()
 

@@ -1,0 +1,189 @@
+"""The second pass over what a cold read keeps in the page cache (arrayio.dispatch.second_pass).
+
+It reads exactly the ranges it is given, in pieces, only while no transfer is under way,
+never reads the disk, stops when told; and the dispatcher gives it every kept cold read,
+and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import arrayio
+from arrayio.dispatch.context import cache_state
+from arrayio.dispatch.second_pass import PIECE, SecondPass
+from benchmarks import _pagecache as pagecache
+
+MiB = 1 << 20
+
+needs_nowait = pytest.mark.skipif(
+    not hasattr(os, "RWF_NOWAIT") or not os.path.exists("/proc/self/fd"),
+    reason="needs preadv's RWF_NOWAIT and /proc/self/fd",
+)
+
+
+def write_file(path: Path, nbytes: int) -> bytes:
+    data = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8).tobytes()
+    path.write_bytes(data)
+    return data
+
+
+class Spy:
+    """A piece reader that records what it reads (and reads it, from the page cache)."""
+
+    def __init__(self) -> None:
+        self.pieces: list[tuple[int, int]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, fd: int, buffer: memoryview, offset: int) -> int:
+        with self.lock:
+            self.pieces.append((offset, len(buffer)))
+        return os.preadv(fd, [buffer], offset)
+
+
+@needs_nowait
+def test_it_reads_exactly_the_ranges_given_in_pieces(tmp_path):
+    path = tmp_path / "f.bin"
+    write_file(path, 3 * PIECE + 5)
+    spy = Spy()
+    passes = SecondPass(busy=lambda: False, read=spy)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        passes.after_cold_read(fd, [(PIECE + 5, 2 * PIECE), (0, 100), (7, 0)])
+    finally:
+        os.close(fd)  # the pass reads through a description of its own
+    assert passes.wait(10)
+    assert spy.pieces == [(0, 100), (PIECE + 5, PIECE), (2 * PIECE + 5, PIECE)]
+
+
+@needs_nowait
+def test_it_waits_while_a_transfer_is_under_way(tmp_path):
+    path = tmp_path / "f.bin"
+    write_file(path, 2 * MiB)
+    spy = Spy()
+    busy = threading.Event()
+    busy.set()
+    passes = SecondPass(busy=busy.is_set, read=spy)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        passes.after_cold_read(fd, [(0, 2 * MiB)])
+        assert not passes.wait(0.2) and spy.pieces == []  # nothing read while busy
+        busy.clear()
+        assert passes.wait(10) and spy.pieces == [(0, 2 * MiB)]
+    finally:
+        os.close(fd)
+
+
+@needs_nowait
+def test_closing_stops_the_pass_under_way_and_drops_the_others(tmp_path):
+    path = tmp_path / "f.bin"
+    write_file(path, MiB)
+    spy = Spy()
+    busy = threading.Event()
+    busy.set()
+    passes = SecondPass(busy=busy.is_set, read=spy)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        passes.after_cold_read(fd, [(0, MiB)])
+        passes.after_cold_read(fd, [(0, MiB)])
+        passes.close()
+        assert passes.wait(10)
+        busy.clear()
+        passes.after_cold_read(fd, [(0, MiB)])  # closed: nothing more is taken
+        assert passes.wait(1)
+    finally:
+        os.close(fd)
+    assert spy.pieces == []
+    # Every description the passes opened was closed.
+    assert not any(
+        os.path.realpath(f"/proc/self/fd/{name}") == str(path)
+        for name in os.listdir("/proc/self/fd")
+        if os.path.exists(f"/proc/self/fd/{name}")
+    )
+
+
+@needs_nowait
+def test_it_never_reads_the_disk(tmp_path):
+    # An evicted file stays evicted: the pass reads only what the page cache holds.
+    path = tmp_path / "f.bin"
+    write_file(path, 8 * MiB)
+    pagecache.evict(os.fspath(path))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if cache_state(fd, 0, 8 * MiB) != "cold":
+            pytest.skip("the kernel cannot evict or tell what is cached here")
+        passes = SecondPass(busy=lambda: False)
+        passes.after_cold_read(fd, [(0, 8 * MiB)])
+        assert passes.wait(10)
+        assert cache_state(fd, 0, 8 * MiB) == "cold"
+    finally:
+        os.close(fd)
+
+
+def page_activations() -> int | None:
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                if line.startswith("pgactivate "):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def activations_of_a_read(path: Path) -> int:
+    before = page_activations()
+    assert before is not None
+    with open(path, "rb", buffering=0) as f:
+        while f.read(4 * MiB):
+            pass
+    after = page_activations()
+    assert after is not None
+    return after - before
+
+
+@needs_nowait
+def test_a_kept_cold_load_leaves_its_pages_active_for_the_next(tmp_path, fresh):
+    """The reload after a cold load pays no page moves: the pass paid them. (Where the
+    kernel does not show them, the test calibrates first and skips.)"""
+    nbytes = 32 * MiB
+    pages = nbytes // os.sysconf("SC_PAGE_SIZE")
+    probe = tmp_path / "probe.bin"
+    write_file(probe, nbytes)
+    pagecache.evict(os.fspath(probe))
+    if page_activations() is None:
+        pytest.skip("no pgactivate in /proc/vmstat")
+    activations_of_a_read(probe)  # cold: pages come in inactive
+    if activations_of_a_read(probe) < pages // 2:  # their second read moves them
+        pytest.skip("this kernel does not move pages at their second read")
+    tree = {"w": np.arange(nbytes // 4, dtype=np.float32)}
+    path = tmp_path / "kept.safetensors"
+    arrayio.save(path, tree)
+    pagecache.evict(os.fspath(path))
+    loaded = arrayio.load(path)
+    assert fresh.last[0].cache == "cold" and fresh.last[0].keep
+    assert fresh.second_pass.wait(30)
+    assert activations_of_a_read(path) < pages // 10
+    np.testing.assert_array_equal(loaded["w"], tree["w"])
+
+
+def test_the_dispatcher_passes_only_over_kept_cold_reads(tmp_path, fresh, monkeypatch):
+    given: list[tuple[int, list[tuple[int, int]]]] = []
+    monkeypatch.setattr(
+        fresh.second_pass, "after_cold_read", lambda fd, ranges: given.append((fd, list(ranges)))
+    )
+    tree = {"w": np.arange(4 * MiB, dtype=np.float32)}
+    path = tmp_path / "t.safetensors"
+    arrayio.save(path, tree)
+    pagecache.evict(os.fspath(path))
+    arrayio.load(path)
+    if not (fresh.last[0].cache == "cold" and fresh.last[0].keep):
+        pytest.skip("the kernel cannot evict or tell what is cached here")
+    assert len(given) == 1 and sum(n for _, n in given[0][1]) == tree["w"].nbytes
+    arrayio.load(path)  # warm now: nothing to pass over
+    assert fresh.last[0].cache == "warm" and len(given) == 1
