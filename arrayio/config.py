@@ -28,6 +28,10 @@ replaced with :func:`set`: from the first save or load, never from ``import arra
                               saves and loads (default ``1``: paused over a synchronous call,
                               and over an asynchronous one's object-creating steps only; see
                               ``arrayio.runtime._gcpause``).
+``ARRAYIO_SECOND_PASS``       ``0`` to leave a cold load's pages as the kernel left them (default
+                              ``1``: read once more from the page cache in the background, so
+                              that the next load does not pay their move to the kernel's
+                              active list; see ``arrayio.dispatch.second_pass``).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class Settings:
     progress: bool | None = None  # None: automatic (see ARRAYIO_PROGRESS)
     async_workers: int = 4
     gc_pause: bool = True
+    second_pass: bool = True
 
     def __post_init__(self) -> None:
         if self.alignment < 1 or self.alignment & (self.alignment - 1):
@@ -156,6 +161,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str | None], Any]]] = {
     "progress": ("ARRAYIO_PROGRESS", _progress_from),
     "async_workers": ("ARRAYIO_ASYNC_WORKERS", _integer_from),
     "gc_pause": ("ARRAYIO_GC_PAUSE", _flag_from),
+    "second_pass": ("ARRAYIO_SECOND_PASS", _flag_from),
 }
 
 

@@ -186,6 +186,26 @@ PEERS = {
             "(threaded pread at its defaults), no choosing; the choice the dispatcher must "
             "never lose to",
         ),
+        PeerInfo(
+            "arrayio-torch-no-second-pass",
+            "arrayio",
+            "torch",
+            ("arrayio", "torch"),
+            ("cuda",),
+            "arrayio",
+            "arrayio.load(path, like='torch', device='cuda') with ARRAYIO_SECOND_PASS=0: a "
+            "cold load's pages left inactive, as the kernel leaves them (what the second "
+            "pass saves the next load)",
+        ),
+        PeerInfo(
+            "arrayio-numpy-no-second-pass",
+            "arrayio",
+            "numpy",
+            ("arrayio",),
+            ("cpu",),
+            "arrayio",
+            "arrayio.load(path, like='numpy') with ARRAYIO_SECOND_PASS=0",
+        ),
     )
 }
 
@@ -268,6 +288,15 @@ def _arrayio_fixed(tool: str, like: str, device: str) -> Callable[[str], Any]:
     return _arrayio(like, device)
 
 
+def _arrayio_without_second_pass(like: str, device: str) -> Callable[[str], Any]:
+    """arrayio with no second pass over its cold reads (see :func:`_arrayio_fixed` on why
+    through the settings)."""
+    import arrayio
+
+    arrayio.config.set(second_pass=False)
+    return _arrayio(like, device)
+
+
 LOADERS: dict[str, Callable[[str], Callable[[str], Any]]] = {
     "safetensors": _safetensors,
     "safetensors-numpy": _safetensors_numpy,
@@ -282,6 +311,8 @@ LOADERS: dict[str, Callable[[str], Callable[[str], Any]]] = {
     "arrayio-numpy": lambda device: _arrayio("numpy", device),
     "arrayio-numpy-posix": lambda device: _arrayio_fixed("posix", "numpy", device),
     "arrayio-torch-pagecache": lambda device: _arrayio_fixed("pagecache", "torch", device),
+    "arrayio-torch-no-second-pass": lambda device: _arrayio_without_second_pass("torch", device),
+    "arrayio-numpy-no-second-pass": lambda device: _arrayio_without_second_pass("numpy", device),
 }
 
 
@@ -449,6 +480,16 @@ def _forced_tool(peer: PeerInfo) -> str | None:
     return arrayio.config.get().tool
 
 
+def _second_pass(peer: PeerInfo) -> bool | None:
+    """Whether an arrayio peer's cold reads get the dispatcher's second pass; None for
+    others."""
+    if not peer.name.startswith("arrayio"):
+        return None
+    import arrayio
+
+    return bool(arrayio.config.get().second_pass)
+
+
 def _driver_pool(peer: PeerInfo, device: str) -> Any:
     """For arrayio into JAX on a GPU, the pool of device memory JAX gives back: each call
     records how many of its outputs it reused and how many the driver allocated anew."""
@@ -482,6 +523,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         load, result["setup_seconds"] = set_up(peer, spec["device"])
         result["versions"] = versions(peer)
         result["forced_tool"] = _forced_tool(peer)
+        result["second_pass"] = _second_pass(peer)
         h.write_json(result, spec["result"])
         pool = _driver_pool(peer, spec["device"])
         for call in range(spec["calls"]):

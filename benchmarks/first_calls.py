@@ -371,6 +371,7 @@ def record_of(job: Job, calls: int, nbytes: int, result: dict[str, Any]) -> dict
         "page_cache": result.get("page_cache", []),  # what was done before each call
         "setup_seconds": result.get("setup_seconds"),
         "forced_tool": result.get("forced_tool"),  # ARRAYIO_TOOL in the sequence's process
+        "second_pass": result.get("second_pass"),  # ARRAYIO_SECOND_PASS, the same way
         "process_seconds": result.get("process_seconds"),
         "cache_files_at_start": result.get("cache_files_at_start", []),
         "check": result.get("check"),

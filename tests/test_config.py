@@ -142,13 +142,14 @@ def test_a_variable_that_cannot_be_read_is_a_config_error(monkeypatch, variable,
     ],
 )
 def test_boolean_spellings(monkeypatch, value, expected):
-    for variable in ("ARRAYIO_VERIFY_CHECKSUMS", "ARRAYIO_GC_PAUSE"):
+    for variable in ("ARRAYIO_VERIFY_CHECKSUMS", "ARRAYIO_GC_PAUSE", "ARRAYIO_SECOND_PASS"):
         if value is None:
             monkeypatch.delenv(variable, raising=False)
         else:
             monkeypatch.setenv(variable, value)
     settings = config._from_environment()
     assert settings.verify_checksums is expected and settings.gc_pause is expected
+    assert settings.second_pass is expected
 
 
 def test_integer_spellings(monkeypatch):

@@ -945,7 +945,7 @@ class Dispatcher:
                 )
             if forced is None:
                 self.policy.account(context, self._clock() - start, explored)
-        if direction == "read" and context.keep:
+        if direction == "read" and context.keep and config.get().second_pass:
             self.second_pass.after_cold_read(fd, ranges)
         self.last = (context, arm)
         if len(batch) > 1:

@@ -71,6 +71,7 @@ def test_the_smoke_run_reports_every_call_of_every_sequence(smoke) -> None:
         assert bool(run["cache_files_at_start"]) == name.endswith("(learned)"), where
         # Only the fixed-choice reference forces a tool; the others let the dispatcher choose.
         assert run["forced_tool"] == ("posix" if name == "arrayio-numpy-posix" else None), where
+        assert run["second_pass"] == (True if name.startswith("arrayio") else None), where
         # arrayio's sequences say which tools their calls ran on.
         assert ("dispatch table" in (run["dispatcher"] or "")) == name.startswith("arrayio"), where
     assert runs["warm", "safetensors"]["page_cache"] == ["warmed", None]
@@ -368,3 +369,18 @@ def test_a_fixed_choice_forces_its_tool_once_arrayio_is_imported(tmp_path: Path)
         np.testing.assert_array_equal(load(str(path))["x"], np.arange(1000, dtype=np.float32))
     finally:
         arrayio.config.set(tool=None)
+
+
+def test_the_peer_without_a_second_pass_turns_it_off_once_arrayio_is_imported(
+    tmp_path: Path,
+) -> None:
+    import arrayio
+
+    path = tmp_path / "a.safetensors"
+    arrayio.save(path, {"x": np.arange(1000, dtype=np.float32)})
+    try:
+        load = sequence.LOADERS["arrayio-numpy-no-second-pass"]("cpu")
+        assert arrayio.config.get().second_pass is False
+        np.testing.assert_array_equal(load(str(path))["x"], np.arange(1000, dtype=np.float32))
+    finally:
+        arrayio.config.set(second_pass=True)

@@ -187,3 +187,7 @@ def test_the_dispatcher_passes_only_over_kept_cold_reads(tmp_path, fresh, monkey
     assert len(given) == 1 and sum(n for _, n in given[0][1]) == tree["w"].nbytes
     arrayio.load(path)  # warm now: nothing to pass over
     assert fresh.last[0].cache == "warm" and len(given) == 1
+    pagecache.evict(os.fspath(path))
+    with arrayio.config.set(second_pass=False):  # turned off
+        arrayio.load(path)
+    assert fresh.last[0].keep and len(given) == 1
