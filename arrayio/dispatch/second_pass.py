@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 
 from ..runtime import _background
@@ -80,6 +81,7 @@ class SecondPass:
         self._stopped = False
         self._done = threading.Event()
         self._done.set()
+        _passes.add(self)
 
     def after_cold_read(self, fd: int, ranges: Sequence[tuple[int, int]]) -> None:
         """Read ``ranges`` (``(offset, nbytes)`` of ``fd``'s file) once more, soon."""
@@ -157,3 +159,26 @@ class SecondPass:
                 # Pages no longer cached (or the file's end): the rest of this piece is
                 # skipped, as the pass reads only what the page cache holds.
                 offset += len(view) if got < len(view) else got
+
+
+_passes: weakref.WeakSet[SecondPass] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's thread is not the child's: the passes it had queued are dropped (their
+    # descriptions closed), and the child's next pass starts a thread of its own.
+    for passes in list(_passes):
+        passes._lock = threading.Lock()
+        jobs, passes._jobs = list(passes._jobs), collections.deque()
+        passes._running = False
+        passes._done = threading.Event()
+        passes._done.set()
+        for fd, _ in jobs:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -191,3 +191,36 @@ def test_the_dispatcher_passes_only_over_kept_cold_reads(tmp_path, fresh, monkey
     with arrayio.config.set(second_pass=False):  # turned off
         arrayio.load(path)
     assert fresh.last[0].keep and len(given) == 1
+
+
+@needs_nowait
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_runs_passes_of_its_own(tmp_path):
+    # A child forked while the parent's pass waits inherits no thread: it must not leave the
+    # parent's passes (and their descriptions) queued forever, and must run its own.
+    path = tmp_path / "f.bin"
+    write_file(path, MiB)
+    busy = threading.Event()
+    busy.set()
+    spy = Spy()
+    passes = SecondPass(busy=busy.is_set, read=spy)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        passes.after_cold_read(fd, [(0, MiB)])  # waits in the parent's thread
+        pid = os.fork()
+        if pid == 0:  # the child: its own pass runs (the parent's busy flag is still set)
+            code = 1
+            try:
+                child = SecondPass(busy=lambda: False, read=spy)
+                passes._busy = lambda: False
+                passes.after_cold_read(fd, [(0, MiB)])
+                child.after_cold_read(fd, [(0, MiB)])
+                code = 0 if passes.wait(10) and child.wait(10) and len(spy.pieces) == 2 else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        busy.clear()
+        assert passes.wait(10) and spy.pieces == [(0, MiB)]  # the parent's own, once
+    finally:
+        os.close(fd)
