@@ -40,3 +40,17 @@ def evict(paths: str | Iterable[str], drop: bool = False) -> bool:
         finally:
             os.close(fd)
     return drop_caches() if drop else False
+
+
+def page_activations() -> int | None:
+    """Pages the kernel has moved to its active list since boot, on the whole machine
+    (``pgactivate`` in /proc/vmstat; None where there is none). A page read from the disk
+    moves at its second read, so a read right after a cold one pays a move per page."""
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                if line.startswith("pgactivate "):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None

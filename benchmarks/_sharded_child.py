@@ -29,6 +29,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import arrayio
+from benchmarks import _pagecache
 from benchmarks.peers import _harness as h
 
 COLUMNS = 4096
@@ -296,7 +297,7 @@ def timed(run: Callable[[], Any], name: str) -> tuple[float, Any]:
     """Seconds from every process's start of ``run`` to the last one's end (its arrays
     ready), and what it returned here."""
     sync(f"{name}:start")
-    activated = page_activations()
+    activated = _pagecache.page_activations()
     start = time.perf_counter()
     out = run()
     jax.block_until_ready(out)
@@ -305,26 +306,13 @@ def timed(run: Callable[[], Any], name: str) -> tuple[float, Any]:
     seconds = time.perf_counter() - start
     EACH_PROCESS[name] = gather_seconds(own)
     if activated is not None:
-        ACTIVATIONS[name] = (page_activations() or activated) - activated
+        ACTIVATIONS[name] = (_pagecache.page_activations() or activated) - activated
     return seconds, out
 
 
 # Pages the kernel moved to its active list during the last ``timed`` of each name, on the
-# whole machine (``pgactivate`` in /proc/vmstat): a page's second read moves it, so a
-# read right after a cold one pays a move per page.
+# whole machine (see benchmarks._pagecache.page_activations).
 ACTIVATIONS: dict[str, int] = {}
-
-
-def page_activations() -> int | None:
-    """``pgactivate`` of /proc/vmstat (None where there is none)."""
-    try:
-        with open("/proc/vmstat") as f:
-            for line in f:
-                if line.startswith("pgactivate "):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
 
 
 # Each process's own seconds of the last ``timed`` of each name (its start to its own arrays

@@ -46,6 +46,13 @@ class Spy:
         return os.preadv(fd, [buffer], offset)
 
 
+def waiting_pass(spy: Spy) -> tuple[SecondPass, threading.Event]:
+    """A second pass whose transfers are under way until the event is cleared."""
+    busy = threading.Event()
+    busy.set()
+    return SecondPass(busy=busy.is_set, read=spy), busy
+
+
 @needs_nowait
 def test_it_reads_exactly_the_ranges_given_in_pieces(tmp_path):
     path = tmp_path / "f.bin"
@@ -66,9 +73,7 @@ def test_it_waits_while_a_transfer_is_under_way(tmp_path):
     path = tmp_path / "f.bin"
     write_file(path, 2 * MiB)
     spy = Spy()
-    busy = threading.Event()
-    busy.set()
-    passes = SecondPass(busy=busy.is_set, read=spy)
+    passes, busy = waiting_pass(spy)
     fd = os.open(path, os.O_RDONLY)
     try:
         passes.after_cold_read(fd, [(0, 2 * MiB)])
@@ -84,9 +89,7 @@ def test_closing_stops_the_pass_under_way_and_drops_the_others(tmp_path):
     path = tmp_path / "f.bin"
     write_file(path, MiB)
     spy = Spy()
-    busy = threading.Event()
-    busy.set()
-    passes = SecondPass(busy=busy.is_set, read=spy)
+    passes, busy = waiting_pass(spy)
     fd = os.open(path, os.O_RDONLY)
     try:
         passes.after_cold_read(fd, [(0, MiB)])
@@ -125,24 +128,13 @@ def test_it_never_reads_the_disk(tmp_path):
         os.close(fd)
 
 
-def page_activations() -> int | None:
-    try:
-        with open("/proc/vmstat") as f:
-            for line in f:
-                if line.startswith("pgactivate "):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
 def activations_of_a_read(path: Path) -> int:
-    before = page_activations()
+    before = pagecache.page_activations()
     assert before is not None
     with open(path, "rb", buffering=0) as f:
         while f.read(4 * MiB):
             pass
-    after = page_activations()
+    after = pagecache.page_activations()
     assert after is not None
     return after - before
 
@@ -156,7 +148,7 @@ def test_a_kept_cold_load_leaves_its_pages_active_for_the_next(tmp_path, fresh):
     probe = tmp_path / "probe.bin"
     write_file(probe, nbytes)
     pagecache.evict(os.fspath(probe))
-    if page_activations() is None:
+    if pagecache.page_activations() is None:
         pytest.skip("no pgactivate in /proc/vmstat")
     activations_of_a_read(probe)  # cold: pages come in inactive
     if activations_of_a_read(probe) < pages // 2:  # their second read moves them
