@@ -30,9 +30,13 @@ from collections.abc import Callable, Sequence
 from ..runtime import _background
 from .context import wholly_cached
 
-__all__ = ["PIECE", "SecondPass"]
+__all__ = ["MAX_WAITING", "PIECE", "SecondPass"]
 
 PIECE = 4 << 20  # bytes a read of the pass takes: one scratch buffer's worth
+# Passes waiting at most: each holds a file description open until it runs, and a program
+# reading thousands of files cold in a row must not run out of descriptors for them (the
+# reads beyond it get no pass: their next load pays the moves, as without one).
+MAX_WAITING = 64
 _WAIT = 0.002  # seconds between looks at whether the dispatcher's transfers are done
 
 
@@ -87,6 +91,8 @@ class SecondPass:
         """Read ``ranges`` (``(offset, nbytes)`` of ``fd``'s file) once more, soon."""
         ranges = [(offset, nbytes) for offset, nbytes in ranges if nbytes > 0]
         if not ranges or not hasattr(os, "RWF_NOWAIT") or _background.exiting():
+            return
+        if len(self._jobs) >= MAX_WAITING:  # (read unlocked: a bound, not an exact count)
             return
         own = _open_again(fd)
         if own is None:

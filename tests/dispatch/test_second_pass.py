@@ -16,7 +16,7 @@ import pytest
 
 import arrayio
 from arrayio.dispatch.context import cache_state
-from arrayio.dispatch.second_pass import PIECE, SecondPass
+from arrayio.dispatch.second_pass import MAX_WAITING, PIECE, SecondPass
 from benchmarks import _pagecache as pagecache
 
 MiB = 1 << 20
@@ -108,6 +108,29 @@ def test_closing_stops_the_pass_under_way_and_drops_the_others(tmp_path):
         for name in os.listdir("/proc/self/fd")
         if os.path.exists(f"/proc/self/fd/{name}")
     )
+
+
+@needs_nowait
+def test_passes_waiting_are_bounded_and_hold_no_descriptor_beyond(tmp_path):
+    # A program reading many files cold in a row: passes beyond the bound are not taken, so
+    # their descriptions are never opened.
+    path = tmp_path / "f.bin"
+    write_file(path, MiB)
+    spy = Spy()
+    passes, busy = waiting_pass(spy)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(MAX_WAITING + 10):
+            passes.after_cold_read(fd, [(0, MiB)])
+        # one may be under way (taken off the queue), the rest wait
+        assert len(os.listdir("/proc/self/fd")) - before <= MAX_WAITING + 1
+        busy.clear()
+        assert passes.wait(10)
+        assert MAX_WAITING <= len(spy.pieces) <= MAX_WAITING + 1
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        os.close(fd)
 
 
 @needs_nowait
