@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .. import config
 from ._choosing import Candidates, Exploration
 from .arm import Arm
 from .table import EXPLOITING, EXPLORING, ArmStats, ContextEntry
@@ -102,11 +103,17 @@ def cache_rule(attributes: dict[str, Any]) -> str | None:
     if cache == "warm":
         return "in the page cache: buffered reads"
     if attributes.get("keep"):
-        return (
+        rule = (
             "not all in the page cache, and fits twice in the memory available (once, for a "
             "file this process reads again): read through the page cache (no O_DIRECT arm), "
             "so that the next load is a page-cache load"
         )
+        if config.get().second_pass:
+            rule += (
+                ", and read once more in the background (the second pass), so that its "
+                "pages are active by then"
+            )
+        return rule
     if cache in ("cold", "mixed"):
         return "not all in the page cache, and too large to keep there: O_DIRECT arms first"
     return None

@@ -1247,6 +1247,10 @@ def test_explain_says_which_page_cache_rule_a_read_falls_under():
     assert "in the page cache" in policy.explain(warm).rule
     assert policy.explain(write).rule is None
     assert policy.explain(keep).as_dict()["rule"] == policy.explain(keep).rule
+    # A kept read's rule says it is read once more in the background, unless turned off.
+    assert "second pass" in policy.explain(keep).rule
+    with arrayio.config.set(second_pass=False):
+        assert "second pass" not in policy.explain(keep).rule
 
 
 def test_explain_says_a_rival_waits_to_be_set_up():
