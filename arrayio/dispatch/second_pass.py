@@ -2,8 +2,9 @@
 
 The kernel puts a page read from the disk on its inactive list and moves it to its active
 list at the page's second read. Whoever reads the page next pays that move, under a lock the
-readers share: the first reload after a cold load runs well below the page cache's rate,
-and every later one at it (``docs/design/measurement.md``, "Warm loads follow two passes").
+readers share: the first reload after a cold load runs below the page cache's rate, the
+more so the more threads and processes move pages at once, and every later one at it
+(``docs/design/measurement.md``, "Warm loads follow two passes").
 The dispatcher keeps a cold read's bytes in the page cache when the file is expected to be
 read again (``keep`` in its context), so right after such a read a thread of its own reads
 the same ranges once more: the moves are paid between the caller's loads, not inside the
