@@ -193,7 +193,8 @@ def test_one_process_per_device_group_joined_by_jax_distributed(run_module: Any,
     (row,) = [r for r in report["rows"] if r["peer"] == "arrayio"]
     for quantity in ("save", "restore", "reshard", "cold_restore"):
         each = row[f"{quantity}_each_process_seconds"]
-        assert len(each) == 2 and 0 < max(each) <= row[f"{quantity}_s"], quantity
+        # (process 0 times the run from its own start; another may leave the barrier first)
+        assert len(each) == 2 and min(each) > 0 and each[0] <= row[f"{quantity}_s"], quantity
         # the pages the kernel moved to its active list meanwhile (Linux's /proc/vmstat)
         assert isinstance(row[f"{quantity}_pgactivate"], int), quantity
     dispatchers = report["dispatchers"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -222,7 +223,9 @@ def test_a_forked_child_runs_passes_of_its_own(tmp_path):
     fd = os.open(path, os.O_RDONLY)
     try:
         passes.after_cold_read(fd, [(0, MiB)])  # waits in the parent's thread
-        pid = os.fork()
+        with warnings.catch_warnings():  # JAX, if another test imported it, warns of forks:
+            warnings.simplefilter("ignore", RuntimeWarning)  # the child runs no JAX
+            pid = os.fork()
         if pid == 0:  # the child: its own pass runs (the parent's busy flag is still set)
             code = 1
             try:
