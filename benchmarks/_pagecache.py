@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 
 __all__ = ["drop_caches", "evict", "fsync_path"]
@@ -32,6 +33,11 @@ def evict(paths: str | Iterable[str], drop: bool = False) -> bool:
     """Push the files' pages out of the page cache (written back first, then
     ``posix_fadvise(DONTNEED)``: no root needed); with ``drop`` also drop every cache.
     Return whether the caches were dropped."""
+    # A page arrayio's second pass is reading cannot be evicted: where arrayio runs in this
+    # process, its passes end first (another process's cannot be waited for).
+    second_pass = sys.modules.get("arrayio.dispatch.second_pass")
+    if second_pass is not None:
+        second_pass.wait_all()
     for path in [paths] if isinstance(paths, str) else paths:
         fd = os.open(path, os.O_RDONLY)
         try:

@@ -20,6 +20,7 @@ from .. import config, tools
 from ..arrays import _dtypes
 from ..arrays._frameworks import allocate, parse_target
 from ..dispatch import dispatcher as dispatch
+from ..dispatch import second_pass
 from ..dispatch.context import Context, cache_state
 from ..dispatch.policy import Explanation
 from ..errors import KeyNotFoundError
@@ -325,7 +326,7 @@ def _tune_arrays(
 def _evict(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        second_pass.evict(fd)
     finally:
         os.close(fd)
 
@@ -357,7 +358,7 @@ def _tune_one(
     def transfer() -> Context | None:
         if direction == "read":
             if cache == "cold":
-                os.posix_fadvise(fd_data, 0, 0, os.POSIX_FADV_DONTNEED)
+                second_pass.evict(fd_data)
             active.read(fd_data, buffer, 0, with_checksum=check)
         else:
             fd = os.open(write_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

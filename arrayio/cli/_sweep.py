@@ -28,7 +28,7 @@ import numpy as np
 from .. import tools
 from ..arrays import _dtypes
 from ..arrays._buffers import aligned_empty
-from ..dispatch import _transfer
+from ..dispatch import _transfer, second_pass
 from ..dispatch import dispatcher as dispatch
 from ..integrity._checksum import ChecksumParts
 from ..runtime import _progress
@@ -223,7 +223,7 @@ class _Case:
 
     def prepare(self, fd: int) -> None:
         if self.direction == "read" and self.cache == "cold":
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            second_pass.evict(fd)
 
     def time(self, call: Callable[[int], None]) -> float:
         """Median seconds of one ``call(fd)`` over the repeats (one untimed call first)."""

@@ -18,6 +18,10 @@ The second pass never slows a transfer and never reads the disk:
   since are skipped, not read back), with ``RWF_NOWAIT``, through a file description of its
   own with readahead off; without ``cachestat`` there is no second pass;
 * it stops when the process's exit begins.
+
+A page the pass is reading cannot be evicted at that moment: :func:`evict`, which
+``tune()``, the sweep and the benchmarks use for their cold reads, lets the passes end
+first.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from collections.abc import Callable, Sequence
 from ..runtime import _background
 from .context import wholly_cached
 
-__all__ = ["MAX_WAITING", "PIECE", "SecondPass"]
+__all__ = ["MAX_WAITING", "PIECE", "SecondPass", "evict", "wait_all"]
 
 PIECE = 4 << 20  # bytes a read of the pass takes: one scratch buffer's worth
 # Passes waiting at most: each holds a file description open until it runs, and a program
@@ -169,6 +173,20 @@ class SecondPass:
 
 
 _passes: weakref.WeakSet[SecondPass] = weakref.WeakSet()
+
+
+def wait_all(timeout: float = 30.0) -> bool:
+    """Whether every pass of every dispatcher in this process has ended, waiting up to
+    ``timeout`` seconds for each."""
+    return all(passes.wait(timeout) for passes in list(_passes))
+
+
+def evict(fd: int) -> None:
+    """Push ``fd``'s file out of the page cache (``posix_fadvise(DONTNEED)``), once this
+    process's second passes have ended: a page a pass is reading cannot be evicted, so a
+    cold measurement right after a cold read would find part of its file still cached."""
+    wait_all()
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def _after_fork_in_child() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -248,5 +249,29 @@ def test_a_forked_child_runs_passes_of_its_own(tmp_path):
         assert os.waitstatus_to_exitcode(status) == 0
         busy.clear()
         assert passes.wait(10) and spy.pieces == [(0, MiB)]  # the parent's own, once
+    finally:
+        os.close(fd)
+
+
+@needs_nowait
+def test_an_eviction_waits_for_the_passes_under_way(tmp_path):
+    # A page a pass is reading cannot be evicted: tune(), the sweep and the benchmarks evict
+    # through second_pass.evict, which lets the passes end first.
+    path = tmp_path / "f.bin"
+    write_file(path, MiB)
+    started = threading.Event()
+
+    def slow_read(fd: int, buffer: memoryview, offset: int) -> int:
+        started.set()
+        time.sleep(0.3)
+        return os.preadv(fd, [buffer], offset)
+
+    passes = SecondPass(busy=lambda: False, read=slow_read)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        passes.after_cold_read(fd, [(0, MiB)])
+        assert started.wait(10)
+        second_pass.evict(fd)
+        assert passes.wait(0)  # it had ended before the eviction
     finally:
         os.close(fd)
