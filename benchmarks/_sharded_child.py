@@ -304,20 +304,21 @@ def timed(run: Callable[[], Any], name: str) -> tuple[float, Any]:
     own = time.perf_counter() - start
     sync(f"{name}:end")
     seconds = time.perf_counter() - start
-    EACH_PROCESS[name] = gather_seconds(own)
-    if activated is not None:
-        ACTIVATIONS[name] = (_pagecache.page_activations() or activated) - activated
+    moved = None if activated is None else (_pagecache.page_activations() or activated) - activated
+    DETAILS[name] = {"each_process_seconds": gather_seconds(own), "pgactivate": moved}
     return seconds, out
 
 
-# Pages the kernel moved to its active list during the last ``timed`` of each name, on the
-# whole machine (see benchmarks._pagecache.page_activations).
-ACTIVATIONS: dict[str, int] = {}
+# What the last ``timed`` of each name saw besides its seconds: each process's own seconds
+# (its start to its own arrays ready, without waiting for the others: where one process
+# lags, the spread shows it), and the pages the kernel moved to its active list meanwhile,
+# on the whole machine (see benchmarks._pagecache.page_activations).
+DETAILS: dict[str, dict[str, Any]] = {}
 
 
-# Each process's own seconds of the last ``timed`` of each name (its start to its own arrays
-# ready, without waiting for the others): where one process lags, the spread shows it.
-EACH_PROCESS: dict[str, list[float]] = {}
+def details(quantity: str, name: str) -> dict[str, Any]:
+    """:data:`DETAILS` of the timing ``name``, as a row's fields of ``quantity``."""
+    return {f"{quantity}_{field}": value for field, value in DETAILS[name].items()}
 
 
 def gather_seconds(own: float) -> list[float]:
@@ -415,24 +416,21 @@ def measure_peer(
 
         save_s, peak = timed_with_peak_memory(durable_save, f"{name}:save")
         row.update(save_s=save_s, save_peak_extra_bytes=peak)
-        row["save_each_process_seconds"] = EACH_PROCESS[f"{name}:save"]
-        row["save_pgactivate"] = ACTIVATIONS.get(f"{name}:save")
+        row.update(details("save", f"{name}:save"))
     if cold:
         evict_checkpoint(peer.path)
         seconds, out = timed(lambda: peer.restore(shardings["restore"]), f"{name}:cold")
         check(tree, out, shardings["restore"])
         del out
         row["cold_restore_s"] = seconds
-        row["cold_restore_each_process_seconds"] = EACH_PROCESS[f"{name}:cold"]
-        row["cold_restore_pgactivate"] = ACTIVATIONS.get(f"{name}:cold")
+        row.update(details("cold_restore", f"{name}:cold"))
         warm_checkpoint(peer.path)
     for quantity, sharding in shardings.items():
         seconds, out = timed(lambda s=sharding: peer.restore(s), f"{name}:{quantity}")
         check(tree, out, sharding)
         del out
         row[f"{quantity}_s"] = seconds
-        row[f"{quantity}_each_process_seconds"] = EACH_PROCESS[f"{name}:{quantity}"]
-        row[f"{quantity}_pgactivate"] = ACTIVATIONS.get(f"{name}:{quantity}")
+        row.update(details(quantity, f"{name}:{quantity}"))
     return row
 
 

@@ -170,23 +170,32 @@ class _CacheStatCall(threading.local):
 _call = _CacheStatCall()
 
 
-def _cached_fraction_cachestat(fd: int, file_offset: int, nbytes: int) -> float | None:
+def _cached_pages(fd: int, first: int, pages: int) -> int | None:
+    """How many of ``pages`` pages from page ``first`` of ``fd``'s file are in the page cache,
+    asked of ``cachestat``; None where there is none (from then on: mincore is used)."""
     global _cachestat_works
     libc = _libc()
     if not _cachestat_works or libc is None or _SYS_CACHESTAT is None:
         return None
+    call = _call
+    call.span.off, call.span.len = first * _PAGE, pages * _PAGE
+    if libc.syscall(_SYS_CACHESTAT, fd, call.span_ref, call.stat_ref, 0) != 0:
+        _cachestat_works = False  # ENOSYS (older kernel) or refused: mincore from now on
+        return None
+    return min(int(call.stat.nr_cache), pages)
+
+
+def _cached_fraction_cachestat(fd: int, file_offset: int, nbytes: int) -> float | None:
     # The kernel walks every page of the range asked about (~30 ns a page): ask about a few
     # windows of a few pages spread over the range, not about a whole gigabyte.
     last = (file_offset + nbytes - 1) // _PAGE
-    call, syscall = _call, libc.syscall
     cached = asked = 0
     for start in _sample_pages(file_offset, nbytes):
         pages = min(_WINDOW_PAGES, last - start + 1)
-        call.span.off, call.span.len = start * _PAGE, pages * _PAGE
-        if syscall(_SYS_CACHESTAT, fd, call.span_ref, call.stat_ref, 0) != 0:
-            _cachestat_works = False  # ENOSYS (older kernel) or refused: mincore from now on
+        found = _cached_pages(fd, start, pages)
+        if found is None:
             return None
-        cached += min(call.stat.nr_cache, pages)
+        cached += found
         asked += pages
     return cached / asked
 
@@ -195,15 +204,11 @@ def wholly_cached(fd: int, file_offset: int, nbytes: int) -> bool | None:
     """Whether every page of the range is in the page cache, asked of ``cachestat`` about
     the whole range (about 30 ns a page: for ranges of a few megabytes); None where there is
     no ``cachestat``."""
-    libc = _libc()
-    if not _cachestat_works or libc is None or _SYS_CACHESTAT is None or nbytes <= 0:
+    if nbytes <= 0:
         return None
     first, last = file_offset // _PAGE, (file_offset + nbytes - 1) // _PAGE
-    call = _call
-    call.span.off, call.span.len = first * _PAGE, (last - first + 1) * _PAGE
-    if libc.syscall(_SYS_CACHESTAT, fd, call.span_ref, call.stat_ref, 0) != 0:
-        return None
-    return bool(call.stat.nr_cache >= last - first + 1)
+    found = _cached_pages(fd, first, last - first + 1)
+    return None if found is None else found == last - first + 1
 
 
 def _cached_fraction_mincore(fd: int, file_offset: int, nbytes: int) -> float | None:

@@ -127,11 +127,12 @@ class SecondPass:
         self._drop(stop=True)
 
     def _drop(self, stop: bool) -> None:
-        """Drop the passes not begun (``stop``: and end the one under way)."""
+        """Drop the passes not begun; ``stop``: and end the one under way, else no thread of
+        this process runs them (none could start, or the process is a fork's child)."""
         with self._lock:
             self._stopped = self._stopped or stop
             jobs, self._jobs = list(self._jobs), collections.deque()
-            if not stop:  # no thread started: none is running
+            if not stop:
                 self._running = False
             if not self._running:
                 self._done.set()
@@ -190,19 +191,12 @@ def evict(fd: int) -> None:
 
 
 def _after_fork_in_child() -> None:
-    # The parent's thread is not the child's: the passes it had queued are dropped (their
-    # descriptions closed), and the child's next pass starts a thread of its own.
+    # The parent's thread is not the child's (nor its lock, which it may have held): the
+    # passes it had queued are dropped, and the child's next pass starts a thread of its own.
     for passes in list(_passes):
         passes._lock = threading.Lock()
-        jobs, passes._jobs = list(passes._jobs), collections.deque()
-        passes._running = False
         passes._done = threading.Event()
-        passes._done.set()
-        for fd, _ in jobs:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        passes._drop(stop=False)
 
 
 if hasattr(os, "register_at_fork"):

@@ -7,6 +7,8 @@ and nothing else.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -71,69 +73,71 @@ def test_it_reads_exactly_the_ranges_given_in_pieces(tmp_path):
     assert spy.pieces == [(0, 100), (PIECE + 5, PIECE), (2 * PIECE + 5, PIECE)]
 
 
-@needs_nowait
-def test_it_waits_while_a_transfer_is_under_way(tmp_path):
+@dataclasses.dataclass
+class Held:
+    """A 2 MiB file open, and a second pass over it that waits until ``busy`` is cleared."""
+
+    path: Path
+    fd: int
+    spy: Spy
+    passes: SecondPass
+    busy: threading.Event
+
+
+@pytest.fixture
+def held(tmp_path):
     path = tmp_path / "f.bin"
     write_file(path, 2 * MiB)
     spy = Spy()
     passes, busy = waiting_pass(spy)
     fd = os.open(path, os.O_RDONLY)
-    try:
-        passes.after_cold_read(fd, [(0, 2 * MiB)])
-        assert not passes.wait(0.2) and spy.pieces == []  # nothing read while busy
-        busy.clear()
-        assert passes.wait(10) and spy.pieces == [(0, 2 * MiB)]
-    finally:
+    yield Held(path, fd, spy, passes, busy)
+    busy.clear()
+    with contextlib.suppress(OSError):  # a test may have closed it
         os.close(fd)
 
 
 @needs_nowait
-def test_closing_stops_the_pass_under_way_and_drops_the_others(tmp_path):
-    path = tmp_path / "f.bin"
-    write_file(path, MiB)
-    spy = Spy()
-    passes, busy = waiting_pass(spy)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        passes.after_cold_read(fd, [(0, MiB)])
-        passes.after_cold_read(fd, [(0, MiB)])
-        passes.close()
-        assert passes.wait(10)
-        busy.clear()
-        passes.after_cold_read(fd, [(0, MiB)])  # closed: nothing more is taken
-        assert passes.wait(1)
-    finally:
-        os.close(fd)
-    assert spy.pieces == []
+def test_it_waits_while_a_transfer_is_under_way(held):
+    held.passes.after_cold_read(held.fd, [(0, 2 * MiB)])
+    assert not held.passes.wait(0.2) and held.spy.pieces == []  # nothing read while busy
+    held.busy.clear()
+    assert held.passes.wait(10) and held.spy.pieces == [(0, 2 * MiB)]
+
+
+@needs_nowait
+def test_closing_stops_the_pass_under_way_and_drops_the_others(held):
+    passes = held.passes
+    passes.after_cold_read(held.fd, [(0, MiB)])
+    passes.after_cold_read(held.fd, [(0, MiB)])
+    passes.close()
+    assert passes.wait(10)
+    held.busy.clear()
+    passes.after_cold_read(held.fd, [(0, MiB)])  # closed: nothing more is taken
+    assert passes.wait(1)
+    os.close(held.fd)
+    assert held.spy.pieces == []
     # Every description the passes opened was closed.
     assert not any(
-        os.path.realpath(f"/proc/self/fd/{name}") == str(path)
+        os.path.realpath(f"/proc/self/fd/{name}") == str(held.path)
         for name in os.listdir("/proc/self/fd")
         if os.path.exists(f"/proc/self/fd/{name}")
     )
 
 
 @needs_nowait
-def test_passes_waiting_are_bounded_and_hold_no_descriptor_beyond(tmp_path):
+def test_passes_waiting_are_bounded_and_hold_no_descriptor_beyond(held):
     # A program reading many files cold in a row: passes beyond the bound are not taken, so
     # their descriptions are never opened.
-    path = tmp_path / "f.bin"
-    write_file(path, MiB)
-    spy = Spy()
-    passes, busy = waiting_pass(spy)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        before = len(os.listdir("/proc/self/fd"))
-        for _ in range(MAX_WAITING + 10):
-            passes.after_cold_read(fd, [(0, MiB)])
-        # one may be under way (taken off the queue), the rest wait
-        assert len(os.listdir("/proc/self/fd")) - before <= MAX_WAITING + 1
-        busy.clear()
-        assert passes.wait(10)
-        assert MAX_WAITING <= len(spy.pieces) <= MAX_WAITING + 1
-        assert len(os.listdir("/proc/self/fd")) == before
-    finally:
-        os.close(fd)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(MAX_WAITING + 10):
+        held.passes.after_cold_read(held.fd, [(0, MiB)])
+    # one may be under way (taken off the queue), the rest wait
+    assert len(os.listdir("/proc/self/fd")) - before <= MAX_WAITING + 1
+    held.busy.clear()
+    assert held.passes.wait(10)
+    assert MAX_WAITING <= len(held.spy.pieces) <= MAX_WAITING + 1
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 @needs_nowait
