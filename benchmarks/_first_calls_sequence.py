@@ -198,6 +198,15 @@ PEERS = {
             "pass saves the next load)",
         ),
         PeerInfo(
+            "arrayio-jax-no-second-pass",
+            "arrayio",
+            "jax",
+            ("arrayio", "jax"),
+            ("cuda",),
+            "arrayio",
+            "arrayio.load(path, like='jax', device='cuda') with ARRAYIO_SECOND_PASS=0",
+        ),
+        PeerInfo(
             "arrayio-numpy-no-second-pass",
             "arrayio",
             "numpy",
@@ -312,6 +321,7 @@ LOADERS: dict[str, Callable[[str], Callable[[str], Any]]] = {
     "arrayio-numpy-posix": lambda device: _arrayio_fixed("posix", "numpy", device),
     "arrayio-torch-pagecache": lambda device: _arrayio_fixed("pagecache", "torch", device),
     "arrayio-torch-no-second-pass": lambda device: _arrayio_without_second_pass("torch", device),
+    "arrayio-jax-no-second-pass": lambda device: _arrayio_without_second_pass("jax", device),
     "arrayio-numpy-no-second-pass": lambda device: _arrayio_without_second_pass("numpy", device),
 }
 
@@ -502,6 +512,23 @@ def _driver_pool(peer: PeerInfo, device: str) -> Any:
     return _driver_buffers._pool
 
 
+def background(peer: PeerInfo) -> dict[str, Any] | None:
+    """For an arrayio peer, what its dispatcher does in the background at this moment: the
+    arms whose tools are being set up, and whether a second pass is reading (a call that
+    starts beside them shares the machine with them). None for other peers."""
+    if not peer.name.startswith("arrayio"):
+        return None
+    from arrayio.dispatch import dispatcher
+
+    current = dispatcher.current()  # (none before call 1: making one here would time less)
+    if current is None:
+        return {"setting_up": [], "second_pass": False}
+    return {
+        "setting_up": [arm.label for arm in current.policy.setting_up()],
+        "second_pass": not current.second_pass.wait(0),
+    }
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Run the sequence ``spec`` describes; the result is also written to ``spec["result"]``
     after every call. An exception ends the sequence: the result says at which stage."""
@@ -530,6 +557,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             stage = f"call {call + 1}"
             page_cache = prepare(spec["pattern"], call, spec["path"], spec["drop_caches"])
             before = pool.counts() if pool is not None else None
+            busy = background(peer)
             with h.GcMeter() as collector:
                 began = time.perf_counter()
                 out = load(spec["path"])
@@ -549,7 +577,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             result["seconds"].append(seconds)
             result["gc"].append(collector.report())
             result["page_cache"].append(page_cache)
+            if busy is not None:
+                result.setdefault("background", []).append(busy)
             h.write_json(result, spec["result"])
+            if spec.get("gap"):
+                time.sleep(spec["gap"])  # the program's own work between its loads
         if peer.name.startswith("arrayio"):
             # Which tool each context's calls ran on (after the calls, out of their timing).
             stage = "the dispatcher's report"

@@ -3,7 +3,7 @@ and the page cache's ceilings.
 
 ``python -m benchmarks.first_calls --out DIR [--gib 1.5] [--repeats 3] [--drop-caches]
 [--patterns warm,cold_start,cold_every]
-[--peers A,B] [--learned A,B|none] [--warm-calls 12] [--reloads 6] [--cold-calls 6]
+[--peers A,B] [--learned A,B|none] [--warm-calls 12] [--reloads 6] [--cold-calls 6] [--gap S]
 [--deadline EPOCH] [--dir SCRATCH] [--smoke] [--replot DIR/first_calls.json]``
 
 The file is a transformer-like bfloat16 state dict of about ``--gib`` GiB (embeddings, each
@@ -22,7 +22,11 @@ Three patterns: ``warm``, ``--warm-calls`` calls with the file in the page cache
 before call 1; ``cold_start``, the page cache dropped before call 1, then ``--reloads`` calls
 with nothing dropped; ``cold_every``, ``--cold-calls`` calls, each after the page cache was
 dropped. Dropped means the file's pages evicted (``posix_fadvise``), and with
-``--drop-caches`` (root) the whole page cache too.
+``--drop-caches`` (root) the whole page cache too. Calls follow each other as soon as the
+last is checked; ``--gap S`` makes each sequence wait ``S`` seconds after each check, as a
+program that works between its loads would. An arrayio sequence records, per call, what its
+dispatcher was doing in the background as the call began (``background``: tools being set
+up, a second pass reading).
 
 Each repetition runs the patterns in a shuffled order, and each pattern every peer's
 sequence in a shuffled order (a learned sequence after its fresh one) with one sample of
@@ -248,8 +252,10 @@ class Runner:
         device: str,
         drop_caches: bool,
         timeout: float,
+        gap: float = 0.0,
     ) -> None:
         self.directory = directory
+        self.gap = gap
         self.files = files
         self.expected = expected
         self.device = device
@@ -272,6 +278,7 @@ class Runner:
             "pattern": job.pattern,
             "calls": calls,
             "drop_caches": self.drop,
+            "gap": self.gap,
             "expected": self.expected,
             "result": result_path,
         }
@@ -731,6 +738,13 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Argument
     parser.add_argument("--reloads", type=int, default=6, help="calls after the cold start")
     parser.add_argument("--cold-calls", type=int, default=6)
     parser.add_argument(
+        "--gap",
+        type=float,
+        default=0.0,
+        help="seconds each sequence waits after each call's check (a program's own work "
+        "between its loads; default none: back to back)",
+    )
+    parser.add_argument(
         "--deadline",
         type=float,
         default=None,
@@ -787,6 +801,7 @@ def new_report(
         smoke=args.smoke,
         repeats=args.repeats,
         drop_caches=args.drop_caches,
+        gap_seconds=args.gap,
         root=os.geteuid() == 0,
         seed=args.seed or secrets.token_hex(4),
         warm_passes=h.WARM_PASSES,
@@ -886,6 +901,7 @@ def measure(
             device=args.device,
             drop_caches=args.drop_caches,
             timeout=args.sequence_timeout,
+            gap=args.gap,
         )
         rounds = Rounds(runner, ceilings, calls_of(args), h.Deadline(args.deadline), report)
         if args.warm_up:

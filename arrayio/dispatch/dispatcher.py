@@ -57,7 +57,15 @@ from .rereads import ReReads
 from .second_pass import SecondPass
 from .table import Table
 
-__all__ = ["Dispatcher", "candidate_arms", "get", "machine_fingerprint", "parse_arm", "reset"]
+__all__ = [
+    "Dispatcher",
+    "candidate_arms",
+    "current",
+    "get",
+    "machine_fingerprint",
+    "parse_arm",
+    "reset",
+]
 
 logger = logging.getLogger("arrayio.dispatch")
 
@@ -1079,6 +1087,12 @@ def _table_path() -> str | None:
     if directory is None:
         return None
     return os.path.join(directory, f"dispatch-{machine_fingerprint()}.json")
+
+
+def current() -> Dispatcher | None:
+    """The process-wide dispatcher if one was made, without making one."""
+    with _lock:
+        return _dispatcher
 
 
 def get() -> Dispatcher:

@@ -266,6 +266,11 @@ class Policy:
                 self._tools[arm] = tool
             return tool
 
+    def setting_up(self) -> list[Arm]:
+        """The arms whose tools are being set up in the background at this moment."""
+        with self._tools_lock:
+            return sorted(self._preparing, key=lambda arm: arm.label)
+
     def _set_up(self, key: str, entry: ContextEntry, incumbent: Arm, rival: Arm) -> bool:
         """Whether ``rival``'s tool is set up for a fair measurement; if not, and the context
         has earned it (:data:`PREPARE_AFTER` samples, :attr:`setup_after` seconds, and the

@@ -188,6 +188,46 @@ def test_a_sequence_reports_where_it_failed(tmp_path: Path) -> None:
     assert result["failed_at"] == "call 1" and result["check"] is None
 
 
+def test_an_arrayio_sequence_records_its_background_work_and_waits_its_gap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import arrayio
+    from arrayio.dispatch import dispatcher
+
+    arrays = {"w": np.arange(1024, dtype=np.float32).reshape(32, 32)}
+    path = tmp_path / "w.safetensors"
+    arrayio.save(path, arrays)
+    slept: list[float] = []
+    monkeypatch.setattr(sequence.time, "sleep", slept.append)
+    spec = {
+        "peer": "arrayio-numpy",
+        "device": "cpu",
+        "path": str(path),
+        "pattern": "warm",
+        "calls": 3,
+        "drop_caches": False,
+        "gap": 0.25,
+        "expected": expected_for(arrays),
+        "result": str(tmp_path / "result.json"),
+    }
+    result = sequence.run(spec)
+    assert result["error"] is None and slept == [0.25] * 3
+    assert len(result["background"]) == 3
+    for busy in result["background"]:
+        assert set(busy) == {"setting_up", "second_pass"}
+        assert isinstance(busy["second_pass"], bool) and isinstance(busy["setting_up"], list)
+    # What it reads is the process's dispatcher, never one made for the record.
+    monkeypatch.setattr(dispatcher, "_dispatcher", None)
+    assert sequence.background(sequence.PEERS["arrayio-numpy"]) == {
+        "setting_up": [],
+        "second_pass": False,
+    }
+    assert dispatcher.current() is None
+    assert sequence.background(sequence.PEERS["safetensors"]) is None
+    result = sequence.run({**spec, "peer": "safetensors-numpy", "gap": 0})
+    assert "background" not in result and len(slept) == 3
+
+
 def test_unavailable_peers_say_why() -> None:
     chosen, unavailable = fc.choose_peers(["arrayio-numpy", "arrayio-cupy"], "cpu")
     assert chosen == ["arrayio-numpy"] and "not cpu" in unavailable["arrayio-cupy"]

@@ -1303,11 +1303,14 @@ def test_a_tool_that_costs_more_to_set_up_than_a_short_call_has_a_stand_in():
     ctx = context(26)
     assert call(policy, ctx, 64 * MiB) == C
     assert not policy._preparing  # a process that loads once never sets a up
+    assert policy.setting_up() == []
     assert call(policy, ctx, 64 * MiB) == C
     assert policy._preparing == {A}
+    assert policy.setting_up() == [A]  # what a caller may ask (the first-calls benchmark)
     assert call(policy, ctx, 64 * MiB) == C  # still setting up
     prepared.set()
     _wait_ready(policy, A)
+    assert policy.setting_up() == []
     assert call(policy, ctx, 64 * MiB) == A
     assert world.calls["a"] == 1 and world.calls["b"] == 0
     # a's first call, which pins its buffers, is no sample; nor are the stand-in's calls,
