@@ -389,6 +389,8 @@ def record_of(job: Job, calls: int, nbytes: int, result: dict[str, Any]) -> dict
         "dispatcher": result.get("dispatcher"),
         # arrayio into JAX on a GPU: per call, outputs from the pool and newly allocated.
         "pool": result.get("pool"),
+        # arrayio: per call, what its dispatcher was doing in the background as it began.
+        "background": result.get("background"),
     }
 
 

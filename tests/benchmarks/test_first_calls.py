@@ -74,6 +74,10 @@ def test_the_smoke_run_reports_every_call_of_every_sequence(smoke) -> None:
         assert run["second_pass"] == (True if name.startswith("arrayio") else None), where
         # arrayio's sequences say which tools their calls ran on.
         assert ("dispatch table" in (run["dispatcher"] or "")) == name.startswith("arrayio"), where
+        if name.startswith("arrayio"):  # its background work as each call began
+            assert [set(b) for b in run["background"]] == [{"setting_up", "second_pass"}] * 2
+        else:
+            assert run["background"] is None, where
     assert runs["warm", "safetensors"]["page_cache"] == ["warmed", None]
     assert runs["cold_start", "safetensors"]["page_cache"] == ["evicted", None]
     assert runs["cold_every", "safetensors"]["page_cache"] == ["evicted", "evicted"]
