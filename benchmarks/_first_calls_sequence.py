@@ -198,6 +198,16 @@ PEERS = {
             "pass saves the next load)",
         ),
         PeerInfo(
+            "arrayio-torch-no-verify",
+            "arrayio",
+            "torch",
+            ("arrayio", "torch"),
+            ("cpu", "cuda"),
+            "arrayio",
+            "arrayio.load(path, like='torch', device=...) with ARRAYIO_VERIFY_CHECKSUMS=0: "
+            "arrayio's file, its checksums not verified (what verifying them costs)",
+        ),
+        PeerInfo(
             "arrayio-jax-no-second-pass",
             "arrayio",
             "jax",
@@ -297,6 +307,15 @@ def _arrayio_fixed(tool: str, like: str, device: str) -> Callable[[str], Any]:
     return _arrayio(like, device)
 
 
+def _arrayio_without_verifying(like: str, device: str) -> Callable[[str], Any]:
+    """arrayio with no checksum verified (see :func:`_arrayio_fixed` on why through the
+    settings)."""
+    import arrayio
+
+    arrayio.config.set(verify_checksums=False)
+    return _arrayio(like, device)
+
+
 def _arrayio_without_second_pass(like: str, device: str) -> Callable[[str], Any]:
     """arrayio with no second pass over its cold reads (see :func:`_arrayio_fixed` on why
     through the settings)."""
@@ -321,6 +340,7 @@ LOADERS: dict[str, Callable[[str], Callable[[str], Any]]] = {
     "arrayio-numpy-posix": lambda device: _arrayio_fixed("posix", "numpy", device),
     "arrayio-torch-pagecache": lambda device: _arrayio_fixed("pagecache", "torch", device),
     "arrayio-torch-no-second-pass": lambda device: _arrayio_without_second_pass("torch", device),
+    "arrayio-torch-no-verify": lambda device: _arrayio_without_verifying("torch", device),
     "arrayio-jax-no-second-pass": lambda device: _arrayio_without_second_pass("jax", device),
     "arrayio-numpy-no-second-pass": lambda device: _arrayio_without_second_pass("numpy", device),
 }

@@ -428,3 +428,19 @@ def test_the_peer_without_a_second_pass_turns_it_off_once_arrayio_is_imported(
         np.testing.assert_array_equal(load(str(path))["x"], np.arange(1000, dtype=np.float32))
     finally:
         arrayio.config.set(second_pass=True)
+
+
+def test_the_peer_that_verifies_nothing_turns_verification_off(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import arrayio
+
+    path = tmp_path / "a.safetensors"
+    arrayio.save(path, {"x": np.arange(1000, dtype=np.float32)})
+    try:
+        load = sequence.LOADERS["arrayio-torch-no-verify"]("cpu")
+        assert arrayio.config.get().verify_checksums is False
+        np.testing.assert_array_equal(
+            load(str(path))["x"].numpy(), np.arange(1000, dtype=np.float32)
+        )
+    finally:
+        arrayio.config.set(verify_checksums=True)
