@@ -600,6 +600,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             if busy is not None:
                 result.setdefault("background", []).append(busy)
             h.write_json(result, spec["result"])
+            budget = spec.get("call_budget")
+            if budget is not None and call + 1 < spec["calls"] and sum(result["seconds"]) >= budget:
+                result["cut_after"] = call + 1  # a slow loader: its later calls not made
+                h.write_json(result, spec["result"])
+                break
             if spec.get("gap"):
                 time.sleep(spec["gap"])  # the program's own work between its loads
         if peer.name.startswith("arrayio"):

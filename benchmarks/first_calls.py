@@ -4,6 +4,7 @@ and the page cache's ceilings.
 ``python -m benchmarks.first_calls --out DIR [--gib 1.5] [--repeats 3] [--drop-caches]
 [--patterns warm,cold_start,cold_every]
 [--peers A,B] [--learned A,B|none] [--warm-calls 12] [--reloads 6] [--cold-calls 6] [--gap S]
+[--call-budget S]
 [--deadline EPOCH] [--dir SCRATCH] [--smoke] [--replot DIR/first_calls.json]``
 
 The file is a transformer-like bfloat16 state dict of about ``--gib`` GiB (embeddings, each
@@ -26,7 +27,9 @@ dropped. Dropped means the file's pages evicted (``posix_fadvise``), and with
 last is checked; ``--gap S`` makes each sequence wait ``S`` seconds after each check, as a
 program that works between its loads would. An arrayio sequence records, per call, what its
 dispatcher was doing in the background as the call began (``background``: tools being set
-up, a second pass reading).
+up, a second pass reading). ``--call-budget S`` ends a sequence once its calls have taken
+``S`` seconds (``cut_after`` says after how many): the slowest loaders' later calls then
+cost the run little, so that every peer fits into one call of the device machine.
 
 Each repetition runs the patterns in a shuffled order, and each pattern every peer's
 sequence in a shuffled order (a learned sequence after its fresh one) with one sample of
@@ -253,9 +256,11 @@ class Runner:
         drop_caches: bool,
         timeout: float,
         gap: float = 0.0,
+        call_budget: float | None = None,
     ) -> None:
         self.directory = directory
         self.gap = gap
+        self.call_budget = call_budget
         self.files = files
         self.expected = expected
         self.device = device
@@ -279,6 +284,7 @@ class Runner:
             "calls": calls,
             "drop_caches": self.drop,
             "gap": self.gap,
+            "call_budget": self.call_budget,
             "expected": self.expected,
             "result": result_path,
         }
@@ -391,6 +397,8 @@ def record_of(job: Job, calls: int, nbytes: int, result: dict[str, Any]) -> dict
         "pool": result.get("pool"),
         # arrayio: per call, what its dispatcher was doing in the background as it began.
         "background": result.get("background"),
+        # Calls made before the sequence's calls took --call-budget seconds, or None.
+        "cut_after": result.get("cut_after"),
     }
 
 
@@ -740,6 +748,13 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Argument
     parser.add_argument("--reloads", type=int, default=6, help="calls after the cold start")
     parser.add_argument("--cold-calls", type=int, default=6)
     parser.add_argument(
+        "--call-budget",
+        type=float,
+        default=None,
+        help="seconds of calls after which a sequence makes no more (a slow peer's later "
+        "calls, to fit every peer into one run; the report says where each was cut)",
+    )
+    parser.add_argument(
         "--gap",
         type=float,
         default=0.0,
@@ -804,6 +819,7 @@ def new_report(
         repeats=args.repeats,
         drop_caches=args.drop_caches,
         gap_seconds=args.gap,
+        call_budget_seconds=args.call_budget,
         root=os.geteuid() == 0,
         seed=args.seed or secrets.token_hex(4),
         warm_passes=h.WARM_PASSES,
@@ -904,6 +920,7 @@ def measure(
             drop_caches=args.drop_caches,
             timeout=args.sequence_timeout,
             gap=args.gap,
+            call_budget=args.call_budget,
         )
         rounds = Rounds(runner, ceilings, calls_of(args), h.Deadline(args.deadline), report)
         if args.warm_up:

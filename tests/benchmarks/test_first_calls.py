@@ -444,3 +444,28 @@ def test_the_peer_that_verifies_nothing_turns_verification_off(tmp_path: Path) -
         )
     finally:
         arrayio.config.set(verify_checksums=True)
+
+
+def test_a_sequence_past_its_call_budget_makes_no_more_calls(tmp_path: Path) -> None:
+    import arrayio
+
+    arrays = {"w": np.arange(1024, dtype=np.float32)}
+    path = tmp_path / "w.safetensors"
+    arrayio.save(path, arrays)
+    spec = {
+        "peer": "arrayio-numpy",
+        "device": "cpu",
+        "path": str(path),
+        "pattern": "warm",
+        "calls": 3,
+        "drop_caches": False,
+        "call_budget": 0.0,
+        "expected": expected_for(arrays),
+        "result": str(tmp_path / "result.json"),
+    }
+    result = sequence.run(spec)
+    assert result["error"] is None and len(result["seconds"]) == 1 and result["cut_after"] == 1
+    result = sequence.run({**spec, "call_budget": 3600.0})
+    assert len(result["seconds"]) == 3 and "cut_after" not in result
+    record = fc.record_of(fc.Job("arrayio-numpy", "warm", 0), 3, 4096, {"cut_after": 1})
+    assert record["cut_after"] == 1
