@@ -684,7 +684,7 @@ def plot(report: dict[str, Any], path: str) -> None:
     axes[0][0].legend(fontsize=7)
     size = report["file"]["bytes"] / 1e9
     fig.suptitle(
-        f"First calls: GB/s per call, each sequence in a fresh process; {size:.3g} GB bfloat16 "
+        f"First calls: GB/s per call, each sequence in a fresh process\n{size:.3g} GB bfloat16 "
         f"state dict; {repetitions_text(report)}\n{report['date'][:10]}, "
         f"{report['machine']['summary']}; dotted: ceilings sampled in the same run",
         fontsize=10,
