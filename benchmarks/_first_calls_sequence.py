@@ -549,6 +549,14 @@ def background(peer: PeerInfo) -> dict[str, Any] | None:
     }
 
 
+def stages_of_last_load() -> dict[str, Any] | None:
+    """Where arrayio's last load in this process spent its time (its stages' seconds, as
+    ``arrayio.explain()`` shows them)."""
+    from arrayio.runtime import _stages
+
+    return _stages.last()
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Run the sequence ``spec`` describes; the result is also written to ``spec["result"]``
     after every call. An exception ends the sequence: the result says at which stage."""
@@ -599,6 +607,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             result["page_cache"].append(page_cache)
             if busy is not None:
                 result.setdefault("background", []).append(busy)
+                result.setdefault("stages", []).append(stages_of_last_load())
             h.write_json(result, spec["result"])
             budget = spec.get("call_budget")
             if budget is not None and call + 1 < spec["calls"] and sum(result["seconds"]) >= budget:

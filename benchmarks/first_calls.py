@@ -27,9 +27,11 @@ dropped. Dropped means the file's pages evicted (``posix_fadvise``), and with
 last is checked; ``--gap S`` makes each sequence wait ``S`` seconds after each check, as a
 program that works between its loads would. An arrayio sequence records, per call, what its
 dispatcher was doing in the background as the call began (``background``: tools being set
-up, a second pass reading). ``--call-budget S`` ends a sequence once its calls have taken
-``S`` seconds (``cut_after`` says after how many): the slowest loaders' later calls then
-cost the run little, so that every peer fits into one call of the device machine.
+up, a second pass reading) and where its load spent its time (``stages``: opening the file,
+allocating, the transfers, the GPU checksums, finishing the results). ``--call-budget S``
+ends a sequence once its calls have taken ``S`` seconds (``cut_after`` says after how
+many): the slowest loaders' later calls then cost the run little, so that every peer fits
+into one call of the device machine.
 
 Each repetition runs the patterns in a shuffled order, and each pattern every peer's
 sequence in a shuffled order (a learned sequence after its fresh one) with one sample of
@@ -397,6 +399,8 @@ def record_of(job: Job, calls: int, nbytes: int, result: dict[str, Any]) -> dict
         "pool": result.get("pool"),
         # arrayio: per call, what its dispatcher was doing in the background as it began.
         "background": result.get("background"),
+        # arrayio: per call, its load's stages (arrayio.runtime._stages), seconds each.
+        "stages": result.get("stages"),
         # Calls made before the sequence's calls took --call-budget seconds, or None.
         "cut_after": result.get("cut_after"),
     }

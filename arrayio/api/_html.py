@@ -155,6 +155,10 @@ def dispatch_report_html(report: DispatchReport) -> str:
     ]
     if unavailable:
         parts.append(f"<br>unavailable: {_e('; '.join(unavailable))}")
+    if report.last_load is not None:
+        from ._tuning import stages_text
+
+        parts.append(f"<br>last load: {_e(stages_text(report.last_load))}")
     explanations = sorted(report.explanations, key=_sort_key)
     if not explanations:
         parts.append(

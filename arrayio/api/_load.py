@@ -11,6 +11,7 @@ from typing import Any
 from ..arrays import _pytree
 from ..errors import FormatError, KeyNotFoundError, UnsupportedFormatError
 from ..formats import shards
+from ..runtime import _stages
 from ._reader import Reader, _shardings_of
 
 __all__ = ["load", "open", "read_into"]
@@ -127,7 +128,23 @@ def load(
     ------
     KeyNotFoundError, ChecksumError, FormatError, UnsupportedDtypeError, DeviceError
     """
-    found = shards.find(path)
+    with _stages.calling("load"):  # where its time goes: arrayio.explain() shows the last
+        return _load(path, like, device, keys, structure, verify, tool, progress, sharding)
+
+
+def _load(
+    path: PathLike,
+    like: Any,
+    device: Any,
+    keys: str | Sequence[str] | None,
+    structure: Any,
+    verify: bool | None,
+    tool: Any,
+    progress: bool | None,
+    sharding: Any,
+) -> Any:
+    with _stages.stage("open"):
+        found = shards.find(path)
     if isinstance(found, shards.ShardIndex):
         if structure is None:
             return _load_shards(found, keys, like, device, verify, tool, progress, sharding)
@@ -140,7 +157,9 @@ def load(
             sharding = _shardings_of(structure)
         flat = _load_shards(found, wanted, like, device, verify, tool, progress, sharding)
         return _pytree.rebuild_like(structure, flat.__getitem__)
-    with Reader(found if found is not None else path, verify=verify, tool=tool) as reader:
+    with _stages.stage("open"):
+        reader = Reader(found if found is not None else path, verify=verify, tool=tool)
+    with reader:
         return reader.load(
             keys=keys,
             like=like,
@@ -165,10 +184,11 @@ def _load_shards(
     the index's order (or the one array an exact key names); only the shards holding them
     are opened, several at once."""
     by_file = index.select(keys)
+    record = _stages.current()  # the shards' stages are the load's, on any thread
 
     def load_file(file: str, names: list[str]) -> dict[str, Any]:
         try:
-            with Reader(file, verify=verify, tool=tool) as reader:
+            with _stages.joined(record), Reader(file, verify=verify, tool=tool) as reader:
                 part = reader.load(
                     keys=names, like=like, device=device, progress=progress, sharding=sharding
                 )

@@ -37,7 +37,7 @@ from ..errors import (
     UnsupportedObjectError,
 )
 from ..integrity._checksum import ChecksumParts
-from ..runtime import _gcpause, _memory, _progress
+from ..runtime import _gcpause, _memory, _progress, _stages
 from ..runtime._units import format_bytes
 from ..tools import _pinned
 
@@ -371,7 +371,7 @@ class Reader:
         pending = iter(dict.fromkeys(keys))
         with _gcpause.paused(across_transfers=True):
             while True:
-                with _gcpause.paused():  # the allocations, also in the background
+                with _gcpause.paused(), _stages.stage("allocate"):  # also in the background
                     arrays = ((stored, stored, request) for stored in map(self._entry, pending))
                     batch = self._allocate_batch(arrays)
                 if not batch:
@@ -445,19 +445,20 @@ class Reader:
                     if target.wraps:
                         finished[i] = target.finish()
 
-        crcs = _transfer.read_many(
-            self.fd,
-            transfers,
-            path=self.path,
-            with_checksum=any(checks),
-            tool=self._tool,
-            done=lambda i: advance(moved[i][0].nbytes),
-            meanwhile=wrap,
-        )
+        with _stages.stage("transfers"):
+            crcs = _transfer.read_many(
+                self.fd,
+                transfers,
+                path=self.path,
+                with_checksum=any(checks),
+                tool=self._tool,
+                done=lambda i: advance(moved[i][0].nbytes),
+                meanwhile=wrap,
+            )
         for (stored, _), check, crc in zip(moved, checks, crcs, strict=True):
             if check:
                 self._check(stored, crc)
-        with _gcpause.paused():  # the results' objects, also in the background
+        with _gcpause.paused(), _stages.stage("finish"):  # also in the background
             for i, (stored, target) in enumerate(batch):
                 result = finished.pop(i) if i in finished else target.finish()
                 results[stored.key] = _transpose(result) if stored.fortran_order else result

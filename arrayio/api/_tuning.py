@@ -24,6 +24,7 @@ from ..dispatch import second_pass
 from ..dispatch.context import Context, cache_state
 from ..dispatch.policy import Explanation
 from ..errors import KeyNotFoundError
+from ..runtime import _stages
 from ..runtime._units import format_count, parse_size
 
 __all__ = ["DispatchReport", "explain", "tune"]
@@ -42,18 +43,23 @@ class DispatchReport:
     explanations: tuple[Explanation, ...]
     tools: dict[str, str | None]
     table_path: str | None
+    # The process's last load: its seconds and where they went (arrayio.runtime._stages).
+    last_load: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "table_path": self.table_path,
             "tools": dict(self.tools),
             "contexts": [e.as_dict() for e in self.explanations],
+            "last_load": self.last_load,
         }
 
     def __str__(self) -> str:
         lines = [f"arrayio dispatch table: {self.table_path or '(in memory only)'}"]
         for name, reason in self.tools.items():
             lines.append(f"  tool {name:8s} {'available' if reason is None else reason}")
+        if self.last_load is not None:
+            lines.append(f"  last load: {stages_text(self.last_load)}")
         if not self.explanations:
             lines.append("  nothing learned yet: transfers (or arrayio.tune) teach it")
         for explanation in self.explanations:
@@ -162,7 +168,21 @@ def explain(
                     checksum,
                 )
                 explanations.append(active.policy.explain(context, force=forced))
-    return DispatchReport(tuple(explanations), _tool_availability(), active.table_path)
+    return DispatchReport(
+        tuple(explanations), _tool_availability(), active.table_path, _stages.last()
+    )
+
+
+def stages_text(record: dict[str, Any]) -> str:
+    """``"0.412 s: open 2.1 ms, allocate 12.0 ms, transfers 0.392 s, ..."``: a recorded
+    call's seconds and its stages' (see :mod:`arrayio.runtime._stages`)."""
+
+    def seconds(value: float) -> str:
+        return f"{value:.3f} s" if value >= 0.1 else f"{value * 1e3:.1f} ms"
+
+    parts = ", ".join(f"{name} {seconds(value)}" for name, value in record["stages"].items())
+    total = seconds(record["seconds"]) if record["seconds"] is not None else "?"
+    return f"{total}: {parts}" if parts else total
 
 
 def tune(

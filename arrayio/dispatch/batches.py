@@ -25,6 +25,7 @@ from ..arrays._buffers import DeviceBuffer, aligned_empty, synchronize_device
 from ..errors import ToolUnavailableError, TruncatedFileError
 from ..integrity import _device_checksum
 from ..integrity._checksum import ChecksumParts
+from ..runtime import _stages
 from ..tools import Buffer, IOFuture, Tool
 from ..tools._io import flush_range, in_batch
 
@@ -454,6 +455,9 @@ def _merged(
 ) -> list[int | None]:
     """Each request's CRC: from its host parts, or (at the indices ``gpu``) from the GPU."""
     crcs = [part.value() if part is not None else None for part in parts]
-    for i, crc in zip(gpu, device_crcs.results(), strict=True):
+    on_gpu = _stages.stage("checksums on the GPU") if gpu else contextlib.nullcontext()
+    with on_gpu:  # the kernels' build, last launch and wait
+        computed = device_crcs.results()
+    for i, crc in zip(gpu, computed, strict=True):
         crcs[i] = crc
     return crcs

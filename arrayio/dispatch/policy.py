@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import ToolUnavailableError
-from ..runtime import _background
+from ..runtime import _background, _stages
 from ._choosing import Candidates, Exploration, attributes, nearest_winner, order
 from ._recording import Measures
 from .arm import Arm
@@ -256,7 +256,8 @@ class Policy:
         with self._tools_lock:
             tool = self._tools.get(arm)
             if tool is None:
-                tool = self._make(arm)
+                with _stages.stage("making tools"):  # (KvikIO's imports, on first use)
+                    tool = self._make(arm)
                 availability = tool.availability()
                 if not availability:
                     tool.close()

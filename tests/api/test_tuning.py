@@ -92,7 +92,7 @@ def test_the_report_as_a_dict_is_json(tuned):
     report, _ = tuned
     data = report.as_dict()
     assert json.loads(json.dumps(data, allow_nan=False)) == data
-    assert set(data) == {"table_path", "tools", "contexts"}
+    assert set(data) == {"table_path", "tools", "contexts", "last_load"}
     assert [c["key"] for c in data["contexts"]] == [e.key for e in report.explanations]
     for context in data["contexts"]:
         assert context["phase"] == "exploiting"

@@ -76,8 +76,11 @@ def test_the_smoke_run_reports_every_call_of_every_sequence(smoke) -> None:
         assert ("dispatch table" in (run["dispatcher"] or "")) == name.startswith("arrayio"), where
         if name.startswith("arrayio"):  # its background work as each call began
             assert [set(b) for b in run["background"]] == [{"setting_up", "second_pass"}] * 2
+            # and where each call's load spent its time
+            assert [s["call"] for s in run["stages"]] == ["load", "load"], where
+            assert all("transfers" in s["stages"] for s in run["stages"]), where
         else:
-            assert run["background"] is None, where
+            assert run["background"] is None and run["stages"] is None, where
     assert runs["warm", "safetensors"]["page_cache"] == ["warmed", None]
     assert runs["cold_start", "safetensors"]["page_cache"] == ["evicted", None]
     assert runs["cold_every", "safetensors"]["page_cache"] == ["evicted", "evicted"]
