@@ -151,6 +151,27 @@ def expected_for(arrays: dict[str, np.ndarray]) -> dict:
     }
 
 
+def saved_spec(tmp_path: Path, **fields: object) -> dict:
+    """A warm sequence of 3 calls of arrayio into NumPy, over a small file arrayio saved,
+    with ``fields`` added or replaced."""
+    import arrayio
+
+    arrays = {"w": np.arange(1024, dtype=np.float32).reshape(32, 32)}
+    path = tmp_path / "w.safetensors"
+    arrayio.save(path, arrays)
+    spec = {
+        "peer": "arrayio-numpy",
+        "device": "cpu",
+        "path": str(path),
+        "pattern": "warm",
+        "calls": 3,
+        "drop_caches": False,
+        "expected": expected_for(arrays),
+        "result": str(tmp_path / "result.json"),
+    }
+    return {**spec, **fields}
+
+
 def test_the_checks_refuse_less_than_the_file() -> None:
     rng = np.random.default_rng(0)
     arrays = {"a": rng.standard_normal((4, 8)).astype(np.float32), "b": np.arange(5)}
@@ -168,26 +189,12 @@ def test_the_checks_refuse_less_than_the_file() -> None:
 
 
 def test_a_sequence_reports_where_it_failed(tmp_path: Path) -> None:
-    import arrayio
-
-    arrays = {"w": np.arange(1024, dtype=np.float32).reshape(32, 32)}
-    path = tmp_path / "w.safetensors"
-    arrayio.save(path, arrays)
-    spec = {
-        "peer": "arrayio-numpy",
-        "device": "cpu",
-        "path": str(path),
-        "pattern": "cold_every",
-        "calls": 2,
-        "drop_caches": False,
-        "expected": expected_for(arrays),
-        "result": str(tmp_path / "result.json"),
-    }
+    spec = saved_spec(tmp_path, pattern="cold_every", calls=2)
     result = sequence.run(spec)
     assert result["error"] is None and result["check"] == "passed"
     assert len(result["seconds"]) == 2 and result["page_cache"] == ["evicted", "evicted"]
     assert json.loads((tmp_path / "result.json").read_text())["seconds"] == result["seconds"]
-    wrong = expected_for({"w": arrays["w"] + 1})
+    wrong = expected_for({"w": np.arange(1024, dtype=np.float32).reshape(32, 32) + 1})
     result = sequence.run({**spec, "expected": wrong})
     assert result["failed_at"] == "check of call 1" and "CRC-32" in result["check"]
     assert result["seconds"] == []
@@ -198,25 +205,11 @@ def test_a_sequence_reports_where_it_failed(tmp_path: Path) -> None:
 def test_an_arrayio_sequence_records_its_background_work_and_waits_its_gap(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import arrayio
     from arrayio.dispatch import dispatcher
 
-    arrays = {"w": np.arange(1024, dtype=np.float32).reshape(32, 32)}
-    path = tmp_path / "w.safetensors"
-    arrayio.save(path, arrays)
     slept: list[float] = []
     monkeypatch.setattr(sequence.time, "sleep", slept.append)
-    spec = {
-        "peer": "arrayio-numpy",
-        "device": "cpu",
-        "path": str(path),
-        "pattern": "warm",
-        "calls": 3,
-        "drop_caches": False,
-        "gap": 0.25,
-        "expected": expected_for(arrays),
-        "result": str(tmp_path / "result.json"),
-    }
+    spec = saved_spec(tmp_path, gap=0.25)
     result = sequence.run(spec)
     assert result["error"] is None and slept == [0.25] * 3
     assert len(result["background"]) == 3
@@ -450,22 +443,7 @@ def test_the_peer_that_verifies_nothing_turns_verification_off(tmp_path: Path) -
 
 
 def test_a_sequence_past_its_call_budget_makes_no_more_calls(tmp_path: Path) -> None:
-    import arrayio
-
-    arrays = {"w": np.arange(1024, dtype=np.float32)}
-    path = tmp_path / "w.safetensors"
-    arrayio.save(path, arrays)
-    spec = {
-        "peer": "arrayio-numpy",
-        "device": "cpu",
-        "path": str(path),
-        "pattern": "warm",
-        "calls": 3,
-        "drop_caches": False,
-        "call_budget": 0.0,
-        "expected": expected_for(arrays),
-        "result": str(tmp_path / "result.json"),
-    }
+    spec = saved_spec(tmp_path, call_budget=0.0)
     result = sequence.run(spec)
     assert result["error"] is None and len(result["seconds"]) == 1 and result["cut_after"] == 1
     result = sequence.run({**spec, "call_budget": 3600.0})
