@@ -68,11 +68,20 @@ Request = tuple[int, Buffer]
 GPU_CHECKSUM_MIN_BYTES = 4 << 20
 
 
-def checksum_on_gpu(buffer: Buffer, tool: Tool) -> bool:
-    """Whether the checksum of ``buffer`` moved by ``tool`` is computed on the GPU."""
+def checksum_on_gpu(buffer: Buffer, tool: Tool, from_disk: bool = False) -> bool:
+    """Whether the checksum of ``buffer`` moved by ``tool`` is computed on the GPU.
+
+    A read ``from_disk`` (some of its bytes not in the page cache) is checksummed by a tool
+    that can, on the host as the bytes pass: the disk bounds it, at a fraction of what one
+    core checksums, so the host's work hides behind it, while the GPU's needs its kernel
+    built or loaded and its launcher set up, which a fresh process's first cold load paid
+    for (about a fifth of it, measured against the same load unverified:
+    ``benchmarks/results/first_calls_checksums``)."""
     if isinstance(buffer, np.ndarray) or not _device_checksum.available():
         return False
-    return buffer.nbytes >= GPU_CHECKSUM_MIN_BYTES or not tool.capabilities.checksums
+    if not tool.capabilities.checksums:
+        return True
+    return buffer.nbytes >= GPU_CHECKSUM_MIN_BYTES and not from_disk
 
 
 # Small reads are merged into one when the file holds them within this many bytes of each
@@ -305,10 +314,16 @@ def read_batch(
     with_checksum: bool,
     report: Callable[[int], None],
     meanwhile: Callable[[], None] | None = None,
+    from_disk: bool = False,
 ) -> list[int | None]:
-    on_gpu = [with_checksum and checksum_on_gpu(buffer, t) for _, buffer in batch]
+    on_gpu = [with_checksum and checksum_on_gpu(buffer, t, from_disk) for _, buffer in batch]
     if with_checksum and not t.capabilities.checksums and not all(on_gpu):
         raise cannot_checksum(t)
+    if with_checksum and from_disk and not any(on_gpu):
+        # The reloads that follow, from the page cache, checksum on the GPU: its kernel is
+        # built now, beside a read the disk bounds, rather than in their first call.
+        devices = {buffer.device_index for _, buffer in batch if not isinstance(buffer, np.ndarray)}
+        _device_checksum.build_ahead(sorted(devices))
     parts = [
         ChecksumParts(buffer.nbytes) if with_checksum and not gpu else None
         for (_, buffer), gpu in zip(batch, on_gpu, strict=True)

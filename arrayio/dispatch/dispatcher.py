@@ -49,7 +49,7 @@ from ..tools._io import preallocate
 from ..tools._pinned import pool as pinned_pool
 from . import batches
 from .batches import Request
-from .candidates import candidate_arms
+from .candidates import ON_DISK, candidate_arms
 from .context import Context, InFlight, cache_state, piece_class, size_class, storage_of
 from .failures import is_tool_failure
 from .policy import Arm, Policy, Split
@@ -930,7 +930,14 @@ class Dispatcher:
             if direction == "read":
                 return _settled_on_failure(
                     lambda t: batches.read_batch(
-                        t, fd, requests, path, with_checksum, report, meanwhile
+                        t,
+                        fd,
+                        requests,
+                        path,
+                        with_checksum,
+                        report,
+                        meanwhile,
+                        from_disk=context.cache in ON_DISK,  # (the context is made below)
                     ),
                     requests[0][1],
                 )

@@ -42,6 +42,7 @@ __all__ = [
     "SEGMENT_BYTES",
     "DeviceChecksums",
     "available",
+    "build_ahead",
     "checksum_anywhere",
     "checksums_anywhere",
     "device_checksum",
@@ -231,6 +232,14 @@ def _build_ahead(devices: Sequence[int]) -> None:
             _builds[device] = threading.Event()
     for device in todo:
         _background.start(_build, device, name="arrayio-kernel-build")
+
+
+def build_ahead(devices: Sequence[int]) -> None:
+    """Start building the kernel for ``devices`` in the background where the GPU can
+    checksum here: for a read checksummed on the host (from the disk) whose process will
+    checksum its later reads (from the page cache) on the GPU."""
+    if devices and available():
+        _build_ahead(devices)
 
 
 def _build(device: int) -> None:

@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import crc32c
 import numpy as np
@@ -497,7 +498,7 @@ class Gated(Tool):
 @pytest.fixture
 def gpu_checksums(registry, monkeypatch):
     """Batches that checksum every buffer 'on the GPU', through RecordingChecksums."""
-    monkeypatch.setattr(batches, "checksum_on_gpu", lambda buffer, tool: True)
+    monkeypatch.setattr(batches, "checksum_on_gpu", lambda buffer, tool, from_disk=False: True)
     monkeypatch.setattr(batches, "synchronize_device", lambda buffer: None)
     monkeypatch.setattr(batches._device_checksum, "DeviceChecksums", RecordingChecksums)
     monkeypatch.setattr(RecordingChecksums, "made", [])
@@ -1189,3 +1190,114 @@ def test_a_data_error_on_one_device_outranks_a_tool_failure_on_another(
         _read_two_devices(tmp_path, monkeypatch, "truncated-on-one", pread)
     # The other device's failure is not lost: it is noted on the error raised.
     assert any("cannot run" in note for note in getattr(raised.value, "__notes__", []))
+
+
+def test_a_read_from_the_disk_is_checksummed_on_the_host_where_the_tool_can(monkeypatch):
+    # Where the GPU can checksum: large buffers go to it from the page cache, not from the
+    # disk (the disk bounds the read, the host's checksums hide behind it); a tool that
+    # cannot checksum leaves every buffer to the GPU; small ones stay with a tool that can.
+    monkeypatch.setattr(batches._device_checksum, "available", lambda: True)
+    large, small = _OnDevice(8 * MiB, 0), _OnDevice(MiB, 0)
+    # (what the rule reads of a tool: whether it checksums the bytes it moves)
+    can = SimpleNamespace(capabilities=Capabilities(frozenset({"cuda"}), checksums=True))
+    cannot = SimpleNamespace(capabilities=Capabilities(frozenset({"cuda"}), checksums=False))
+    on_gpu = batches.checksum_on_gpu
+    assert on_gpu(large, can) and on_gpu(large, can, from_disk=False)
+    assert not on_gpu(large, can, from_disk=True)
+    assert not on_gpu(small, can) and not on_gpu(small, can, from_disk=True)
+    assert on_gpu(large, cannot, from_disk=True) and on_gpu(small, cannot, from_disk=True)
+    assert not on_gpu(np.empty(8 * MiB, np.uint8), cannot)  # host memory: never
+    monkeypatch.setattr(batches._device_checksum, "available", lambda: False)
+    assert not on_gpu(large, can) and not on_gpu(large, cannot)
+
+
+def test_a_batch_read_says_whether_it_comes_from_the_disk(tmp_path, monkeypatch):
+    from benchmarks import _pagecache as pagecache
+
+    seen: list[bool] = []
+    real = batches.read_batch
+
+    def recording(*args, from_disk=False, **kwargs):
+        seen.append(from_disk)
+        return real(*args, from_disk=from_disk, **kwargs)
+
+    monkeypatch.setattr(batches, "read_batch", recording)
+    content = np.random.default_rng(7).integers(0, 256, 8 * MiB, dtype=np.uint8)
+    path = tmp_path / "f.bin"
+    path.write_bytes(content.tobytes())
+    active = Dispatcher(None)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for cache in ("cold", "warm"):
+            if cache == "cold":
+                pagecache.evict(os.fspath(path))
+            else:
+                path.read_bytes()
+            dests = [np.empty(4 * MiB, np.uint8) for _ in range(2)]
+            active.read_many(fd, [(0, dests[0]), (4 * MiB, dests[1])], with_checksum=True)
+            assert np.array_equal(np.concatenate(dests), content), cache
+    finally:
+        os.close(fd)
+        active.close()
+    assert seen and seen[0] is True and seen[-1] is False, seen
+
+
+def test_a_read_from_the_disk_checksums_on_the_host_and_builds_the_kernel_for_later(
+    tmp_path, monkeypatch
+):
+    # Stand-ins of GPU memory, a tool that checksums as the bytes pass: read from the disk,
+    # every checksum is the tool's (none launched on the "GPU"), right, and the kernel is
+    # built ahead for the GPU's devices; from the page cache, the large buffers go to the GPU.
+    built: list[list[int]] = []
+    launched: list[int] = []
+
+    class Kernels:
+        def __init__(self, buffers, own_stream=False):
+            self.buffers = list(buffers)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def launch(self, index):
+            launched.append(index)
+
+        def results(self):
+            return [crc32c.crc32c(buffer.data.tobytes()) for buffer in self.buffers]
+
+    class PassesBytes(Tool):
+        name = "passes-bytes"
+        capabilities = Capabilities(frozenset({"cuda"}), checksums=True)
+
+        def pread(self, fd, buffer, file_offset, *, checksum=None):
+            n = pread_full(fd, buffer.data, file_offset)
+            if checksum is not None:
+                checksum.add_data(0, buffer.data[:n])
+            return IOFuture.completed(n)
+
+        pwrite = pread
+
+    monkeypatch.setattr(batches._device_checksum, "available", lambda: True)
+    monkeypatch.setattr(batches._device_checksum, "DeviceChecksums", Kernels)
+    monkeypatch.setattr(batches._device_checksum, "build_ahead", built.append)
+    content = np.random.default_rng(11).integers(0, 256, 16 * MiB, dtype=np.uint8)
+    path = tmp_path / "g.bin"
+    path.write_bytes(content.tobytes())
+    expected = [crc32c.crc32c(content[i * 8 * MiB : (i + 1) * 8 * MiB].tobytes()) for i in (0, 1)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for from_disk in (True, False):
+            buffers = [_OnDevice(8 * MiB, 0), _OnDevice(8 * MiB, 0)]
+            batch = [(0, buffers[0]), (8 * MiB, buffers[1])]
+            crcs = batches.read_batch(
+                PassesBytes(), fd, batch, str(path), True, lambda i: None, from_disk=from_disk
+            )
+            assert crcs == expected, from_disk
+            assert np.array_equal(np.concatenate([b.data for b in buffers]), content)
+            if from_disk:
+                assert launched == [] and built == [[0]]
+    finally:
+        os.close(fd)
+    assert sorted(launched) == [0, 1] and built == [[0]]  # the page cache's: on the GPU
