@@ -4,15 +4,18 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 from collections.abc import Sequence
 from typing import Any
 
 from ..arrays import _pytree
+from ..arrays._frameworks import parse_target
 from ..errors import FormatError, KeyNotFoundError, UnsupportedFormatError
 from ..formats import shards
-from ..runtime import _stages
-from ._reader import Reader, _shardings_of
+from ..runtime import _gcpause, _progress, _stages
+from ..tools import _pinned
+from ._reader import _PIN_AHEAD_BYTES, Reader, _shardings_of, read_targets
 
 __all__ = ["load", "open", "read_into"]
 
@@ -184,6 +187,10 @@ def _load_shards(
     the index's order (or the one array an exact key names); only the shards holding them
     are opened, several at once."""
     by_file = index.select(keys)
+    if sharding is None and len(by_file) > 1:
+        together = _one_batch(index, by_file, like, device, verify, tool, progress)
+        if together is not None:
+            return _in_order(index, by_file, keys, together)
     record = _stages.current()  # the shards' stages are the load's, on any thread
 
     def load_file(file: str, names: list[str]) -> dict[str, Any]:
@@ -208,11 +215,69 @@ def _load_shards(
     loaded: dict[str, Any] = {}
     for part in parts:
         loaded.update(part)
+    return _in_order(index, by_file, keys, loaded)
+
+
+def _in_order(
+    index: shards.ShardIndex,
+    by_file: dict[str, list[str]],
+    keys: str | Sequence[str] | None,
+    loaded: dict[str, Any],
+) -> Any:
+    """The tensors ``loaded`` in the index's order (or the one an exact key names)."""
     ordered = {name: loaded[name] for names in by_file.values() for name in names}
     ordered = {name: ordered[name] for name in index.files if name in ordered}
     if isinstance(keys, str) and keys in index.files:
         return ordered[keys]
     return ordered
+
+
+def _one_batch(
+    index: shards.ShardIndex,
+    by_file: dict[str, list[str]],
+    like: Any,
+    device: Any,
+    verify: bool | None,
+    tool: Any,
+    progress: bool | None,
+) -> dict[str, Any] | None:
+    """The tensors of ``by_file`` (file: names), every file's read in one batch of the
+    dispatcher's (``Dispatcher.read_many_files``): loading the shards one after another
+    fills and drains the tool's pipeline, and waits for the GPU's checksums, once a file.
+    None where the results' finishing copies them (host bytes put on a GPU by JAX without
+    the driver's memory): those load file by file, in batches that bound the copies."""
+    request = parse_target(like, device)
+    with contextlib.ExitStack() as readers:
+        batch = []
+        with _stages.stage("open"):
+            opened = {
+                file: readers.enter_context(Reader(file, verify=verify, tool=tool))
+                for file in by_file
+            }
+        for file, names in by_file.items():
+            try:
+                chosen = opened[file]._select(names)
+            except KeyNotFoundError as error:
+                raise FormatError(
+                    f"{index.path}: the index places tensors in {os.path.basename(file)} that "
+                    f"it does not hold ({error})"
+                ) from None
+            batch.append((opened[file], chosen))
+        first = batch[0][0]
+        total = sum(reader[key].nbytes for reader, chosen in batch for key in chosen)
+        first._check_memory(total, sum(len(chosen) for _, chosen in batch), request)
+        if request.placement.is_cuda and total >= _PIN_AHEAD_BYTES:
+            _pinned.pool.pin_ahead()  # (as a load of one file does)
+        results: dict[str, Any] = {}
+        with _progress.bar(total, desc=f"loading {index.path}", progress=progress) as advance:
+            with _gcpause.paused(across_transfers=True):
+                targets = [
+                    item for reader, chosen in batch for item in reader.allocated(chosen, request)
+                ]
+                if any(target.copies for _, _, target in targets):
+                    return None
+                read_targets(targets, results, advance)
+        return results
 
 
 def _all_in_the_page_cache(files: Sequence[str]) -> bool:

@@ -427,41 +427,22 @@ class Reader:
             )
         raise OutOfMemoryError(message + "; read fewer arrays (keys=) or rows (Reader.read)")
 
+    def allocated(
+        self, keys: Sequence[str], request: Request
+    ) -> list[tuple[Reader, _Stored, Target]]:
+        """The results of ``keys`` (names, or subtrees' prefixes) allocated for
+        :func:`read_targets`, which reads them with other files' (a checkpoint's shards)."""
+        chosen = self._select(keys)
+        with _gcpause.paused(), _stages.stage("allocate"):
+            return [
+                (self, stored, self._allocate(stored, request))
+                for stored in map(self._entry, chosen)
+            ]
+
     def _read_batch(
         self, batch: list[tuple[_Stored, Target]], results: dict[str, Any], advance: Any
     ) -> None:
-        for stored, target in batch:  # inflated one by one, not moved by a tool
-            if stored.compressed is not None:
-                self._fill(stored, target.data)
-                advance(stored.nbytes)
-        moved = [(stored, target) for stored, target in batch if stored.compressed is None]
-        checks = [self._verify and stored.crc32c is not None for stored, _ in moved]
-        transfers = [(stored.start, target.data) for stored, target in moved]
-        finished: dict[int, Any] = {}
-
-        def wrap() -> None:  # while the bytes move: the results' objects need none of them
-            with _gcpause.paused():
-                for i, (_, target) in enumerate(batch):
-                    if target.wraps:
-                        finished[i] = target.finish()
-
-        with _stages.stage("transfers"):
-            crcs = _transfer.read_many(
-                self.fd,
-                transfers,
-                path=self.path,
-                with_checksum=any(checks),
-                tool=self._tool,
-                done=lambda i: advance(moved[i][0].nbytes),
-                meanwhile=wrap,
-            )
-        for (stored, _), check, crc in zip(moved, checks, crcs, strict=True):
-            if check:
-                self._check(stored, crc)
-        with _gcpause.paused(), _stages.stage("finish"):  # also in the background
-            for i, (stored, target) in enumerate(batch):
-                result = finished.pop(i) if i in finished else target.finish()
-                results[stored.key] = _transpose(result) if stored.fortran_order else result
+        read_targets([(self, stored, target) for stored, target in batch], results, advance)
 
     def _read_rows(self, stored: _Stored, index: Any, request: Request) -> Any:
         if not stored.shape:
@@ -730,6 +711,64 @@ class Reader:
 
     def __del__(self) -> None:
         self.close()
+
+
+def read_targets(
+    batch: list[tuple[Reader, _Stored, Target]], results: dict[str, Any], advance: Any
+) -> None:
+    """Fill the allocated ``batch`` (each array's reader, entry and result) from its files,
+    verify, and put each finished result in ``results`` by key. Compressed arrays are
+    inflated one by one; the others move as one batch of the dispatcher's: of their one
+    file (:meth:`~arrayio.dispatch.dispatcher.Dispatcher.read_many`), or of several (a
+    checkpoint's shards, :meth:`~arrayio.dispatch.dispatcher.Dispatcher.read_many_files`).
+    The results' objects that need none of the bytes are made while the bytes move."""
+    for reader, stored, target in batch:  # inflated one by one, not moved by a tool
+        if stored.compressed is not None:
+            reader._fill(stored, target.data)
+            advance(stored.nbytes)
+    moved = [
+        (reader, stored, target) for reader, stored, target in batch if stored.compressed is None
+    ]
+    checks = [reader._verify and stored.crc32c is not None for reader, stored, _ in moved]
+    finished: dict[int, Any] = {}
+
+    def wrap() -> None:  # while the bytes move: the results' objects need none of them
+        with _gcpause.paused():
+            for i, (_, _, target) in enumerate(batch):
+                if target.wraps:
+                    finished[i] = target.finish()
+
+    files = {reader.fd for reader, _, _ in moved}
+    first = batch[0][0] if batch else None
+    with _stages.stage("transfers"):
+        if len(files) > 1:
+            crcs = _transfer.read_many_files(
+                [(reader.fd, stored.start, target.data) for reader, stored, target in moved],
+                paths=[reader.path for reader, _, _ in moved],
+                with_checksum=any(checks),
+                tool=moved[0][0]._tool,
+                done=lambda i: advance(moved[i][1].nbytes),
+                meanwhile=wrap,
+            )
+        elif first is not None:
+            crcs = _transfer.read_many(
+                first.fd,
+                [(stored.start, target.data) for _, stored, target in moved],
+                path=first.path,
+                with_checksum=any(checks),
+                tool=first._tool,
+                done=lambda i: advance(moved[i][1].nbytes),
+                meanwhile=wrap,
+            )
+        else:
+            crcs = []
+    for (reader, stored, _), check, crc in zip(moved, checks, crcs, strict=True):
+        if check:
+            reader._check(stored, crc)
+    with _gcpause.paused(), _stages.stage("finish"):  # also in the background
+        for i, (_, stored, target) in enumerate(batch):
+            result = finished.pop(i) if i in finished else target.finish()
+            results[stored.key] = _transpose(result) if stored.fortran_order else result
 
 
 def _reporting(advance: Any, sizes: list[int]) -> Callable[[int], None] | None:

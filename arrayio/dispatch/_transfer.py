@@ -25,7 +25,15 @@ if TYPE_CHECKING:
 
     from ..arrays._buffers import DeviceBuffer
 
-__all__ = ["read_files", "read_into", "read_many", "read_queued", "write_from", "write_many"]
+__all__ = [
+    "read_files",
+    "read_into",
+    "read_many",
+    "read_many_files",
+    "read_queued",
+    "write_from",
+    "write_many",
+]
 
 
 def read_into(
@@ -121,6 +129,35 @@ def read_many(
         fd,
         requests,
         path=path,
+        with_checksum=with_checksum,
+        tool=tool,
+        done=done,
+        meanwhile=meanwhile,
+    )
+
+
+def read_many_files(
+    requests: Sequence[tuple[int, int, Any]],
+    *,
+    paths: Sequence[str],
+    with_checksum: bool = False,
+    tool: Any = None,
+    done: Callable[[int], None] | None = None,
+    meanwhile: Callable[[], None] | None = None,
+) -> list[int | None]:
+    """Fill each ``(fd, file_offset, buffer)`` from several files as one batch; return their
+    CRC-32Cs if asked (see :meth:`Dispatcher.read_many_files
+    <arrayio.dispatch.dispatcher.Dispatcher.read_many_files>`).
+
+    Raises
+    ------
+    TruncatedFileError
+        If a file ends before its buffer is full.
+    """
+    wait_for_current_streams([buffer for _, _, buffer in requests])
+    return dispatcher.get().read_many_files(
+        requests,
+        paths=paths,
         with_checksum=with_checksum,
         tool=tool,
         done=done,

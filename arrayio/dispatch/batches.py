@@ -43,6 +43,7 @@ __all__ = [
     "divide",
     "extent",
     "read_batch",
+    "read_batch_of_files",
     "read_files",
     "read_one",
     "runs",
@@ -316,6 +317,31 @@ def read_batch(
     meanwhile: Callable[[], None] | None = None,
     from_disk: bool = False,
 ) -> list[int | None]:
+    """Fill each ``(file_offset, buffer)`` of ``batch`` from ``fd`` with tool ``t``, every
+    transfer in flight at once; return their CRC-32Cs if asked (see
+    :func:`read_batch_of_files`)."""
+    count = len(batch)
+    return read_batch_of_files(
+        t, [fd] * count, batch, [path] * count, with_checksum, report, meanwhile, from_disk
+    )
+
+
+def read_batch_of_files(
+    t: Tool,
+    fds: Sequence[int],
+    batch: list[Request],
+    paths: Sequence[str],
+    with_checksum: bool,
+    report: Callable[[int], None],
+    meanwhile: Callable[[], None] | None = None,
+    from_disk: bool = False,
+) -> list[int | None]:
+    """Fill each ``(file_offset, buffer)`` of ``batch`` from its file (``fds[i]``, named
+    ``paths[i]``) with tool ``t``, every transfer in flight at once (up to
+    :data:`BATCH_WINDOW`), neighbours in a file as one range where the tool reads ranges;
+    return their CRC-32Cs if asked, checksummed on the GPU as they land where
+    :func:`checksum_on_gpu` says so. ``report(i)`` as request ``i`` completes;
+    ``meanwhile()`` runs while the transfers move."""
     on_gpu = [with_checksum and checksum_on_gpu(buffer, t, from_disk) for _, buffer in batch]
     if with_checksum and not t.capabilities.checksums and not all(on_gpu):
         raise cannot_checksum(t)
@@ -344,16 +370,23 @@ def read_batch(
         if not callable(scatter) or len(batch) < 2:
             counts = submit_windowed(
                 [
-                    functools.partial(t.pread, fd, buffer, offset, checksum=part)
-                    for (offset, buffer), part in zip(batch, parts, strict=True)
+                    functools.partial(t.pread, fds[i], buffer, offset, checksum=parts[i])
+                    for i, (offset, buffer) in enumerate(batch)
                 ],
                 landed,
                 meanwhile,
             )
         else:
-            # Neighbours in the file as one range each (the bytes between them read and
+            # Neighbours in a file as one range each (the bytes between them read and
             # dropped): a checkpoint's tensors move in whole chunks, as one large array does.
-            groups = runs(batch, range(len(batch)), RUN_GAP, SCATTER_BYTES)
+            by_file: dict[int, list[int]] = {}
+            for i, fd in enumerate(fds):
+                by_file.setdefault(fd, []).append(i)
+            groups = [
+                group
+                for indices in by_file.values()
+                for group in runs(batch, indices, RUN_GAP, SCATTER_BYTES)
+            ]
 
             def landed_group(j: int) -> None:
                 for i in groups[j]:
@@ -363,7 +396,7 @@ def read_batch(
                 [
                     functools.partial(
                         scatter,
-                        fd,
+                        fds[group[0]],
                         [batch[i] for i in group],
                         checksums=[parts[i] for i in group],
                     )
@@ -378,9 +411,9 @@ def read_batch(
                 for i in group:  # each request's bytes within the range read
                     offset, buffer = batch[i]
                     counts[i] = max(0, min(buffer.nbytes, total - (offset - first)))
-        for (offset, buffer), got in zip(batch, counts, strict=True):
+        for i, ((offset, buffer), got) in enumerate(zip(batch, counts, strict=True)):
             if got != buffer.nbytes:
-                raise truncated(path, offset, buffer.nbytes, got)
+                raise truncated(paths[i], offset, buffer.nbytes, got)
         return _merged(parts, gpu, device_crcs)
 
 

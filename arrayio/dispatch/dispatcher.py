@@ -522,7 +522,6 @@ class Dispatcher:
         if len({_placement(buffer) for _, _, buffer in requests}) > 1:
             raise ValueError("read_files takes buffers of one memory kind and device")
         forced = self.forced_arm(tool)
-        nbytes = sum(buffer.nbytes for _, _, buffer in requests)
 
         def operation(part: list[int]) -> Callable[[Tool], None]:
             chosen = [requests[i] for i in part]
@@ -533,40 +532,57 @@ class Dispatcher:
 
         with self.in_flight:
             context = self.files_context(requests, buffer_kind(requests[0][2]))
-            split = self.policy.split(context) if forced is None else None
-            start = self._clock()
-            explored = 0.0
-            everything = list(range(len(requests)))
-            rival = _files_share(requests, split.share) if split is not None else []
-            if split is None or not rival:
-                prefer = split.incumbent if split is not None else None
-                _, arm = self.policy.run(
-                    context, nbytes, operation(everything), force=forced, prefer=prefer
-                )
-            else:  # the rival reads a share of the files, the incumbent the rest
-                rest = everything[: len(everything) - len(rival)]
-                rival_bytes = sum(requests[i][2].nbytes for i in rival)
-                if not self._rival_ran(
-                    context,
-                    split,
-                    lambda: self.policy.run(
-                        context, rival_bytes, operation(rival), force=split.rival
-                    ),
-                ):
-                    rest = everything
-                explored = self._clock() - start
-                _, arm = self.policy.run(
-                    context,
-                    sum(requests[i][2].nbytes for i in rest),
-                    operation(rest),
-                    prefer=split.incumbent,
-                )
-            if forced is None:
-                self.policy.account(context, self._clock() - start, explored)
+            arm = self._run_files(context, requests, forced, operation)
         self.last = self.last_batch = (context, arm)
         self._maybe_save()
 
-    def files_context(self, requests: Sequence[tuple[int, int, Buffer]], memory: str) -> Context:
+    def _run_files(
+        self,
+        context: Context,
+        requests: Sequence[tuple[int, int, Buffer]],
+        forced: Arm | None,
+        operation: Callable[[list[int]], Callable[[Tool], None]],
+    ) -> Arm:
+        """Run ``operation(part)`` over the requests of several files (indices into
+        ``requests``) as one call of the context's arm, or ``forced``; while the context
+        explores, the last requests (about the rival's share of the bytes, whole
+        requests) with the rival, then the rest with the incumbent (all of them where the
+        rival's tool fails). Accounts the call's seconds to the policy; returns the arm
+        that ran the call (the incumbent's)."""
+        split = self.policy.split(context) if forced is None else None
+        start = self._clock()
+        explored = 0.0
+        everything = list(range(len(requests)))
+        rival = _files_share(requests, split.share) if split is not None else []
+        if split is None or not rival:
+            prefer = split.incumbent if split is not None else None
+            nbytes = sum(buffer.nbytes for _, _, buffer in requests)
+            _, arm = self.policy.run(
+                context, nbytes, operation(everything), force=forced, prefer=prefer
+            )
+        else:  # the rival reads the last requests, the incumbent the rest
+            rest = everything[: len(everything) - len(rival)]
+            rival_bytes = sum(requests[i][2].nbytes for i in rival)
+            if not self._rival_ran(
+                context,
+                split,
+                lambda: self.policy.run(context, rival_bytes, operation(rival), force=split.rival),
+            ):
+                rest = everything
+            explored = self._clock() - start
+            _, arm = self.policy.run(
+                context,
+                sum(requests[i][2].nbytes for i in rest),
+                operation(rest),
+                prefer=split.incumbent,
+            )
+        if forced is None:
+            self.policy.account(context, self._clock() - start, explored)
+        return arm
+
+    def files_context(
+        self, requests: Sequence[tuple[int, int, Buffer]], memory: str, checksum: bool = False
+    ) -> Context:
         """The context of reading ``requests`` of several files as one batch: their total
         size and typical piece, the first file's storage, and their cache state together
         (warm or cold where every file is, else mixed)."""
@@ -584,10 +600,152 @@ class Dispatcher:
             storage_of(requests[0][0]),
             cache,
             self.in_flight.bucket(),
-            False,
+            checksum,
             piece_class(sizes),
             keep=_keep_read(cache, total, reread),
         )
+
+    def read_many_files(
+        self,
+        requests: Sequence[tuple[int, int, Buffer]],
+        *,
+        paths: Sequence[str],
+        with_checksum: bool = False,
+        tool: str | Arm | Tool | None = None,
+        done: Callable[[int], None] | None = None,
+        meanwhile: Callable[[], None] | None = None,
+    ) -> list[int | None]:
+        """Fill each ``(fd, file_offset, buffer)`` of ``requests``, from several files (a
+        checkpoint's shards, ``paths[i]`` naming request ``i``'s), as one batch; return
+        their CRC-32Cs if asked. As :meth:`read_many` does for one file: transfers below
+        :data:`SMALL_TRANSFER` go through the naive tool, neighbours in a file with one
+        read, while the batch moves; the others move as one batch with one tool, every
+        file's transfers in flight at once, chosen for and learned in the context of
+        :meth:`files_context`. Loading the files one after another fills and drains the
+        tool's pipeline, and waits for the GPU's checksums, once a file. ``done(i)`` and
+        ``meanwhile()`` as for :meth:`read_many`.
+
+        Raises
+        ------
+        TruncatedFileError
+            If a file ends before its buffer is full.
+        ValueError
+            For buffers of more than one memory kind or device.
+        """
+        if len(paths) != len(requests):
+            raise ValueError("read_many_files takes one path per request")
+        forced = self.forced_arm(tool)
+        results: list[int | None] = [None] * len(requests)
+        large: list[int] = []
+        small: dict[int, list[int]] = {}  # fd: its small requests
+        for i, (fd, _, buffer) in enumerate(requests):
+            if buffer.nbytes == 0:
+                results[i] = 0 if with_checksum else None
+                if done is not None:
+                    done(i)
+            elif forced is None and buffer.nbytes < SMALL_TRANSFER:
+                small.setdefault(fd, []).append(i)
+            else:
+                large.append(i)
+        if len({_placement(requests[i][2]) for i in large}) > 1:
+            raise ValueError("read_many_files takes buffers of one memory kind and device")
+
+        def move_small() -> None:
+            for fd, indices in small.items():
+                local = [(requests[i][1], requests[i][2]) for i in indices]
+                found: list[int | None] = [None] * len(local)
+                runs = batches.runs(local, range(len(local)), batches.RUN_GAP)
+                told = (lambda k, indices=indices: done(indices[k])) if done else None
+                path = paths[indices[0]]
+                self._read_runs(fd, local, runs, path, with_checksum, found, told)
+                for k, i in enumerate(indices):
+                    results[i] = found[k]
+
+        def side_work() -> None:
+            move_small()
+            if meanwhile is not None:
+                meanwhile()
+
+        if len(large) < 2:  # nothing to batch: a transfer alone, or none
+            side_work()
+            for i in large:
+                fd, offset, buffer = requests[i]
+                results[i] = self.read(
+                    fd, buffer, offset, path=paths[i], with_checksum=with_checksum, tool=tool
+                )
+                if done is not None:
+                    done(i)
+            return results
+        crcs = self._files_batch(
+            [requests[i] for i in large],
+            [paths[i] for i in large],
+            with_checksum,
+            forced,
+            (lambda k: done(large[k])) if done is not None else _ignore,
+            _Once(side_work),
+        )
+        for i, crc in zip(large, crcs, strict=True):
+            results[i] = crc
+        return results
+
+    def _files_batch(
+        self,
+        requests: list[tuple[int, int, Buffer]],
+        paths: list[str],
+        with_checksum: bool,
+        forced: Arm | None,
+        done: Callable[[int], None],
+        side: _Once,
+    ) -> list[int | None]:
+        """:meth:`read_many_files`' batch: one context, one tool (a rival reading the last
+        requests while the context explores), the side work run while the bytes move."""
+        reported: set[int] = set()
+        crcs: list[int | None] = [None] * len(requests)
+
+        def report(k: int) -> None:
+            # Once per request, even when a failing tool's batch is redone by another.
+            if k not in reported:
+                reported.add(k)
+                try:
+                    done(k)
+                except BaseException as error:
+                    raise _Abandoned(error) from error
+
+        def operation(part: list[int]) -> Callable[[Tool], None]:
+            chosen = [(requests[k][1], requests[k][2]) for k in part]
+
+            def run(t: Tool) -> None:
+                found = batches.read_batch_of_files(
+                    t,
+                    [requests[k][0] for k in part],
+                    chosen,
+                    [paths[k] for k in part],
+                    with_checksum,
+                    lambda j: report(part[j]),
+                    side,
+                    from_disk=context.cache in ON_DISK,  # (the context is made below)
+                )
+                for k, crc in zip(part, found, strict=True):
+                    crcs[k] = crc
+
+            return _settled_on_failure(run, chosen[0][1])
+
+        try:
+            with self.in_flight:
+                context = self.files_context(requests, buffer_kind(requests[0][2]), with_checksum)
+                arm = self._run_files(context, requests, forced, operation)
+            side()  # (run already, unless no tool reached it)
+        except _Abandoned as abandoned:
+            raise abandoned.error from None
+        if context.keep and config.get().second_pass:
+            by_file: dict[int, list[tuple[int, int]]] = {}
+            for fd, offset, buffer in requests:
+                by_file.setdefault(fd, []).append((offset, buffer.nbytes))
+            for fd, ranges in by_file.items():
+                self.second_pass.after_cold_read(fd, ranges)
+        self.last = self.last_batch = (context, arm)
+        self._maybe_save()
+        return crcs
 
     def write(
         self,

@@ -1301,3 +1301,79 @@ def test_a_read_from_the_disk_checksums_on_the_host_and_builds_the_kernel_for_la
     finally:
         os.close(fd)
     assert sorted(launched) == [0, 1] and built == [[0]]  # the page cache's: on the GPU
+
+
+@given(
+    layout=st.lists(
+        st.lists(st.sampled_from([1, 4095, 70_000, MiB, 2 * MiB + 13]), min_size=1, max_size=4),
+        min_size=1,
+        max_size=4,
+    )
+)
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_a_checkpoint_s_files_read_as_one_batch_fill_and_checksum_their_buffers(
+    tmp_path, fresh, layout
+):
+    # Files of several arrays each (small ones through the naive tool, neighbours in a file
+    # with one read; large ones in the batch): every buffer holds its bytes, every CRC is
+    # its bytes', each request is reported once and the caller's work runs once.
+    rng = np.random.default_rng(sum(map(len, layout)))
+    paths, requests, expected = [], [], []
+    for f, sizes in enumerate(layout):
+        content = rng.integers(0, 256, sum(sizes) + 100 * len(sizes), dtype=np.uint8)
+        path = tmp_path / f"shard{f}.safetensors"
+        path.write_bytes(content.tobytes())
+        offset = 0
+        for n in sizes:
+            offset += 100  # a gap between arrays, as a header or padding leaves
+            requests.append((f, offset, np.zeros(n, np.uint8)))
+            expected.append(content[offset : offset + n])
+            offset += n
+        paths.append(str(path))
+    fds = _open_all(paths)
+    done: list[int] = []
+    meanwhile: list[int] = []
+    try:
+        crcs = fresh.read_many_files(
+            [(fds[f], offset, buffer) for f, offset, buffer in requests],
+            paths=[paths[f] for f, _, _ in requests],
+            with_checksum=True,
+            done=done.append,
+            meanwhile=lambda: meanwhile.append(1),
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
+    for (_, _, buffer), want, crc in zip(requests, expected, crcs, strict=True):
+        assert buffer.tobytes() == want.tobytes()
+        assert crc == crc32c.crc32c(want.tobytes())
+    assert sorted(done) == list(range(len(requests))) and meanwhile == [1]
+    large = [buffer.nbytes for _, _, buffer in requests if buffer.nbytes >= SMALL_TRANSFER]
+    if len(large) > 1:  # learned as one transfer of the files' large arrays
+        context, _ = fresh.last
+        assert context.size_class == size_class(sum(large)) and context.checksum
+
+
+def test_a_short_shard_among_many_is_a_data_error_naming_it(tmp_path, fresh):
+    paths = []
+    for i, n in enumerate([2 * MiB, 2 * MiB, 2 * MiB - 5]):
+        path = tmp_path / f"s{i}.safetensors"
+        path.write_bytes(os.urandom(n))
+        paths.append(str(path))
+    fds = _open_all(paths)
+    try:
+        with pytest.raises(TruncatedFileError, match=r"s2.safetensors: file ends at byte"):
+            fresh.read_many_files([(fd, 0, np.empty(2 * MiB, np.uint8)) for fd in fds], paths=paths)
+        with pytest.raises(ValueError, match="one path per request"):
+            fresh.read_many_files([(fds[0], 0, np.empty(2 * MiB, np.uint8))], paths=[])
+        with pytest.raises(ValueError, match="one memory kind"):
+            fresh.read_many_files(
+                [(fds[0], 0, np.empty(2 * MiB, np.uint8)), (fds[1], 0, _Device(2 * MiB))],
+                paths=paths[:2],
+            )
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert all(not e.unavailable for e in arrayio.explain().explanations)  # no tool blamed

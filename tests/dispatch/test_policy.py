@@ -993,6 +993,14 @@ class ExploringDispatcher:
         self.dispatcher.read_files(requests)
         return self.world.clock() - start
 
+    def read_many_files(self, sizes: list[int]) -> float:
+        """Seconds of one batch read of a checkpoint's files of arrays of ``sizes`` (every
+        request names the scratch file, as for :meth:`read_files`)."""
+        requests = [(self.fd, 0, np.empty(s, np.uint8)) for s in sizes]
+        start = self.world.clock()
+        self.dispatcher.read_many_files(requests, paths=[str(self.path)] * len(sizes))
+        return self.world.clock() - start
+
     def read(self, nbytes: int, with_checksum: bool = False) -> tuple[float, int | None]:
         start = self.world.clock()
         crc = self.dispatcher.read(
@@ -1037,16 +1045,21 @@ def test_no_call_of_a_batch_loses_more_than_the_regret_to_exploring(exploring):
     assert ratios[-1] == pytest.approx(1.0)  # settled: no more exploring
 
 
-def test_no_read_of_many_files_loses_more_than_the_regret_to_exploring(exploring):
-    # As for a batch of one file, with whole files for the rival's share: a Zarr array's
-    # chunk files, read again and again, pay a bounded part of each read to exploring.
+@pytest.mark.parametrize(
+    ("read", "sizes"),
+    [("read_files", [MiB] * 256), ("read_many_files", [16 * MiB] * 64)],
+    ids=["zarr-chunk-files", "checkpoint-shards"],
+)
+def test_no_read_of_many_files_loses_more_than_the_regret_to_exploring(exploring, read, sizes):
+    # As for a batch of one file, with whole requests for the rival's share: a Zarr array's
+    # chunk files, or a checkpoint's shards, read again and again, pay a bounded part of
+    # each read to exploring.
     speeds = {"a": 8 * GB, "b": 6.4 * GB, "c": 4 * GB, "d": 1 * GB}
-    sizes = [MiB] * 256
-    world = exploring(speeds, [A, B, C, Arm("d")], MiB)
+    world = exploring(speeds, [A, B, C, Arm("d")], sizes[0])
     policy = world.dispatcher.policy
     prior_alone = sum(sizes) / speeds["a"]
-    ratios = [world.read_files(sizes) / prior_alone for _ in range(40)]
-    first = max(policy.first_share, 1 / len(sizes))  # whole files: one at least
+    ratios = [getattr(world, read)(sizes) / prior_alone for _ in range(40)]
+    first = max(policy.first_share, 1 / len(sizes))  # whole requests: one at least
     first_sample_loss = first * (speeds["a"] / speeds["d"] - 1)
     assert max(ratios) <= 1 + max(policy.regret, first_sample_loss) + 0.01, ratios
     [key] = [key for key, _ in policy.table.items()]

@@ -271,57 +271,66 @@ def test_open_reads_a_checkpoint_in_several_files_one_shard_at_a_time(tmp_path):
     assert all(r.closed for r in opened)
 
 
-@pytest.mark.parametrize(("cache", "most_at_once"), [("warm", 1), ("cold", 3)])
-def test_shards_load_one_at_a_time_from_the_page_cache_and_together_from_the_disk(
-    tmp_path, monkeypatch, cache, most_at_once
+@pytest.mark.parametrize("cache", ["warm", "cold"])
+def test_a_checkpoint_s_shards_load_as_one_batch_on_the_caller_s_thread(
+    tmp_path, monkeypatch, cache
 ):
-    # From the page cache each shard's load already has every thread its tool runs: loads
-    # side by side only contend (a third of one file's rate on a 2-core machine). From the
-    # disk, loads side by side keep more requests in flight.
+    # Every file's arrays in one batch of the dispatcher's, from the page cache or the disk:
+    # no file loaded after another (each filling and draining the tool's pipeline), and on
+    # the caller's thread (a GPU load waits for the caller's own current CUDA stream).
     import threading
-    import time
 
     from arrayio.api import _load
     from arrayio.dispatch import context
+    from arrayio.dispatch.dispatcher import Dispatcher
 
     tensors = write_checkpoint(tmp_path, files=3)
     monkeypatch.setattr(context, "cache_state", lambda fd, offset, nbytes: cache)
-    lock, running, most = threading.Lock(), [0], [0]
-    real = _load.Reader.load
+    batches, per_file = [], []
+    real = Dispatcher.read_many_files
 
-    def load(self, **kwargs):
-        with lock:
-            running[0] += 1
-            most[0] = max(most[0], running[0])
-        time.sleep(0.1)  # long enough for the others to start, if they may
-        try:
-            return real(self, **kwargs)
-        finally:
-            with lock:
-                running[0] -= 1
+    def read_many_files(self, requests, **kwargs):
+        batches.append((threading.current_thread(), {fd for fd, _, _ in requests}))
+        return real(self, requests, **kwargs)
 
-    monkeypatch.setattr(_load.Reader, "load", load)
+    monkeypatch.setattr(Dispatcher, "read_many_files", read_many_files)
+    monkeypatch.setattr(_load.Reader, "load", lambda self, **kwargs: per_file.append(self))
     same(arrayio.load(tmp_path), tensors)
-    assert most[0] == most_at_once
+    [(thread, files)] = batches
+    assert thread is threading.current_thread() and len(files) == 3 and per_file == []
+    assert _stages_of_last_load() >= {"open", "allocate", "transfers", "finish"}
 
 
-def test_shards_from_the_page_cache_load_on_the_caller_s_thread(tmp_path, monkeypatch):
-    # One after another, on the caller's thread: no thread to start and hand over to, and a
-    # GPU load waits for the caller's own current CUDA stream, not a worker's default one.
-    import threading
+def _stages_of_last_load() -> set[str]:
+    from arrayio.runtime import _stages
 
+    last = _stages.last()
+    return set(last["stages"]) if last else set()
+
+
+def test_shards_whose_results_copy_load_file_by_file(tmp_path, monkeypatch):
+    # Results that finishing copies (JAX on the CPU, given bfloat16 bytes) load file by file,
+    # in batches that bound the copies, with the same results.
+    jax = pytest.importorskip("jax")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
     from arrayio.api import _load
-    from arrayio.dispatch import context
 
-    tensors = write_checkpoint(tmp_path, files=3)
-    monkeypatch.setattr(context, "cache_state", lambda fd, offset, nbytes: "warm")
-    threads = []
+    values = {
+        f"w{i}": np.arange(64 * 1024, dtype=np.float32).astype(ml_dtypes.bfloat16) + i
+        for i in range(4)
+    }
+    arrayio.save(tmp_path / "ckpt", values, max_shard_size="160K")
+    assert len(list((tmp_path / "ckpt").glob("*.safetensors"))) > 1
+    per_file = []
     real = _load.Reader.load
 
     def load(self, **kwargs):
-        threads.append(threading.current_thread())
+        per_file.append(self.path)
         return real(self, **kwargs)
 
     monkeypatch.setattr(_load.Reader, "load", load)
-    same(arrayio.load(tmp_path), tensors)
-    assert threads == [threading.current_thread()] * 3
+    back = arrayio.load(tmp_path / "ckpt", like="jax")
+    assert len(per_file) > 1
+    for key, value in values.items():
+        assert isinstance(back[key], jax.Array)
+        np.testing.assert_array_equal(np.asarray(back[key]), value)
