@@ -185,7 +185,9 @@ def _load_shards(
 ) -> Any:
     """The tensors ``keys`` selects from a checkpoint in several files, as one flat dict in
     the index's order (or the one array an exact key names); only the shards holding them
-    are opened, several at once."""
+    are opened, and their arrays read as one batch (:func:`_one_batch`), or, where that
+    cannot be (a sharding to place them by, results that finishing copies), file by
+    file."""
     by_file = index.select(keys)
     if sharding is None and len(by_file) > 1:
         together = _one_batch(index, by_file, like, device, verify, tool, progress)
