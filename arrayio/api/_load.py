@@ -265,19 +265,18 @@ def _one_batch(
                     f"it does not hold ({error})"
                 ) from None
             batch.append((opened[file], chosen))
-        first = batch[0][0]
         total = sum(reader[key].nbytes for reader, chosen in batch for key in chosen)
-        first._check_memory(total, sum(len(chosen) for _, chosen in batch), request)
         if request.placement.is_cuda and total >= _PIN_AHEAD_BYTES:
             _pinned.pool.pin_ahead()  # (as a load of one file does)
         results: dict[str, Any] = {}
-        with _progress.bar(total, desc=f"loading {index.path}", progress=progress) as advance:
-            with _gcpause.paused(across_transfers=True):
-                targets = [
-                    item for reader, chosen in batch for item in reader.allocated(chosen, request)
-                ]
-                if any(target.copies for _, _, target in targets):
+        with _gcpause.paused(across_transfers=True):
+            targets = []
+            for reader, chosen in batch:
+                allocated = reader.allocated(chosen, request)
+                if allocated is None:
                     return None
+                targets += allocated
+            with _progress.bar(total, desc=f"loading {index.path}", progress=progress) as advance:
                 read_targets(targets, results, advance)
         return results
 

@@ -429,15 +429,23 @@ class Reader:
 
     def allocated(
         self, keys: Sequence[str], request: Request
-    ) -> list[tuple[Reader, _Stored, Target]]:
+    ) -> list[tuple[Reader, _Stored, Target]] | None:
         """The results of ``keys`` (names, or subtrees' prefixes) allocated for
-        :func:`read_targets`, which reads them with other files' (a checkpoint's shards)."""
+        :func:`read_targets`, which reads them with other files' (a checkpoint's shards);
+        None at the first whose finishing copies it (see :data:`COPY_BATCH_BYTES`), which
+        loads in bounded batches instead. Refused as a load of them alone is where memory
+        is short (:meth:`_check_memory`)."""
         chosen = self._select(keys)
+        entries = [self._entry(key) for key in chosen]
+        self._check_memory(sum(stored.nbytes for stored in entries), len(entries), request)
+        batch = []
         with _gcpause.paused(), _stages.stage("allocate"):
-            return [
-                (self, stored, self._allocate(stored, request))
-                for stored in map(self._entry, chosen)
-            ]
+            for stored in entries:
+                target = self._allocate(stored, request)
+                if target.copies:
+                    return None
+                batch.append((self, stored, target))
+        return batch
 
     def _read_batch(
         self, batch: list[tuple[_Stored, Target]], results: dict[str, Any], advance: Any
@@ -739,7 +747,7 @@ def read_targets(
                     finished[i] = target.finish()
 
     files = {reader.fd for reader, _, _ in moved}
-    first = batch[0][0] if batch else None
+    first = moved[0][0] if moved else None  # (not batch[0]'s: its arrays may be inflated)
     with _stages.stage("transfers"):
         if len(files) > 1:
             crcs = _transfer.read_many_files(

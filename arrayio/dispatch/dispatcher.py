@@ -118,20 +118,23 @@ Operation = Callable[[Tool], list[int | None]]
 
 
 def _files_share(requests: Sequence[tuple[int, int, Buffer]], share: float) -> list[int]:
-    """The last of ``requests`` (whole files) holding about ``share`` of their bytes, for a
-    rival to read while the context explores: at least one, never all (empty where there is
-    one file, or no share)."""
+    """Whole requests holding at most about ``share`` of the bytes, for a rival to read
+    while the context explores: the smallest first (the last of equal ones), at least one,
+    never all (empty where there is one request, or no share). The smallest, so that one
+    large request (a checkpoint's output head, last in its file) does not hand the rival
+    most of a call: the rival's bytes stay within ``share`` or one average request's."""
     if share <= 0 or len(requests) < 2:
         return []
     total = sum(buffer.nbytes for _, _, buffer in requests)
+    by_size = sorted(range(len(requests)), key=lambda i: (requests[i][2].nbytes, -i))
     picked: list[int] = []
     taken = 0
-    for index in range(len(requests) - 1, 0, -1):
+    for index in by_size[:-1]:
         if picked and taken + requests[index][2].nbytes > share * total:
             break
         picked.append(index)
         taken += requests[index][2].nbytes
-    return picked[::-1]
+    return sorted(picked)
 
 
 def _ignore(index: int) -> None:
@@ -545,9 +548,9 @@ class Dispatcher:
     ) -> Arm:
         """Run ``operation(part)`` over the requests of several files (indices into
         ``requests``) as one call of the context's arm, or ``forced``; while the context
-        explores, the last requests (about the rival's share of the bytes, whole
-        requests) with the rival, then the rest with the incumbent (all of them where the
-        rival's tool fails). Accounts the call's seconds to the policy; returns the arm
+        explores, whole requests holding about the rival's share of the bytes (see
+        :func:`_files_share`) with the rival, then the rest with the incumbent (all of them
+        where the rival's tool fails). Accounts the call's seconds to the policy; returns the arm
         that ran the call (the incumbent's)."""
         split = self.policy.split(context) if forced is None else None
         start = self._clock()
@@ -560,8 +563,9 @@ class Dispatcher:
             _, arm = self.policy.run(
                 context, nbytes, operation(everything), force=forced, prefer=prefer
             )
-        else:  # the rival reads the last requests, the incumbent the rest
-            rest = everything[: len(everything) - len(rival)]
+        else:  # the rival reads a share of the requests, the incumbent the rest
+            taken = set(rival)
+            rest = [i for i in everything if i not in taken]
             rival_bytes = sum(requests[i][2].nbytes for i in rival)
             if not self._rival_ran(
                 context,
@@ -590,8 +594,8 @@ class Dispatcher:
         states = {cache_state(fd, offset, buffer.nbytes) for fd, offset, buffer in requests}
         cache = states.pop() if len(states) == 1 else "mixed"
         reread = False
-        for fd, _, _ in requests:  # each file's read is remembered, for cache admission
-            reread = bool(self.rereads.read(fd, ask=cache != "warm")) or reread
+        for fd in dict.fromkeys(fd for fd, _, _ in requests):  # each file's read remembered
+            reread = bool(self.rereads.read(fd, ask=cache != "warm")) or reread  # once
         total = sum(sizes)
         return Context(
             "read",
@@ -666,8 +670,8 @@ class Dispatcher:
             if meanwhile is not None:
                 meanwhile()
 
-        if len(large) < 2:  # nothing to batch: a transfer alone, or none
-            side_work()
+        if len(large) < 2:  # nothing to batch: a transfer alone, or none (as _many does)
+            move_small()
             for i in large:
                 fd, offset, buffer = requests[i]
                 results[i] = self.read(
@@ -675,6 +679,8 @@ class Dispatcher:
                 )
                 if done is not None:
                     done(i)
+            if meanwhile is not None:
+                meanwhile()
             return results
         crcs = self._files_batch(
             [requests[i] for i in large],
@@ -697,8 +703,9 @@ class Dispatcher:
         done: Callable[[int], None],
         side: _Once,
     ) -> list[int | None]:
-        """:meth:`read_many_files`' batch: one context, one tool (a rival reading the last
-        requests while the context explores), the side work run while the bytes move."""
+        """:meth:`read_many_files`' batch: one context, one tool (a rival reading a share
+        of the requests while the context explores), the side work run while the bytes
+        move."""
         reported: set[int] = set()
         crcs: list[int | None] = [None] * len(requests)
 

@@ -1377,3 +1377,39 @@ def test_a_short_shard_among_many_is_a_data_error_naming_it(tmp_path, fresh):
         for fd in fds:
             os.close(fd)
     assert all(not e.unavailable for e in arrayio.explain().explanations)  # no tool blamed
+
+
+def test_a_checkpoint_s_first_load_is_no_re_read(tmp_path, fresh):
+    # Several requests of one file in one batch are one read of it: the first load of a
+    # checkpoint's files is not taken for a re-read (which keeps it in the page cache and
+    # marks its directory as re-read for the process).
+    paths = []
+    for n in range(2):
+        path = tmp_path / f"s{n}.bin"
+        path.write_bytes(os.urandom(4 * MiB))
+        paths.append(str(path))
+    answers: list[object] = []
+    real = fresh.rereads.read
+
+    def read(fd, ask=True):
+        answers.append(real(fd, ask=ask))
+        return answers[-1]
+
+    fresh.rereads.read = read
+    fds = _open_all(paths)
+    try:
+        requests = [
+            (fd, offset, np.empty(2 * MiB, np.uint8)) for fd in fds for offset in (0, 2 * MiB)
+        ]
+        fresh.read_many_files(requests, paths=[paths[i // 2] for i in range(4)])
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert answers == [None, None]
+    other = tmp_path / "never-read.bin"
+    other.write_bytes(b"x" * MiB)
+    fd = os.open(other, os.O_RDONLY)
+    try:
+        assert real(fd) is None  # its directory is not one the process re-reads
+    finally:
+        os.close(fd)

@@ -1047,8 +1047,12 @@ def test_no_call_of_a_batch_loses_more_than_the_regret_to_exploring(exploring):
 
 @pytest.mark.parametrize(
     ("read", "sizes"),
-    [("read_files", [MiB] * 256), ("read_many_files", [16 * MiB] * 64)],
-    ids=["zarr-chunk-files", "checkpoint-shards"],
+    [
+        ("read_files", [MiB] * 256),
+        ("read_many_files", [16 * MiB] * 64),
+        ("read_many_files", [16 * MiB] * 15 + [256 * MiB]),
+    ],
+    ids=["zarr-chunk-files", "checkpoint-shards", "a-large-last-tensor"],
 )
 def test_no_read_of_many_files_loses_more_than_the_regret_to_exploring(exploring, read, sizes):
     # As for a batch of one file, with whole requests for the rival's share: a Zarr array's
@@ -1059,7 +1063,9 @@ def test_no_read_of_many_files_loses_more_than_the_regret_to_exploring(exploring
     policy = world.dispatcher.policy
     prior_alone = sum(sizes) / speeds["a"]
     ratios = [getattr(world, read)(sizes) / prior_alone for _ in range(40)]
-    first = max(policy.first_share, 1 / len(sizes))  # whole requests: one at least
+    # Whole requests, the smallest: one at least, never more than the share or one
+    # average request's bytes.
+    first = max(policy.first_share, 1 / len(sizes))
     first_sample_loss = first * (speeds["a"] / speeds["d"] - 1)
     assert max(ratios) <= 1 + max(policy.regret, first_sample_loss) + 0.01, ratios
     [key] = [key for key, _ in policy.table.items()]
@@ -1076,9 +1082,13 @@ def test_a_read_of_one_file_is_not_divided():
     assert _files_share(one, 0.5) == []
     many = [(0, 0, np.empty(n, np.uint8)) for n in (MiB, MiB, 2 * MiB, MiB)]
     assert _files_share(many, 0.0) == []
-    assert _files_share(many, 0.2) == [3]  # the last file: a fifth of the bytes
+    assert _files_share(many, 0.2) == [3]  # the last of the smallest: a fifth of the bytes
     assert _files_share(many, 0.01) == [3]  # one at least
-    assert _files_share(many, 0.99) == [1, 2, 3]  # never all
+    assert _files_share(many, 0.99) == [0, 1, 3]  # never all: the largest stays
+    # A large last request (a checkpoint's output head) is not the rival's share.
+    head = [(0, 0, np.empty(n, np.uint8)) for n in (MiB, MiB, MiB, 8 * MiB)]
+    assert _files_share(head, 0.2) == [1, 2]
+    assert _files_share(head, 0.01) == [2]
 
 
 def test_a_faster_rival_found_within_calls_takes_over(exploring):

@@ -334,3 +334,35 @@ def test_shards_whose_results_copy_load_file_by_file(tmp_path, monkeypatch):
     for key, value in values.items():
         assert isinstance(back[key], jax.Array)
         np.testing.assert_array_equal(np.asarray(back[key]), value)
+
+
+def test_a_shard_whose_arrays_are_all_inflated_does_not_lend_its_file(tmp_path):
+    # The index may place arrays in a compressed .npz (inflated one by one, not moved by a
+    # tool) beside a safetensors shard: the shard's arrays are read from the shard's file.
+    x = np.random.default_rng(1).standard_normal(1_000_000).astype(np.float32)
+    y = np.random.default_rng(0).standard_normal(300_000).astype(np.float32)
+    np.savez_compressed(tmp_path / "a.npz", x=x)
+    arrayio.save(tmp_path / "b.safetensors", {"y": y})
+    index = {"weight_map": {"x": "a.npz", "y": "b.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    for verify in (False, True):
+        out = arrayio.load(tmp_path, verify=verify)
+        np.testing.assert_array_equal(out["x"], x)
+        np.testing.assert_array_equal(out["y"], y)
+
+
+def test_each_shard_is_checked_against_memory_as_its_own_load(tmp_path, monkeypatch):
+    # As when the shards loaded one by one: each is refused where it alone would not fit,
+    # and the refusal names a file that is too large, never a healthy one.
+    from arrayio.api import _reader
+
+    for n in range(2):  # 72 MB each: above the size from which loads are checked
+        arrayio.save(tmp_path / f"m-{n}.safetensors", {f"w{n}": np.ones(18_000_000, np.float32)})
+    weight_map = {f"w{n}": f"m-{n}.safetensors" for n in range(2)}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    monkeypatch.setattr(_reader._memory, "available_host_bytes", lambda *a, **k: 100 << 20)
+    out = arrayio.load(tmp_path)
+    assert sorted(out) == ["w0", "w1"]
+    monkeypatch.setattr(_reader._memory, "available_host_bytes", lambda *a, **k: 50 << 20)
+    with pytest.raises(arrayio.errors.OutOfMemoryError, match="m-0.safetensors: loading needs"):
+        arrayio.load(tmp_path)
