@@ -174,8 +174,9 @@ def explain(
 
 
 def stages_text(record: dict[str, Any]) -> str:
-    """``"0.412 s: open 2.1 ms, allocate 12.0 ms, transfers 0.392 s, ..."``: a recorded
-    call's seconds and its stages' (see :mod:`arrayio.runtime._stages`)."""
+    """A recorded call's seconds, then each stage's (see :mod:`arrayio.runtime._stages`):
+    ``"<total>: open <seconds>, allocate <seconds>, transfers <seconds>, ..."``, in
+    milliseconds below a tenth of a second."""
 
     def seconds(value: float) -> str:
         return f"{value:.3f} s" if value >= 0.1 else f"{value * 1e3:.1f} ms"
