@@ -14,8 +14,7 @@ from ..arrays._frameworks import parse_target
 from ..errors import FormatError, KeyNotFoundError, UnsupportedFormatError
 from ..formats import shards
 from ..runtime import _gcpause, _progress, _stages
-from ..tools import _pinned
-from ._reader import _PIN_AHEAD_BYTES, Reader, _shardings_of, read_targets
+from ._reader import Reader, _shardings_of, pin_ahead, read_targets
 
 __all__ = ["load", "open", "read_into"]
 
@@ -266,8 +265,7 @@ def _one_batch(
                 ) from None
             batch.append((opened[file], chosen))
         total = sum(reader[key].nbytes for reader, chosen in batch for key in chosen)
-        if request.placement.is_cuda and total >= _PIN_AHEAD_BYTES:
-            _pinned.pool.pin_ahead()  # (as a load of one file does)
+        pin_ahead(request, total)  # (as a load of one file does)
         results: dict[str, Any] = {}
         with _gcpause.paused(across_transfers=True):
             targets = []

@@ -430,13 +430,12 @@ class Reader:
     def allocated(
         self, keys: Sequence[str], request: Request
     ) -> list[tuple[Reader, _Stored, Target]] | None:
-        """The results of ``keys`` (names, or subtrees' prefixes) allocated for
-        :func:`read_targets`, which reads them with other files' (a checkpoint's shards);
-        None at the first whose finishing copies it (see :data:`COPY_BATCH_BYTES`), which
-        loads in bounded batches instead. Refused as a load of them alone is where memory
-        is short (:meth:`_check_memory`)."""
-        chosen = self._select(keys)
-        entries = [self._entry(key) for key in chosen]
+        """The results of ``keys`` (the arrays' names, as :meth:`_select` gives them)
+        allocated for :func:`read_targets`, which reads them with other files' (a
+        checkpoint's shards); None at the first whose finishing copies it (see
+        :data:`COPY_BATCH_BYTES`), which loads in bounded batches instead. Refused as a load
+        of them alone is where memory is short (:meth:`_check_memory`)."""
+        entries = [self._entry(key) for key in keys]
         self._check_memory(sum(stored.nbytes for stored in entries), len(entries), request)
         batch = []
         with _gcpause.paused(), _stages.stage("allocate"):
@@ -641,10 +640,7 @@ class Reader:
             read_all = functools.partial(self._read_sharded, sharding)
         request = parse_target(like, device)
         self._check_memory(total, len(chosen), request)
-        if request.placement.is_cuda and total >= _PIN_AHEAD_BYTES:
-            # Staging buffers pinned while the outputs are allocated (a no-op once the pool
-            # has spares): pinning is a large part of a fresh process's first load.
-            _pinned.pool.pin_ahead()
+        pin_ahead(request, total)
         with _progress.bar(total, desc=f"loading {self.path}", progress=progress) as advance:
             return self._load(keys, request, structure, advance, read_all)
 
@@ -721,6 +717,14 @@ class Reader:
         self.close()
 
 
+def pin_ahead(request: Request, nbytes: int) -> None:
+    """For a load of ``nbytes`` into a GPU, start pinning staging buffers while the outputs
+    are allocated (a no-op once the pool has spares): pinning is a large part of a fresh
+    process's first load."""
+    if request.placement.is_cuda and nbytes >= _PIN_AHEAD_BYTES:
+        _pinned.pool.pin_ahead()
+
+
 def read_targets(
     batch: list[tuple[Reader, _Stored, Target]], results: dict[str, Any], advance: Any
 ) -> None:
@@ -746,30 +750,25 @@ def read_targets(
                 if target.wraps:
                     finished[i] = target.finish()
 
-    files = {reader.fd for reader, _, _ in moved}
-    first = moved[0][0] if moved else None  # (not batch[0]'s: its arrays may be inflated)
+    crcs: list[int | None] = []
     with _stages.stage("transfers"):
-        if len(files) > 1:
-            crcs = _transfer.read_many_files(
-                [(reader.fd, stored.start, target.data) for reader, stored, target in moved],
-                paths=[reader.path for reader, _, _ in moved],
-                with_checksum=any(checks),
-                tool=moved[0][0]._tool,
-                done=lambda i: advance(moved[i][1].nbytes),
-                meanwhile=wrap,
-            )
-        elif first is not None:
-            crcs = _transfer.read_many(
-                first.fd,
-                [(stored.start, target.data) for _, stored, target in moved],
-                path=first.path,
-                with_checksum=any(checks),
-                tool=first._tool,
-                done=lambda i: advance(moved[i][1].nbytes),
-                meanwhile=wrap,
-            )
-        else:
-            crcs = []
+        if moved:  # (the first moved array's reader: batch[0]'s arrays may be inflated)
+            first = moved[0][0]
+            how: dict[str, Any] = {
+                "with_checksum": any(checks),
+                "tool": first._tool,
+                "done": lambda i: advance(moved[i][1].nbytes),
+                "meanwhile": wrap,
+            }
+            if len({reader.fd for reader, _, _ in moved}) > 1:
+                crcs = _transfer.read_many_files(
+                    [(reader.fd, stored.start, target.data) for reader, stored, target in moved],
+                    paths=[reader.path for reader, _, _ in moved],
+                    **how,
+                )
+            else:
+                transfers = [(stored.start, target.data) for _, stored, target in moved]
+                crcs = _transfer.read_many(first.fd, transfers, path=first.path, **how)
     for (reader, stored, _), check, crc in zip(moved, checks, crcs, strict=True):
         if check:
             reader._check(stored, crc)

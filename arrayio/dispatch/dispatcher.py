@@ -137,6 +137,22 @@ def _files_share(requests: Sequence[tuple[int, int, Buffer]], share: float) -> l
     return sorted(picked)
 
 
+def _once_each(done: Callable[[int], None] | None, indices: Sequence[int]) -> Callable[[int], None]:
+    """``report(k)``: ``done(indices[k])``, once per request even when a failing tool's batch
+    is redone by another; what ``done`` raises leaves as :class:`_Abandoned`."""
+    reported: set[int] = set()
+
+    def report(k: int) -> None:
+        if done is not None and indices[k] not in reported:
+            reported.add(indices[k])
+            try:
+                done(indices[k])
+            except BaseException as error:
+                raise _Abandoned(error) from error
+
+    return report
+
+
 def _ignore(index: int) -> None:
     """The progress callback of a transfer alone."""
 
@@ -706,17 +722,8 @@ class Dispatcher:
         """:meth:`read_many_files`' batch: one context, one tool (a rival reading a share
         of the requests while the context explores), the side work run while the bytes
         move."""
-        reported: set[int] = set()
         crcs: list[int | None] = [None] * len(requests)
-
-        def report(k: int) -> None:
-            # Once per request, even when a failing tool's batch is redone by another.
-            if k not in reported:
-                reported.add(k)
-                try:
-                    done(k)
-                except BaseException as error:
-                    raise _Abandoned(error) from error
+        report = _once_each(done, range(len(requests)))
 
         def operation(part: list[int]) -> Callable[[Tool], None]:
             chosen = [(requests[k][1], requests[k][2]) for k in part]
@@ -744,12 +751,11 @@ class Dispatcher:
             side()  # (run already, unless no tool reached it)
         except _Abandoned as abandoned:
             raise abandoned.error from None
-        if context.keep and config.get().second_pass:
-            by_file: dict[int, list[tuple[int, int]]] = {}
-            for fd, offset, buffer in requests:
-                by_file.setdefault(fd, []).append((offset, buffer.nbytes))
-            for fd, ranges in by_file.items():
-                self.second_pass.after_cold_read(fd, ranges)
+        by_file: dict[int, list[tuple[int, int]]] = {}
+        for fd, offset, buffer in requests:
+            by_file.setdefault(fd, []).append((offset, buffer.nbytes))
+        for fd, ranges in by_file.items():
+            self._read_again(context, fd, ranges)
         self.last = self.last_batch = (context, arm)
         self._maybe_save()
         return crcs
@@ -898,17 +904,7 @@ class Dispatcher:
                 if done is not None:
                     done(indices[0])
                 return
-            reported: set[int] = set()
-
-            def report(k: int) -> None:
-                # Once per request, even when a failing tool's batch is redone by another.
-                if done is not None and indices[k] not in reported:
-                    reported.add(indices[k])
-                    try:
-                        done(indices[k])
-                    except BaseException as error:
-                        raise _Abandoned(error) from error
-
+            report = _once_each(done, indices)
             batch = [requests[i] for i in indices]
             try:
                 crcs = self._batch(direction, fd, batch, path, with_checksum, forced, report, side)
@@ -1125,13 +1121,19 @@ class Dispatcher:
                 )
             if forced is None:
                 self.policy.account(context, self._clock() - start, explored)
-        if direction == "read" and context.keep and config.get().second_pass:
-            self.second_pass.after_cold_read(fd, ranges)
+        if direction == "read":
+            self._read_again(context, fd, ranges)
         self.last = (context, arm)
         if len(batch) > 1:
             self.last_batch = self.last
         self._maybe_save()
         return result
+
+    def _read_again(self, context: Context, fd: int, ranges: list[tuple[int, int]]) -> None:
+        """After a read of ``ranges`` of ``fd`` in ``context``: where the context keeps its
+        bytes in the page cache, the second pass reads them once more (see second_pass)."""
+        if context.keep and config.get().second_pass:
+            self.second_pass.after_cold_read(fd, ranges)
 
     def _rival_ran(self, context: Context, split: Split, run: Callable[[], object]) -> bool:
         """Run a rival's part of an exploring call; False, its failure marked, where its

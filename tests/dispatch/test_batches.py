@@ -889,6 +889,16 @@ def test_nothing_to_divide_below_a_mebibyte_or_without_views():
 # -- several files as one batch ------------------------------------------------------------
 
 
+def _random_files(tmp_path, name, sizes):
+    """Files ``name0``, ``name1``... of random bytes, of ``sizes``; their paths."""
+    paths = []
+    for i, n in enumerate(sizes):
+        path = tmp_path / name.format(i)
+        path.write_bytes(os.urandom(n))
+        paths.append(str(path))
+    return paths
+
+
 def _open_all(paths):
     return [os.open(p, os.O_RDONLY) for p in paths]
 
@@ -920,11 +930,7 @@ def test_files_read_as_one_batch_each_fill_their_buffer(tmp_path, fresh, sizes):
 
 
 def test_a_short_file_among_many_is_a_data_error(tmp_path, fresh):
-    paths = []
-    for i, n in enumerate([MiB, MiB, MiB - 5]):
-        path = tmp_path / f"c{i}"
-        path.write_bytes(os.urandom(n))
-        paths.append(str(path))
+    paths = _random_files(tmp_path, "c{}", [MiB, MiB, MiB - 5])
     fds = _open_all(paths)
     try:
         with pytest.raises(TruncatedFileError, match=r"c2: file ends at byte 1048571"):
@@ -1357,11 +1363,7 @@ def test_a_checkpoint_s_files_read_as_one_batch_fill_and_checksum_their_buffers(
 
 
 def test_a_short_shard_among_many_is_a_data_error_naming_it(tmp_path, fresh):
-    paths = []
-    for i, n in enumerate([2 * MiB, 2 * MiB, 2 * MiB - 5]):
-        path = tmp_path / f"s{i}.safetensors"
-        path.write_bytes(os.urandom(n))
-        paths.append(str(path))
+    paths = _random_files(tmp_path, "s{}.safetensors", [2 * MiB, 2 * MiB, 2 * MiB - 5])
     fds = _open_all(paths)
     try:
         with pytest.raises(TruncatedFileError, match=r"s2.safetensors: file ends at byte"):
