@@ -14,7 +14,7 @@ from ..arrays._frameworks import parse_target
 from ..errors import FormatError, KeyNotFoundError, UnsupportedFormatError
 from ..formats import shards
 from ..runtime import _gcpause, _progress, _stages
-from ._reader import Reader, _shardings_of, pin_ahead, read_targets
+from ._reader import Reader, _shardings_of, ahead_of_gpu_load, read_targets
 
 __all__ = ["load", "open", "read_into"]
 
@@ -265,7 +265,8 @@ def _one_batch(
                 ) from None
             batch.append((opened[file], chosen))
         total = sum(reader[key].nbytes for reader, chosen in batch for key in chosen)
-        pin_ahead(request, total)  # (as a load of one file does)
+        verifies = any(reader._verifies(chosen) for reader, chosen in batch)
+        ahead_of_gpu_load(request, total, verifies)  # (as a load of one file does)
         results: dict[str, Any] = {}
         with _gcpause.paused(across_transfers=True):
             targets = []

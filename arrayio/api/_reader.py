@@ -36,6 +36,7 @@ from ..errors import (
     OutOfMemoryError,
     UnsupportedObjectError,
 )
+from ..integrity import _device_checksum
 from ..integrity._checksum import ChecksumParts
 from ..runtime import _gcpause, _memory, _progress, _stages
 from ..runtime._units import format_bytes
@@ -355,6 +356,10 @@ class Reader:
         if check:
             self._check(stored, crc)
 
+    def _verifies(self, keys: Sequence[str]) -> bool:
+        """Whether a load of ``keys`` verifies a checksum (verification on, one recorded)."""
+        return self._verify and any(self._stored[key].crc32c is not None for key in keys)
+
     def _check(self, stored: _Stored, crc: int | None) -> None:
         if crc != stored.crc32c:
             raise ChecksumError(
@@ -640,7 +645,7 @@ class Reader:
             read_all = functools.partial(self._read_sharded, sharding)
         request = parse_target(like, device)
         self._check_memory(total, len(chosen), request)
-        pin_ahead(request, total)
+        ahead_of_gpu_load(request, total, self._verifies(chosen))
         with _progress.bar(total, desc=f"loading {self.path}", progress=progress) as advance:
             return self._load(keys, request, structure, advance, read_all)
 
@@ -717,12 +722,16 @@ class Reader:
         self.close()
 
 
-def pin_ahead(request: Request, nbytes: int) -> None:
-    """For a load of ``nbytes`` into a GPU, start pinning staging buffers while the outputs
-    are allocated (a no-op once the pool has spares): pinning is a large part of a fresh
-    process's first load."""
+def ahead_of_gpu_load(request: Request, nbytes: int, verifies: bool) -> None:
+    """For a load of ``nbytes`` into a GPU, start in the background what its transfers
+    would otherwise wait for, while its outputs are allocated: pinning staging buffers (a
+    no-op once the pool has spares) and, for a load that ``verifies`` checksums, building
+    the checksum kernel and launching it once (:func:`_device_checksum.build_ahead`, once a
+    process). Both are a large part of a fresh process's first load."""
     if request.placement.is_cuda and nbytes >= _PIN_AHEAD_BYTES:
         _pinned.pool.pin_ahead()
+        if verifies:
+            _device_checksum.build_ahead([request.placement.index])
 
 
 def read_targets(

@@ -22,7 +22,7 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,6 +31,7 @@ from ..runtime import _background
 from ..tools._pinned import pool as pinned_pool
 from . import _launchers
 from ._checksum import _POLY, _x8n, combine
+from ._checksum import checksum as host_checksum_of
 from ._launchers import Launcher
 
 if TYPE_CHECKING:
@@ -248,10 +249,50 @@ def _build(device: int) -> None:
         if gpu is not None:
             with gpu.device(device):
                 _kernel(gpu, device)
+                _first_launch(gpu, device)
     except Exception as error:  # noqa: BLE001 - the first launch builds it, and says why not
         logger.debug("arrayio: building the checksum kernel ahead failed: %s", error)
     finally:
         _builds[device].set()
+
+
+# A buffer for the first launch: a few segments of every size a buffer may get.
+_FIRST_LAUNCH_BYTES = 4 * SEGMENT_BYTES
+
+
+def _first_launch(gpu: Launcher, device: int) -> None:
+    """Launch the kernel once on zeros of ``device`` (current) and check its result, so that
+    nothing of a first launch is left to a load's transfers: the module's loading (CUDA
+    loads a kernel at its first launch, and may wait for the device's other work meanwhile),
+    every segment size's table, arrayio's stream and the pinned rows of launches. A kernel
+    that gets zeros wrong here (a GPU it miscompiles for) is not used: the checksums go
+    through the host instead, rather than calling sound files damaged."""
+    segment = MIN_SEGMENT_BYTES
+    while segment <= SEGMENT_BYTES:
+        _segment_powers_on(gpu, device, segment)
+        segment *= 2
+    zeros = np.zeros(_FIRST_LAUNCH_BYTES, np.uint8)
+    with _device_zeros(device, zeros.nbytes) as scratch:
+        with DeviceChecksums([scratch], own_stream=True) as crcs:
+            got = crcs.results()[0]
+    expected = host_checksum_of(zeros)
+    if _unavailable is None and got != expected:
+        _stop_using(f"its CRC-32C of {zeros.nbytes} zero bytes is {got:08x}, not {expected:08x}")
+
+
+@contextlib.contextmanager
+def _device_zeros(device: int, nbytes: int) -> Iterator[DeviceBuffer]:
+    """``nbytes`` of zeros on ``device``, in the driver's memory, freed after the block."""
+    from ..arrays._cuda import DeviceMemory
+    from ..arrays._driver_buffers import DriverDeviceBuffer
+
+    memory = DeviceMemory(nbytes, device)
+    try:
+        buffer = DriverDeviceBuffer(memory)
+        buffer.copy_from_host(0, np.zeros(nbytes, np.uint8))
+        yield buffer
+    finally:
+        memory.free()
 
 
 def _built_on(device: int) -> bool:
@@ -548,11 +589,16 @@ class DeviceChecksums:
         return gpu.own_stream(device) if self._own_stream else gpu.current_stream(device)
 
     def _give_up(self, error: Exception) -> None:
-        global _unavailable
         self.abandon()
         self._on_gpu = False
-        _unavailable = f"{type(error).__name__}: {error}"
-        logger.warning("arrayio: checksums of GPU memory fall back to the host: %s", _unavailable)
+        _stop_using(f"{type(error).__name__}: {error}")
+
+
+def _stop_using(reason: str) -> None:
+    """Checksum device memory through the host from now on, for ``reason``."""
+    global _unavailable
+    _unavailable = reason
+    logger.warning("arrayio: checksums of GPU memory fall back to the host: %s", reason)
 
 
 def host_checksum(buffer: DeviceBuffer) -> int:

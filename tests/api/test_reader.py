@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import math
 import os
+import types
 from typing import NamedTuple
 
 import numpy as np
@@ -1004,3 +1005,38 @@ def test_row_pieces_of_compressed_and_fortran_arrays_read_them_once(tmp_path, mo
         np.testing.assert_array_equal(np.concatenate([np.asarray(g) for g in got]), m)
     with _reader.Reader(tmp_path / "c.npz") as reader:
         assert int(reader.read_row_pieces([("s", range(0, 1), other)])[0]) == -3
+
+
+@pytest.mark.parametrize("written_by", ["arrayio", "arrayio unverified", "safetensors"])
+def test_a_gpu_load_starts_the_checksum_kernel_only_when_it_verifies(
+    monkeypatch, tmp_path, written_by
+) -> None:
+    # A fresh process's first verified load into a GPU would otherwise build and first
+    # launch the checksum kernel inside its transfers: it starts as the load starts, beside
+    # the outputs' allocation, and only for a load that has checksums to verify.
+    from arrayio.api import _reader
+    from arrayio.arrays._frameworks import Placement
+
+    path = str(tmp_path / "m.safetensors")
+    state = {"a": np.arange(1 << 20, dtype=np.float32), "b": np.ones(3, np.uint8)}
+    if written_by == "safetensors":
+        from safetensors.numpy import save_file
+
+        save_file(state, path)  # no checksums in the file
+    else:
+        arrayio.save(path, state)
+    built: list[list[int]] = []
+    pinned: list[bool] = []
+    monkeypatch.setattr(_reader._device_checksum, "build_ahead", built.append)
+    monkeypatch.setattr(_reader._pinned.pool, "pin_ahead", lambda: pinned.append(True))
+    gpu = types.SimpleNamespace(placement=Placement("cuda", 1))
+    with arrayio.open(path, verify=written_by != "arrayio unverified") as reader:
+        verifies = reader._verifies(reader.keys())
+        _reader.ahead_of_gpu_load(gpu, 4 << 20, verifies)  # too small to start anything
+        assert (built, pinned) == ([], [])
+        _reader.ahead_of_gpu_load(gpu, 64 << 20, verifies)
+        host = types.SimpleNamespace(placement=Placement("cpu", 0))
+        _reader.ahead_of_gpu_load(host, 64 << 20, verifies)  # nothing for host memory
+    assert verifies == (written_by == "arrayio")
+    assert built == ([[1]] if written_by == "arrayio" else [])
+    assert pinned == [True]

@@ -405,3 +405,74 @@ def test_a_built_kernel_is_kept_in_the_cache_directory(tmp_path, monkeypatch) ->
     with arrayio.config.set(cache_dir=None):  # nothing kept: built each time
         _launchers._cubin("source", "k", "sm_90", "13")
         assert len(builds) == 3
+
+
+@pytest.mark.parametrize("kernel_right", [True, False])
+def test_the_build_ahead_launches_once_and_a_wrong_result_sends_checksums_to_the_host(
+    monkeypatch, kernel_right
+) -> None:
+    # Everything of a first launch (the module's loading, every segment size's table, the
+    # stream) is done by the build, beside the transfers: none is left to a load. Its
+    # result on zeros is known, so a kernel that gets it wrong is never trusted with a file.
+    from arrayio.integrity import _device_checksum
+
+    order: list[object] = []
+    zeros_crc = checksum(np.zeros(_device_checksum._FIRST_LAUNCH_BYTES, np.uint8))
+
+    class OneLaunch:
+        def __init__(self, buffers, segment=None, *, own_stream=False) -> None:
+            order.append(("launch", [b.nbytes for b in buffers], own_stream))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+        def results(self) -> list[int]:
+            return [zeros_crc if kernel_right else zeros_crc ^ 1]
+
+    monkeypatch.setattr(_device_checksum, "_builds", {})
+    monkeypatch.setattr(_device_checksum, "_unavailable", None)
+    gpu = types.SimpleNamespace(device=lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(_device_checksum, "_launcher", lambda: gpu)
+    monkeypatch.setattr(_device_checksum, "_kernel", lambda g, d: order.append("kernel"))
+    monkeypatch.setattr(
+        _device_checksum, "_segment_powers_on", lambda g, d, segment: order.append(segment)
+    )
+    monkeypatch.setattr(
+        _device_checksum,
+        "_device_zeros",
+        lambda device, nbytes: contextlib.nullcontext(_Ready(nbytes)),
+    )
+    monkeypatch.setattr(_device_checksum, "DeviceChecksums", OneLaunch)
+    _device_checksum._build_ahead([0])
+    assert _device_checksum._builds[0].wait(10)
+    sizes = [64 << k for k in range(7)]
+    assert sizes[-1] == _device_checksum.SEGMENT_BYTES
+    assert order == [
+        "kernel",
+        *sizes,
+        ("launch", [_device_checksum._FIRST_LAUNCH_BYTES], True),
+    ]
+    if kernel_right:
+        assert _device_checksum._unavailable is None
+    else:
+        assert "zero bytes" in _device_checksum._unavailable
+        assert not _device_checksum.available()
+
+
+@pytest.mark.gpu
+def test_the_build_ahead_leaves_nothing_of_a_first_launch_to_a_load(monkeypatch, launcher) -> None:
+    # With each launcher: after the build, the kernel, every segment size's table and a
+    # first launch are done, and its result on zeros was right.
+    from arrayio.integrity import _device_checksum
+
+    monkeypatch.setattr(_device_checksum, "_builds", {})
+    monkeypatch.setattr(_device_checksum, "_on_device", {})
+    _device_checksum._build_ahead([0])
+    assert _device_checksum._builds[0].wait(120)
+    assert _device_checksum._unavailable is None
+    made = set(_device_checksum._on_device)
+    assert (launcher.name, "kernel", 0) in made
+    assert {(launcher.name, "powers", 0, 64 << k) for k in range(7)} <= made
