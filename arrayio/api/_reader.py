@@ -685,11 +685,13 @@ class Reader:
                     f"which the file lacks (keys: {self.keys()[:5]}...)"
                 )
             arrays = read_all([key for key in wanted if key in self._stored], request, advance)
-            return _pytree.rebuild_like(
-                structure, lambda key: arrays[key] if key in arrays else constants[key]
-            )
+            with _stages.stage("results"):
+                return _pytree.rebuild_like(
+                    structure, lambda key: arrays[key] if key in arrays else constants[key]
+                )
         arrays = read_all(self._leaf_keys, request, advance)
-        return _pytree.unflatten(self._tree, arrays.__getitem__, where=f"{self.path}: ")
+        with _stages.stage("results"):  # (the pytree the caller gets)
+            return _pytree.unflatten(self._tree, arrays.__getitem__, where=f"{self.path}: ")
 
     def _select(self, keys: Sequence[str]) -> list[str]:
         chosen: list[str] = []
