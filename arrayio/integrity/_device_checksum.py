@@ -22,7 +22,7 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -247,7 +247,10 @@ def _build(device: int) -> None:
     try:
         gpu = _launcher()
         if gpu is not None:
-            with gpu.device(device):
+            # On arrayio's own stream, which blocks no other: the uploads of tables from
+            # pageable memory on the device's legacy stream would wait for the tools' copies
+            # in flight (and hold up the later ones), as a load's kernels would.
+            with gpu.device(device), gpu.on_stream(gpu.own_stream(device)):
                 _kernel(gpu, device)
                 _first_launch(gpu, device)
     except Exception as error:  # noqa: BLE001 - the first launch builds it, and says why not
@@ -271,28 +274,31 @@ def _first_launch(gpu: Launcher, device: int) -> None:
     while segment <= SEGMENT_BYTES:
         _segment_powers_on(gpu, device, segment)
         segment *= 2
-    zeros = np.zeros(_FIRST_LAUNCH_BYTES, np.uint8)
-    with _device_zeros(device, zeros.nbytes) as scratch:
-        with DeviceChecksums([scratch], own_stream=True) as crcs:
-            got = crcs.results()[0]
-    expected = host_checksum_of(zeros)
+    zeros = _Zeros(gpu, device, _FIRST_LAUNCH_BYTES)
+    with DeviceChecksums([zeros], own_stream=True) as crcs:  # type: ignore[list-item]
+        got = crcs.results()[0]
+    expected = host_checksum_of(np.zeros(_FIRST_LAUNCH_BYTES, np.uint8))
     if _unavailable is None and got != expected:
-        _stop_using(f"its CRC-32C of {zeros.nbytes} zero bytes is {got:08x}, not {expected:08x}")
+        _stop_using(
+            f"its CRC-32C of {_FIRST_LAUNCH_BYTES} zero bytes is {got:08x}, not {expected:08x}"
+        )
 
 
-@contextlib.contextmanager
-def _device_zeros(device: int, nbytes: int) -> Iterator[DeviceBuffer]:
-    """``nbytes`` of zeros on ``device``, in the driver's memory, freed after the block."""
-    from ..arrays._cuda import DeviceMemory
-    from ..arrays._driver_buffers import DriverDeviceBuffer
+class _Zeros:
+    """``nbytes`` (a multiple of 4) of zeros on ``device`` (current) as a device buffer, made
+    by the launcher on its current stream: no allocation of the driver's, which may wait for
+    the device's other work."""
 
-    memory = DeviceMemory(nbytes, device)
-    try:
-        buffer = DriverDeviceBuffer(memory)
-        buffer.copy_from_host(0, np.zeros(nbytes, np.uint8))
-        yield buffer
-    finally:
-        memory.free()
+    def __init__(self, gpu: Launcher, device: int, nbytes: int) -> None:
+        self._gpu, self.device_index, self.nbytes = gpu, device, nbytes
+        self.array = gpu.zeros_uint32((nbytes // 4,))  # on the current stream
+        self.data_ptr = gpu.address(self.array)
+
+    def copy_to_host(self, offset: int, dst: np.ndarray) -> None:
+        with self._gpu.device(self.device_index):
+            stream = self._gpu.current_stream(self.device_index)
+            host = self._gpu.download(self.array, stream).view(np.uint8)
+        dst[...] = host[offset : offset + dst.nbytes]
 
 
 def _built_on(device: int) -> bool:

@@ -298,9 +298,14 @@ def test_the_kernel_is_built_beside_the_reads_which_never_wait_for_it(monkeypatc
     flushed: list[list[int]] = []
     monkeypatch.setattr(_device_checksum, "_builds", {})
     monkeypatch.setattr(_device_checksum, "available", lambda: True)
-    gpu = types.SimpleNamespace(device=lambda index: contextlib.nullcontext())
+    gpu = types.SimpleNamespace(
+        device=lambda index: contextlib.nullcontext(),
+        own_stream=lambda index: None,
+        on_stream=lambda stream: contextlib.nullcontext(),
+    )
     monkeypatch.setattr(_device_checksum, "_launcher", lambda: gpu)
     monkeypatch.setattr(_device_checksum, "_kernel", slow_kernel)
+    monkeypatch.setattr(_device_checksum, "_first_launch", lambda gpu, device: None)
     monkeypatch.setattr(_device_checksum, "GROUP_BUFFERS", 1)
     monkeypatch.setattr(
         _device_checksum.DeviceChecksums,
@@ -434,23 +439,24 @@ def test_the_build_ahead_launches_once_and_a_wrong_result_sends_checksums_to_the
 
     monkeypatch.setattr(_device_checksum, "_builds", {})
     monkeypatch.setattr(_device_checksum, "_unavailable", None)
-    gpu = types.SimpleNamespace(device=lambda index: contextlib.nullcontext())
+    gpu = types.SimpleNamespace(
+        device=lambda index: contextlib.nullcontext(),
+        own_stream=lambda index: "arrayio's stream",
+        on_stream=lambda stream: contextlib.nullcontext(order.append(stream)),
+    )
     monkeypatch.setattr(_device_checksum, "_launcher", lambda: gpu)
     monkeypatch.setattr(_device_checksum, "_kernel", lambda g, d: order.append("kernel"))
     monkeypatch.setattr(
         _device_checksum, "_segment_powers_on", lambda g, d, segment: order.append(segment)
     )
-    monkeypatch.setattr(
-        _device_checksum,
-        "_device_zeros",
-        lambda device, nbytes: contextlib.nullcontext(_Ready(nbytes)),
-    )
+    monkeypatch.setattr(_device_checksum, "_Zeros", lambda g, device, nbytes: _Ready(nbytes))
     monkeypatch.setattr(_device_checksum, "DeviceChecksums", OneLaunch)
     _device_checksum._build_ahead([0])
     assert _device_checksum._builds[0].wait(10)
     sizes = [64 << k for k in range(7)]
     assert sizes[-1] == _device_checksum.SEGMENT_BYTES
     assert order == [
+        "arrayio's stream",  # everything on it, none on the device's legacy stream
         "kernel",
         *sizes,
         ("launch", [_device_checksum._FIRST_LAUNCH_BYTES], True),
