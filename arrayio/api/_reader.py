@@ -733,7 +733,7 @@ def ahead_of_gpu_load(request: Request, nbytes: int, verifies: bool) -> None:
     if request.placement.is_cuda and nbytes >= _PIN_AHEAD_BYTES:
         _pinned.pool.pin_ahead()
         if verifies:
-            _device_checksum.build_ahead([request.placement.index])
+            _device_checksum.build_ahead([request.placement.index], beside_python=True)
 
 
 def read_targets(

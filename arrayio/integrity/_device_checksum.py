@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -235,12 +236,30 @@ def _build_ahead(devices: Sequence[int]) -> None:
         _background.start(_build, device, name="arrayio-kernel-build")
 
 
-def build_ahead(devices: Sequence[int]) -> None:
+def build_ahead(devices: Sequence[int], *, beside_python: bool = False) -> None:
     """Start building the kernel for ``devices`` in the background where the GPU can
-    checksum here: for a read checksummed on the host (from the disk) whose process will
-    checksum its later reads (from the page cache) on the GPU."""
-    if devices and available():
-        _build_ahead(devices)
+    checksum here: as a verified load into a GPU starts, or for a read checksummed on the
+    host (from the disk) whose process will checksum its later reads (from the page cache)
+    on the GPU.
+
+    ``beside_python``: the caller goes on with work of the interpreter's (allocating a
+    load's outputs). CuPy's launcher builds and loads its kernel in Python, and beside that
+    work it lengthened it (a fresh process's allocation of a checkpoint's outputs took two to
+    four times as long), so it is left to the batch's start; NVRTC and the driver, called
+    through ``ctypes``, leave the interpreter to the caller."""
+    if not devices or not available():
+        return
+    if beside_python and _builds_in_python():
+        return
+    _build_ahead(devices)
+
+
+def _builds_in_python() -> bool:
+    """Whether the launcher this process uses (or will choose) is CuPy's."""
+    chosen = _chosen
+    if chosen is not None:
+        return chosen.name == "cupy"
+    return "cupy" in sys.modules  # what _launchers.choose() picks first
 
 
 def _build(device: int) -> None:

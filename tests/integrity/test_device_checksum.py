@@ -482,3 +482,36 @@ def test_the_build_ahead_leaves_nothing_of_a_first_launch_to_a_load(monkeypatch,
     made = set(_device_checksum._on_device)
     assert (launcher.name, "kernel", 0) in made
     assert {(launcher.name, "powers", 0, 64 << k) for k in range(7)} <= made
+
+
+@pytest.mark.parametrize(
+    ("chosen", "cupy_imported", "starts"),
+    [
+        (None, False, True),
+        (None, True, False),  # CuPy imported: its launcher will be chosen
+        ("cupy", False, False),
+        ("torch", True, True),
+        ("driver", False, True),
+    ],
+)
+def test_a_build_beside_the_callers_python_is_left_to_the_batch_where_cupy_builds(
+    monkeypatch, chosen, cupy_imported, starts
+) -> None:
+    # CuPy builds and loads its kernel in Python: started beside a load's allocation of its
+    # outputs, it lengthened that; NVRTC and the driver, through ctypes, do not.
+    from arrayio.integrity import _device_checksum
+
+    started: list[list[int]] = []
+    monkeypatch.setattr(_device_checksum, "available", lambda: True)
+    monkeypatch.setattr(_device_checksum, "_build_ahead", lambda devices: started.append(devices))
+    monkeypatch.setattr(
+        _device_checksum, "_chosen", None if chosen is None else types.SimpleNamespace(name=chosen)
+    )
+    if cupy_imported:
+        monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
+    else:
+        monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    _device_checksum.build_ahead([0], beside_python=True)
+    assert started == ([[0]] if starts else [])
+    _device_checksum.build_ahead([1])  # at the batch's start: always
+    assert started[-1] == [1]
