@@ -598,9 +598,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 result.setdefault("pool", []).append({k: after[k] - before[k] for k in after})
             stage = f"check of call {call + 1}"
             check_structure(out, spec["expected"], spec["device"])
-            if call == 0:
+            budget = spec.get("call_budget")
+            spent = sum(result["seconds"]) + seconds
+            cut = budget is not None and call + 1 < spec["calls"] and spent >= budget
+            # One call's bytes are checked: --check-call's, or the last made if cut before.
+            last = call + 1 == spec["calls"]
+            if result["check"] is None and (call + 1 >= spec.get("check_call", 1) or cut or last):
                 check_content(out, spec["expected"])
                 result["check"] = "passed"
+                result["checked_call"] = call + 1
             del out
             result["seconds"].append(seconds)
             result["gc"].append(collector.report())
@@ -609,8 +615,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 result.setdefault("background", []).append(busy)
                 result.setdefault("stages", []).append(stages_of_last_load())
             h.write_json(result, spec["result"])
-            budget = spec.get("call_budget")
-            if budget is not None and call + 1 < spec["calls"] and sum(result["seconds"]) >= budget:
+            if cut:
                 result["cut_after"] = call + 1  # a slow loader: its later calls not made
                 h.write_json(result, spec["result"])
                 break

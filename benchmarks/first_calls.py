@@ -16,8 +16,10 @@ to 125 MiB embeddings), written once by ``safetensors.torch.save_file`` and once
 front door's fresh sequence of the same pattern and repetition left (``learned``). The
 process imports its peer and makes its framework's device context before call 1 (both
 reported, not timed); each call is timed until the arrays are in device memory and the
-device synchronized, and checked (keys, shapes, dtypes, device; the first call also the
-CRC-32 of a few tensors).
+device synchronized, and checked (keys, shapes, dtypes, device; one call, the first unless
+``--check-call N`` says another, also the CRC-32 of a few tensors, read back to the host:
+reading JAX's arrays back slows its next load, so a later call keeps that out of calls 1
+and 2).
 
 Three patterns: ``warm``, ``--warm-calls`` calls with the file in the page cache (read twice)
 before call 1; ``cold_start``, the page cache dropped before call 1, then ``--reloads`` calls
@@ -259,10 +261,12 @@ class Runner:
         timeout: float,
         gap: float = 0.0,
         call_budget: float | None = None,
+        check_call: int = 1,
     ) -> None:
         self.directory = directory
         self.gap = gap
         self.call_budget = call_budget
+        self.check_call = check_call
         self.files = files
         self.expected = expected
         self.device = device
@@ -287,6 +291,7 @@ class Runner:
             "drop_caches": self.drop,
             "gap": self.gap,
             "call_budget": self.call_budget,
+            "check_call": self.check_call,
             "expected": self.expected,
             "result": result_path,
         }
@@ -390,6 +395,7 @@ def record_of(job: Job, calls: int, nbytes: int, result: dict[str, Any]) -> dict
         "process_seconds": result.get("process_seconds"),
         "cache_files_at_start": result.get("cache_files_at_start", []),
         "check": result.get("check"),
+        "checked_call": result.get("checked_call"),  # whose bytes were checked (--check-call)
         "error": result.get("error"),
         "failed_at": result.get("failed_at"),
         "traceback": result.get("traceback"),
@@ -766,6 +772,15 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, argparse.Argument
         "between its loads; default none: back to back)",
     )
     parser.add_argument(
+        "--check-call",
+        type=int,
+        default=1,
+        help="the call whose results' bytes are checked (a few tensors' CRC-32, read back to "
+        "the host; every call's keys, shapes, dtypes and device are checked). Reading JAX "
+        "arrays back slows JAX's next load: a later call keeps that out of calls 1 and 2. "
+        "A sequence with fewer calls, or cut short by --call-budget, checks its last",
+    )
+    parser.add_argument(
         "--deadline",
         type=float,
         default=None,
@@ -824,6 +839,7 @@ def new_report(
         drop_caches=args.drop_caches,
         gap_seconds=args.gap,
         call_budget_seconds=args.call_budget,
+        check_call=args.check_call,
         root=os.geteuid() == 0,
         seed=args.seed or secrets.token_hex(4),
         warm_passes=h.WARM_PASSES,
@@ -925,6 +941,7 @@ def measure(
             timeout=args.sequence_timeout,
             gap=args.gap,
             call_budget=args.call_budget,
+            check_call=args.check_call,
         )
         rounds = Rounds(runner, ceilings, calls_of(args), h.Deadline(args.deadline), report)
         if args.warm_up:

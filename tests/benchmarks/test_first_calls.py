@@ -450,3 +450,36 @@ def test_a_sequence_past_its_call_budget_makes_no_more_calls(tmp_path: Path) -> 
     assert len(result["seconds"]) == 3 and "cut_after" not in result
     record = fc.record_of(fc.Job("arrayio-numpy", "warm", 0), 3, 4096, {"cut_after": 1})
     assert record["cut_after"] == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "checked"),
+    [
+        ({}, 1),
+        ({"check_call": 3}, 3),
+        ({"check_call": 9}, 3),  # past the sequence: its last call
+        ({"check_call": 3, "call_budget": 0.0}, 1),  # cut after call 1: checked before the cut
+    ],
+)
+def test_one_call_of_a_sequence_has_its_bytes_checked(tmp_path: Path, fields, checked) -> None:
+    # Reading JAX's arrays back to the host slows its next load: --check-call moves the
+    # check of the bytes away from calls 1 and 2; a sequence cut short still checks one.
+    result = sequence.run(saved_spec(tmp_path, **fields))
+    assert result["error"] is None and result["check"] == "passed"
+    assert result["checked_call"] == checked
+
+
+def test_a_wrong_byte_fails_the_checked_call_only(tmp_path: Path, monkeypatch) -> None:
+    checked: list[int] = []
+    real = sequence.check_content
+
+    def counting(out, expected):
+        checked.append(len(checked) + 1)
+        return real(out, expected)
+
+    monkeypatch.setattr(sequence, "check_content", counting)
+    spec = saved_spec(tmp_path, check_call=2)
+    spec["expected"] = {**spec["expected"], "crc32": {"w": 0}}  # no file has this CRC-32
+    result = sequence.run(spec)
+    assert checked == [1] and result["failed_at"] == "check of call 2"
+    assert result["check"] == result["error"] and len(result["seconds"]) == 1
