@@ -30,7 +30,9 @@ last is checked; ``--gap S`` makes each sequence wait ``S`` seconds after each c
 program that works between its loads would. An arrayio sequence records, per call, what its
 dispatcher was doing in the background as the call began (``background``: tools being set
 up, a second pass reading) and where its load spent its time (``stages``: opening the file,
-allocating, the transfers, the GPU checksums, finishing the results). ``--call-budget S``
+allocating, the transfers, the GPU checksums, finishing the results; the report's
+``stage_medians_ms`` and its printed table give each stage's median per call, and what no
+stage held, ``elsewhere``). ``--call-budget S``
 ends a sequence once its calls have taken ``S`` seconds (``cut_after`` says after how
 many): the slowest loaders' later calls then cost the run little, so that every peer fits
 into one call of the device machine.
@@ -555,6 +557,54 @@ def column_median(rows: list[list[float]], first: int, last: int | None) -> floa
     return h.median([v for r in rows for v in r[first - 1 : last]])
 
 
+# A load's stages that no other holds (see arrayio.runtime._stages: "making tools" and the GPU
+# checksums' wait happen inside the transfers); what the load took beyond them is "elsewhere".
+TOP_STAGES = ("open", "allocate", "transfers", "finish", "results")
+STAGE_COLUMNS = (("call 1", 1, 1), ("call 2", 2, 2), ("later", 3, None))
+
+
+def stage_medians(report: dict[str, Any], pattern: str, series: str) -> dict[str, Any]:
+    """Per column of :data:`STAGE_COLUMNS`, the median milliseconds of each stage of the
+    series' loads (every stage any of them had, and ``load`` and ``elsewhere``); empty for a
+    series without stage records (the peers, or an arrayio run before they existed)."""
+    calls: dict[str, list[dict[str, float]]] = {col: [] for col, _, _ in STAGE_COLUMNS}
+    for run in report["sequences"]:
+        if run["pattern"] != pattern or run["series"] != series or run["error"]:
+            continue
+        for number, record in enumerate(run.get("stages") or [], start=1):
+            if not record or record.get("seconds") is None:
+                continue
+            stages = dict(record["stages"])
+            stages["load"] = record["seconds"]
+            stages["elsewhere"] = record["seconds"] - sum(
+                stages.get(name, 0.0) for name in TOP_STAGES
+            )
+            for col, first, last in STAGE_COLUMNS:
+                if first <= number and (last is None or number <= last):
+                    calls[col].append(stages)
+    out: dict[str, Any] = {}
+    for col, records in calls.items():
+        if records:
+            names = dict.fromkeys(name for r in records for name in r)
+            out[col] = {n: 1e3 * h.median([r.get(n, 0.0) for r in records]) for n in names}
+    return out
+
+
+def stages_text(medians: dict[str, Any]) -> list[str]:
+    """Lines for a series' :func:`stage_medians`, one per column."""
+    lines = []
+    for col, ms in medians.items():
+        inner = [n for n in ms if n not in (*TOP_STAGES, "load", "elsewhere")]
+        parts = [f"{n} {ms[n]:.1f}" for n in TOP_STAGES if n in ms]
+        parts += [f"({n} {ms[n]:.1f})" for n in inner]
+        lines.append(
+            f"    {col}: load {ms['load']:.1f} ms: "
+            + ", ".join(parts)
+            + f", elsewhere {ms['elsewhere']:.1f}"
+        )
+    return lines
+
+
 def summarize(report: dict[str, Any]) -> None:
     """Fill the report's medians per call number and its table: per pattern and series,
     each column's median and its ratio to the best series' in that column."""
@@ -582,6 +632,14 @@ def summarize(report: dict[str, Any]) -> None:
         table[pattern]["best"] = best
     report["medians_GBps"] = medians
     report["table"] = table
+    report["stage_medians_ms"] = {
+        pattern: {
+            name: found
+            for name in series_of(report)
+            if (found := stage_medians(report, pattern, name))
+        }
+        for pattern in report["patterns"]
+    }
     ceilings = report["ceilings"]
     report["ceilings_GBps"] = {n: ceilings[n]["GBps"] for n in CEILING_TEXT if n in ceilings}
 
@@ -624,6 +682,15 @@ def table_text(report: dict[str, Any]) -> str:
                     else f"{cell['GBps']:.2f} ({cell['ratio_to_best']:.2f})"
                 )
             lines.append(f"  {name:30s}" + "".join(f"{c:>16s}" for c in cells))
+        staged = report.get("stage_medians_ms", {}).get(pattern, {})
+        if staged:
+            lines.append(
+                "  where arrayio's loads spent their time (medians; in brackets, inside"
+                " the transfers)"
+            )
+        for name, medians in staged.items():
+            lines.append(f"  {name}")
+            lines += stages_text(medians)
     return "\n".join(lines)
 
 

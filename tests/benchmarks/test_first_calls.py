@@ -483,3 +483,52 @@ def test_a_wrong_byte_fails_the_checked_call_only(tmp_path: Path, monkeypatch) -
     result = sequence.run(spec)
     assert checked == [1] and result["failed_at"] == "check of call 2"
     assert result["check"] == result["error"] and len(result["seconds"]) == 1
+
+
+def test_the_stage_medians_say_where_each_call_went() -> None:
+    # Per call column, the median of each stage; "elsewhere" is the load's time outside its
+    # top-level stages (the checksums' wait happens inside the transfers, not beside them).
+    def record(load: float, transfers: float, checks: float | None = None) -> dict:
+        stages = {"open": 0.001, "allocate": 0.002, "transfers": transfers, "finish": 0.0}
+        if checks is not None:
+            stages["checksums on the GPU"] = checks
+        return {"call": "load", "seconds": load, "stages": stages}
+
+    def run(stages: list, error: str | None = None) -> dict:
+        return {
+            "series": "a",
+            "pattern": "warm",
+            "GBps": [1.0] * len(stages),
+            "error": error,
+            "stages": stages,
+        }
+
+    report = {
+        "peers": {"a": {}, "b": {}},
+        "patterns": {"warm": {"calls": 4}},
+        "ceilings": {},
+        "sequences": [
+            run([record(0.100, 0.090, 0.002), record(0.050, 0.040), record(0.045, 0.040)]),
+            run(
+                [
+                    record(0.120, 0.100, 0.004),
+                    record(0.060, 0.040),
+                    record(0.041, 0.036),
+                    record(0.043, 0.038),
+                ]
+            ),
+            run([record(9.0, 9.0)], error="check failed"),  # never counted
+            {"series": "b", "pattern": "warm", "GBps": [1.0], "error": None},  # a peer
+        ],
+    }
+    fc.summarize(report)
+    staged = report["stage_medians_ms"]["warm"]
+    assert list(staged) == ["a"]
+    assert staged["a"]["call 1"]["load"] == pytest.approx(110.0)
+    assert staged["a"]["call 1"]["checksums on the GPU"] == pytest.approx(3.0)
+    assert staged["a"]["call 1"]["elsewhere"] == pytest.approx(12.0)  # 110 - (1 + 2 + 95)
+    assert staged["a"]["call 2"]["elsewhere"] == pytest.approx(12.0)
+    assert staged["a"]["later"]["load"] == pytest.approx(43.0)  # calls 3 and 4 together
+    text = fc.table_text(report)
+    assert "call 1: load 110.0 ms: open 1.0, allocate 2.0, transfers 95.0" in text
+    assert "(checksums on the GPU 3.0), elsewhere 12.0" in text
