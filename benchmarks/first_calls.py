@@ -559,7 +559,7 @@ def column_median(rows: list[list[float]], first: int, last: int | None) -> floa
 
 # A load's stages that no other holds (see arrayio.runtime._stages: "making tools" and the GPU
 # checksums' wait happen inside the transfers); what the load took beyond them is "elsewhere".
-TOP_STAGES = ("open", "allocate", "transfers", "finish", "results")
+TOP_STAGES = ("open", "target", "allocate", "transfers", "finish", "results")
 STAGE_COLUMNS = (("call 1", 1, 1), ("call 2", 2, 2), ("later", 3, None))
 
 

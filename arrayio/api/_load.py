@@ -247,7 +247,8 @@ def _one_batch(
     fills and drains the tool's pipeline, and waits for the GPU's checksums, once a file.
     None where the results' finishing copies them (host bytes put on a GPU by JAX without
     the driver's memory): those load file by file, in batches that bound the copies."""
-    request = parse_target(like, device)
+    with _stages.stage("target"):  # (as a load of one file does)
+        request = parse_target(like, device)
     with contextlib.ExitStack() as readers:
         batch = []
         with _stages.stage("open"):
@@ -266,7 +267,8 @@ def _one_batch(
             batch.append((opened[file], chosen))
         total = sum(reader[key].nbytes for reader, chosen in batch for key in chosen)
         verifies = any(reader._verifies(chosen) for reader, chosen in batch)
-        ahead_of_gpu_load(request, total, verifies)  # (as a load of one file does)
+        with _stages.stage("target"):
+            ahead_of_gpu_load(request, total, verifies)
         results: dict[str, Any] = {}
         with _gcpause.paused(across_transfers=True):
             targets = []

@@ -643,9 +643,10 @@ class Reader:
                 )
             like = "jax"
             read_all = functools.partial(self._read_sharded, sharding)
-        request = parse_target(like, device)
-        self._check_memory(total, len(chosen), request)
-        ahead_of_gpu_load(request, total, self._verifies(chosen))
+        with _stages.stage("target"):  # the framework and device asked for
+            request = parse_target(like, device)
+            self._check_memory(total, len(chosen), request)
+            ahead_of_gpu_load(request, total, self._verifies(chosen))
         with _progress.bar(total, desc=f"loading {self.path}", progress=progress) as advance:
             return self._load(keys, request, structure, advance, read_all)
 

@@ -71,7 +71,7 @@ def test_a_load_says_where_its_time_went(tmp_path: Path, no_last: None) -> None:
     np.testing.assert_array_equal(loaded["w3"], arrays["w3"])
     last = _stages.last()
     assert last is not None and last["call"] == "load"
-    assert {"open", "allocate", "transfers", "finish", "results"} <= set(last["stages"])
+    assert {"open", "target", "allocate", "transfers", "finish", "results"} <= set(last["stages"])
     assert "checksums on the GPU" not in last["stages"]  # none on a machine without a GPU
     assert 0 < last["stages"]["transfers"] <= last["seconds"]
     text = str(arrayio.explain())
