@@ -12,7 +12,7 @@ import ctypes.util
 import errno
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,50 @@ def pread_full(fd: int, view: np.ndarray, file_offset: int) -> int:
             break
         done += got
     return done
+
+
+# Buffers one preadv call takes at most (Linux's IOV_MAX).
+_IOV_MAX = 1024
+
+
+def pread_scattered(fd: int, pieces: Sequence[tuple[int, np.ndarray]], scratch: np.ndarray) -> bool:
+    """Read each ``(file_offset, view)`` of ``pieces`` (in file order, none overlapping, the
+    gaps between them at most ``scratch``'s size) with as few ``preadv`` calls as the kernel
+    takes: straight into the views, the gaps into ``scratch``. Whether every view was filled
+    (False where the file ends first: the caller reads them one by one to say which)."""
+    if not pieces:
+        return True
+    gap = scratch.data.cast("B")
+    vectors: list[Any] = []
+    at = pieces[0][0]
+    for offset, view in pieces:
+        if offset < at or offset - at > len(gap):
+            raise ValueError("pieces overlap, are out of order, or leave a gap past the scratch")
+        if offset > at:
+            vectors.append(gap[: offset - at])
+        vectors.append(view.data.cast("B"))
+        at = offset + view.nbytes
+    start, offset = 0, pieces[0][0]
+    while start < len(vectors):
+        batch = vectors[start : start + _IOV_MAX]
+        want = sum(len(v) for v in batch)
+        got = os.preadv(fd, batch, offset)
+        if got < want:  # a signal or the file's end: the rest one vector at a time
+            for vector in batch:
+                length = len(vector)
+                if got >= length:
+                    got -= length
+                elif pread_full(fd, np.frombuffer(vector[got:], np.uint8), offset + got) != (
+                    length - got
+                ):
+                    return False
+                else:
+                    got = 0
+                offset += length
+        else:
+            offset += want
+        start += _IOV_MAX
+    return True
 
 
 # Read this much, checksum it, then read on: smaller pieces (to checksum bytes still in the

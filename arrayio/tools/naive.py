@@ -8,7 +8,7 @@ against. It serves every memory kind and never fails for a reason other than the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from .. import config
 from ..arrays._buffers import DeviceBuffer
 from ..integrity._checksum import ChecksumParts
 from . import _pinned as pinned
-from ._io import pread_checksummed, pread_full, pwrite_full
+from ._io import pread_checksummed, pread_full, pread_scattered, pwrite_full
 from .base import Buffer, Capabilities, IOFuture, Tool
 
 __all__ = ["NaiveTool"]
@@ -57,6 +57,14 @@ class NaiveTool(Tool):
                 if got < chunk.nbytes:
                     break
         return IOFuture.completed(done)
+
+    @staticmethod
+    def read_scattered(
+        fd: int, pieces: Sequence[tuple[int, np.ndarray]], scratch: np.ndarray
+    ) -> bool:
+        """Read host ``pieces``, neighbours in the file, with one ``preadv`` (see
+        :func:`~arrayio.tools._io.pread_scattered`); whether every piece was filled."""
+        return pread_scattered(fd, pieces, scratch)
 
     @staticmethod
     def _read_host(

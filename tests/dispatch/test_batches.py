@@ -327,10 +327,18 @@ def test_small_neighbours_are_read_with_one_read(tmp_path, fresh, monkeypatch):
     path.write_bytes(content)
     # Neighbours (gaps of 0 and 100 bytes), one far away, one overlapping the first.
     ranges = [(0, 4096), (4096, 8192), (12388, 50_000), (2 * MiB, 4096), (100, 300)]
-    reads = _record_calls(monkeypatch, "read", NaiveTool)  # what small transfers go through
+    reads: list[tuple[int, int]] = []  # the system calls: (file offset, bytes asked)
+    real_preadv = os.preadv
+
+    def preadv(fd, buffers, offset, *flags):
+        reads.append((offset, sum(memoryview(b).nbytes for b in buffers)))
+        return real_preadv(fd, buffers, offset, *flags)
+
+    monkeypatch.setattr(os, "preadv", preadv)
     dests, crcs = _read_into(fresh, path, ranges, with_checksum=True)
     # The overlapping request starts a run of its own in file order, which its neighbours
-    # after it join; the first stays alone.
+    # after it join (one read straight into their buffers, the gap between two of them into
+    # scratch); the first stays alone.
     assert sorted(reads) == [(0, 4096), (100, 62288), (2 * MiB, 4096)]
     for (offset, size), dest, crc in zip(ranges, dests, crcs, strict=True):
         assert dest.tobytes() == content[offset : offset + size]
@@ -782,11 +790,18 @@ def test_the_small_neighbours_of_a_read_move_while_its_batch_transfers_do(
     in_flight_then: list[int] = []
     real = NaiveTool.read
 
+    real_scattered = NaiveTool.read_scattered
+
     def naive_read(self, fd, buffer, file_offset, **kwargs):
         in_flight_then.append(slow.running)
         return real(self, fd, buffer, file_offset, **kwargs)
 
+    def naive_scattered(fd, pieces, scratch):
+        in_flight_then.append(slow.running)
+        return real_scattered(fd, pieces, scratch)
+
     monkeypatch.setattr(NaiveTool, "read", naive_read)
+    monkeypatch.setattr(NaiveTool, "read_scattered", staticmethod(naive_scattered))
     path, content, ranges = _mixed(tmp_path)
     done: list[int] = []
     dests, _ = _read_into(fresh, path, ranges, done=done.append)
@@ -804,6 +819,13 @@ def test_small_neighbours_move_once_when_a_failing_tool_batch_is_redone(
     )
     slow.fail_at = 3 * MiB
     reads = _record_calls(monkeypatch, "read", NaiveTool)
+    real_scattered = NaiveTool.read_scattered
+
+    def scattered(fd, pieces, scratch):  # a run of host neighbours: (first offset, span)
+        reads.append((pieces[0][0], pieces[-1][0] + pieces[-1][1].nbytes - pieces[0][0]))
+        return real_scattered(fd, pieces, scratch)
+
+    monkeypatch.setattr(NaiveTool, "read_scattered", staticmethod(scattered))
     path, content, ranges = _mixed(tmp_path)
     done: list[int] = []
     dests, _ = _read_into(fresh, path, ranges, done=done.append)
