@@ -941,18 +941,19 @@ class Dispatcher:
         results: list[int | None],
         done: Callable[[int], None] | None,
     ) -> None:
-        """Read small requests, each run of neighbours in the file with one read, into host
-        memory laid end to end (up to :data:`SMALL_GATHER_BYTES` at a time), then checksum
-        each piece and copy it; the device pieces with one host-to-device copy per device
-        and a copy on the device each (:func:`~arrayio.arrays._buffers.scatter_from_host`).
+        """Read small requests, each run of neighbours in the file with one read. A run of
+        host requests is read straight into their buffers (:meth:`_read_in_place`); a run
+        with device requests into host memory laid end to end (up to
+        :data:`SMALL_GATHER_BYTES` at a time), then each piece is checksummed and copied, the
+        device pieces with one host-to-device copy per device and a copy on the device each
+        (:func:`~arrayio.arrays._buffers.scatter_from_host`).
         A cold 4 KiB read costs a whole disk latency, and a copy from pageable host memory
         waits for the GPU: a checkpoint has hundreds of biases and norms, not neighbours of
         each other when each layer's weights lie between them.
 
         Reads go through the naive tool, as small transfers alone do, never the policy:
         this may run inside a batch, whose transfers would make this read's context one of
-        two in flight, a context nothing was learned for. A host request alone in its run
-        is read straight into its buffer."""
+        two in flight, a context nothing was learned for."""
         self.last = _SMALL_CHOICE
         group: list[tuple[list[int], int, int]] = []  # (run, file offset, bytes)
         gathered = 0
