@@ -884,6 +884,22 @@ def test_a_header_arrayio_wrote_before_it_had_a_crc_still_loads(tmp_path: Path) 
         assert reader.metadata == {}
 
 
+@pytest.mark.parametrize("bad", ["0123abc", "0123abcde", "0123ABCD", "0123abcg", ""])
+def test_a_malformed_tensor_checksum_is_named(tmp_path: Path, bad: str) -> None:
+    """Each tensor's CRC in arrayio's facts is 8 lowercase hex digits; the first that is not
+    is named, among many that are."""
+    source = tmp_path / "many.safetensors"
+    arrayio.save(source, {f"a{i}": np.full(4, i, np.float32) for i in range(50)})
+    header, data = read_container(source)
+    del header["__metadata__"][HEADER_CRC_KEY]
+    facts = json.loads(header["__metadata__"]["arrayio"])
+    facts["crc32c"]["a37"] = bad
+    header["__metadata__"]["arrayio"] = json.dumps({**facts, "version": 1})
+    path = write(tmp_path, container(header, data), "badcrc.safetensors")
+    with pytest.raises(arrayio.FormatError, match=r"checksum of 'a37' is .*8 hex digits"):
+        arrayio.open(path)
+
+
 def test_the_header_crc_is_not_user_metadata(tmp_path: Path) -> None:
     path = tmp_path / "m.safetensors"
     arrayio.save(path, {"w": np.ones(2)}, metadata={"run": "a"})
