@@ -243,6 +243,11 @@ def _settled_on_failure(operation: Callable[[Tool], R], buffer: Buffer) -> Calla
     return run
 
 
+def _contiguous_host(buffer: Buffer) -> bool:
+    """Whether ``buffer`` is host memory a ``preadv`` can fill as it is."""
+    return isinstance(buffer, np.ndarray) and buffer.flags.c_contiguous
+
+
 def _placement(buffer: Buffer) -> tuple[str, int]:
     """The memory kind of ``buffer`` and its device (-1 for the host): a batch is of one."""
     return buffer_kind(buffer), -1 if isinstance(buffer, np.ndarray) else buffer.device_index
@@ -958,7 +963,7 @@ class Dispatcher:
         group: list[tuple[list[int], int, int]] = []  # (run, file offset, bytes)
         gathered = 0
         for run in runs:
-            if all(isinstance(requests[i][1], np.ndarray) for i in run):
+            if all(_contiguous_host(requests[i][1]) for i in run):
                 self._read_in_place(fd, requests, run, path, with_checksum, results)
                 self._report([(run, 0, 0)], done)
                 continue

@@ -1437,3 +1437,17 @@ def test_a_checkpoint_s_first_load_is_no_re_read(tmp_path, fresh):
         assert real(fd) is None  # its directory is not one the process re-reads
     finally:
         os.close(fd)
+
+
+def test_small_neighbours_in_strided_host_buffers_still_get_their_bytes(tmp_path, fresh):
+    # A run read straight into its buffers needs each to be contiguous: strided ones (every
+    # other byte of a larger array) are read through staging and copied, as before.
+    content = os.urandom(MiB)
+    path = tmp_path / "strided.bin"
+    path.write_bytes(content)
+    ranges = [(0, 4096), (4096, 8192), (20_000, 1000)]
+    backing = [np.zeros(2 * n, np.uint8) for _, n in ranges]
+    dests, crcs = _read_into(fresh, path, ranges, [b[::2] for b in backing], with_checksum=True)
+    for (offset, size), dest, crc in zip(ranges, dests, crcs, strict=True):
+        assert dest.tobytes() == content[offset : offset + size]
+        assert crc == crc32c.crc32c(content[offset : offset + size])
