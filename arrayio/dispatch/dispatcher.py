@@ -29,7 +29,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -991,10 +991,11 @@ class Dispatcher:
         run, the bytes between them into scratch), then checksum each there: no staging
         buffer and no copy, which cost a load of thousands of small arrays more than its
         reads. A file that ends first is read request by request, to say which is short."""
-        pieces = [(o, b) for o, b in (requests[i] for i in run) if isinstance(b, np.ndarray)]
+        offsets = [requests[i][0] for i in run]
+        views = [cast(np.ndarray, requests[i][1]) for i in run]  # (_contiguous_host)
         scratch = np.empty(batches.RUN_GAP, np.uint8)  # the bytes between them
-        if len(run) > 1 and NaiveTool.read_scattered(fd, pieces, scratch):
-            for i, (_, view) in zip(run, pieces, strict=True):
+        if len(run) > 1 and NaiveTool.read_scattered(fd, offsets, views, scratch):
+            for i, view in zip(run, views, strict=True):
                 results[i] = checksum(view) if with_checksum else None
             return
         for i in run:

@@ -62,43 +62,50 @@ def pread_full(fd: int, view: np.ndarray, file_offset: int) -> int:
 _IOV_MAX = 1024
 
 
-def pread_scattered(fd: int, pieces: Sequence[tuple[int, np.ndarray]], scratch: np.ndarray) -> bool:
-    """Read each ``(file_offset, view)`` of ``pieces`` (in file order, none overlapping, the
-    gaps between them at most ``scratch``'s size) with as few ``preadv`` calls as the kernel
-    takes: straight into the views, the gaps into ``scratch``. Whether every view was filled
-    (False where the file ends first: the caller reads them one by one to say which)."""
-    if not pieces:
+def pread_scattered(
+    fd: int, offsets: Sequence[int], views: Sequence[np.ndarray], scratch: np.ndarray
+) -> bool:
+    """Read each of ``views`` (C-contiguous host arrays) from its file offset in ``offsets``
+    (in file order, none overlapping, the gaps between them at most ``scratch``'s size)
+    with as few ``preadv`` calls as the kernel takes: straight into the views, the gaps
+    into ``scratch``. Whether every view was filled (False where the file ends first: the
+    caller reads them one by one to say which). The arrays themselves are the call's
+    buffers: no object the collector tracks is made per view (a load of thousands of small
+    arrays runs this with the collector on)."""
+    if not views:
         return True
-    gap = scratch.data.cast("B")
-    vectors: list[Any] = []
-    at = pieces[0][0]
-    for offset, view in pieces:
-        if offset < at or offset - at > len(gap):
+    vectors: list[np.ndarray] = []
+    at = offsets[0]
+    for offset, view in zip(offsets, views, strict=True):
+        if offset < at or offset - at > scratch.nbytes:
             raise ValueError("pieces overlap, are out of order, or leave a gap past the scratch")
         if offset > at:
-            vectors.append(gap[: offset - at])
-        vectors.append(view.data.cast("B"))
+            vectors.append(scratch[: offset - at])
+        vectors.append(view)
         at = offset + view.nbytes
-    start, offset = 0, pieces[0][0]
+    start, offset = 0, offsets[0]
     while start < len(vectors):
         batch = vectors[start : start + _IOV_MAX]
-        want = sum(len(v) for v in batch)
-        got = os.preadv(fd, batch, offset)
-        if got < want:  # a signal or the file's end: the rest one vector at a time
-            for vector in batch:
-                length = len(vector)
-                if got >= length:
-                    got -= length
-                elif pread_full(fd, np.frombuffer(vector[got:], np.uint8), offset + got) != (
-                    length - got
-                ):
-                    return False
-                else:
-                    got = 0
-                offset += length
-        else:
-            offset += want
+        want = sum(vector.nbytes for vector in batch)
+        got = os.preadv(fd, batch, offset)  # type: ignore[arg-type]  # (arrays are buffers)
+        if got < want and not _finish_short(fd, batch, offset, got):
+            return False
+        offset += want
         start += _IOV_MAX
+    return True
+
+
+def _finish_short(fd: int, vectors: list[np.ndarray], offset: int, got: int) -> bool:
+    """Read what a short ``preadv`` of ``vectors`` at ``offset`` left (``got`` bytes came:
+    a signal, or the file's end), one vector at a time; whether all of it came."""
+    for vector in vectors:
+        flat = vector.reshape(-1).view(np.uint8)
+        if got < flat.nbytes:
+            rest = flat[got:]
+            if pread_full(fd, rest, offset + got) != rest.nbytes:
+                return False
+        got = max(0, got - flat.nbytes)
+        offset += flat.nbytes
     return True
 
 

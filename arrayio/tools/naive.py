@@ -60,11 +60,11 @@ class NaiveTool(Tool):
 
     @staticmethod
     def read_scattered(
-        fd: int, pieces: Sequence[tuple[int, np.ndarray]], scratch: np.ndarray
+        fd: int, offsets: Sequence[int], views: Sequence[np.ndarray], scratch: np.ndarray
     ) -> bool:
-        """Read host ``pieces``, neighbours in the file, with one ``preadv`` (see
-        :func:`~arrayio.tools._io.pread_scattered`); whether every piece was filled."""
-        return pread_scattered(fd, pieces, scratch)
+        """Read host ``views``, neighbours in the file at ``offsets``, with one ``preadv``
+        (see :func:`~arrayio.tools._io.pread_scattered`); whether every one was filled."""
+        return pread_scattered(fd, offsets, views, scratch)
 
     @staticmethod
     def _read_host(

@@ -796,9 +796,9 @@ def test_the_small_neighbours_of_a_read_move_while_its_batch_transfers_do(
         in_flight_then.append(slow.running)
         return real(self, fd, buffer, file_offset, **kwargs)
 
-    def naive_scattered(fd, pieces, scratch):
+    def naive_scattered(fd, offsets, views, scratch):
         in_flight_then.append(slow.running)
-        return real_scattered(fd, pieces, scratch)
+        return real_scattered(fd, offsets, views, scratch)
 
     monkeypatch.setattr(NaiveTool, "read", naive_read)
     monkeypatch.setattr(NaiveTool, "read_scattered", staticmethod(naive_scattered))
@@ -821,9 +821,9 @@ def test_small_neighbours_move_once_when_a_failing_tool_batch_is_redone(
     reads = _record_calls(monkeypatch, "read", NaiveTool)
     real_scattered = NaiveTool.read_scattered
 
-    def scattered(fd, pieces, scratch):  # a run of host neighbours: (first offset, span)
-        reads.append((pieces[0][0], pieces[-1][0] + pieces[-1][1].nbytes - pieces[0][0]))
-        return real_scattered(fd, pieces, scratch)
+    def scattered(fd, offsets, views, scratch):  # a run of host neighbours: (first, span)
+        reads.append((offsets[0], offsets[-1] + views[-1].nbytes - offsets[0]))
+        return real_scattered(fd, offsets, views, scratch)
 
     monkeypatch.setattr(NaiveTool, "read_scattered", staticmethod(scattered))
     path, content, ranges = _mixed(tmp_path)

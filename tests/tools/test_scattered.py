@@ -13,6 +13,10 @@ from hypothesis import strategies as st
 from arrayio.tools._io import _IOV_MAX, pread_scattered
 
 
+def _scattered(fd: int, pieces: list, scratch: np.ndarray) -> bool:
+    return pread_scattered(fd, [o for o, _ in pieces], [v for _, v in pieces], scratch)
+
+
 def _file(tmp_path, nbytes: int) -> tuple[int, bytes]:
     content = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8).tobytes()
     path = tmp_path / "f.bin"
@@ -36,7 +40,7 @@ def test_every_piece_gets_its_own_bytes(tmp_path_factory, layout, start) -> None
     fd, content = _file(tmp_path, at + 10)
     try:
         pieces = [(o, np.full(n, 7, np.uint8)) for o, n in offsets]
-        assert pread_scattered(fd, pieces, np.empty(70, np.uint8))
+        assert _scattered(fd, pieces, np.empty(70, np.uint8))
         for offset, view in pieces:
             assert view.tobytes() == content[offset : offset + view.nbytes]
     finally:
@@ -57,7 +61,7 @@ def test_more_pieces_than_one_call_takes(tmp_path, monkeypatch) -> None:
     try:
         pieces = [(24 * i + 8, np.empty(16, np.uint8)) for i in range(count)]  # 8-byte gaps
         monkeypatch.setattr(os, "preadv", preadv)
-        assert pread_scattered(fd, pieces, np.empty(8, np.uint8))
+        assert _scattered(fd, pieces, np.empty(8, np.uint8))
         monkeypatch.undo()
         assert max(calls) <= _IOV_MAX and len(calls) == -(-(2 * count) // _IOV_MAX)
         for offset, view in pieces:
@@ -81,7 +85,7 @@ def test_a_short_read_is_finished_piece_by_piece(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(os, "preadv", stopping_early)
     try:
         pieces = [(0, np.empty(100, np.uint8)), (150, np.empty(1000, np.uint8))]
-        assert pread_scattered(fd, pieces, np.empty(64, np.uint8))
+        assert _scattered(fd, pieces, np.empty(64, np.uint8))
         for offset, view in pieces:
             assert view.tobytes() == content[offset : offset + view.nbytes]
     finally:
@@ -92,7 +96,7 @@ def test_a_file_that_ends_first_says_so(tmp_path) -> None:
     fd, _ = _file(tmp_path, 1000)
     try:
         pieces = [(0, np.empty(500, np.uint8)), (600, np.empty(500, np.uint8))]
-        assert not pread_scattered(fd, pieces, np.empty(100, np.uint8))
+        assert not _scattered(fd, pieces, np.empty(100, np.uint8))
     finally:
         os.close(fd)
 
@@ -104,6 +108,6 @@ def test_overlaps_disorder_and_wide_gaps_are_refused(tmp_path, offsets) -> None:
     try:
         pieces = [(o, np.empty(n, np.uint8)) for o, n in offsets]
         with pytest.raises(ValueError, match="overlap"):
-            pread_scattered(fd, pieces, np.empty(64, np.uint8))
+            _scattered(fd, pieces, np.empty(64, np.uint8))
     finally:
         os.close(fd)
