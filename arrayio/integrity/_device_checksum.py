@@ -242,27 +242,42 @@ def build_ahead(devices: Sequence[int], *, beside_python: bool = False) -> None:
     host (from the disk) whose process will checksum its later reads (from the page cache)
     on the GPU.
 
-    ``beside_python``: the caller goes on with work of the interpreter's (allocating a
-    load's outputs). CuPy's launcher builds and loads its kernel in Python, and beside that
-    work it lengthened it (a fresh process's allocation of a checkpoint's outputs took two to
-    four times as long), so it is left to the batch's start; NVRTC and the driver, called
-    through ``ctypes``, leave the interpreter to the caller."""
+    ``beside_python``: the caller goes on to allocate a load's outputs, work of the
+    interpreter's that may start a framework's CUDA. The build starts now only where the
+    launcher chosen now is the one chosen after (:func:`_early_launcher`) and builds
+    outside the interpreter: torch's or the driver's (NVRTC and the driver through
+    ``ctypes``). CuPy builds and loads its kernel in Python, and beside CuPy's allocations
+    it made them two to four times as long; a torch that has not started CUDA yet would
+    leave the choice to the driver (or CuPy) for the whole process. Those builds start with
+    the batch's transfers."""
     if not devices or not available():
         return
-    if beside_python and _builds_in_python():
+    if beside_python and _early_launcher() not in ("torch", "driver"):
         return
     _build_ahead(devices)
 
 
-def _builds_in_python() -> bool:
-    """Whether the launcher this process uses (or will choose) is CuPy's."""
+def _early_launcher() -> str | None:
+    """The launcher this process uses, or would choose now where that choice is final; None
+    where the allocation about to run may change it (torch imported, CUDA not started)."""
     chosen = _chosen
     if chosen is not None:
-        return chosen.name == "cupy"
-    return "cupy" in sys.modules  # what _launchers.choose() picks first
+        return chosen.name
+    if "cupy" in sys.modules:  # what _launchers.choose() picks first
+        return "cupy"
+    if _launchers._torch_running_cuda() is not None:
+        return "torch"
+    if "torch" in sys.modules:
+        return None
+    return "driver" if _launchers._driver_usable() else "cupy"
+
+
+# Marks the thread that runs a build: its first launch's results() must not wait for it.
+_in_build = threading.local()
 
 
 def _build(device: int) -> None:
+    _in_build.active = True
     try:
         gpu = _launcher()
         if gpu is not None:
@@ -275,6 +290,7 @@ def _build(device: int) -> None:
     except Exception as error:  # noqa: BLE001 - the first launch builds it, and says why not
         logger.debug("arrayio: building the checksum kernel ahead failed: %s", error)
     finally:
+        _in_build.active = False
         _builds[device].set()
 
 
@@ -495,7 +511,15 @@ class DeviceChecksums:
             self._flush(device)
 
     def results(self) -> list[int]:
-        """The CRC of every buffer, in order, after one wait per device."""
+        """The CRC of every buffer, in order, after one wait per device.
+
+        Where the kernel is being built (and first launched, its result checked), this waits
+        for it: a batch's first kernels run only once it is known to be right."""
+        if self._on_gpu and not getattr(_in_build, "active", False):
+            for device in self._counts:
+                build = _builds.get(device)
+                if build is not None:
+                    build.wait()
         for index in range(len(self.buffers)):
             self.launch(index)
         for device in list(self._ready):
@@ -552,6 +576,10 @@ class DeviceChecksums:
         self._ready_bytes[device] = 0
         if not group or not self._on_gpu:
             return
+        if _unavailable is not None:  # (the first launch found the kernel wrong meanwhile)
+            self.abandon()
+            self._on_gpu = False
+            return
         if self._gpu is None:
             self._gpu = _launcher()
             if self._gpu is None:  # none after all: through the host
@@ -562,6 +590,10 @@ class DeviceChecksums:
         except MemoryError:
             raise
         except Exception as error:  # noqa: BLE001 - a kernel that cannot be built or run here
+            if _out_of_device_memory(error):  # passing: this batch through the host
+                self.abandon()
+                self._on_gpu = False
+                return
             self._give_up(error)
 
     def _launch_group(self, gpu: Launcher, device: int, group: list[int]) -> None:
@@ -617,6 +649,12 @@ class DeviceChecksums:
         self.abandon()
         self._on_gpu = False
         _stop_using(f"{type(error).__name__}: {error}")
+
+
+def _out_of_device_memory(error: Exception) -> bool:
+    """Whether ``error`` is a framework's out-of-memory error (torch's and CuPy's are not
+    ``MemoryError``s): a full device, for a moment, not a kernel that cannot run here."""
+    return "OutOfMemory" in type(error).__name__ or "out of memory" in str(error).lower()
 
 
 def _stop_using(reason: str) -> None:

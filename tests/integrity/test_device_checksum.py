@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import types
 
 import numpy as np
@@ -485,21 +486,26 @@ def test_the_build_ahead_leaves_nothing_of_a_first_launch_to_a_load(monkeypatch,
 
 
 @pytest.mark.parametrize(
-    ("chosen", "cupy_imported", "starts"),
+    ("chosen", "imported", "torch_cuda", "driver", "starts"),
     [
-        (None, False, True),
-        (None, True, False),  # CuPy imported: its launcher will be chosen
-        ("cupy", False, False),
-        ("torch", True, True),
-        ("driver", False, True),
+        (None, (), False, True, True),  # JAX: the driver, whatever the allocation does
+        (None, ("cupy",), False, True, False),  # CuPy will be chosen, and builds in Python
+        (None, ("torch",), False, True, False),  # torch may start CUDA as it allocates
+        (None, ("torch",), True, True, True),  # torch runs CUDA: torch's launcher
+        (None, (), False, False, False),  # no NVRTC: CuPy would be imported
+        ("cupy", (), False, True, False),
+        ("torch", ("torch",), True, True, True),
+        ("driver", (), False, True, True),
     ],
 )
-def test_a_build_beside_the_callers_python_is_left_to_the_batch_where_cupy_builds(
-    monkeypatch, chosen, cupy_imported, starts
+def test_a_build_beside_the_allocation_starts_only_with_a_final_launcher_outside_python(
+    monkeypatch, chosen, imported, torch_cuda, driver, starts
 ) -> None:
-    # CuPy builds and loads its kernel in Python: started beside a load's allocation of its
-    # outputs, it lengthened that; NVRTC and the driver, through ctypes, do not.
-    from arrayio.integrity import _device_checksum
+    # Started beside a load's allocation of its outputs, the build must pick the launcher
+    # the process keeps (a torch that starts CUDA in that allocation would otherwise leave
+    # it to the driver for good) and must not build in Python (CuPy's, which lengthened
+    # CuPy's allocations); at the batch's start it always starts.
+    from arrayio.integrity import _device_checksum, _launchers
 
     started: list[list[int]] = []
     monkeypatch.setattr(_device_checksum, "available", lambda: True)
@@ -507,11 +513,66 @@ def test_a_build_beside_the_callers_python_is_left_to_the_batch_where_cupy_build
     monkeypatch.setattr(
         _device_checksum, "_chosen", None if chosen is None else types.SimpleNamespace(name=chosen)
     )
-    if cupy_imported:
-        monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
-    else:
-        monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    for name in ("cupy", "torch"):
+        if name in imported:
+            monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+        else:
+            monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(_launchers, "_torch_running_cuda", lambda: object() if torch_cuda else None)
+    monkeypatch.setattr(_launchers, "_driver_usable", lambda: driver)
     _device_checksum.build_ahead([0], beside_python=True)
     assert started == ([[0]] if starts else [])
     _device_checksum.build_ahead([1])  # at the batch's start: always
     assert started[-1] == [1]
+
+
+def test_a_batch_waits_for_the_kernels_first_launch_and_trusts_no_kernel_it_finds_wrong(
+    monkeypatch,
+) -> None:
+    # The first batch of a process reaches its results while the kernel is still being
+    # built and first launched: it waits for that, and where the first launch found the
+    # kernel wrong, its checksums come from the host, not from that kernel.
+    from arrayio.integrity import _device_checksum
+
+    monkeypatch.setattr(_device_checksum, "_unavailable", None)
+    monkeypatch.setattr(_device_checksum, "available", lambda: True)
+    building = threading.Event()
+    monkeypatch.setattr(_device_checksum, "_builds", {0: building})
+    launched: list[object] = []
+    monkeypatch.setattr(
+        _device_checksum.DeviceChecksums, "_launch_group", lambda *args: launched.append(args)
+    )
+
+    def first_launch_finds_it_wrong() -> None:
+        time.sleep(0.2)
+        _device_checksum._stop_using("pretend: its CRC of zeros is wrong")
+        building.set()
+
+    data = np.arange(5000, dtype=np.uint8)
+    sums = _device_checksum.DeviceChecksums([_HostBackedDevice(data)])  # type: ignore[list-item]
+    threading.Thread(target=first_launch_finds_it_wrong).start()
+    assert sums.results() == [checksum(data)]
+    assert building.is_set() and launched == []
+
+
+def test_a_device_short_of_memory_sends_one_batch_to_the_host_not_every_later_one(
+    monkeypatch,
+) -> None:
+    from arrayio.integrity import _device_checksum
+
+    class OutOfMemoryError(RuntimeError):  # as torch's and CuPy's are named
+        pass
+
+    def full(*args) -> None:
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+
+    monkeypatch.setattr(_device_checksum, "_unavailable", None)
+    monkeypatch.setattr(_device_checksum, "available", lambda: True)
+    monkeypatch.setattr(_device_checksum, "_builds", {0: threading.Event()})
+    _device_checksum._builds[0].set()
+    monkeypatch.setattr(_device_checksum, "_launcher", lambda: types.SimpleNamespace())
+    monkeypatch.setattr(_device_checksum.DeviceChecksums, "_launch_group", full)
+    data = np.arange(5000, dtype=np.uint8)
+    sums = _device_checksum.DeviceChecksums([_HostBackedDevice(data)])  # type: ignore[list-item]
+    assert sums.results() == [checksum(data)]
+    assert _device_checksum._unavailable is None  # the next batch tries the GPU again
