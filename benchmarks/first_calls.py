@@ -590,7 +590,7 @@ def stage_medians(report: dict[str, Any], pattern: str, series: str) -> dict[str
     return out
 
 
-def stages_text(medians: dict[str, Any]) -> list[str]:
+def stage_medians_text(medians: dict[str, Any]) -> list[str]:
     """Lines for a series' :func:`stage_medians`, one per column."""
     lines = []
     for col, ms in medians.items():
@@ -690,7 +690,7 @@ def table_text(report: dict[str, Any]) -> str:
             )
         for name, medians in staged.items():
             lines.append(f"  {name}")
-            lines += stages_text(medians)
+            lines += stage_medians_text(medians)
     return "\n".join(lines)
 
 

@@ -965,7 +965,9 @@ class Dispatcher:
         for run in runs:
             if all(_contiguous_host(requests[i][1]) for i in run):
                 self._read_in_place(fd, requests, run, path, with_checksum, results)
-                self._report([(run, 0, 0)], done)
+                if done is not None:
+                    for i in run:
+                        done(i)
                 continue
             first, end = batches.extent([requests[i] for i in run])
             if group and gathered + end - first > SMALL_GATHER_BYTES:

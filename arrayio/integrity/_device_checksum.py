@@ -260,16 +260,12 @@ def build_ahead(devices: Sequence[int], *, beside_python: bool = False) -> None:
 def _early_launcher() -> str | None:
     """The launcher this process uses, or would choose now where that choice is final; None
     where the allocation about to run may change it (torch imported, CUDA not started)."""
-    chosen = _chosen
-    if chosen is not None:
-        return chosen.name
-    if "cupy" in sys.modules:  # what _launchers.choose() picks first
-        return "cupy"
-    if _launchers._torch_running_cuda() is not None:
-        return "torch"
-    if "torch" in sys.modules:
-        return None
-    return "driver" if _launchers._driver_usable() else "cupy"
+    if _chosen is not None:
+        return _chosen.name
+    name = _launchers.choice()
+    if name != "torch" and "torch" in sys.modules and "cupy" not in sys.modules:
+        return None  # torch's launcher once the allocation starts its CUDA
+    return name
 
 
 # Marks the thread that runs a build: its first launch's results() must not wait for it.
@@ -577,8 +573,7 @@ class DeviceChecksums:
         if not group or not self._on_gpu:
             return
         if _unavailable is not None:  # (the first launch found the kernel wrong meanwhile)
-            self.abandon()
-            self._on_gpu = False
+            self._through_the_host()
             return
         if self._gpu is None:
             self._gpu = _launcher()
@@ -591,8 +586,7 @@ class DeviceChecksums:
             raise
         except Exception as error:  # noqa: BLE001 - a kernel that cannot be built or run here
             if _out_of_device_memory(error):  # passing: this batch through the host
-                self.abandon()
-                self._on_gpu = False
+                self._through_the_host()
                 return
             self._give_up(error)
 
@@ -645,9 +639,14 @@ class DeviceChecksums:
         """The stream the kernels run on (call with ``device`` current)."""
         return gpu.own_stream(device) if self._own_stream else gpu.current_stream(device)
 
-    def _give_up(self, error: Exception) -> None:
+    def _through_the_host(self) -> None:
+        """This batch's checksums from the host: the kernels started are waited for."""
         self.abandon()
         self._on_gpu = False
+
+    def _give_up(self, error: Exception) -> None:
+        """This batch's and every later one's checksums from the host, for ``error``."""
+        self._through_the_host()
         _stop_using(f"{type(error).__name__}: {error}")
 
 

@@ -31,7 +31,15 @@ import numpy as np
 
 from ..arrays import _cuda
 
-__all__ = ["CupyLauncher", "DriverLauncher", "Launcher", "TorchLauncher", "choose", "usable"]
+__all__ = [
+    "CupyLauncher",
+    "DriverLauncher",
+    "Launcher",
+    "TorchLauncher",
+    "choice",
+    "choose",
+    "usable",
+]
 
 
 class Launcher:
@@ -408,17 +416,27 @@ def usable() -> bool:
     return _driver_usable()
 
 
+def choice(avoid: frozenset[str] = frozenset()) -> str | None:
+    """The name of the launcher :func:`choose` makes now, importing nothing: ``"cupy"``,
+    ``"torch"``, ``"driver"``, or None where there is none to try."""
+    if "cupy" not in avoid and "cupy" in sys.modules:
+        return "cupy"
+    if "torch" not in avoid and _torch_running_cuda() is not None:
+        return "torch"
+    if "driver" not in avoid and _driver_usable():
+        return "driver"
+    return "cupy" if "cupy" not in avoid else None  # imported, where it is installed
+
+
 def choose(avoid: frozenset[str] = frozenset()) -> Launcher | None:
     """The launcher for this process (see the module docstring), other than those named in
     ``avoid`` (ones that failed); None where there is none."""
-    if "cupy" not in avoid and "cupy" in sys.modules:
-        return CupyLauncher(sys.modules["cupy"])
-    torch = _torch_running_cuda()
-    if "torch" not in avoid and torch is not None:
-        return TorchLauncher(torch)
-    if "driver" not in avoid and _driver_usable():
+    name = choice(avoid)
+    if name == "torch":
+        return TorchLauncher(sys.modules["torch"])
+    if name == "driver":
         return DriverLauncher()
-    if "cupy" not in avoid:
+    if name == "cupy":
         try:
             import cupy
         except ImportError:
