@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import ToolUnavailableError
 from ..runtime import _background, _stages
-from ..tools.base import no_wait
 from ._choosing import Candidates, Exploration, attributes, nearest_winner, order
 from ._recording import Measures
 from .arm import Arm
@@ -47,11 +46,6 @@ MAX_SHARE = 0.5  # a rival never takes more of a call than the incumbent
 # context's calls have taken ``Policy.setup_after`` seconds; the setting up is then charged
 # to the context's regret. A script that loads a model once never pays for it.
 PREPARE_AFTER = 2
-
-# Seconds between looks at whether a page-cache call is still in flight, while a set-up's
-# next step waits for it to end (Policy._between_page_cache_calls).
-_TURN_WAIT = 0.002
-
 
 # The rate a call is assumed to run at where nothing of its context was measured, to judge
 # whether it hides a tool's set-up (see Policy._stand_in): a fast path's, so that short
@@ -205,8 +199,6 @@ class Policy:
         # compares them before and after its wait.
         self._running = 0
         self._started = 0
-        # Calls in flight whose reads the page cache serves (see _between_page_cache_calls).
-        self._page_cache_calls = 0
         self._idle_watches: set[Arm] = set()
         # Arms set up for a stand-in's context, whose first call is not yet measured: set-up
         # imports the libraries, and the first transfer still pins the tool's own buffers.
@@ -310,9 +302,7 @@ class Policy:
     def _prepare(self, arm: Arm, key: str | None) -> None:
         start = time.perf_counter()
         try:
-            tool = self.tool(arm)
-            # A rival's set-up is charged to its context's regret instead, step by step.
-            tool.prepare(self._between_page_cache_calls if key is None else no_wait)
+            self.tool(arm).prepare()
         except Exception as error:  # noqa: BLE001 - a call measures it, and marks it
             logger.info("setting up %s failed: %s", arm.label, error)
         finally:
@@ -326,15 +316,6 @@ class Policy:
                 with self._lock:  # what it cost the calls meanwhile, at most its duration
                     seconds = time.perf_counter() - start
                     self._explored[key] = self._explored.get(key, 0.0) + seconds
-
-    def _between_page_cache_calls(self) -> None:
-        """Return once no call that the page cache serves is in flight (or the process's
-        exit has begun): a stand-in's arm is set up beside a read from the disk, which hides
-        its steps, but a step that starts late (its files came from that disk too) must not
-        run beside a page-cache read, which it would slow far more than it hides: importing
-        holds the interpreter's lock, pinning the CUDA driver."""
-        while self._page_cache_calls > 0 and not _background.exiting():
-            _background.sleep(_TURN_WAIT)
 
     def _stand_in(
         self, context: Context, key: str, arm: Arm, nbytes: int, exclude: Iterable[Arm]
@@ -714,8 +695,6 @@ class Policy:
                 runner, set_up = self._stand_in(context, key, arm, nbytes, tried)
                 self._running += 1
                 self._started += 1
-                from_cache = context.cache not in ON_DISK
-                self._page_cache_calls += from_cache
             try:
                 try:
                     fresh = self._is_fresh(runner)
@@ -726,7 +705,6 @@ class Policy:
                 finally:
                     with self._lock:
                         self._running -= 1
-                        self._page_cache_calls -= from_cache
                     self._release(key, arm)
                     self._set_up_after(set_up)
                     if runner != arm and set_up is None:

@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .base import Tool, no_wait
+from .base import Tool
 
 __all__ = ["ThreadedTool"]
 
@@ -42,7 +42,7 @@ class ThreadedTool(Tool):
                 self._pool = _Pool(self.threads, thread_name_prefix=f"arrayio-{self.name}")
             return self._pool
 
-    def prepare(self, wait_turn: Callable[[], None] = no_wait) -> None:
+    def prepare(self) -> None:
         """Start every worker thread (a pool starts one per task submitted, as needed)."""
         pool = self._executor()
         started = threading.Barrier(self.threads + 1)

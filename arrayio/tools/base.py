@@ -36,17 +36,12 @@ __all__ = [
     "ReadsOnly",
     "Tool",
     "buffer_kind",
-    "no_wait",
 ]
 
 T = TypeVar("T")
 
 Buffer = np.ndarray | DeviceBuffer
 """Host memory (flat ``uint8`` NumPy array) or device memory."""
-
-
-def no_wait() -> None:
-    """A set-up's ``wait_turn`` that never waits: its steps run one after the other."""
 
 
 def buffer_kind(buffer: Buffer) -> str:
@@ -225,12 +220,10 @@ class Tool(abc.ABC):
     # grows with their use (threads, the pinned buffers a transfer needs).
     setup_seconds = 0.0
 
-    def prepare(self, wait_turn: Callable[[], None] = no_wait) -> None:  # noqa: B027 - optional hook
+    def prepare(self) -> None:  # noqa: B027 - optional hook, nothing to set up by default
         """Set up what the first transfer would (threads, pinned buffers, libraries), so
         that it measures the transfer alone; the dispatcher calls it in the background
-        before it measures a new arm on a user's call. ``wait_turn`` returns when the next
-        costly step (an import, pinning memory) may start: the dispatcher's keeps them out
-        of the page-cache reads in flight."""
+        before it measures a new arm on a user's call."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release threads and buffers; the tool may be used again afterwards."""

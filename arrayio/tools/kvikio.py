@@ -26,8 +26,7 @@ from ..arrays import _cuda
 from ..arrays._buffers import DeviceBytes, synchronize_device
 from ..errors import ToolUnavailableError
 from ..integrity._checksum import ChecksumParts
-from ..runtime import _read_ahead
-from .base import Availability, Buffer, Capabilities, IOFuture, Tool, no_wait
+from .base import Availability, Buffer, Capabilities, IOFuture, Tool
 
 __all__ = ["KvikioTool"]
 
@@ -60,21 +59,6 @@ class _Future(IOFuture[int]):
 
     def done(self) -> bool:
         return bool(self._kvikio_future.done())
-
-
-# What ``import kvikio`` reads (its package, its C++ library's and its logger's, which it
-# loads, and the standard modules its Python imports): read ahead by ``prepare`` (see
-# ``arrayio.runtime._read_ahead``). A module missing here costs only time.
-IMPORTS = (
-    "kvikio",
-    "libkvikio",
-    "rapids_logger",
-    "cuda.pathfinder",
-    "http.server",
-    "socketserver",
-    "html",
-    "mimetypes",
-)
 
 
 class KvikioTool(Tool):
@@ -117,16 +101,11 @@ class KvikioTool(Tool):
             return Availability(False, "no libcuda.so.1: KvikIO needs the NVIDIA driver")
         return Availability(True)
 
-    def prepare(self, wait_turn: Callable[[], None] = no_wait) -> None:
-        """Read KvikIO's files into the page cache, import it, start its threads and pin its
-        bounce buffers (each of the last three when ``wait_turn`` returns)."""
-        _read_ahead.read_ahead(_read_ahead.files_of(IMPORTS))
-        wait_turn()
+    def prepare(self) -> None:
+        """Import KvikIO, start its threads and pin its bounce buffers."""
         kvikio = _import_kvikio()
-        wait_turn()
         with _settings_lock:
             self._use_threads(kvikio)
-        wait_turn()
         try:
             self._pin_bounce_buffers()
         except Exception as error:  # noqa: BLE001 - the first transfer pins them instead

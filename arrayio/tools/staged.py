@@ -32,7 +32,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -56,15 +56,7 @@ from ._io import (
 from ._pinned import SLACK, Borrowed
 from ._pinned import pool as pinned_pool
 from ._threaded import ThreadedTool
-from .base import (
-    Availability,
-    Buffer,
-    Capabilities,
-    DeviceRanges,
-    IOFuture,
-    no_wait,
-    one_gpu,
-)
+from .base import Availability, Buffer, Capabilities, DeviceRanges, IOFuture, one_gpu
 
 __all__ = ["StagedTool"]
 
@@ -120,13 +112,12 @@ class StagedTool(DeviceRanges, ThreadedTool):
             pair = events[device_index] = [_cuda.Event(), _cuda.Event()]
         return stream, pair
 
-    def prepare(self, wait_turn: Callable[[], None] = no_wait) -> None:
+    def prepare(self) -> None:
         """Start the workers and pin a full pipeline's buffers into the shared pool (two of
         a chunk per worker): pinning is the costly part of a first call."""
-        super().prepare(wait_turn)
+        super().prepare()
         with contextlib.ExitStack() as loans:
             for _ in range(2 * self.threads):
-                wait_turn()
                 if sys.is_finalizing():  # a background thread must not pin during teardown
                     return
                 loans.enter_context(pinned_pool.lend(self.chunk_size + SLACK))

@@ -38,7 +38,6 @@ from arrayio.errors import (
     UnknownToolError,
 )
 from arrayio.tools import Availability, Capabilities, IOFuture, Tool
-from arrayio.tools.base import no_wait
 
 GB = 1e9
 MiB = 1 << 20
@@ -903,7 +902,7 @@ def test_a_rival_is_set_up_in_the_background_before_its_first_share(exploring):
     release = threading.Event()
 
     class Slow(FakeTool):
-        def prepare(self, wait_turn=no_wait) -> None:
+        def prepare(self) -> None:
             release.wait(10)
             prepared.set()
 
@@ -1295,7 +1294,7 @@ def _standing_in(world: World, arms: list[Arm], setups: dict[str, float], prepar
     gap between them counts as the program's own work unless ``idle_wait`` is given."""
 
     class Prepared(FakeTool):
-        def prepare(self, wait_turn=no_wait) -> None:
+        def prepare(self) -> None:
             prepared.wait(10)
 
     tunables.setdefault("idle_wait", 3600.0)
@@ -1481,57 +1480,6 @@ def test_a_long_read_from_the_disk_sets_the_arm_up_beside_its_stand_in():
     assert call(policy, context(31), 1536 * MiB) == A
 
 
-def test_a_set_up_beside_a_cold_read_steps_aside_for_page_cache_calls():
-    # a's set-up starts beside a cold read, which hides it (its steps run during that call).
-    # A step that comes late, with the page-cache reload already in flight, waits for it
-    # to end: importing KvikIO holds the interpreter's lock and pinning the CUDA driver,
-    # which a read from the page cache does not hide.
-    steps: list[str] = []
-    begin = threading.Event()
-
-    class Stepped(FakeTool):
-        def prepare(self, wait_turn=no_wait) -> None:
-            wait_turn()
-            steps.append("import")
-            begin.wait(10)
-            wait_turn()
-            steps.append("pin")
-
-    world = World({"a": 30 * GB, "c": 10 * GB})
-    policy = make_policy(
-        world, [A, C], setup_seconds=lambda arm: 0.1 if arm.name == "a" else 0.0, idle_wait=3600
-    )
-    policy._make = lambda arm: Stepped(world, arm)
-
-    def cold_read(tool):
-        for _ in range(500):  # the step runs beside the read from the disk
-            if steps:
-                break
-            time.sleep(0.01)
-        return tool.transfer(1536 * MiB)
-
-    policy.run(context(31, cache="cold"), 1536 * MiB, cold_read)
-    assert steps == ["import"] and policy._preparing == {A}
-    inside, leave = threading.Event(), threading.Event()
-
-    def warm_read(tool):
-        inside.set()
-        leave.wait(10)
-        return tool.transfer(1536 * MiB)
-
-    reload = threading.Thread(target=policy.run, args=(context(31), 1536 * MiB, warm_read))
-    reload.start()
-    assert inside.wait(10)
-    begin.set()
-    time.sleep(0.2)
-    assert steps == ["import"], "a step ran beside a page-cache read"
-    leave.set()
-    reload.join(10)
-    _wait_ready(policy, A)
-    assert steps == ["import", "pin"]
-    assert call(policy, context(31), 1536 * MiB) == A
-
-
 @pytest.mark.parametrize(
     ("cache", "nbytes", "why"),
     [
@@ -1585,7 +1533,7 @@ from arrayio.dispatch import Arm, Policy, Table
 from arrayio.tools import Tool
 
 class Slow(Tool):
-    def prepare(self, wait_turn=None):
+    def prepare(self):
         time.sleep(0.5)
         open({str(done)!r}, "w").write("set up")
 
