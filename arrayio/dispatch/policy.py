@@ -118,6 +118,9 @@ class Policy:
     idle_wait
         Seconds without a call after a stand-in's call for the program to count as busy
         with other work, so that a set-up then overlaps that work (see :meth:`_stand_in`).
+    setup_wait
+        Seconds a call served by the page cache waits for its arm's set-up in progress,
+        rather than running a stand-in beside it (see :meth:`_wait_for_set_up`); 0: never.
 
     Raises
     ------
@@ -147,6 +150,7 @@ class Policy:
         setup_after: float = 2.0,
         setup_seconds: Callable[[Arm], float] | None = None,
         idle_wait: float = 0.05,
+        setup_wait: float = 0.5,
     ) -> None:
         self.exploration = Exploration(
             explore_samples,
@@ -164,6 +168,7 @@ class Policy:
         self.regret, self.first_share = regret, first_share
         self.setup_after = setup_after
         self.idle_wait = idle_wait
+        self.setup_wait = setup_wait
         # Whether exploring contexts share calls between arms (:meth:`split`); tune() turns
         # it off, to learn quickly on calls of its own.
         self.within_calls = True
@@ -184,6 +189,10 @@ class Policy:
         # background before a rival's first share of a call.
         self._ready: set[Arm] = set()
         self._preparing: set[Arm] = set()
+        # What a call waiting for an arm's set-up waits on (made by the first such call),
+        # and the arms whose set-up outlasted a wait: the calls no longer wait for them.
+        self._set_up_done: dict[Arm, threading.Event] = {}
+        self._waited_out: set[Arm] = set()
         # Tools (by name) set up in this process: what a set-up costs (imports, pinned
         # pools) is the tool's, whichever arm of it paid.
         self._set_up_tools: set[str] = set()
@@ -312,10 +321,36 @@ class Policy:
                 self._set_up_tools.add(arm.name)
                 if key is None:
                     self._unmeasured.add(arm)
+                done = self._set_up_done.pop(arm, None)
+            if done is not None:
+                done.set()
             if key is not None:
                 with self._lock:  # what it cost the calls meanwhile, at most its duration
                     seconds = time.perf_counter() - start
                     self._explored[key] = self._explored.get(key, 0.0) + seconds
+
+    def _wait_for_set_up(self, context: Context, arm: Arm) -> None:
+        """Wait (up to :attr:`setup_wait`) for ``arm``'s set-up in progress where the call
+        reads from the page cache, so that the call runs on the arm once it is ready.
+
+        A stand-in run beside a set-up shares the interpreter's lock with its import and the
+        CUDA driver with its pinning: a warm load beside KvikIO's set-up lost 0.12 to 0.48 s
+        to it, and the reload right after a cold start whose libraries were cold too (the
+        import then ends inside that reload) ran at a sixth of the next one
+        (``docs/design/dispatcher.md``). Waiting costs at most what is left of the set-up, and
+        the call then runs at the arm's rate. A read from the disk runs beside the set-up,
+        which its waits hide. A set-up that outlasts a wait is not waited for again."""
+        if self.setup_wait <= 0 or context.cache in ON_DISK:
+            return
+        with self._tools_lock:
+            if arm not in self._preparing or arm in self._waited_out:
+                return
+            done = self._set_up_done.setdefault(arm, threading.Event())
+        with _stages.stage("waiting for a set-up"):
+            finished = done.wait(self.setup_wait)
+        if not finished:
+            with self._tools_lock:
+                self._waited_out.add(arm)
 
     def _stand_in(
         self, context: Context, key: str, arm: Arm, nbytes: int, exclude: Iterable[Arm]
@@ -692,6 +727,8 @@ class Policy:
                 arm = self._choose(context, key, tried, reserve=True, prefer=prefer)
                 if arm is None:
                     break
+            self._wait_for_set_up(context, arm)
+            with self._lock:
                 runner, set_up = self._stand_in(context, key, arm, nbytes, tried)
                 self._running += 1
                 self._started += 1

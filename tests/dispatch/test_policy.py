@@ -1471,13 +1471,79 @@ def test_a_long_read_from_the_disk_sets_the_arm_up_beside_its_stand_in():
     # run on a as soon as it is ready (not from the process's second stand-in call).
     prepared = threading.Event()
     world = World({"a": 30 * GB, "c": 10 * GB})
-    policy = _standing_in(world, [A, C], {"a": 0.1}, prepared)
+    policy = _standing_in(world, [A, C], {"a": 0.1}, prepared, setup_wait=0.0)
     assert call(policy, context(31, cache="cold"), 1536 * MiB) == C
     assert policy._preparing == {A}
-    assert call(policy, context(31), 1536 * MiB) == C  # still being set up
+    assert call(policy, context(31), 1536 * MiB) == C  # still being set up (not waited for)
     prepared.set()
     _wait_ready(policy, A)
     assert call(policy, context(31), 1536 * MiB) == A
+
+
+class _CountedEvent(threading.Event):
+    """An event that counts the calls waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+
+    def wait(self, timeout=None):
+        self.waits += 1
+        return super().wait(timeout)
+
+
+def _preparing_beside_a_cold_read(prepared, **tunables) -> tuple[World, Policy]:
+    """A policy whose arm a (0.1 s to set up) is being set up beside a cold read that its
+    stand-in c ran; a's set-up ends when ``prepared`` is set."""
+    world = World({"a": 30 * GB, "c": 10 * GB})
+    policy = _standing_in(world, [A, C], {"a": 0.1}, prepared, **tunables)
+    assert call(policy, context(31, cache="cold"), 1536 * MiB) == C
+    assert policy._preparing == {A}
+    return world, policy
+
+
+def test_a_page_cache_call_waits_for_the_set_up_in_progress_and_runs_on_the_arm():
+    # Right after a cold start, KvikIO's set-up (begun beside the cold read) may still be
+    # running as the reload begins: a stand-in beside it would share the interpreter's lock
+    # and the CUDA driver with it, so the reload waits for it and runs on KvikIO.
+    prepared = threading.Event()
+    world, policy = _preparing_beside_a_cold_read(prepared)
+    threading.Timer(0.1, prepared.set).start()
+    start = time.perf_counter()
+    assert call(policy, context(31), 1536 * MiB) == A
+    assert time.perf_counter() - start >= 0.09  # it waited for the set-up to end
+    assert world.calls["c"] == 1 and world.calls["a"] == 1
+
+
+def test_a_set_up_that_outlasts_the_wait_is_not_waited_for_again():
+    prepared = threading.Event()
+    world, policy = _preparing_beside_a_cold_read(prepared, setup_wait=0.05)
+    assert call(policy, context(31), 1536 * MiB) == C  # waited 0.05 s, then stood in
+    assert A in policy._waited_out
+    spy = policy._set_up_done[A] = _CountedEvent()
+    assert call(policy, context(31), 1536 * MiB) == C
+    assert spy.waits == 0
+    prepared.set()
+    _wait_ready(policy, A)
+    assert call(policy, context(31), 1536 * MiB) == A
+
+
+@pytest.mark.parametrize(
+    ("cache", "tunables", "why"),
+    [
+        ("cold", {}, "a read from the disk runs beside the set-up, which its waits hide"),
+        ("warm", {"setup_wait": 0.0}, "setup_wait 0: calls never wait"),
+    ],
+)
+def test_calls_that_do_not_wait_for_a_set_up(cache, tunables, why):
+    prepared = threading.Event()
+    world, policy = _preparing_beside_a_cold_read(prepared, **tunables)
+    spy = policy._set_up_done[A] = _CountedEvent()
+    assert call(policy, context(31, cache=cache), 1536 * MiB) == C, why
+    assert spy.waits == 0, why
+    prepared.set()
+    _wait_ready(policy, A)
+    assert spy.is_set()  # the set-up's end is told to whoever waits
 
 
 @pytest.mark.parametrize(
