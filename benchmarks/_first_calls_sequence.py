@@ -53,6 +53,10 @@ class PeerInfo:
     learns: bool = False  # keeps a dispatch table in ARRAYIO_CACHE_DIR
 
 
+# The stand-in for warm reads into GPU memory (arrayio.dispatch.candidates), as ARRAYIO_TOOL
+# names it.
+STAND_IN = "staged(threads=8,chunk_size=4194304)"
+
 PEERS = {
     p.name: p
     for p in (
@@ -187,6 +191,39 @@ PEERS = {
             "never lose to",
         ),
         PeerInfo(
+            "arrayio-torch-kvikio",
+            "arrayio",
+            "torch",
+            ("arrayio", "torch"),
+            ("cuda",),
+            "arrayio",
+            "arrayio.load(path, like='torch', device='cuda') with ARRAYIO_TOOL=kvikio: "
+            "KvikIO for every transfer (its set-up in the process's first call), no "
+            "choosing; the GPU's fixed choice for page-cache reads",
+        ),
+        PeerInfo(
+            "arrayio-torch-stand-in",
+            "arrayio",
+            "torch",
+            ("arrayio", "torch"),
+            ("cuda",),
+            "arrayio",
+            "arrayio.load(path, like='torch', device='cuda') with ARRAYIO_TOOL="
+            f"{STAND_IN}: the staged pipeline that stands in for KvikIO until it is set up, "
+            "for every transfer",
+        ),
+        PeerInfo(
+            "arrayio-torch-no-setup-wait",
+            "arrayio",
+            "torch",
+            ("arrayio", "torch"),
+            ("cuda",),
+            "arrayio",
+            "arrayio.load(path, like='torch', device='cuda') with the dispatcher's "
+            "Policy.setup_wait 0: a page-cache load runs the stand-in beside a tool's set-up "
+            "in progress instead of waiting for it",
+        ),
+        PeerInfo(
             "arrayio-torch-no-second-pass",
             "arrayio",
             "torch",
@@ -316,6 +353,15 @@ def _arrayio_without_verifying(like: str, device: str) -> Callable[[str], Any]:
     return _arrayio(like, device)
 
 
+def _arrayio_without_setup_wait(like: str, device: str) -> Callable[[str], Any]:
+    """arrayio whose page-cache loads never wait for a tool's set-up in progress (they run
+    the stand-in beside it, as before ``Policy.setup_wait``)."""
+    from arrayio.dispatch import dispatcher
+
+    dispatcher.get().policy.setup_wait = 0.0
+    return _arrayio(like, device)
+
+
 def _arrayio_without_second_pass(like: str, device: str) -> Callable[[str], Any]:
     """arrayio with no second pass over its cold reads (see :func:`_arrayio_fixed` on why
     through the settings)."""
@@ -339,6 +385,9 @@ LOADERS: dict[str, Callable[[str], Callable[[str], Any]]] = {
     "arrayio-numpy": lambda device: _arrayio("numpy", device),
     "arrayio-numpy-posix": lambda device: _arrayio_fixed("posix", "numpy", device),
     "arrayio-torch-pagecache": lambda device: _arrayio_fixed("pagecache", "torch", device),
+    "arrayio-torch-kvikio": lambda device: _arrayio_fixed("kvikio", "torch", device),
+    "arrayio-torch-stand-in": lambda device: _arrayio_fixed(STAND_IN, "torch", device),
+    "arrayio-torch-no-setup-wait": lambda device: _arrayio_without_setup_wait("torch", device),
     "arrayio-torch-no-second-pass": lambda device: _arrayio_without_second_pass("torch", device),
     "arrayio-torch-no-verify": lambda device: _arrayio_without_verifying("torch", device),
     "arrayio-jax-no-second-pass": lambda device: _arrayio_without_second_pass("jax", device),

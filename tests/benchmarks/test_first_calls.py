@@ -532,3 +532,33 @@ def test_the_stage_medians_say_where_each_call_went() -> None:
     text = fc.table_text(report)
     assert "call 1: load 110.0 ms: open 1.0, allocate 2.0, transfers 95.0" in text
     assert "(checksums on the GPU 3.0), elsewhere 12.0" in text
+
+
+def test_the_stand_in_peer_forces_the_dispatchers_stand_in_for_warm_gpu_reads() -> None:
+    # The stand-in is the first candidate with nothing to set up (Policy._stand_in): the
+    # peer must force that arm, or it measures something the dispatcher never runs.
+    from arrayio.dispatch.candidates import candidate_arms
+    from arrayio.dispatch.context import Context
+    from arrayio.dispatch.dispatcher import parse_arm
+
+    warm_load = Context("read", "cuda", 31, "vda", "warm", 1)
+    no_set_up = [arm for arm in candidate_arms(warm_load) if arm.name != "kvikio"]
+    assert parse_arm(sequence.STAND_IN) == no_set_up[0]
+
+
+def test_the_peer_without_a_set_up_wait_turns_it_off(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import arrayio
+    from arrayio.dispatch import dispatcher
+
+    path = tmp_path / "a.safetensors"
+    arrayio.save(path, {"x": np.arange(1000, dtype=np.float32)})
+    waited = dispatcher.get().policy.setup_wait
+    try:
+        load = sequence.LOADERS["arrayio-torch-no-setup-wait"]("cpu")
+        assert dispatcher.get().policy.setup_wait == 0.0
+        np.testing.assert_array_equal(
+            load(str(path))["x"].numpy(), np.arange(1000, dtype=np.float32)
+        )
+    finally:
+        dispatcher.get().policy.setup_wait = waited
