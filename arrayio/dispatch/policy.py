@@ -25,7 +25,7 @@ from ..runtime import _background, _stages
 from ._choosing import Candidates, Exploration, attributes, nearest_winner, order
 from ._recording import Measures
 from .arm import Arm
-from .candidates import ON_DISK
+from .candidates import CACHED, ON_DISK
 from .explain import ArmReport, Explanation, explanation
 from .failures import chain, is_tool_failure
 from .table import EXPLOITING, ContextEntry, Table
@@ -189,10 +189,11 @@ class Policy:
         # background before a rival's first share of a call.
         self._ready: set[Arm] = set()
         self._preparing: set[Arm] = set()
-        # What a call waiting for an arm's set-up waits on (made by the first such call),
-        # and the arms whose set-up outlasted a wait: the calls no longer wait for them.
-        self._set_up_done: dict[Arm, threading.Event] = {}
-        self._waited_out: set[Arm] = set()
+        # What calls waiting for a tool's set-up wait on, by tool name (made by the first such
+        # call: a set-up is the tool's, whichever of its arms runs it), and the tools whose
+        # set-up outlasted a wait: calls no longer wait for them.
+        self._set_up_done: dict[str, threading.Event] = {}
+        self._waited_out: set[str] = set()
         # Tools (by name) set up in this process: what a set-up costs (imports, pinned
         # pools) is the tool's, whichever arm of it paid.
         self._set_up_tools: set[str] = set()
@@ -321,7 +322,7 @@ class Policy:
                 self._set_up_tools.add(arm.name)
                 if key is None:
                     self._unmeasured.add(arm)
-                done = self._set_up_done.pop(arm, None)
+                done = self._set_up_done.pop(arm.name, None)
             if done is not None:
                 done.set()
             if key is not None:
@@ -330,8 +331,10 @@ class Policy:
                     self._explored[key] = self._explored.get(key, 0.0) + seconds
 
     def _wait_for_set_up(self, context: Context, arm: Arm) -> None:
-        """Wait (up to :attr:`setup_wait`) for ``arm``'s set-up in progress where the call
-        reads from the page cache, so that the call runs on the arm once it is ready.
+        """Wait (up to :attr:`setup_wait`) for the set-up of ``arm``'s tool in progress (by
+        any arm of the tool: a cold read sets up KvikIO's large-task arm, its reload chooses
+        another) where the call reads from the page cache and the tool has a set-up to
+        stand in for, so that the call runs on the arm once it is ready.
 
         A stand-in run beside a set-up shares the interpreter's lock with its import and the
         CUDA driver with its pinning: a warm load beside KvikIO's set-up lost 0.12 to 0.48 s
@@ -339,18 +342,27 @@ class Policy:
         import then ends inside that reload) ran at a sixth of the next one
         (``docs/design/dispatcher.md``). Waiting costs at most what is left of the set-up, and
         the call then runs at the arm's rate. A read from the disk runs beside the set-up,
-        which its waits hide. A set-up that outlasts a wait is not waited for again."""
-        if self.setup_wait <= 0 or context.cache in ON_DISK:
+        which its waits hide; so do writes and reads whose cache state is unknown. A set-up
+        that outlasts a wait is not waited for again, nor one that cannot start any more
+        (the process's exit has begun)."""
+        if (
+            self.setup_wait <= 0
+            or context.direction != "read"
+            or context.cache not in CACHED
+            or self._setup_seconds(arm) <= 0  # (a rival's set-up: no stand-in either)
+            or _background.exiting()
+        ):
             return
         with self._tools_lock:
-            if arm not in self._preparing or arm in self._waited_out:
+            tool = arm.name
+            if tool in self._waited_out or not any(a.name == tool for a in self._preparing):
                 return
-            done = self._set_up_done.setdefault(arm, threading.Event())
+            done = self._set_up_done.setdefault(tool, threading.Event())
         with _stages.stage("waiting for a set-up"):
             finished = done.wait(self.setup_wait)
         if not finished:
             with self._tools_lock:
-                self._waited_out.add(arm)
+                self._waited_out.add(tool)
 
     def _stand_in(
         self, context: Context, key: str, arm: Arm, nbytes: int, exclude: Iterable[Arm]
@@ -476,6 +488,7 @@ class Policy:
         with self._tools_lock:
             tools, self._tools = list(self._tools.values()), {}
             self._ready.clear()
+            self._waited_out.clear()
         for tool in tools:
             tool.close()
 
@@ -727,7 +740,11 @@ class Policy:
                 arm = self._choose(context, key, tried, reserve=True, prefer=prefer)
                 if arm is None:
                     break
-            self._wait_for_set_up(context, arm)
+            try:
+                self._wait_for_set_up(context, arm)
+            except BaseException:  # (an interrupt in the wait: the arm is not run)
+                self._release(key, arm)
+                raise
             with self._lock:
                 runner, set_up = self._stand_in(context, key, arm, nbytes, tried)
                 self._running += 1
@@ -863,6 +880,8 @@ def _after_fork_in_child() -> None:
     # The threads setting rivals up are the parent's: in the child they never finish.
     for policy in list(_policies):
         policy._preparing = set()
+        policy._set_up_done = {}
+        policy._waited_out = set()
 
 
 if hasattr(os, "register_at_fork"):

@@ -1515,12 +1515,28 @@ def test_a_page_cache_call_waits_for_the_set_up_in_progress_and_runs_on_the_arm(
     assert world.calls["c"] == 1 and world.calls["a"] == 1
 
 
+def test_the_reload_waits_for_its_tools_set_up_begun_by_another_arm():
+    # The cold read sets up KvikIO's large-task arm (the cold row's first candidate); the
+    # reload chooses its 4 MiB arm (the warm row's): the set-up is the tool's, so the
+    # reload waits for it and runs on its own arm.
+    prepared = threading.Event()
+    large, small = Arm.of("a", task=16), Arm.of("a", task=4)
+    world = World({large.label: 30 * GB, small.label: 30 * GB, "c": 10 * GB})
+    policy = _standing_in(
+        world, lambda ctx: [large, C] if ctx.cache == "cold" else [small, C], {"a": 0.1}, prepared
+    )
+    assert call(policy, context(31, cache="cold"), 1536 * MiB) == C
+    assert policy._preparing == {large}
+    threading.Timer(0.1, prepared.set).start()
+    assert call(policy, context(31), 1536 * MiB) == small
+
+
 def test_a_set_up_that_outlasts_the_wait_is_not_waited_for_again():
     prepared = threading.Event()
     world, policy = _preparing_beside_a_cold_read(prepared, setup_wait=0.05)
     assert call(policy, context(31), 1536 * MiB) == C  # waited 0.05 s, then stood in
-    assert A in policy._waited_out
-    spy = policy._set_up_done[A] = _CountedEvent()
+    assert "a" in policy._waited_out
+    spy = policy._set_up_done["a"] = _CountedEvent()
     assert call(policy, context(31), 1536 * MiB) == C
     assert spy.waits == 0
     prepared.set()
@@ -1529,21 +1545,72 @@ def test_a_set_up_that_outlasts_the_wait_is_not_waited_for_again():
 
 
 @pytest.mark.parametrize(
-    ("cache", "tunables", "why"),
+    ("ctx", "tunables", "why"),
     [
-        ("cold", {}, "a read from the disk runs beside the set-up, which its waits hide"),
-        ("warm", {"setup_wait": 0.0}, "setup_wait 0: calls never wait"),
+        (context(31, cache="cold"), {}, "a read from the disk: its waits hide the set-up"),
+        (context(31, cache="unknown"), {}, "a read that may come from the disk"),
+        (context(31, direction="write", cache="-"), {}, "a write"),
+        (context(31), {"setup_wait": 0.0}, "setup_wait 0: calls never wait"),
     ],
 )
-def test_calls_that_do_not_wait_for_a_set_up(cache, tunables, why):
+def test_calls_that_do_not_wait_for_a_set_up(ctx, tunables, why):
     prepared = threading.Event()
     world, policy = _preparing_beside_a_cold_read(prepared, **tunables)
-    spy = policy._set_up_done[A] = _CountedEvent()
-    assert call(policy, context(31, cache=cache), 1536 * MiB) == C, why
+    spy = policy._set_up_done["a"] = _CountedEvent()
+    assert call(policy, ctx, 1536 * MiB) == C, why
     assert spy.waits == 0, why
     prepared.set()
     _wait_ready(policy, A)
     assert spy.is_set()  # the set-up's end is told to whoever waits
+
+
+def test_no_wait_for_a_rivals_set_up_of_an_arm_with_nothing_to_stand_in_for():
+    # A rival's set-up (Policy._set_up) puts any arm in _preparing, the staged pipeline's
+    # too, whose calls never had a stand-in: a call choosing it runs on it at once.
+    prepared = threading.Event()
+    world = World({"b": 10 * GB})
+    policy = _standing_in(world, [B], {}, prepared, setup_wait=5.0)
+    with policy._tools_lock:
+        policy._preparing.add(B)
+    policy._start_preparing(B, "another context")
+    start = time.perf_counter()
+    assert call(policy, context(31), 1536 * MiB) == B
+    assert time.perf_counter() - start < 2.5  # (it did not wait the 5 s)
+    prepared.set()
+    _wait_ready(policy, B)
+
+
+def test_an_interrupted_wait_gives_back_the_calls_reservation():
+    prepared = threading.Event()
+    world, policy = _preparing_beside_a_cold_read(prepared)
+
+    class Interrupted(threading.Event):
+        def wait(self, timeout=None):
+            raise KeyboardInterrupt
+
+    policy._set_up_done["a"] = Interrupted()
+    with pytest.raises(KeyboardInterrupt):
+        call(policy, context(31), 1536 * MiB)
+    assert policy._in_flight == {}
+    prepared.set()
+    _wait_ready(policy, A)
+
+
+def test_no_wait_once_the_exit_has_begun(monkeypatch):
+    # The exit starts no thread: a set-up claimed then never runs, and a call waiting for it
+    # would only delay the exit.
+    from arrayio.runtime import _background
+
+    prepared = threading.Event()
+    world = World({"a": 30 * GB, "c": 10 * GB})
+    policy = _standing_in(world, [A, C], {"a": 0.1}, prepared, setup_wait=5.0)
+    monkeypatch.setattr(_background, "_exit", threading.Event())
+    _background._exit.set()
+    assert call(policy, context(31, cache="cold"), 1536 * MiB) == C
+    assert policy._preparing == {A}  # claimed, never started
+    start = time.perf_counter()
+    assert call(policy, context(31), 1536 * MiB) == C
+    assert time.perf_counter() - start < 2.5  # (it did not wait the 5 s)
 
 
 @pytest.mark.parametrize(
