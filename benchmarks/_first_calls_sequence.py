@@ -598,6 +598,17 @@ def background(peer: PeerInfo) -> dict[str, Any] | None:
     }
 
 
+def set_ups_since(start: float) -> list[dict[str, Any]]:
+    """The set-ups arrayio's dispatcher ran in the background in this process (see
+    ``Policy.set_ups``), each one's ``began`` in seconds after ``start`` (call 1's start)."""
+    from arrayio.dispatch import dispatcher
+
+    current = dispatcher.current()
+    if current is None:
+        return []
+    return [dict(record, began=record["began"] - start) for record in current.policy.set_ups()]
+
+
 def stages_of_last_load() -> dict[str, Any] | None:
     """Where arrayio's last load in this process spent its time (its stages' seconds, as
     ``arrayio.explain()`` shows them)."""
@@ -630,6 +641,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         result["second_pass"] = _second_pass(peer)
         h.write_json(result, spec["result"])
         pool = _driver_pool(peer, spec["device"])
+        first_began: float | None = None
         for call in range(spec["calls"]):
             stage = f"call {call + 1}"
             page_cache = prepare(spec["pattern"], call, spec["path"], spec["drop_caches"])
@@ -637,6 +649,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             busy = background(peer)
             with h.GcMeter() as collector:
                 began = time.perf_counter()
+                first_began = began if first_began is None else first_began
                 out = load(spec["path"])
                 h.settle(jax_tree=out if peer.framework == "jax" else None)
                 if not spec["device"].startswith("cuda"):
@@ -663,6 +676,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             if busy is not None:
                 result.setdefault("background", []).append(busy)
                 result.setdefault("stages", []).append(stages_of_last_load())
+                result.setdefault("began", []).append(began - first_began)
             h.write_json(result, spec["result"])
             if cut:
                 result["cut_after"] = call + 1  # a slow loader: its later calls not made
@@ -676,6 +690,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             import arrayio
 
             result["dispatcher"] = str(arrayio.explain())
+            if first_began is not None:
+                result["set_ups"] = set_ups_since(first_began)
             h.write_json(result, spec["result"])
     except Exception as error:  # noqa: BLE001 - the parent reports it beside the others
         result["error"] = f"{type(error).__name__}: {error}"

@@ -409,6 +409,10 @@ def record_of(job: Job, calls: int, nbytes: int, result: dict[str, Any]) -> dict
         "background": result.get("background"),
         # arrayio: per call, its load's stages (arrayio.runtime._stages), seconds each.
         "stages": result.get("stages"),
+        # arrayio: per call, when it began (seconds after call 1 began); and the set-ups its
+        # dispatcher ran in the background (Policy.set_ups), each one's start the same way.
+        "began": result.get("began"),
+        "set_ups": result.get("set_ups"),
         # Calls made before the sequence's calls took --call-budget seconds, or None.
         "cut_after": result.get("cut_after"),
     }
@@ -605,6 +609,49 @@ def stage_medians_text(medians: dict[str, Any]) -> list[str]:
     return lines
 
 
+def set_up_medians(report: dict[str, Any], pattern: str, series: str) -> dict[str, Any]:
+    """Per arm the series' sequences set up in the background (and whom for): how many
+    did, and the medians of its seconds, of each of its steps' seconds, and of the call it
+    began in (the last call begun by then, 1 for one begun before call 1 ended)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for run in report["sequences"]:
+        if run["pattern"] != pattern or run["series"] != series or run["error"]:
+            continue
+        starts = run.get("began") or []
+        for record in run.get("set_ups") or []:
+            if record.get("seconds") is None:
+                continue
+            call = sum(1 for start in starts if start <= record["began"]) or 1
+            found.setdefault(f"{record['arm']} for the {record['for']}", []).append(
+                dict(record, call=call)
+            )
+    out: dict[str, Any] = {}
+    for name, records in found.items():
+        steps = dict.fromkeys(step for r in records for step in r["steps"])
+        out[name] = {
+            "sequences": len(records),
+            "seconds": h.median([r["seconds"] for r in records]),
+            "steps": {
+                step: h.median([r["steps"].get(step, 0.0) for r in records]) for step in steps
+            },
+            "call": h.median([r["call"] for r in records]),
+        }
+    return out
+
+
+def set_up_text(medians: dict[str, Any]) -> list[str]:
+    """Lines for a series' :func:`set_up_medians`, one per arm."""
+    lines = []
+    for name, m in medians.items():
+        steps = ", ".join(f"{step} {1e3 * s:.1f}" for step, s in m["steps"].items())
+        lines.append(
+            f"    set up {name}: {1e3 * m['seconds']:.1f} ms"
+            + (f" ({steps})" if steps else "")
+            + f", began in call {m['call']:g} (medians of {m['sequences']})"
+        )
+    return lines
+
+
 def summarize(report: dict[str, Any]) -> None:
     """Fill the report's medians per call number and its table: per pattern and series,
     each column's median and its ratio to the best series' in that column."""
@@ -637,6 +684,14 @@ def summarize(report: dict[str, Any]) -> None:
             name: found
             for name in series_of(report)
             if (found := stage_medians(report, pattern, name))
+        }
+        for pattern in report["patterns"]
+    }
+    report["set_up_medians"] = {
+        pattern: {
+            name: found
+            for name in series_of(report)
+            if (found := set_up_medians(report, pattern, name))
         }
         for pattern in report["patterns"]
     }
@@ -688,9 +743,11 @@ def table_text(report: dict[str, Any]) -> str:
                 "  where arrayio's loads spent their time (medians; in brackets, inside"
                 " the transfers)"
             )
-        for name, medians in staged.items():
+        set_ups = report.get("set_up_medians", {}).get(pattern, {})
+        for name in dict.fromkeys([*staged, *set_ups]):
             lines.append(f"  {name}")
-            lines += stage_medians_text(medians)
+            lines += stage_medians_text(staged.get(name, {}))
+            lines += set_up_text(set_ups.get(name, {}))
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import ToolUnavailableError
 from ..runtime import _background, _stages
@@ -213,6 +213,8 @@ class Policy:
         # Arms set up for a stand-in's context, whose first call is not yet measured: set-up
         # imports the libraries, and the first transfer still pins the tool's own buffers.
         self._unmeasured: set[Arm] = set()
+        # Every set-up this process ran in the background, for set_ups().
+        self._set_up_log: list[dict[str, Any]] = []
 
     def __repr__(self) -> str:
         from ..runtime._units import format_count
@@ -309,13 +311,36 @@ class Policy:
         self._start_preparing(rival, key)
         return False
 
+    def set_ups(self) -> list[dict[str, Any]]:
+        """The set-ups this process ran in the background, in the order they began: the arm,
+        whom for (``"stand-in"``: the arm a stand-in ran for; ``"rival"``), when it began
+        (``time.perf_counter()``), its seconds (None while it runs) and its steps' seconds
+        as the tool recorded them (:attr:`~arrayio.tools.Tool.set_up_steps`)."""
+        with self._tools_lock:
+            return [dict(record, steps=dict(record["steps"])) for record in self._set_up_log]
+
     def _prepare(self, arm: Arm, key: str | None) -> None:
         start = time.perf_counter()
+        record: dict[str, Any] = {
+            "arm": arm.label,
+            "for": "stand-in" if key is None else "rival",
+            "began": start,
+            "seconds": None,
+            "steps": {},
+        }
+        with self._tools_lock:
+            self._set_up_log.append(record)
+        tool = None
         try:
-            self.tool(arm).prepare()
+            tool = self.tool(arm)
+            tool.prepare()
         except Exception as error:  # noqa: BLE001 - a call measures it, and marks it
             logger.info("setting up %s failed: %s", arm.label, error)
+            record["error"] = f"{type(error).__name__}: {error}"
         finally:
+            with self._tools_lock:
+                record["seconds"] = time.perf_counter() - start
+                record["steps"] = dict(getattr(tool, "set_up_steps", {}))
             with self._tools_lock:
                 self._preparing.discard(arm)
                 self._ready.add(arm)

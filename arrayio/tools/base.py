@@ -16,8 +16,10 @@ destination again and a write rewrites the whole range.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar, cast
 
@@ -158,6 +160,19 @@ class Tool(abc.ABC):
 
     def __init__(self, **params: Any) -> None:
         self._params = dict(params)
+        # Seconds of each step of :meth:`prepare` (importing, starting threads, pinning), as
+        # the tool times them with :meth:`set_up_step`: what a set-up costs, and where.
+        self.set_up_steps: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def set_up_step(self, name: str) -> Iterator[None]:
+        """Time a step of :meth:`prepare` into :attr:`set_up_steps`."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds = time.perf_counter() - start
+            self.set_up_steps[name] = self.set_up_steps.get(name, 0.0) + seconds
 
     @property
     def params(self) -> dict[str, Any]:

@@ -103,11 +103,13 @@ class KvikioTool(Tool):
 
     def prepare(self) -> None:
         """Import KvikIO, start its threads and pin its bounce buffers."""
-        kvikio = _import_kvikio()
-        with _settings_lock:
+        with self.set_up_step("import"):
+            kvikio = _import_kvikio()
+        with self.set_up_step("threads"), _settings_lock:
             self._use_threads(kvikio)
         try:
-            self._pin_bounce_buffers()
+            with self.set_up_step("pinning"):
+                self._pin_bounce_buffers()
         except Exception as error:  # noqa: BLE001 - the first transfer pins them instead
             logger.info("kvikio: pinning the bounce buffers ahead failed: %s", error)
 

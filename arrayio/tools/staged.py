@@ -115,8 +115,9 @@ class StagedTool(DeviceRanges, ThreadedTool):
     def prepare(self) -> None:
         """Start the workers and pin a full pipeline's buffers into the shared pool (two of
         a chunk per worker): pinning is the costly part of a first call."""
-        super().prepare()
-        with contextlib.ExitStack() as loans:
+        with self.set_up_step("threads"):
+            super().prepare()
+        with self.set_up_step("pinning"), contextlib.ExitStack() as loans:
             for _ in range(2 * self.threads):
                 if sys.is_finalizing():  # a background thread must not pin during teardown
                     return

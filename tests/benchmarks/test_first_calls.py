@@ -534,6 +534,37 @@ def test_the_stage_medians_say_where_each_call_went() -> None:
     assert "(checksums on the GPU 3.0), elsewhere 12.0" in text
 
 
+def test_the_set_up_medians_say_what_each_set_up_cost_and_when_it_began() -> None:
+    def set_up(began: float, seconds: float | None, pinning: float) -> dict:
+        steps = {"import": 0.04, "pinning": pinning}
+        return {"arm": "kvikio(x)", "for": "stand-in", "began": began, "seconds": seconds,
+                "steps": steps}  # fmt: skip
+
+    def run(began: list, set_ups: list) -> dict:
+        return {"series": "a", "pattern": "cold_start", "GBps": [1.0] * len(began),
+                "error": None, "began": began, "set_ups": set_ups}  # fmt: skip
+
+    report = {
+        "peers": {"a": {}},
+        "patterns": {"cold_start": {"calls": 3}},
+        "ceilings": {},
+        "sequences": [
+            run([0.0, 1.0, 1.3], [set_up(0.01, 0.12, 0.06)]),  # in call 1
+            run([0.0, 0.9, 1.2], [set_up(0.95, 0.20, 0.10)]),  # in call 2
+            run([0.0, 1.1, 1.4], [set_up(0.02, 0.14, 0.08), set_up(2.0, None, 0.0)]),
+        ],
+    }
+    fc.summarize(report)
+    found = report["set_up_medians"]["cold_start"]["a"]["kvikio(x) for the stand-in"]
+    assert found["sequences"] == 3  # (the set-up still running at the end is not counted)
+    assert found["seconds"] == pytest.approx(0.14)
+    assert found["steps"] == pytest.approx({"import": 0.04, "pinning": 0.08})
+    assert found["call"] == 1
+    text = fc.table_text(report)
+    assert "set up kvikio(x) for the stand-in: 140.0 ms (import 40.0, pinning 80.0)" in text
+    assert "began in call 1 (medians of 3)" in text
+
+
 def test_the_stand_in_peer_forces_the_dispatchers_stand_in_for_warm_gpu_reads() -> None:
     # The stand-in is the first candidate with nothing to set up (Policy._stand_in): the
     # peer must force that arm, or it measures something the dispatcher never runs.

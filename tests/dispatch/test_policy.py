@@ -1564,6 +1564,39 @@ def test_calls_that_do_not_wait_for_a_set_up(ctx, tunables, why):
     assert spy.is_set()  # the set-up's end is told to whoever waits
 
 
+def test_each_set_up_is_logged_with_its_steps():
+    # What a set-up cost, and where (the first-calls benchmark records it per process).
+    class Stepped(FakeTool):
+        def prepare(self) -> None:
+            with self.set_up_step("import"):
+                time.sleep(0.02)
+            with self.set_up_step("pinning"):
+                pass
+
+    class Broken(FakeTool):
+        def prepare(self) -> None:
+            raise OSError("no driver")
+
+    world = World({"a": 30 * GB, "b": 30 * GB, "c": 10 * GB})
+    policy = make_policy(
+        world, [A, C], setup_seconds=lambda arm: 0.1 if arm.name in "ab" else 0.0, idle_wait=3600
+    )
+    policy._make = lambda arm: (Broken if arm.name == "b" else Stepped)(world, arm)
+    before = time.perf_counter()
+    assert call(policy, context(31, cache="cold"), 1536 * MiB) == C
+    _wait_ready(policy, A)
+    policy._candidates = lambda _context: [B, C]
+    assert call(policy, context(30, cache="cold"), 1536 * MiB) == C
+    _wait_ready(policy, B)
+    first, second = policy.set_ups()
+    assert first["arm"] == "a" and first["for"] == "stand-in" and first["began"] >= before
+    assert set(first["steps"]) == {"import", "pinning"}
+    assert first["steps"]["import"] >= 0.02 and first["seconds"] >= first["steps"]["import"]
+    assert "error" not in first
+    assert second["arm"] == "b" and second["error"] == "OSError: no driver"
+    assert second["steps"] == {} and second["seconds"] is not None
+
+
 def test_no_wait_for_a_rivals_set_up_of_an_arm_with_nothing_to_stand_in_for():
     # A rival's set-up (Policy._set_up) puts any arm in _preparing, the staged pipeline's
     # too, whose calls never had a stand-in: a call choosing it runs on it at once.
