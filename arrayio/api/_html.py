@@ -159,6 +159,10 @@ def dispatch_report_html(report: DispatchReport) -> str:
         from ._tuning import stages_text
 
         parts.append(f"<br>last load: {_e(stages_text(report.last_load))}")
+    for record in report.set_ups:
+        from ._tuning import set_up_text
+
+        parts.append(f"<br>set up in the background: {_e(set_up_text(record))}")
     explanations = sorted(report.explanations, key=_sort_key)
     if not explanations:
         parts.append(

@@ -45,6 +45,8 @@ class DispatchReport:
     table_path: str | None
     # The process's last load: its seconds and where they went (arrayio.runtime._stages).
     last_load: dict[str, Any] | None = None
+    # The tools the dispatcher set up in the background in this process (Policy.set_ups).
+    set_ups: tuple[dict[str, Any], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -52,6 +54,7 @@ class DispatchReport:
             "tools": dict(self.tools),
             "contexts": [e.as_dict() for e in self.explanations],
             "last_load": self.last_load,
+            "set_ups": [dict(record) for record in self.set_ups],
         }
 
     def __str__(self) -> str:
@@ -60,6 +63,8 @@ class DispatchReport:
             lines.append(f"  tool {name:8s} {'available' if reason is None else reason}")
         if self.last_load is not None:
             lines.append(f"  last load: {stages_text(self.last_load)}")
+        for record in self.set_ups:
+            lines.append(f"  set up in the background: {set_up_text(record)}")
         if not self.explanations:
             lines.append("  nothing learned yet: transfers (or arrayio.tune) teach it")
         for explanation in self.explanations:
@@ -169,8 +174,23 @@ def explain(
                 )
                 explanations.append(active.policy.explain(context, force=forced))
     return DispatchReport(
-        tuple(explanations), _tool_availability(), active.table_path, _stages.last()
+        tuple(explanations),
+        _tool_availability(),
+        active.table_path,
+        _stages.last(),
+        tuple(active.policy.set_ups()),
     )
+
+
+def set_up_text(record: dict[str, Any]) -> str:
+    """One line for a background set-up (see ``Policy.set_ups``): the arm, whom for, how
+    long it took and its steps, or that it is still running, or how it failed."""
+    text = f"{record['arm']} (for the {record['for']}): "
+    if record["seconds"] is None:
+        return text + "running"
+    steps = ", ".join(f"{step} {1e3 * s:.1f} ms" for step, s in record["steps"].items())
+    text += f"{1e3 * record['seconds']:.1f} ms" + (f" ({steps})" if steps else "")
+    return text + (f"; failed: {record['error']}" if "error" in record else "")
 
 
 def stages_text(record: dict[str, Any]) -> str:

@@ -92,7 +92,7 @@ def test_the_report_as_a_dict_is_json(tuned):
     report, _ = tuned
     data = report.as_dict()
     assert json.loads(json.dumps(data, allow_nan=False)) == data
-    assert set(data) == {"table_path", "tools", "contexts", "last_load"}
+    assert set(data) == {"table_path", "tools", "contexts", "last_load", "set_ups"}
     assert [c["key"] for c in data["contexts"]] == [e.key for e in report.explanations]
     for context in data["contexts"]:
         assert context["phase"] == "exploiting"
@@ -313,3 +313,25 @@ def test_tune_takes_sizes_as_the_cli_writes_them(tmp_path, fresh) -> None:
         tmp_path, sizes=("1M", MiB), directions=("read",), caches=("warm",), max_calls=1
     )
     assert [e.key.split("/")[2] for e in report.explanations] == ["2^20"]  # one size
+
+
+def test_explain_shows_the_set_ups_run_in_the_background(fresh):
+    # What a tool's set-up in the background cost, step by step, and whether it still runs
+    # or failed (Policy.set_ups): where a user looks for a slow second load.
+    done = {"arm": "kvikio(task_size=4194304,threads=16)", "for": "stand-in", "began": 1.0,
+            "seconds": 0.1234, "steps": {"import": 0.04, "pinning": 0.08}}  # fmt: skip
+    running = {"arm": "staged(x)", "for": "rival", "began": 2.0, "seconds": None, "steps": {}}
+    failed = dict(done, arm="kvikio(y)", seconds=0.01, steps={}, error="OSError: no driver")
+    with fresh.policy._tools_lock:
+        fresh.policy._set_up_log.extend([done, running, failed])
+    report = arrayio.explain()
+    assert report.set_ups == (done, running, failed)
+    text = str(report)
+    assert (
+        "set up in the background: kvikio(task_size=4194304,threads=16) (for the stand-in): "
+        "123.4 ms (import 40.0 ms, pinning 80.0 ms)" in text
+    )
+    assert "set up in the background: staged(x) (for the rival): running" in text
+    assert "kvikio(y) (for the stand-in): 10.0 ms; failed: OSError: no driver" in text
+    assert "set up in the background: staged(x) (for the rival): running" in report._repr_html_()
+    assert json.loads(json.dumps(report.as_dict()))["set_ups"][0]["steps"]["pinning"] == 0.08
