@@ -68,6 +68,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks import _first_calls_sequence as sequence
@@ -652,6 +653,18 @@ def set_up_text(medians: dict[str, Any]) -> list[str]:
     return lines
 
 
+def per_series(
+    report: dict[str, Any], medians: Callable[[dict[str, Any], str, str], dict[str, Any]]
+) -> dict[str, Any]:
+    """Per pattern, ``medians(report, pattern, series)`` of each series that has any."""
+    return {
+        pattern: {
+            name: found for name in series_of(report) if (found := medians(report, pattern, name))
+        }
+        for pattern in report["patterns"]
+    }
+
+
 def summarize(report: dict[str, Any]) -> None:
     """Fill the report's medians per call number and its table: per pattern and series,
     each column's median and its ratio to the best series' in that column."""
@@ -679,22 +692,8 @@ def summarize(report: dict[str, Any]) -> None:
         table[pattern]["best"] = best
     report["medians_GBps"] = medians
     report["table"] = table
-    report["stage_medians_ms"] = {
-        pattern: {
-            name: found
-            for name in series_of(report)
-            if (found := stage_medians(report, pattern, name))
-        }
-        for pattern in report["patterns"]
-    }
-    report["set_up_medians"] = {
-        pattern: {
-            name: found
-            for name in series_of(report)
-            if (found := set_up_medians(report, pattern, name))
-        }
-        for pattern in report["patterns"]
-    }
+    report["stage_medians_ms"] = per_series(report, stage_medians)
+    report["set_up_medians"] = per_series(report, set_up_medians)
     ceilings = report["ceilings"]
     report["ceilings_GBps"] = {n: ceilings[n]["GBps"] for n in CEILING_TEXT if n in ceilings}
 
