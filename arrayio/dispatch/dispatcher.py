@@ -158,6 +158,13 @@ def _ignore(index: int) -> None:
     """The progress callback of a transfer alone."""
 
 
+def _of(done: Callable[[int], None] | None, indices: Sequence[int]) -> Callable[[int], None]:
+    """``report(k)``: ``done(indices[k])``; nothing without ``done``."""
+    if done is None:
+        return _ignore
+    return lambda k: done(indices[k])
+
+
 def _move_at_once(move: Callable[[list[int]], None], groups: list[list[int]]) -> None:
     """``move`` each group at once with the others (the first on this thread, each other on
     a thread of its own), and raise once every group has ended, an interrupt included: no
@@ -660,61 +667,17 @@ class Dispatcher:
         """
         if len(paths) != len(requests):
             raise ValueError("read_many_files takes one path per request")
-        forced = self.forced_arm(tool)
-        results: list[int | None] = [None] * len(requests)
-        large: list[int] = []
-        small: dict[int, list[int]] = {}  # fd: its small requests
-        for i, (fd, _, buffer) in enumerate(requests):
-            if buffer.nbytes == 0:
-                results[i] = 0 if with_checksum else None
-                if done is not None:
-                    done(i)
-            elif forced is None and buffer.nbytes < SMALL_TRANSFER:
-                small.setdefault(fd, []).append(i)
-            else:
-                large.append(i)
-        if len({_placement(requests[i][2]) for i in large}) > 1:
-            raise ValueError("read_many_files takes buffers of one memory kind and device")
-
-        def move_small() -> None:
-            for fd, indices in small.items():
-                local = [(requests[i][1], requests[i][2]) for i in indices]
-                found: list[int | None] = [None] * len(local)
-                runs = batches.runs(local, range(len(local)), batches.RUN_GAP)
-                told = (lambda k, indices=indices: done(indices[k])) if done else None
-                path = paths[indices[0]]
-                self._read_runs(fd, local, runs, path, with_checksum, found, told)
-                for k, i in enumerate(indices):
-                    results[i] = found[k]
-
-        def side_work() -> None:
-            move_small()
-            if meanwhile is not None:
-                meanwhile()
-
-        if len(large) < 2:  # nothing to batch: a transfer alone, or none (as _many does)
-            move_small()
-            for i in large:
-                fd, offset, buffer = requests[i]
-                results[i] = self.read(
-                    fd, buffer, offset, path=paths[i], with_checksum=with_checksum, tool=tool
-                )
-                if done is not None:
-                    done(i)
-            if meanwhile is not None:
-                meanwhile()
-            return results
-        crcs = self._files_batch(
-            [requests[i] for i in large],
-            [paths[i] for i in large],
+        return self._many(
+            "read",
+            [fd for fd, _, _ in requests],
+            [(offset, buffer) for _, offset, buffer in requests],
+            paths,
             with_checksum,
-            forced,
-            (lambda k: done(large[k])) if done is not None else _ignore,
-            _Once(side_work),
+            tool,
+            done,
+            meanwhile,
+            one_device=True,
         )
-        for i, crc in zip(large, crcs, strict=True):
-            results[i] = crc
-        return results
 
     def _files_batch(
         self,
@@ -723,11 +686,11 @@ class Dispatcher:
         with_checksum: bool,
         forced: Arm | None,
         done: Callable[[int], None],
-        side: _Once,
+        side: _Once | None,
     ) -> list[int | None]:
-        """:meth:`read_many_files`' batch: one context, one tool (a rival reading a share
-        of the requests while the context explores), the side work run while the bytes
-        move."""
+        """A batch of several files' requests: one context, one tool (a rival reading a
+        share of the requests while the context explores), the side work (if any) run while
+        the bytes move."""
         crcs: list[int | None] = [None] * len(requests)
         report = _once_each(done, range(len(requests)))
 
@@ -754,7 +717,8 @@ class Dispatcher:
             with self.in_flight:
                 context = self.files_context(requests, buffer_kind(requests[0][2]), with_checksum)
                 arm = self._run_files(context, requests, forced, operation)
-            side()  # (run already, unless no tool reached it)
+            if side is not None:
+                side()  # (run already, unless no tool reached it)
         except _Abandoned as abandoned:
             raise abandoned.error from None
         by_file: dict[int, list[tuple[int, int]]] = {}
@@ -826,7 +790,16 @@ class Dispatcher:
         TruncatedFileError
             If the file ends before a buffer is full.
         """
-        return self._many("read", fd, requests, path, with_checksum, tool, done, meanwhile)
+        return self._many(
+            "read",
+            [fd] * len(requests),
+            requests,
+            [path] * len(requests),
+            with_checksum,
+            tool,
+            done,
+            meanwhile,
+        )
 
     def write_many(
         self,
@@ -840,53 +813,78 @@ class Dispatcher:
         """Write each ``(file_offset, buffer)`` of ``requests`` as one batch (see
         :meth:`read_many`); return their CRC-32Cs if asked (None for a forced tool that
         cannot compute them)."""
-        return self._many("write", fd, requests, "<file>", with_checksum, tool, done)
+        return self._many(
+            "write",
+            [fd] * len(requests),
+            requests,
+            ["<file>"] * len(requests),
+            with_checksum,
+            tool,
+            done,
+        )
 
     def _many(
         self,
         direction: str,
-        fd: int,
+        fds: Sequence[int],
         requests: Sequence[Request],
-        path: str,
+        paths: Sequence[str],
         with_checksum: bool,
         tool: str | Arm | Tool | None,
         done: Callable[[int], None] | None,
         meanwhile: Callable[[], None] | None = None,
+        *,
+        one_device: bool = False,
     ) -> list[int | None]:
+        """The one path of :meth:`read_many`, :meth:`write_many` and :meth:`read_many_files`:
+        ``(file_offset, buffer)`` requests, request ``i`` of file ``fds[i]`` named
+        ``paths[i]`` (a write's requests are all of one file; no tuple is made per request
+        here, where thousands of small arrays would wake the garbage collector). Empty
+        requests are done at once; those below :data:`SMALL_TRANSFER` move through the
+        naive tool, neighbours in a file together; the others in one batch per memory kind
+        and device, the devices' at once: a batch of one file in :meth:`_batch`'s context,
+        of several in :meth:`_files_batch`'s.
+        ``one_device``: requests of several memory kinds or devices are refused."""
         forced = self.forced_arm(tool)
-        if direction == "write":
-            _preallocate_span(fd, requests)
+        if direction == "write" and requests:
+            _preallocate_span(fds[0], requests)
         results: list[int | None] = [None] * len(requests)
         groups: dict[tuple[str, int], list[int]] = {}
-        small: list[int] = []
+        small: dict[int, list[int]] = {}  # fd: its small requests
         for i, (_, buffer) in enumerate(requests):
+            fd = fds[i]
             if buffer.nbytes == 0:
                 results[i] = 0 if with_checksum else None
                 if done is not None:
                     done(i)
             elif forced is None and buffer.nbytes < SMALL_TRANSFER:
-                small.append(i)
+                small.setdefault(fd, []).append(i)
             else:
                 groups.setdefault(_placement(buffer), []).append(i)
-        # Neighbours in the file move with one read or write and a copy each; writes only
+        if one_device and len(groups) > 1:
+            raise ValueError("read_many_files takes buffers of one memory kind and device")
+        # Neighbours in a file move with one read or write and a copy each; writes only
         # join what touches (they would overwrite the bytes between).
-        runs = batches.runs(requests, small, batches.RUN_GAP if direction == "read" else 0)
+        gap = batches.RUN_GAP if direction == "read" else 0
+        runs = {fd: batches.runs(requests, indices, gap) for fd, indices in small.items()}
 
         def move_small() -> None:
-            if direction == "read":
-                self._read_runs(fd, requests, runs, path, with_checksum, results, done)
-                return
-            for run in runs:
-                if len(run) > 1:
-                    self._write_run(fd, requests, run, with_checksum, results)
-                else:
-                    offset, buffer = requests[run[0]]
-                    results[run[0]] = self._one(
-                        direction, fd, offset, buffer, path, with_checksum, tool
-                    )
-                if done is not None:
-                    for i in run:
-                        done(i)
+            for fd, fd_runs in runs.items():
+                if direction == "read":
+                    path = paths[fd_runs[0][0]]
+                    self._read_runs(fd, requests, fd_runs, path, with_checksum, results, done)
+                    continue
+                for run in fd_runs:
+                    if len(run) > 1:
+                        self._write_run(fd, requests, run, with_checksum, results)
+                    else:
+                        offset, buffer = requests[run[0]]
+                        results[run[0]] = self._one(
+                            direction, fd, offset, buffer, paths[run[0]], with_checksum, tool
+                        )
+                    if done is not None:
+                        for i in run:
+                            done(i)
 
         # A read's small arrays move while its first batch's transfers do (see
         # batches.submit_windowed): a checkpoint's hundreds of biases and norms would
@@ -903,19 +901,34 @@ class Dispatcher:
 
         def move(indices: list[int]) -> None:
             if len(indices) == 1:  # alone, a batch is just a transfer
-                offset, buffer = requests[indices[0]]
-                results[indices[0]] = self._one(
-                    direction, fd, offset, buffer, path, with_checksum, tool
+                i = indices[0]
+                offset, buffer = requests[i]
+                results[i] = self._one(
+                    direction, fds[i], offset, buffer, paths[i], with_checksum, tool
                 )
                 if done is not None:
                     done(indices[0])
                 return
-            report = _once_each(done, indices)
-            batch = [requests[i] for i in indices]
-            try:
-                crcs = self._batch(direction, fd, batch, path, with_checksum, forced, report, side)
-            except _Abandoned as abandoned:
-                raise abandoned.error from None
+            files = dict.fromkeys(fds[i] for i in indices)
+            if len(files) > 1:  # a checkpoint's shards: one batch across the files
+                crcs = self._files_batch(
+                    [(fds[i], *requests[i]) for i in indices],
+                    [paths[i] for i in indices],
+                    with_checksum,
+                    forced,
+                    _of(done, indices),  # (which reports each once itself)
+                    side,
+                )
+            else:
+                report = _once_each(done, indices)
+                batch = [requests[i] for i in indices]
+                fd, path = fds[indices[0]], paths[indices[0]]
+                try:
+                    crcs = self._batch(
+                        direction, fd, batch, path, with_checksum, forced, report, side
+                    )
+                except _Abandoned as abandoned:
+                    raise abandoned.error from None
             for i, crc in zip(indices, crcs, strict=True):
                 results[i] = crc
 

@@ -1403,6 +1403,31 @@ def test_a_short_shard_among_many_is_a_data_error_naming_it(tmp_path, fresh):
     assert all(not e.unavailable for e in arrayio.explain().explanations)  # no tool blamed
 
 
+@pytest.mark.parametrize("files", [1, 3])
+def test_what_a_progress_callback_raises_leaves_the_read_as_it_was_raised(tmp_path, fresh, files):
+    # A progress bar closed under a load (a KeyboardInterrupt in a notebook) must end the
+    # read with the caller's own exception, whichever batch (one file's or several's) ran.
+    paths = _random_files(tmp_path, "s{}.safetensors", [4 * MiB] * files)
+    fds = _open_all(paths)
+
+    class Stop(Exception):
+        pass
+
+    def done(i: int) -> None:
+        raise Stop(f"progress {i}")
+
+    which = [k % files for k in range(2 * files)]  # two arrays of each file
+    requests = [
+        (fds[f], (k // files) * 2 * MiB, np.empty(2 * MiB, np.uint8)) for k, f in enumerate(which)
+    ]
+    try:
+        with pytest.raises(Stop, match="progress"):
+            fresh.read_many_files(requests, paths=[paths[f] for f in which], done=done)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def test_a_checkpoint_s_first_load_is_no_re_read(tmp_path, fresh):
     # Several requests of one file in one batch are one read of it: the first load of a
     # checkpoint's files is not taken for a re-read (which keeps it in the page cache and
