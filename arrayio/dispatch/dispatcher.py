@@ -676,7 +676,7 @@ class Dispatcher:
             tool,
             done,
             meanwhile,
-            one_device=True,
+            several_files=True,
         )
 
     def _files_batch(
@@ -834,17 +834,19 @@ class Dispatcher:
         done: Callable[[int], None] | None,
         meanwhile: Callable[[], None] | None = None,
         *,
-        one_device: bool = False,
+        several_files: bool = False,
     ) -> list[int | None]:
         """The one path of :meth:`read_many`, :meth:`write_many` and :meth:`read_many_files`:
         ``(file_offset, buffer)`` requests, request ``i`` of file ``fds[i]`` named
-        ``paths[i]`` (a write's requests are all of one file; no tuple is made per request
-        here, where thousands of small arrays would wake the garbage collector). Empty
-        requests are done at once; those below :data:`SMALL_TRANSFER` move through the
-        naive tool, neighbours in a file together; the others in one batch per memory kind
-        and device, the devices' at once: a batch of one file in :meth:`_batch`'s context,
-        of several in :meth:`_files_batch`'s.
-        ``one_device``: requests of several memory kinds or devices are refused."""
+        ``paths[i]`` (a write's requests are all of one file; one file's requests pass
+        through without a tuple made per request, where thousands of small arrays would
+        wake the garbage collector). Empty requests are done at once; those below
+        :data:`SMALL_TRANSFER` move through the naive tool, neighbours in a file together;
+        the others in one batch per memory kind and device, the devices' at once, in
+        :meth:`_batch`'s context (one file's span), or with ``several_files`` (a
+        checkpoint's shards, whichever files its large requests turn out to be in) in one
+        batch in :meth:`_files_batch`'s context, requests of several memory kinds or devices
+        refused."""
         forced = self.forced_arm(tool)
         if direction == "write" and requests:
             _preallocate_span(fds[0], requests)
@@ -861,7 +863,7 @@ class Dispatcher:
                 small.setdefault(fd, []).append(i)
             else:
                 groups.setdefault(_placement(buffer), []).append(i)
-        if one_device and len(groups) > 1:
+        if several_files and len(groups) > 1:
             raise ValueError("read_many_files takes buffers of one memory kind and device")
         # Neighbours in a file move with one read or write and a copy each; writes only
         # join what touches (they would overwrite the bytes between).
@@ -909,8 +911,7 @@ class Dispatcher:
                 if done is not None:
                     done(indices[0])
                 return
-            files = dict.fromkeys(fds[i] for i in indices)
-            if len(files) > 1:  # a checkpoint's shards: one batch across the files
+            if several_files:  # a checkpoint's shards: one batch across the files
                 crcs = self._files_batch(
                     [(fds[i], *requests[i]) for i in indices],
                     [paths[i] for i in indices],

@@ -1403,8 +1403,12 @@ def test_a_short_shard_among_many_is_a_data_error_naming_it(tmp_path, fresh):
     assert all(not e.unavailable for e in arrayio.explain().explanations)  # no tool blamed
 
 
-@pytest.mark.parametrize("files", [1, 3])
-def test_what_a_progress_callback_raises_leaves_the_read_as_it_was_raised(tmp_path, fresh, files):
+@pytest.mark.parametrize(
+    ("entry", "files"), [("read_many", 1), ("read_many_files", 1), ("read_many_files", 3)]
+)
+def test_what_a_progress_callback_raises_leaves_the_read_as_it_was_raised(
+    tmp_path, fresh, entry, files
+):
     # A progress bar closed under a load (a KeyboardInterrupt in a notebook) must end the
     # read with the caller's own exception, whichever batch (one file's or several's) ran.
     paths = _random_files(tmp_path, "s{}.safetensors", [4 * MiB] * files)
@@ -1422,10 +1426,40 @@ def test_what_a_progress_callback_raises_leaves_the_read_as_it_was_raised(tmp_pa
     ]
     try:
         with pytest.raises(Stop, match="progress"):
-            fresh.read_many_files(requests, paths=[paths[f] for f in which], done=done)
+            if entry == "read_many":
+                fresh.read_many(fds[0], [(o, b) for _, o, b in requests], done=done)
+            else:
+                fresh.read_many_files(requests, paths=[paths[f] for f in which], done=done)
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def test_shards_whose_large_arrays_sit_in_one_file_are_still_learned_as_shards(
+    tmp_path, fresh, monkeypatch
+):
+    # A checkpoint whose last shard holds only a norm: its large arrays are all in the first
+    # file, and the load is still a read of the shards, learned in the files' context (as
+    # every load of that checkpoint is), not in one file's.
+    paths = _random_files(tmp_path, "s{}.safetensors", [8 * MiB, 4096])
+    fds = _open_all(paths)
+    used: list[str] = []
+    for name in ("files_context", "batch_context"):
+        real = getattr(fresh, name)
+        monkeypatch.setattr(
+            fresh, name, lambda *a, real=real, name=name, **k: used.append(name) or real(*a, **k)
+        )
+    requests = [
+        (fds[0], 0, np.empty(2 * MiB, np.uint8)),
+        (fds[0], 4 * MiB, np.empty(2 * MiB, np.uint8)),
+        (fds[1], 0, np.empty(4096, np.uint8)),
+    ]
+    try:
+        fresh.read_many_files(requests, paths=[paths[0], paths[0], paths[1]])
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert used == ["files_context"]
 
 
 def test_a_checkpoint_s_first_load_is_no_re_read(tmp_path, fresh):
