@@ -121,6 +121,9 @@ class Policy:
     setup_wait
         Seconds a call served by the page cache waits for its arm's set-up in progress,
         rather than running a stand-in beside it (see :meth:`_wait_for_set_up`); 0: never.
+    read_ahead
+        Asks for the files an arm's set-up will read, before a read from the disk that the
+        set-up runs beside (default: the tool's :meth:`~arrayio.tools.Tool.read_ahead`).
 
     Raises
     ------
@@ -151,6 +154,7 @@ class Policy:
         setup_seconds: Callable[[Arm], float] | None = None,
         idle_wait: float = 0.05,
         setup_wait: float = 0.5,
+        read_ahead: Callable[[Arm], None] | None = None,
     ) -> None:
         self.exploration = Exploration(
             explore_samples,
@@ -169,6 +173,7 @@ class Policy:
         self.setup_after = setup_after
         self.idle_wait = idle_wait
         self.setup_wait = setup_wait
+        self._read_ahead = read_ahead if read_ahead is not None else _read_ahead_of
         # Whether exploring contexts share calls between arms (:meth:`split`); tune() turns
         # it off, to learn quickly on calls of its own.
         self.within_calls = True
@@ -391,9 +396,9 @@ class Policy:
 
     def _stand_in(
         self, context: Context, key: str, arm: Arm, nbytes: int, exclude: Iterable[Arm]
-    ) -> tuple[Arm, Arm | None]:
-        """The arm to run a call of ``nbytes`` for which ``arm`` was chosen, and the arm to
-        set up once the call is done (or None); lock held.
+    ) -> tuple[Arm, Arm | None, Arm | None]:
+        """The arm to run a call of ``nbytes`` for which ``arm`` was chosen, the arm to set
+        up once the call is done, and the arm to set up beside it (each or None); lock held.
 
         An arm whose tool costs seconds to set up (KvikIO's imports) and that this process
         has not set up yet would spend longer on that than on a short call: such a call
@@ -413,23 +418,25 @@ class Policy:
         measured rate or :data:`DISK_GUESS_RATE`) starts it at once, beside the call: its
         threads wait on the disk, so the set-up costs the call little, and the reloads that
         follow a cold start (page-cache reads, which the arm serves best) find it ready.
+        The files the set-up reads are asked for first, before the call's reads fill the
+        disk's queue (see :meth:`run`).
         """
         setup = self._setup_seconds(arm)
         if setup <= 0:
-            return arm, None
+            return arm, None, None
         entry, candidates = self._known(context, key)
         with self._tools_lock:
             if arm in self._ready or (arm in self._tools and arm not in self._preparing):
-                return arm, None
+                return arm, None, None
             if arm.name in self._set_up_tools:
-                return arm, None  # another arm of its tool paid for the set-up
+                return arm, None, None  # another arm of its tool paid for the set-up
         stats = entry.arms.get(arm.label)
         rate = stats.estimate if stats is not None else None
         if not rate:
             measured = [s.estimate for s in entry.arms.values() if s.estimate]
             rate = max(measured) if measured else FIRST_GUESS_RATE
         if setup <= self.regret * nbytes / rate:
-            return arm, None
+            return arm, None, None
         excluded = set(exclude)
         for other in candidates.order:
             if other == arm or other in excluded or self._setup_seconds(other) > 0:
@@ -440,12 +447,10 @@ class Policy:
             disk_rate = (stats.estimate if stats is not None else None) or DISK_GUESS_RATE
             beside = context.direction == "read" and context.cache in ON_DISK
             if beside and setup <= nbytes / disk_rate:
-                if self._claim(arm):
-                    self._start_preparing(arm)
-                return other, None
+                return other, None, arm if self._claim(arm) else None
             earned = self._stood_in_seconds >= self.setup_after
-            return other, arm if earned and self._claim(arm) else None
-        return arm, None
+            return other, arm if earned and self._claim(arm) else None, None
+        return arm, None, None
 
     def _set_up_after(self, arm: Arm | None) -> None:
         """Start setting ``arm`` up in the background (after a stand-in's call: importing
@@ -771,9 +776,13 @@ class Policy:
                 self._release(key, arm)
                 raise
             with self._lock:
-                runner, set_up = self._stand_in(context, key, arm, nbytes, tried)
+                runner, set_up, beside = self._stand_in(context, key, arm, nbytes, tried)
                 self._running += 1
                 self._started += 1
+            if beside is not None:  # its files first, while the disk's queue is empty
+                with _stages.stage("reading ahead"):
+                    self._read_ahead(beside)
+                self._start_preparing(beside)
             try:
                 try:
                     fresh = self._is_fresh(runner)
@@ -911,6 +920,16 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _read_ahead_of(arm: Arm) -> None:
+    """Ask for the files ``arm``'s tool's set-up will read (never failing the call)."""
+    from .. import tools
+
+    try:
+        tools.tool_class(arm.name).read_ahead()
+    except Exception as error:  # noqa: BLE001 - only a set-up's speed is at stake
+        logger.info("reading ahead for %s failed: %s", arm.label, error)
 
 
 @functools.cache

@@ -235,6 +235,14 @@ class Tool(abc.ABC):
     # grows with their use (threads, the pinned buffers a transfer needs).
     setup_seconds = 0.0
 
+    @classmethod
+    def read_ahead(cls) -> None:
+        """Ask for the files :meth:`prepare` will read (a library's, for its import), where
+        reading them costs a set-up in the background: the dispatcher calls it on the
+        caller's thread before a read from the disk that the set-up runs beside, so that
+        the disk serves them ahead of the read's requests. Nothing by default."""
+        return
+
     def prepare(self) -> None:  # noqa: B027 - optional hook, nothing to set up by default
         """Set up what the first transfer would (threads, pinned buffers, libraries), so
         that it measures the transfer alone; the dispatcher calls it in the background

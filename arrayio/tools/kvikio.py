@@ -26,6 +26,7 @@ from ..arrays import _cuda
 from ..arrays._buffers import DeviceBytes, synchronize_device
 from ..errors import ToolUnavailableError
 from ..integrity._checksum import ChecksumParts
+from ..runtime import _read_ahead
 from .base import Availability, Buffer, Capabilities, IOFuture, Tool
 
 __all__ = ["KvikioTool"]
@@ -59,6 +60,20 @@ class _Future(IOFuture[int]):
 
     def done(self) -> bool:
         return bool(self._kvikio_future.done())
+
+
+# What ``import kvikio`` reads: its package, the C++ library and the logger it loads, and the
+# standard modules its Python imports (see ``read_ahead``; one missing here costs only time).
+IMPORTS = (
+    "kvikio",
+    "libkvikio",
+    "rapids_logger",
+    "cuda.pathfinder",
+    "http.server",
+    "socketserver",
+    "html",
+    "mimetypes",
+)
 
 
 class KvikioTool(Tool):
@@ -100,6 +115,11 @@ class KvikioTool(Tool):
         except OSError:
             return Availability(False, "no libcuda.so.1: KvikIO needs the NVIDIA driver")
         return Availability(True)
+
+    @classmethod
+    def read_ahead(cls) -> None:
+        """Ask for the files ``import kvikio`` reads (see :mod:`arrayio.runtime._read_ahead`)."""
+        _read_ahead.ask_for(_read_ahead.files_of(IMPORTS))
 
     def prepare(self) -> None:
         """Import KvikIO, start its threads and pin its bounce buffers."""

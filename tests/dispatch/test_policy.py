@@ -1515,6 +1515,48 @@ def test_a_page_cache_call_waits_for_the_set_up_in_progress_and_runs_on_the_arm(
     assert world.calls["c"] == 1 and world.calls["a"] == 1
 
 
+def test_a_set_up_beside_a_cold_read_asks_for_its_files_before_the_reads_start():
+    # With every cache cold, KvikIO's import faults its libraries in from a disk that the
+    # cold read's requests fill: its files are asked for on the caller's thread first, while
+    # the disk's queue is empty, then the set-up starts, then the stand-in reads.
+    order: list[tuple[str, int]] = []
+    prepared = threading.Event()
+
+    class Recorded(FakeTool):
+        def prepare(self) -> None:
+            order.append(("set-up", threading.get_ident()))
+            prepared.wait(10)
+
+    world = World({"a": 30 * GB, "c": 10 * GB})
+    policy = make_policy(
+        world,
+        [A, C],
+        setup_seconds=lambda arm: 0.1 if arm.name == "a" else 0.0,
+        idle_wait=3600,
+        read_ahead=lambda arm: order.append(
+            (f"ask for {arm.label}'s files", threading.get_ident())
+        ),
+    )
+    policy._make = lambda arm: Recorded(world, arm)
+
+    def cold_read(tool):
+        for _ in range(500):  # (the set-up's thread records itself as it starts)
+            if len(order) > 1:
+                break
+            time.sleep(0.01)
+        order.append((f"{tool.label} reads", threading.get_ident()))
+        return tool.transfer(1536 * MiB)
+
+    policy.run(context(31, cache="cold"), 1536 * MiB, cold_read)
+    me = threading.get_ident()
+    assert [what for what, _ in order] == ["ask for a's files", "set-up", "c reads"]
+    assert order[0][1] == me and order[1][1] != me and order[2][1] == me
+    call(policy, context(31, cache="cold"), 1536 * MiB)  # asked once: a is being set up
+    assert [what for what, _ in order].count("ask for a's files") == 1
+    prepared.set()
+    _wait_ready(policy, A)
+
+
 def test_the_reload_waits_for_its_tools_set_up_begun_by_another_arm():
     # The cold read sets up KvikIO's large-task arm (the cold row's first candidate); the
     # reload chooses its 4 MiB arm (the warm row's): the set-up is the tool's, so the
