@@ -452,6 +452,18 @@ class Policy:
             return other, arm if earned and self._claim(arm) else None, None
         return arm, None, None
 
+    def _set_up_beside(self, arm: Arm) -> None:
+        """Start setting ``arm`` up beside a read from the disk (claimed by
+        :meth:`_stand_in`): its files asked for first, while the disk's queue is empty (a
+        failure to ask costs only time; the set-up starts whatever happens)."""
+        try:
+            with _stages.stage("reading ahead"):
+                self._read_ahead(arm)
+        except Exception as error:  # noqa: BLE001 - only the set-up's speed is at stake
+            logger.info("reading ahead for %s failed: %s", arm.label, error)
+        finally:
+            self._start_preparing(arm)
+
     def _set_up_after(self, arm: Arm | None) -> None:
         """Start setting ``arm`` up in the background (after a stand-in's call: importing
         KvikIO holds the interpreter's lock for tens of milliseconds, which would slow a
@@ -779,12 +791,10 @@ class Policy:
                 runner, set_up, beside = self._stand_in(context, key, arm, nbytes, tried)
                 self._running += 1
                 self._started += 1
-            if beside is not None:  # its files first, while the disk's queue is empty
-                with _stages.stage("reading ahead"):
-                    self._read_ahead(beside)
-                self._start_preparing(beside)
             try:
                 try:
+                    if beside is not None:
+                        self._set_up_beside(beside)
                     fresh = self._is_fresh(runner)
                     tool = self.tool(runner)
                     start = self._clock()

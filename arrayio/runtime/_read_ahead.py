@@ -18,6 +18,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import stat
 from collections.abc import Iterable
 
 __all__ = ["ask_for", "files_of"]
@@ -27,10 +28,11 @@ _SUFFIXES = (".py", ".pyc", ".so", ".pyx", ".pxd", ".json")
 
 def _package_dir(module: str) -> str | None:
     """The directory of ``module``'s package, or None where it is a plain module or not
-    found (found without being imported: only its parent packages are)."""
+    found (found without being imported: only its parent packages are, and one that fails
+    to import loses this module only)."""
     try:
         spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
+    except Exception:  # noqa: BLE001 - a broken parent package: nothing to ask for here
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -42,7 +44,7 @@ def _module_files(module: str) -> list[str]:
     """A plain module's source and compiled bytecode."""
     try:
         spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
+    except Exception:  # noqa: BLE001 - as in _package_dir
         return []
     if spec is None or not spec.origin or not os.path.isfile(spec.origin):
         return []
@@ -85,11 +87,13 @@ def ask_for(paths: Iterable[str]) -> int:
     that cannot be opened are skipped: this only makes a later import faster."""
     asked = 0
     for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:  # (not blocking: a FIFO named like a library must not hang the load)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:
             continue
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
             asked += 1
         except (OSError, AttributeError):

@@ -1557,6 +1557,32 @@ def test_a_set_up_beside_a_cold_read_asks_for_its_files_before_the_reads_start()
     _wait_ready(policy, A)
 
 
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, OSError])
+def test_a_read_ahead_that_raises_still_sets_the_arm_up(raised):
+    # Interrupted (or failing) while asking for the files, the call leaves nothing claimed,
+    # running or reserved behind it: the set-up still starts, and the calls go on.
+    def read_ahead(arm):
+        raise raised("no")
+
+    world = World({"a": 30 * GB, "c": 10 * GB})
+    policy = make_policy(
+        world,
+        [A, C],
+        setup_seconds=lambda arm: 0.1 if arm.name == "a" else 0.0,
+        idle_wait=3600,
+        read_ahead=read_ahead,
+    )
+    cold = context(31, cache="cold")
+    if raised is KeyboardInterrupt:  # (the caller's interrupt ends the call)
+        with pytest.raises(KeyboardInterrupt):
+            call(policy, cold, 1536 * MiB)
+    else:  # (a failure to ask costs only time)
+        assert call(policy, cold, 1536 * MiB) == C
+    _wait_ready(policy, A)
+    assert policy._running == 0 and policy._in_flight == {}
+    assert call(policy, context(31), 1536 * MiB) == A
+
+
 def test_the_reload_waits_for_its_tools_set_up_begun_by_another_arm():
     # The cold read sets up KvikIO's large-task arm (the cold row's first candidate); the
     # reload chooses its 4 MiB arm (the warm row's): the set-up is the tool's, so the

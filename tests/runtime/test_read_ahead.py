@@ -70,3 +70,21 @@ def test_kvikio_asks_for_its_import_s_files(monkeypatch):
     monkeypatch.setattr(kvikio_tool._read_ahead, "ask_for", lambda paths: asked.extend(paths))
     kvikio_tool.KvikioTool.read_ahead()
     assert asked == list(kvikio_tool.IMPORTS) and "kvikio" in asked and "libkvikio" in asked
+
+
+def test_a_fifo_named_like_a_library_is_skipped_not_waited_on(site):
+    # Opening a FIFO for reading waits for a writer: the load's thread must not.
+    os.mkfifo(site / "fakepkg" / "socket.so")
+    files = _read_ahead.files_of(["fakepkg"])
+    assert str(site / "fakepkg" / "socket.so") in files
+    assert _read_ahead.ask_for(files) == 4  # the package's regular files only
+
+
+def test_a_parent_package_that_fails_to_import_loses_only_its_module(site):
+    broken = site / "brokenparent"
+    (broken / "child").mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise RuntimeError('broken parent')\n")
+    (broken / "child" / "__init__.py").write_text("")
+    files = _read_ahead.files_of(["brokenparent.child", "fakemod"])
+    assert files and all("brokenparent" not in path for path in files)
+    sys.modules.pop("brokenparent", None)
