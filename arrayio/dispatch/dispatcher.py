@@ -158,13 +158,6 @@ def _ignore(index: int) -> None:
     """The progress callback of a transfer alone."""
 
 
-def _of(done: Callable[[int], None] | None, indices: Sequence[int]) -> Callable[[int], None]:
-    """``report(k)``: ``done(indices[k])``; nothing without ``done``."""
-    if done is None:
-        return _ignore
-    return lambda k: done(indices[k])
-
-
 def _move_at_once(move: Callable[[list[int]], None], groups: list[list[int]]) -> None:
     """``move`` each group at once with the others (the first on this thread, each other on
     a thread of its own), and raise once every group has ended, an interrupt included: no
@@ -685,14 +678,13 @@ class Dispatcher:
         paths: list[str],
         with_checksum: bool,
         forced: Arm | None,
-        done: Callable[[int], None],
+        report: Callable[[int], None],
         side: _Once | None,
     ) -> list[int | None]:
         """A batch of several files' requests: one context, one tool (a rival reading a
         share of the requests while the context explores), the side work (if any) run while
-        the bytes move."""
+        the bytes move; ``report(k)`` as request ``k`` completes (see :func:`_once_each`)."""
         crcs: list[int | None] = [None] * len(requests)
-        report = _once_each(done, range(len(requests)))
 
         def operation(part: list[int]) -> Callable[[Tool], None]:
             chosen = [(requests[k][1], requests[k][2]) for k in part]
@@ -713,14 +705,11 @@ class Dispatcher:
 
             return _settled_on_failure(run, chosen[0][1])
 
-        try:
-            with self.in_flight:
-                context = self.files_context(requests, buffer_kind(requests[0][2]), with_checksum)
-                arm = self._run_files(context, requests, forced, operation)
-            if side is not None:
-                side()  # (run already, unless no tool reached it)
-        except _Abandoned as abandoned:
-            raise abandoned.error from None
+        with self.in_flight:
+            context = self.files_context(requests, buffer_kind(requests[0][2]), with_checksum)
+            arm = self._run_files(context, requests, forced, operation)
+        if side is not None:
+            side()  # (run already, unless no tool reached it)
         by_file: dict[int, list[tuple[int, int]]] = {}
         for fd, offset, buffer in requests:
             by_file.setdefault(fd, []).append((offset, buffer.nbytes))
@@ -911,25 +900,25 @@ class Dispatcher:
                 if done is not None:
                     done(indices[0])
                 return
-            if several_files:  # a checkpoint's shards: one batch across the files
-                crcs = self._files_batch(
-                    [(fds[i], *requests[i]) for i in indices],
-                    [paths[i] for i in indices],
-                    with_checksum,
-                    forced,
-                    _of(done, indices),  # (which reports each once itself)
-                    side,
-                )
-            else:
-                report = _once_each(done, indices)
-                batch = [requests[i] for i in indices]
-                fd, path = fds[indices[0]], paths[indices[0]]
-                try:
+            report = _once_each(done, indices)
+            try:
+                if several_files:  # a checkpoint's shards: one batch across the files
+                    crcs = self._files_batch(
+                        [(fds[i], *requests[i]) for i in indices],
+                        [paths[i] for i in indices],
+                        with_checksum,
+                        forced,
+                        report,
+                        side,
+                    )
+                else:
+                    batch = [requests[i] for i in indices]
+                    fd, path = fds[indices[0]], paths[indices[0]]
                     crcs = self._batch(
                         direction, fd, batch, path, with_checksum, forced, report, side
                     )
-                except _Abandoned as abandoned:
-                    raise abandoned.error from None
+            except _Abandoned as abandoned:
+                raise abandoned.error from None
             for i, crc in zip(indices, crcs, strict=True):
                 results[i] = crc
 

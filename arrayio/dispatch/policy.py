@@ -346,7 +346,6 @@ class Policy:
             with self._tools_lock:
                 record["seconds"] = time.perf_counter() - start
                 record["steps"] = dict(getattr(tool, "set_up_steps", {}))
-            with self._tools_lock:
                 self._preparing.discard(arm)
                 self._ready.add(arm)
                 self._set_up_tools.add(arm.name)
@@ -933,13 +932,11 @@ if hasattr(os, "register_at_fork"):
 
 
 def _read_ahead_of(arm: Arm) -> None:
-    """Ask for the files ``arm``'s tool's set-up will read (never failing the call)."""
+    """Ask for the files ``arm``'s tool's set-up will read (its failure is
+    :meth:`Policy._set_up_beside`'s to swallow)."""
     from .. import tools
 
-    try:
-        tools.tool_class(arm.name).read_ahead()
-    except Exception as error:  # noqa: BLE001 - only a set-up's speed is at stake
-        logger.info("reading ahead for %s failed: %s", arm.label, error)
+    tools.tool_class(arm.name).read_ahead()
 
 
 @functools.cache

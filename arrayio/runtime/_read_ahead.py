@@ -20,38 +20,30 @@ import importlib.util
 import os
 import stat
 from collections.abc import Iterable
+from typing import Any
 
 __all__ = ["ask_for", "files_of"]
 
 _SUFFIXES = (".py", ".pyc", ".so", ".pyx", ".pxd", ".json")
 
 
-def _package_dir(module: str) -> str | None:
-    """The directory of ``module``'s package, or None where it is a plain module or not
-    found (found without being imported: only its parent packages are, and one that fails
-    to import loses this module only)."""
+def _spec(module: str) -> Any:
+    """``module``'s spec, found without importing it (only its parent packages are); None
+    where it is not found or a parent fails to import (that module alone is lost)."""
     try:
-        spec = importlib.util.find_spec(module)
+        return importlib.util.find_spec(module)
     except Exception:  # noqa: BLE001 - a broken parent package: nothing to ask for here
         return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    locations = list(spec.submodule_search_locations)
-    return locations[0] if locations else None
 
 
-def _module_files(module: str) -> list[str]:
-    """A plain module's source and compiled bytecode."""
-    try:
-        spec = importlib.util.find_spec(module)
-    except Exception:  # noqa: BLE001 - as in _package_dir
+def _module_files(origin: str | None) -> list[str]:
+    """A plain module's source (or extension) and its compiled bytecode."""
+    if not origin or not os.path.isfile(origin):
         return []
-    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
-        return []
-    files = [spec.origin]
-    if spec.origin.endswith(".py"):
+    files = [origin]
+    if origin.endswith(".py"):
         try:
-            files.append(importlib.util.cache_from_source(spec.origin))
+            files.append(importlib.util.cache_from_source(origin))
         except NotImplementedError:
             pass
     return files
@@ -64,10 +56,13 @@ def files_of(modules: Iterable[str]) -> list[str]:
     auditwheel's), and a plain module's source and bytecode."""
     found: list[str] = []
     for module in modules:
-        directory = _package_dir(module)
-        if directory is None:
-            found.extend(_module_files(module))
+        spec = _spec(module)
+        if spec is None:
             continue
+        if not spec.submodule_search_locations:
+            found.extend(_module_files(spec.origin))
+            continue
+        directory = list(spec.submodule_search_locations)[0]
         parent = os.path.dirname(directory)
         vendored = os.path.join(parent, glob.escape(os.path.basename(directory)) + "*.libs")
         folders = [directory, *glob.glob(vendored)]

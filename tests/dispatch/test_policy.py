@@ -1528,11 +1528,11 @@ def test_a_set_up_beside_a_cold_read_asks_for_its_files_before_the_reads_start()
             prepared.wait(10)
 
     world = World({"a": 30 * GB, "c": 10 * GB})
-    policy = make_policy(
+    policy = _standing_in(
         world,
         [A, C],
-        setup_seconds=lambda arm: 0.1 if arm.name == "a" else 0.0,
-        idle_wait=3600,
+        {"a": 0.1},
+        prepared,
         read_ahead=lambda arm: order.append(
             (f"ask for {arm.label}'s files", threading.get_ident())
         ),
@@ -1564,14 +1564,10 @@ def test_a_read_ahead_that_raises_still_sets_the_arm_up(raised):
     def read_ahead(arm):
         raise raised("no")
 
+    set_up = threading.Event()
+    set_up.set()
     world = World({"a": 30 * GB, "c": 10 * GB})
-    policy = make_policy(
-        world,
-        [A, C],
-        setup_seconds=lambda arm: 0.1 if arm.name == "a" else 0.0,
-        idle_wait=3600,
-        read_ahead=read_ahead,
-    )
+    policy = _standing_in(world, [A, C], {"a": 0.1}, set_up, read_ahead=read_ahead)
     cold = context(31, cache="cold")
     if raised is KeyboardInterrupt:  # (the caller's interrupt ends the call)
         with pytest.raises(KeyboardInterrupt):
