@@ -112,6 +112,9 @@ class Policy:
     setup_after
         Seconds a context's calls must have taken before its rivals are set up (with
         ``skip_first_call``; see :data:`PREPARE_AFTER`).
+    stand_in_for
+        How many times its set-up's cost the stand-ins' calls take before the arm they stand
+        in for is set up (see :meth:`_stand_in`).
     setup_seconds
         What a process's first use of an arm's tool costs beyond its transfer (default: the
         tool's :attr:`~arrayio.tools.Tool.setup_seconds`); see :meth:`run`.
@@ -151,6 +154,7 @@ class Policy:
         regret: float = 0.1,
         first_share: float = 1 / 64,
         setup_after: float = 2.0,
+        stand_in_for: float = 1.0,
         setup_seconds: Callable[[Arm], float] | None = None,
         idle_wait: float = 0.05,
         setup_wait: float = 0.5,
@@ -169,8 +173,11 @@ class Policy:
             raise ValueError(f"regret must be in (0, 1), got {regret}")
         if not 0 < first_share <= MAX_SHARE:
             raise ValueError(f"first_share must be in (0, {MAX_SHARE}], got {first_share}")
+        if stand_in_for < 0:
+            raise ValueError(f"stand_in_for must be at least 0, got {stand_in_for}")
         self.regret, self.first_share = regret, first_share
         self.setup_after = setup_after
+        self.stand_in_for = stand_in_for
         self.idle_wait = idle_wait
         self.setup_wait = setup_wait
         self._read_ahead = read_ahead if read_ahead is not None else _read_ahead_of
@@ -207,8 +214,7 @@ class Policy:
         self._tools: dict[Arm, Tool] = {}
         self._setup_seconds = setup_seconds if setup_seconds is not None else _setup_seconds
         # Seconds the stand-ins' calls have taken, in any context: the arm they stand in for
-        # is set up once they reach ``setup_after``, as a rival is (setting it up slows the
-        # calls that run beside it by more than it saves a short one).
+        # is set up once they reach its set-up's cost (see _stand_in).
         self._stood_in_seconds = 0.0
         # Calls running now, and calls started so far: an idle watch (see _watch_idle)
         # compares them before and after its wait.
@@ -403,9 +409,10 @@ class Policy:
         has not set up yet would spend longer on that than on a short call: such a call
         goes to the first candidate with nothing to set up (a warm model load is a tenth of a
         second; importing KvikIO, most of another). The chosen arm is set up in the
-        background once the stand-ins' calls, in any context, have taken :attr:`setup_after`
-        seconds, the rivals' rule (a process that loads a few times and exits never imports
-        it: the set-up would cost the calls beside it more than it saves them), or as soon as
+        background once the stand-ins' calls, in any context, have taken :attr:`stand_in_for`
+        times as long as the set-up costs (the ski-rental rule: a process that loads a few
+        times and exits pays at most about twice what knowing its future would have cost
+        it, whether a set-up that never paid off or a stand-in's slower calls), or as soon as
         the program leaves a gap of :attr:`idle_wait` after a stand-in's call (the set-up then
         overlaps the program's own work, see :meth:`_watch_idle`), and runs the calls once it
         is. A call long
@@ -447,7 +454,7 @@ class Policy:
             beside = context.direction == "read" and context.cache in ON_DISK
             if beside and setup <= nbytes / disk_rate:
                 return other, None, arm if self._claim(arm) else None
-            earned = self._stood_in_seconds >= self.setup_after
+            earned = self._stood_in_seconds >= setup * self.stand_in_for
             return other, arm if earned and self._claim(arm) else None, None
         return arm, None, None
 
@@ -475,7 +482,7 @@ class Policy:
 
         A program that loads, then computes (an eval loop, a notebook's next cell), leaves
         gaps between calls much longer than the set-up: run there, it slows no transfer.
-        Back-to-back loads leave none, and wait for :attr:`setup_after`. (Untimed calls of
+        Back-to-back loads leave none, and wait for :attr:`stand_in_for`. (Untimed calls of
         exploiting contexts are not counted: a process with both kinds of context may set
         up beside one of those.)"""
         with self._lock:

@@ -1316,12 +1316,12 @@ def _wait_ready(policy: Policy, arm: Arm) -> None:
 def test_a_tool_that_costs_more_to_set_up_than_a_short_call_has_a_stand_in():
     # The prior (a) costs 0.1 s to set up; a 64 MiB call at the first guess's 10 GB/s takes
     # 7 ms. The first candidate with nothing to set up (c; b costs too) runs the first calls;
-    # a is set up in the background once c's calls have taken setup_after (5 ms here: after
-    # the first), and runs the calls after that.
+    # a is set up in the background once c's calls have taken stand_in_for times a's set-up
+    # (5 ms here: after the first), and runs the calls after that.
     prepared = threading.Event()
     world = World({"a": 30 * GB, "b": 30 * GB, "c": 10 * GB})
     policy = _standing_in(
-        world, [A, B, C], {"a": 0.1, "b": 0.1}, prepared, skip_first_call=True, setup_after=0.005
+        world, [A, B, C], {"a": 0.1, "b": 0.1}, prepared, skip_first_call=True, stand_in_for=0.05
     )
     ctx = context(26)
     assert call(policy, ctx, 64 * MiB) == C
@@ -1373,13 +1373,13 @@ def test_a_learned_arm_is_judged_at_its_measured_rate():
     assert call(third, ctx, 1536 * MiB) == C  # 0.5 s would not hide
 
 
-def test_the_stand_ins_calls_of_any_context_set_the_arm_up_once_they_take_setup_after():
+def test_the_stand_ins_calls_of_any_context_set_the_arm_up_once_they_take_its_set_up():
     # A cold load, then warm ones (two contexts), each 64 MiB at c's 10 GB/s (6.7 ms): their
     # time adds up across contexts, and a is set up after the first call that finds it past
-    # setup_after (10 ms): the third.
+    # stand_in_for times a's set-up (10 ms): the third.
     prepared = threading.Event()
     world = World({"a": 30 * GB, "c": 10 * GB})
-    policy = _standing_in(world, [A, C], {"a": 0.1}, prepared, setup_after=0.010)
+    policy = _standing_in(world, [A, C], {"a": 0.1}, prepared, stand_in_for=0.1)
     assert call(policy, context(26, cache="cold"), 64 * MiB) == C
     assert call(policy, context(26), 64 * MiB) == C
     assert not policy._preparing  # 7 ms when it began
@@ -1390,20 +1390,31 @@ def test_the_stand_ins_calls_of_any_context_set_the_arm_up_once_they_take_setup_
     assert call(policy, context(26, cache="cold"), 64 * MiB) == A
 
 
-def test_a_few_short_loads_never_pay_for_a_set_up():
-    # Twelve warm loads of 1.5 GiB at c's 30 GB/s take 0.6 s, under the default setup_after
-    # (2 s): setting a up would slow the calls beside it more than a could win back, so the
-    # stand-in runs them all and a is never imported.
+def test_back_to_back_loads_set_the_arm_up_once_the_stand_in_has_cost_its_set_up():
+    # Warm loads of 1.5 GiB at c's 30 GB/s take 54 ms each; a's set-up costs 0.2 s. The
+    # ski-rental rule: a script that loads four times never pays for the set-up; one that
+    # goes on loading sets a up after the first call to find the stand-in's calls past
+    # 0.2 s (the fifth), and the call after it runs on a.
     prepared = threading.Event()
     prepared.set()
     world = World({"a": 40 * GB, "c": 30 * GB})
     policy = _standing_in(world, [A, C], {"a": 0.2}, prepared)
+    assert labels(policy, context(31), 4, 1536 * MiB) == ["c"] * 4
+    assert not policy._preparing and A not in policy._tools
+    assert labels(policy, context(31), 1, 1536 * MiB) == ["c"]
+    _wait_ready(policy, A)
+    assert labels(policy, context(31), 1, 1536 * MiB) == ["a"]
+
+
+def test_stand_in_for_scales_the_rule_and_must_not_be_negative():
+    prepared = threading.Event()
+    prepared.set()
+    world = World({"a": 40 * GB, "c": 30 * GB})
+    policy = _standing_in(world, [A, C], {"a": 0.2}, prepared, stand_in_for=10.0)
     assert labels(policy, context(31), 12, 1536 * MiB) == ["c"] * 12
     assert not policy._preparing and A not in policy._tools
-    # A process that goes on loading sets it up once the stand-in's calls reach 2 s.
-    runs = labels(policy, context(31), 30, 1536 * MiB)
-    _wait_ready(policy, A)
-    assert "a" in runs + labels(policy, context(31), 3, 1536 * MiB)
+    with pytest.raises(ValueError, match="stand_in_for"):
+        _standing_in(world, [A, C], {"a": 0.2}, prepared, stand_in_for=-1.0)
 
 
 def test_a_gap_after_a_stand_in_call_sets_the_arm_up_beside_the_programs_work():
@@ -1420,11 +1431,12 @@ def test_a_gap_after_a_stand_in_call_sets_the_arm_up_beside_the_programs_work():
 
 def test_a_call_within_idle_wait_keeps_the_set_up_for_later():
     # The next load starts before idle_wait has passed: the program is loading back to back,
-    # and a set-up now would slow it; nothing is set up.
+    # and a set-up now would slow it; nothing is set up (the stand-in's two calls, 0.3 s,
+    # are far from a's 1 s of set-up).
     prepared = threading.Event()
     prepared.set()
     world = World({"a": 30 * GB, "c": 10 * GB})
-    policy = _standing_in(world, [A, C], {"a": 0.1}, prepared, idle_wait=0.3)
+    policy = _standing_in(world, [A, C], {"a": 1.0}, prepared, idle_wait=0.3)
     assert call(policy, context(31), 1536 * MiB) == C
     assert call(policy, context(31), 1536 * MiB) == C
     time.sleep(0.6)  # the first call's watch has seen the second call start
@@ -1451,7 +1463,7 @@ def test_an_arm_being_set_up_runs_no_untimed_call():
     assert entry_of(learner, ctx).chosen == "a"
     waiting = threading.Event()
     policy = _standing_in(
-        world, [A, C], {"a": 0.1}, waiting, table=learner.table, sample_every=4, setup_after=0.005
+        world, [A, C], {"a": 0.1}, waiting, table=learner.table, sample_every=4, stand_in_for=0.05
     )
     assert labels(policy, ctx, 2, 64 * MiB) == ["c", "c"]
     for _ in range(500):  # the set-up thread makes a's tool, then waits in prepare()
