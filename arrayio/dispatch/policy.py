@@ -410,9 +410,9 @@ class Policy:
         goes to the first candidate with nothing to set up (a warm model load is a tenth of a
         second; importing KvikIO, most of another). The chosen arm is set up in the
         background once the stand-ins' calls, in any context, have taken :attr:`stand_in_for`
-        times as long as the set-up costs (the ski-rental rule: a process that loads a few
-        times and exits pays at most about twice what knowing its future would have cost
-        it, whether a set-up that never paid off or a stand-in's slower calls), or as soon as
+        times as long as the set-up costs (a ski-rental rule: a process that loads a few
+        times and exits never pays for the set-up, and one that goes on loading pays for it
+        only once its calls have taken at least as long as the set-up), or as soon as
         the program leaves a gap of :attr:`idle_wait` after a stand-in's call (the set-up then
         overlaps the program's own work, see :meth:`_watch_idle`), and runs the calls once it
         is. A call long
