@@ -19,11 +19,10 @@ import glob
 import importlib.util
 import os
 import stat
-import sys
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["ask_for", "files_of", "libraries_of"]
+__all__ = ["ask_for", "files_of"]
 
 _SUFFIXES = (".py", ".pyc", ".so", ".pyx", ".pxd", ".json")
 
@@ -74,19 +73,6 @@ def files_of(modules: Iterable[str]) -> list[str]:
                     for name in names
                     if name.endswith(_SUFFIXES) or ".so." in name
                 )
-    return sorted(set(found))
-
-
-def libraries_of(patterns: Iterable[str]) -> list[str]:
-    """The shared libraries that match ``patterns`` (globs relative to each directory on
-    ``sys.path``), for libraries an import loads from a wheel of another package found at
-    run time (KvikIO loads cuFile's from NVIDIA's namespace package)."""
-    found: list[str] = []
-    for entry in dict.fromkeys(sys.path):
-        if not entry or not os.path.isdir(entry):
-            continue
-        for pattern in patterns:
-            found.extend(glob.glob(os.path.join(glob.escape(entry), pattern)))
     return sorted(set(found))
 
 

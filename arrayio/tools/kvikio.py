@@ -68,9 +68,8 @@ class _Future(IOFuture[int]):
         return bool(self._kvikio_future.done())
 
 
-# What ``import kvikio`` reads: its package, the C++ library and the logger it loads, the
-# standard modules its Python imports, and cuFile's library, which it loads from NVIDIA's
-# wheel (see ``read_ahead``; one missing here costs only time).
+# What ``import kvikio`` reads: its package, the C++ library and the logger it loads, and the
+# standard modules its Python imports (see ``read_ahead``; one missing here costs only time).
 IMPORTS = (
     "kvikio",
     "libkvikio",
@@ -80,10 +79,7 @@ IMPORTS = (
     "socketserver",
     "html",
     "mimetypes",
-    "ssl",
-    "_ssl",
 )
-LIBRARIES = ("nvidia/*/lib/libcufile.so*", "nvidia/cufile/lib/libcufile.so*")
 
 
 class KvikioTool(Tool):
@@ -129,7 +125,7 @@ class KvikioTool(Tool):
     @classmethod
     def read_ahead(cls) -> None:
         """Ask for the files ``import kvikio`` reads (see :mod:`arrayio.runtime._read_ahead`)."""
-        _read_ahead.ask_for(_read_ahead.files_of(IMPORTS) + _read_ahead.libraries_of(LIBRARIES))
+        _read_ahead.ask_for(_read_ahead.files_of(IMPORTS))
 
     def prepare(self) -> None:
         """Import KvikIO, start its threads and pin its bounce buffers."""

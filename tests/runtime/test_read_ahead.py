@@ -88,12 +88,3 @@ def test_a_parent_package_that_fails_to_import_loses_only_its_module(site):
     files = _read_ahead.files_of(["brokenparent.child", "fakemod"])
     assert files and all("brokenparent" not in path for path in files)
     sys.modules.pop("brokenparent", None)
-
-
-def test_libraries_found_by_pattern_on_the_path(site):
-    lib = site / "nvidia" / "cu13" / "lib"
-    lib.mkdir(parents=True)
-    (lib / "libcufile.so.0").write_bytes(b"\x7fELF")
-    (lib / "libcublas.so.13").write_bytes(b"\x7fELF")
-    found = _read_ahead.libraries_of(["nvidia/*/lib/libcufile.so*", "nowhere/*.so"])
-    assert found == [str(lib / "libcufile.so.0")]
