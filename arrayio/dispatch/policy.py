@@ -173,7 +173,7 @@ class Policy:
             raise ValueError(f"regret must be in (0, 1), got {regret}")
         if not 0 < first_share <= MAX_SHARE:
             raise ValueError(f"first_share must be in (0, {MAX_SHARE}], got {first_share}")
-        if stand_in_for < 0:
+        if not stand_in_for >= 0:  # (NaN too)
             raise ValueError(f"stand_in_for must be at least 0, got {stand_in_for}")
         self.regret, self.first_share = regret, first_share
         self.setup_after = setup_after
@@ -453,10 +453,23 @@ class Policy:
             disk_rate = (stats.estimate if stats is not None else None) or DISK_GUESS_RATE
             beside = context.direction == "read" and context.cache in ON_DISK
             if beside and setup <= nbytes / disk_rate:
-                return other, None, arm if self._claim(arm) else None
+                reload = self._reload_arm(context, arm)
+                return other, None, reload if self._claim(reload) else None
             earned = self._stood_in_seconds >= setup * self.stand_in_for
             return other, arm if earned and self._claim(arm) else None, None
         return arm, None, None
+
+    def _reload_arm(self, context: Context, arm: Arm) -> Arm:
+        """The arm of ``arm``'s tool that a reload of a cold read in ``context`` (the same
+        read from the page cache) chooses, or ``arm`` where the reload chooses another tool;
+        lock held. A set-up beside a cold read is for those reloads, and a tool's set-up is
+        its arm's: KvikIO pins bounce buffers of its arm's task size, and pinning the cold
+        arm's larger ones took as many times longer, which pushed the set-up past the cold
+        read into the reload that waited for it. The cold arm's first call then pins its own,
+        during a read whose waits on the disk hide it."""
+        reload = dataclasses.replace(context, cache="warm", keep=False)
+        chosen = self._choose(reload, reload.key(), (), reserve=False)
+        return chosen if chosen is not None and chosen.name == arm.name else arm
 
     def _set_up_beside(self, arm: Arm) -> None:
         """Start setting ``arm`` up beside a read from the disk (claimed by
@@ -482,7 +495,8 @@ class Policy:
 
         A program that loads, then computes (an eval loop, a notebook's next cell), leaves
         gaps between calls much longer than the set-up: run there, it slows no transfer.
-        Back-to-back loads leave none, and wait for :attr:`stand_in_for`. (Untimed calls of
+        Back-to-back loads leave none, and wait until the stand-ins' calls reach
+        :attr:`stand_in_for` times the set-up's cost. (Untimed calls of
         exploiting contexts are not counted: a process with both kinds of context may set
         up beside one of those.)"""
         with self._lock:

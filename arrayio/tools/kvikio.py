@@ -36,12 +36,6 @@ logger = logging.getLogger("arrayio.tools")
 # KvikIO's thread pool and task size are process-wide: set them under a lock, only on change.
 _settings_lock = threading.Lock()
 _bounce_sized = False  # whether arrayio has set KvikIO's bounce buffer size yet
-# The task size whose bounce buffers a set-up pins: a page-cache read's (the candidates'
-# KvikIO arm). A set-up beside a cold read is made for the reloads that follow it, and
-# pinning buffers of the cold arm's larger tasks takes as many times longer as they are
-# larger, which pushed the set-up past the cold read into the first reload; an arm of larger
-# tasks grows the buffers on its first transfer (see _open).
-SET_UP_TASK_SIZE = 4 << 20
 
 
 def _nothing() -> None:
@@ -105,7 +99,9 @@ class KvikioTool(Tool):
         self._handles_lock = threading.Lock()
 
     # Importing KvikIO loads its libraries and CUDA's (tens of milliseconds), and pinning its
-    # bounce buffers (prepare) takes longer.
+    # bounce buffers (prepare) takes about as long again. Declared above that: a set-up also
+    # slows the calls that run beside it, and a stand-in's calls must have taken this long
+    # before it starts (see arrayio.dispatch.policy).
     setup_seconds = 0.2
 
     @classmethod
@@ -146,18 +142,16 @@ class KvikioTool(Tool):
         bounce buffer, pinned on the thread's first task and kept in a pool: a fresh
         process's first read pays for pinning them all, which takes longer than a warm read
         of a gigabyte. Done here, as part of the set-up, the first read runs at its rate.
-        The file is a hole (nothing written, nothing on the disk). The buffers pinned are of
-        this tool's task size, at most :data:`SET_UP_TASK_SIZE`."""
-        task_size = min(self.task_size, SET_UP_TASK_SIZE)
-        nbytes = self.threads * task_size
+        The file is a hole (nothing written, nothing on the disk)."""
+        nbytes = self.threads * self.task_size
         scratch = _cuda.DeviceMemory(nbytes)
         try:
             with tempfile.NamedTemporaryFile(prefix="arrayio-kvikio-") as zeros:
                 os.ftruncate(zeros.fileno(), nbytes)
-                handle, release = self._open(zeros.fileno(), "r", task_size)
+                handle, release = self._open(zeros.fileno(), "r")
                 try:
                     target = DeviceBytes(scratch.address, nbytes)
-                    handle.pread(target, nbytes, 0, task_size).get()
+                    handle.pread(target, nbytes, 0, self.task_size).get()
                 finally:
                     release()
         finally:
@@ -182,20 +176,17 @@ class KvikioTool(Tool):
         except RuntimeError:
             return "compat"
 
-    def _open(
-        self, fd: int, flags: str, task_size: int | None = None
-    ) -> tuple[Any, Callable[[], None]]:
-        """A handle on ``fd``'s file (shared with the transfers in flight on it), for tasks
-        of ``task_size`` (default: the tool's), and the function that gives it back."""
-        task_size = self.task_size if task_size is None else task_size
+    def _open(self, fd: int, flags: str) -> tuple[Any, Callable[[], None]]:
+        """A handle on ``fd``'s file (shared with the transfers in flight on it), and the
+        function that gives it back."""
         if not self.availability():
             raise ToolUnavailableError(self.availability().reason)
         kvikio = _import_kvikio()
 
         with _settings_lock:
             self._use_threads(kvikio)
-            if kvikio.defaults.get("task_size") != task_size:
-                kvikio.defaults.set("task_size", task_size)
+            if kvikio.defaults.get("task_size") != self.task_size:
+                kvikio.defaults.set("task_size", self.task_size)
             # In compatibility mode every thread stages its task through a pinned bounce
             # buffer, and pinning is slow (a fresh process pays it on its first read): the
             # first transfer pins buffers of its own task size, not KvikIO's larger default;
@@ -203,8 +194,8 @@ class KvikioTool(Tool):
             # them all again, and a larger buffer than the task serves it as well.
             global _bounce_sized
             bounce = kvikio.defaults.get("bounce_buffer_size")
-            if bounce < task_size or (not _bounce_sized and bounce != task_size):
-                kvikio.defaults.set("bounce_buffer_size", task_size)
+            if bounce < self.task_size or (not _bounce_sized and bounce != self.task_size):
+                kvikio.defaults.set("bounce_buffer_size", self.task_size)
             _bounce_sized = True
         key = (fd, flags)
         with self._handles_lock:

@@ -1413,8 +1413,9 @@ def test_stand_in_for_scales_the_rule_and_must_not_be_negative():
     policy = _standing_in(world, [A, C], {"a": 0.2}, prepared, stand_in_for=10.0)
     assert labels(policy, context(31), 12, 1536 * MiB) == ["c"] * 12
     assert not policy._preparing and A not in policy._tools
-    with pytest.raises(ValueError, match="stand_in_for"):
-        _standing_in(world, [A, C], {"a": 0.2}, prepared, stand_in_for=-1.0)
+    for wrong in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="stand_in_for"):
+            _standing_in(world, [A, C], {"a": 0.2}, prepared, stand_in_for=wrong)
 
 
 def test_a_gap_after_a_stand_in_call_sets_the_arm_up_beside_the_programs_work():
@@ -1591,10 +1592,11 @@ def test_a_read_ahead_that_raises_still_sets_the_arm_up(raised):
     assert call(policy, context(31), 1536 * MiB) == A
 
 
-def test_the_reload_waits_for_its_tools_set_up_begun_by_another_arm():
-    # The cold read sets up KvikIO's large-task arm (the cold row's first candidate); the
-    # reload chooses its 4 MiB arm (the warm row's): the set-up is the tool's, so the
-    # reload waits for it and runs on its own arm.
+def test_a_cold_read_sets_up_the_arm_its_reload_will_choose():
+    # The cold row's first candidate is KvikIO's large-task arm, the warm row's its 4 MiB
+    # arm: the set-up beside the cold read is for the reloads, so it is the 4 MiB arm's
+    # (KvikIO pins buffers of its arm's task size), the reload waits for it and runs on it,
+    # and the large arm's first cold call runs on it without a stand-in (its tool is set up).
     prepared = threading.Event()
     large, small = Arm.of("a", task=16), Arm.of("a", task=4)
     world = World({large.label: 30 * GB, small.label: 30 * GB, "c": 10 * GB})
@@ -1602,9 +1604,23 @@ def test_the_reload_waits_for_its_tools_set_up_begun_by_another_arm():
         world, lambda ctx: [large, C] if ctx.cache == "cold" else [small, C], {"a": 0.1}, prepared
     )
     assert call(policy, context(31, cache="cold"), 1536 * MiB) == C
-    assert policy._preparing == {large}
+    assert policy._preparing == {small}
     threading.Timer(0.1, prepared.set).start()
     assert call(policy, context(31), 1536 * MiB) == small
+    assert call(policy, context(31, cache="cold"), 1536 * MiB) == large
+    assert policy._preparing == set()
+
+
+def test_a_cold_read_whose_reload_chooses_another_tool_sets_up_its_own_arm():
+    prepared = threading.Event()
+    prepared.set()
+    world = World({"a": 30 * GB, "b": 30 * GB, "c": 10 * GB})
+    policy = _standing_in(
+        world, lambda ctx: [A, C] if ctx.cache == "cold" else [B, C], {"a": 0.1}, prepared
+    )
+    assert call(policy, context(31, cache="cold"), 1536 * MiB) == C
+    _wait_ready(policy, A)
+    assert call(policy, context(31, cache="cold"), 1536 * MiB) == A
 
 
 def test_a_set_up_that_outlasts_the_wait_is_not_waited_for_again():
@@ -1744,11 +1760,15 @@ def test_an_arm_runs_itself_once_another_arm_of_its_tool_is_set_up():
     prepared.set()
     a_large = Arm.of("a", task_size=16)
     world = World({"a": 30 * GB, a_large.label: 30 * GB, "c": 10 * GB})
-    policy = _standing_in(world, [a_large, C], {"a": 0.1}, prepared)
+    policy = _standing_in(
+        world,
+        lambda ctx: [a_large, C] if ctx.size_class == 31 else [A, C],
+        {"a": 0.1},
+        prepared,
+    )
     assert call(policy, context(31, cache="cold"), 1536 * MiB) == C
     _wait_ready(policy, a_large)
-    policy._candidates = lambda _context: [A, C]
-    assert call(policy, context(31), 64 * MiB) == A
+    assert call(policy, context(26), 64 * MiB) == A
 
 
 def test_an_exiting_process_waits_for_the_set_up_in_the_background():

@@ -291,44 +291,6 @@ def test_kvikio_reads_and_writes_with_checksums_computed_on_the_gpu(tmp_path):
         arrayio.load(path, like="torch", device="cuda")
 
 
-def test_a_kvikio_set_up_pins_page_cache_sized_buffers_and_a_larger_arm_grows_them(tmp_path):
-    # Set up for the cold reads' arm (16 MiB tasks), the tool pins bounce buffers of the
-    # page-cache arm's 4 MiB only; that arm's first read keeps them, the larger arm's first
-    # read grows them to its tasks, and both read every byte. In a fresh process: KvikIO's
-    # settings are process-wide.
-    pytest.importorskip("cupy")
-    from arrayio.tools.kvikio import KvikioTool
-
-    if not KvikioTool.availability():
-        pytest.skip(KvikioTool.availability().reason)
-    a = random_array(by_name("uint8"), (40 << 20,))
-    path = tmp_path / "x.safetensors"
-    arrayio.save(path, {"x": a})
-    np.save(tmp_path / "x.npy", a)
-    script = f"""
-import cupy, kvikio.defaults, numpy as np
-import arrayio
-from arrayio.tools.kvikio import SET_UP_TASK_SIZE, KvikioTool
-
-KvikioTool(threads=4, task_size=16 << 20).prepare()
-assert kvikio.defaults.get("bounce_buffer_size") == SET_UP_TASK_SIZE == 4 << 20
-expected = np.load({str(tmp_path / "x.npy")!r})
-for task, bounce in ((4 << 20, 4 << 20), (16 << 20, 16 << 20)):
-    tool = f"kvikio(threads=4,task_size={{task}})"
-    back = arrayio.load({str(path)!r}, like="cupy", device="cuda", tool=tool)["x"]
-    assert cupy.asnumpy(back).tobytes() == expected.tobytes(), task
-    assert kvikio.defaults.get("bounce_buffer_size") == bounce, task
-print("ok")
-"""
-    import subprocess
-    import sys
-
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0 and "ok" in result.stdout, result.stdout + result.stderr
-
-
 def test_kvikio_refuses_checksums_when_the_gpu_cannot_compute_them(tmp_path, monkeypatch):
     cupy = pytest.importorskip("cupy")
     from arrayio.integrity import _device_checksum
