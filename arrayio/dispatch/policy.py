@@ -367,9 +367,10 @@ class Policy:
 
     def _wait_for_set_up(self, context: Context, arm: Arm) -> None:
         """Wait (up to :attr:`setup_wait`) for the set-up of ``arm``'s tool in progress (by
-        any arm of the tool: a cold read sets up KvikIO's large-task arm, its reload chooses
-        another) where the call reads from the page cache and the tool has a set-up to
-        stand in for, so that the call runs on the arm once it is ready.
+        any arm of the tool: a cold read sets up the arm its reload will choose, but a
+        rival's or an idle gap's set-up may be another's) where the call reads from the page
+        cache and the tool has a set-up to stand in for, so that the call runs on the arm
+        once it is ready.
 
         A stand-in run beside a set-up shares the interpreter's lock with its import and the
         CUDA driver with its pinning: a warm load beside KvikIO's set-up lost 0.12 to 0.48 s
@@ -421,9 +422,10 @@ class Policy:
         stand-in's calls are not recorded (see :meth:`run`).
 
         A stand-in's read from the disk that is expected to outlast the set-up (at the arm's
-        measured rate or :data:`DISK_GUESS_RATE`) starts it at once, beside the call: its
-        threads wait on the disk, so the set-up costs the call little, and the reloads that
-        follow a cold start (page-cache reads, which the arm serves best) find it ready.
+        measured rate or :data:`DISK_GUESS_RATE`) starts its tool's set-up at once, beside the
+        call, through the arm the reloads will choose (:meth:`_reload_arm`): its threads wait
+        on the disk, so the set-up costs the call little, and the reloads that follow a cold
+        start (page-cache reads) find it ready.
         The files the set-up reads are asked for first, before the call's reads fill the
         disk's queue (see :meth:`run`).
         """
