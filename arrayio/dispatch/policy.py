@@ -522,9 +522,18 @@ class Policy:
         _background.start_untracked(watch, name="arrayio-idle-watch")
 
     def _claim(self, arm: Arm) -> bool:
-        """Mark ``arm`` as being set up, unless it is made or being set up already."""
+        """Mark ``arm`` as being set up, unless it is made or being set up already, or
+        another arm of its tool is being set up. A second set-up of one tool (another
+        arm's buffers, pinned while the first set-up imports) would run beside the very
+        calls the first is for: the cold arm's idle watch after a cold read whose reload arm
+        was being set up beside it pinned its 16 MiB buffers during the reload. Once the tool
+        is set up, another arm's first call pins its own (:meth:`_stand_in`)."""
         with self._tools_lock:
-            if arm in self._preparing or arm in self._tools:
+            if (
+                arm in self._preparing
+                or arm in self._tools
+                or any(other.name == arm.name for other in self._preparing)
+            ):
                 return False
             self._preparing.add(arm)
             return True

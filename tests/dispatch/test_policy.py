@@ -1611,6 +1611,31 @@ def test_a_cold_read_sets_up_the_arm_its_reload_will_choose():
     assert policy._preparing == set()
 
 
+def test_no_second_arm_of_a_tool_is_set_up_while_its_first_is():
+    # After a cold read that set the reload's arm up beside it, the program computes: the
+    # cold arm's idle watch does not set that arm up too while the first set-up runs (its
+    # pinning would run beside the reload the first set-up is for). Once the tool is set
+    # up, the cold arm's first call pays for its own.
+    prepared = threading.Event()
+    large, small = Arm.of("a", task=16), Arm.of("a", task=4)
+    world = World({large.label: 30 * GB, small.label: 30 * GB, "c": 10 * GB})
+    policy = _standing_in(
+        world,
+        lambda ctx: [large, C] if ctx.cache == "cold" else [small, C],
+        {"a": 0.1},
+        prepared,
+        idle_wait=0.01,
+    )
+    assert call(policy, context(31, cache="cold"), 1536 * MiB) == C
+    time.sleep(0.2)  # the idle watch has looked
+    assert policy._preparing == {small}
+    prepared.set()
+    _wait_ready(policy, small)
+    assert call(policy, context(31), 1536 * MiB) == small
+    assert call(policy, context(31, cache="cold"), 1536 * MiB) == large
+    assert policy._preparing == set()
+
+
 def test_a_cold_read_whose_reload_chooses_another_tool_sets_up_its_own_arm():
     prepared = threading.Event()
     prepared.set()
