@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["kernels", "launch", "pointer_array", "size_array"]
+__all__ = ["addresses", "kernels", "launch", "pointer_array", "size_array"]
 
 CUDA_SOURCE = r"""
 typedef unsigned long long u64;
@@ -163,9 +163,14 @@ def launch(kernel: Any, n: int, *args: Any) -> None:
     kernel(((n + THREADS - 1) // THREADS,), (THREADS,), (*args, np.int32(n)))
 
 
+def addresses(arrays: Sequence[Any]) -> np.ndarray:
+    """The device addresses of CuPy ``arrays``, as a host array."""
+    return np.fromiter((a.data.ptr for a in arrays), dtype=np.uint64, count=len(arrays))
+
+
 def pointer_array(cupy: Any, arrays: Sequence[Any], offsets: Sequence[int] | None = None) -> Any:
     """The device addresses of ``arrays`` (plus ``offsets`` bytes), as a device array."""
-    ptrs = np.fromiter((a.data.ptr for a in arrays), dtype=np.uint64, count=len(arrays))
+    ptrs = addresses(arrays)
     if offsets is not None:
         ptrs += np.asarray(offsets, dtype=np.uint64)
     return cupy.asarray(ptrs)

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ChecksumError
-from ._kernels import kernels, launch, pointer_array, size_array
+from . import _nvcomp_batched
+from ._kernels import addresses, kernels, launch, pointer_array, size_array
 
 __all__ = ["NvcompZstd"]
 
@@ -44,7 +45,9 @@ class NvcompZstd:
             int(self.codec.get_required_decompression_alignment()),
             int(self.codec.get_required_compression_alignment()),
         )
-        self.carve = True  # whether nvcomp.as_arrays takes (buffer, offsets, sizes)
+        lib = _nvcomp_batched.library()
+        # nvCOMP's C function, where its library loads: no array object per chunk.
+        self.batched = _nvcomp_batched.BatchedZstd(lib, cupy) if lib is not None else None
 
     def aligned(self, array: Any) -> Any:
         """``array`` as contiguous bytes at an address nvCOMP and the kernels accept."""
@@ -54,24 +57,49 @@ class NvcompZstd:
             array = array.copy()  # fresh CuPy allocations are 256-byte aligned
         return array
 
-    def empty_batch(self, sizes: Sequence[int]) -> tuple[list[Any], Any]:
-        """One allocation carved into arrays of ``sizes`` bytes, and the nvCOMP batch of them."""
-        cupy = self.cupy
+    def _fill(self, places: list[Any], sizes: list[int]) -> list[Any]:
+        """``places`` with each None replaced by a new array of its size (one allocation)."""
+        missing = [k for k, place in enumerate(places) if place is None]
+        if missing:
+            made = self._carve([sizes[k] for k in missing])
+            for k, array in zip(missing, made, strict=True):
+                places[k] = array
+        return places
+
+    def _carve(self, sizes: Sequence[int]) -> list[Any]:
+        """One allocation carved into arrays of ``sizes`` bytes, each 256-byte aligned."""
         offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum((np.asarray(sizes, dtype=np.int64) + 255) // 256 * 256, out=offsets[1:])
-        whole = cupy.empty(int(offsets[-1]), dtype=np.uint8)
-        arrays = [
+        whole = self.cupy.empty(int(offsets[-1]), dtype=np.uint8)
+        return [
             whole[start : start + size]
             for start, size in zip(offsets.tolist(), sizes, strict=False)
         ]
-        if self.carve:
+
+    def _decode_batch(self, sources: list[Any], places: list[Any], sizes: list[int]) -> list[int]:
+        """Decode ``sources`` into ``places`` (of ``sizes`` bytes) in one batch: each chunk's
+        decoded size, or -1 where it failed (the host then decodes it, or says what is
+        wrong). nvCOMP's C function where its library loaded, else its Python codec."""
+        if self.batched is not None:
             try:
-                return arrays, self.nvcomp.as_arrays(
-                    whole, offsets[:-1].tolist(), list(sizes), cuda_stream=self.stream.ptr
-                )
-            except Exception:  # noqa: BLE001 - an nvCOMP without it: one array per entry
-                self.carve = False
-        return arrays, self.batch(arrays)
+                return self.batched.decompress(
+                    addresses(sources),
+                    [s.size for s in sources],
+                    addresses(places),
+                    sizes,
+                    self.stream,
+                ).tolist()
+            except RuntimeError:  # refused as a whole: the Python codec's turn
+                pass
+        try:
+            result = self.codec.decode(self.batch(sources), out=self.batch(places))
+            # Wait here, where CuPy lets go of the interpreter's lock while it waits, rather
+            # than in nvCOMP's reading of the sizes: threads decoding on the host meanwhile
+            # need the lock between their chunks.
+            self.stream.synchronize()
+            return list(result.buffer_sizes)
+        except Exception:  # noqa: BLE001 - the host decodes them, or says what is wrong
+            return [-1] * len(sources)
 
     def _destination(self, place: Any, size: int) -> Any:
         """``place`` where a chunk of ``size`` decoded bytes can be decoded into it, else
@@ -119,26 +147,9 @@ class NvcompZstd:
                     self._destination(destinations[i] if destinations else None, size)
                     for i, size in zip(on_gpu, sizes, strict=True)
                 ]
-                if any(place is None for place in places):
-                    missing = [k for k, place in enumerate(places) if place is None]
-                    made, batch = self.empty_batch([sizes[k] for k in missing])
-                    for k, array in zip(missing, made, strict=True):
-                        places[k] = array
-                    if len(missing) < len(places):
-                        batch = self.batch(places)
-                else:
-                    batch = self.batch(places)
-                for i, array in zip(on_gpu, places, strict=True):
-                    out[i] = array
-                try:
-                    result = self.codec.decode(self.batch([sources[i] for i in on_gpu]), out=batch)
-                    # Wait here, where CuPy lets go of the interpreter's lock while it waits,
-                    # rather than in nvCOMP's reading of the sizes: threads decoding on the
-                    # host meanwhile need the lock between their chunks.
-                    self.stream.synchronize()
-                    decoded_sizes = list(result.buffer_sizes)
-                except Exception:  # noqa: BLE001 - the host decodes them, or says what is wrong
-                    decoded_sizes = [-1] * len(on_gpu)
+                for i, place in zip(on_gpu, self._fill(places, sizes), strict=True):
+                    out[i] = place
+                decoded_sizes = self._decode_batch([sources[i] for i in on_gpu], places, sizes)
                 for i, decoded in zip(on_gpu, decoded_sizes, strict=True):
                     if decoded != out[i].size:
                         out[i] = None  # the host decodes it, or reports why it cannot

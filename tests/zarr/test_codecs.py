@@ -598,6 +598,36 @@ def test_gpu_decodes_numcodecs_frames_bit_exact(checksum, host_path_forbidden):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("refused", [False, True])
+def test_gpu_batches_go_to_nvcomps_c_function_or_else_its_python_codec(
+    refused, host_path_forbidden, monkeypatch
+):
+    # nvCOMP's C function takes each batch whole; where it refuses one, nvCOMP's Python
+    # codec decodes it, exactly as well.
+    from arrayio.zarr import _nvcomp_batched
+
+    cupy, gpu = _gpu_modules()
+    real = _nvcomp_batched.BatchedZstd.decompress
+    batches = []
+
+    def spy(self, source_ptrs, *args, **kwargs):
+        batches.append(len(source_ptrs))
+        if refused:
+            raise RuntimeError("nvCOMP refused the batch: status 10")
+        return real(self, source_ptrs, *args, **kwargs)
+
+    monkeypatch.setattr(_nvcomp_batched.BatchedZstd, "decompress", spy)
+    datas = [sample_bytes(n, seed=n) for n in GPU_SIZES]
+    prototype = gpu.buffer_prototype
+    batch = [
+        (_device_buffer(cupy, gpu, Zstd(level=3).encode(d)), spec(len(d), prototype)) for d in datas
+    ]
+    decoded = asyncio.run(ZstdCodec().decode(batch))
+    assert [out.to_bytes() for out in decoded] == datas
+    assert sum(batches) == len(datas)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("checksum", [False, True])
 def test_numcodecs_decodes_gpu_frames_bit_exact(checksum, host_path_forbidden):
     cupy, gpu = _gpu_modules()
