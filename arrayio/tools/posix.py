@@ -9,17 +9,27 @@ the limit) or when the device needs a deep queue; one thread is best for small r
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..integrity._checksum import ChecksumParts
-from ._io import batched, pread_checksummed, pread_full, pwrite_full, task_bytes
+from ._io import (
+    batched,
+    pread_checksummed,
+    pread_full,
+    pread_scattered,
+    pwrite_full,
+    task_bytes,
+)
 from ._threaded import ThreadedTool
 from .base import Buffer, Capabilities, IOFuture
 
 __all__ = ["PosixTool"]
+
+_NO_GAPS = np.empty(0, dtype=np.uint8)  # preadv_host's requests touch: no bytes to drop
 
 
 class PosixTool(ThreadedTool):
@@ -66,6 +76,28 @@ class PosixTool(ThreadedTool):
             return got
 
         return self._run(task, buffer, size)
+
+    def preadv_host(self, fd: int, requests: Sequence[tuple[int, np.ndarray]]) -> IOFuture[int]:
+        """Start filling the host buffers of ``requests`` (``(file_offset, buffer)``, in file
+        order, each starting where the one before ends) as one range, with as few
+        ``preadv`` calls as the kernel takes, as one task on the tool's threads: a shard's
+        inner chunks read one request each cost a task and a system call apiece. The future
+        gives the bytes of the range read: all of it, or up to the end of the file."""
+        offsets = [offset for offset, _ in requests]
+        views = [buffer for _, buffer in requests]
+        if any(not isinstance(view, np.ndarray) for view in views):
+            raise TypeError(f"{self.name} reads into host memory only")
+        wanted = sum(view.nbytes for view in views)
+
+        def task() -> int:
+            if pread_scattered(fd, offsets, views, _NO_GAPS):
+                return wanted
+            # The file ended first: every byte before its end was read.
+            return max(0, min(wanted, os.fstat(fd).st_size - offsets[0]))
+
+        if self.threads == 1:
+            return IOFuture.completed(task())
+        return IOFuture(self._executor().submit(task))
 
     def pwrite(
         self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None

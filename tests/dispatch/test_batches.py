@@ -27,6 +27,7 @@ from arrayio.errors import ToolUnavailableError, TruncatedFileError
 from arrayio.tools import Capabilities, IOFuture, Tool
 from arrayio.tools._io import pread_full, pwrite_full
 from arrayio.tools.naive import NaiveTool
+from arrayio.tools.posix import PosixTool
 
 MiB = 1 << 20
 
@@ -961,6 +962,96 @@ def test_a_short_file_among_many_is_a_data_error(tmp_path, fresh):
         for fd in fds:
             os.close(fd)
     assert all(not e.unavailable for e in arrayio.explain().explanations)  # no tool blamed
+
+
+class _CountedPosix(PosixTool):
+    """The posix tool, counting its single reads and its runs."""
+
+    def __init__(self, **params) -> None:
+        super().__init__(**params)
+        self.singles: list[int] = []
+        self.runs: list[list[int]] = []
+
+    def pread(self, fd, buffer, file_offset, *, checksum=None):
+        self.singles.append(file_offset)
+        return super().pread(fd, buffer, file_offset, checksum=checksum)
+
+    def preadv_host(self, fd, requests):
+        self.runs.append([offset for offset, _ in requests])
+        return super().preadv_host(fd, requests)
+
+
+@given(
+    sizes=st.lists(st.integers(1, 300_000), min_size=1, max_size=24),
+    gaps=st.lists(st.sampled_from([0, 0, 0, 1, 5000]), min_size=24, max_size=24),
+    threads=st.sampled_from([1, 4]),
+)
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_ranges_that_touch_in_a_file_are_read_as_one_run_each(tmp_path, sizes, gaps, threads):
+    # A shard's inner chunks, one request each: those that start where the one before ends
+    # (up to RUN_BYTES a run) go to the tool as one preadv of their buffers, the others
+    # alone; every buffer gets its own bytes, and each request is reported once.
+    offsets, at = [], 0
+    for size, gap in zip(sizes, gaps, strict=False):
+        at += gap
+        offsets.append(at)
+        at += size
+    content = np.random.default_rng(len(sizes)).integers(0, 256, at, dtype=np.uint8)
+    path = tmp_path / "shard.bin"
+    path.write_bytes(content.tobytes())
+    order = np.random.default_rng(at).permutation(len(sizes))  # (any order of requests)
+    buffers = [np.zeros(sizes[i], np.uint8) for i in order]
+    reported: list[int] = []
+    tool = _CountedPosix(threads=threads)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        requests = [(fd, offsets[i], b) for i, b in zip(order, buffers, strict=True)]
+        batches.read_files(tool, requests, [str(path)] * len(requests), reported.append)
+    finally:
+        os.close(fd)
+        tool.close()
+    for i, buffer in zip(order, buffers, strict=True):
+        assert buffer.tobytes() == content[offsets[i] : offsets[i] + sizes[i]].tobytes()
+    assert sorted(reported) == list(range(len(sizes)))
+    expected = batches.runs(
+        [(offset, np.empty(size, np.uint8)) for offset, size in zip(offsets, sizes, strict=False)],
+        range(len(sizes)),
+        0,
+        batches.RUN_BYTES,
+    )
+    want = sorted(sorted(offsets[i] for i in run) for run in expected if len(run) > 1)
+    assert sorted(tool.runs) == want
+    assert sorted(tool.singles) == sorted(offsets[run[0]] for run in expected if len(run) == 1)
+
+
+def test_a_run_the_file_ends_in_names_its_first_short_request(tmp_path):
+    path = tmp_path / "shard.bin"
+    path.write_bytes(bytes(250_000))
+    tool = _CountedPosix(threads=2)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        requests = [(fd, k * 100_000, np.empty(100_000, np.uint8)) for k in range(4)]
+        with pytest.raises(TruncatedFileError, match=r"file ends at byte 250000, 50000 bytes short"):
+            batches.read_files(tool, requests, [str(path)] * 4, lambda i: None)
+    finally:
+        os.close(fd)
+        tool.close()
+    assert tool.runs == [[0, 100_000, 200_000, 300_000]]
+
+
+def test_runs_hold_host_buffers_of_one_file_only():
+    host = np.empty(10, np.uint8)
+    requests = [
+        (3, 0, host),
+        (3, 10, host),
+        (4, 20, host),  # another file
+        (3, 20, _Device(10)),  # device memory
+        (3, 30, np.empty(0, np.uint8)),  # nothing to read
+        (3, 40, host),  # a gap before it
+    ]
+    assert batches._host_runs(requests) == [[0, 1], [2], [3], [4], [5]]
 
 
 def test_files_of_mixed_cache_states_are_a_mixed_batch(tmp_path, fresh, monkeypatch):
