@@ -561,6 +561,7 @@ def _decode_and_place(
 
 
 _EMPTY = np.uint64(2**64 - 1)  # an index entry of an inner chunk never written
+_EMPTY_ENTRY = int(_EMPTY)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -615,16 +616,23 @@ def _inner_chunks(
             continue
         inner_spec = _InnerSpec(shards.inner_shape, spec.dtype, spec.fill_value)
         grid = grid or _regular_grid(tuple(spec.shape), shards.inner_shape)  # every shard's
+        # Per inner chunk, plain Python: a read may map thousands, and NumPy's scalar calls
+        # (ravel_multi_index, an index row) cost microseconds each.
+        rows = index.tolist()
+        strides = [int(np.prod(counts[axis + 1 :])) for axis in range(len(counts))]
+        starts = [o.start or 0 for o in out_part]
         for part in get_indexer(chunk_part, shape=tuple(spec.shape), chunk_grid=grid):
-            offset, length = index[int(np.ravel_multi_index(part.chunk_coords, counts))]
+            offset, length = rows[
+                sum(c * k for c, k in zip(part.chunk_coords, strides, strict=True))
+            ]
             inner_out: Any = part.out_selection
             composed = tuple(
-                slice((o.start or 0) + i.start, (o.start or 0) + i.stop)
-                for o, i in zip(out_part, inner_out, strict=True)
+                slice(start + i.start, start + i.stop)
+                for start, i in zip(starts, inner_out, strict=True)
             )
             inner.append((None, inner_spec, part.chunk_selection, composed, part.is_complete_chunk))
-            empty = offset == _EMPTY and length == _EMPTY
-            ranges.append(None if empty else (path, int(offset), int(length)))
+            empty = offset == _EMPTY_ENTRY and length == _EMPTY_ENTRY
+            ranges.append(None if empty else (path, offset, length))
     return inner, ranges, present
 
 
