@@ -388,29 +388,17 @@ def read_batch_of_files(
                 for group in runs(batch, indices, RUN_GAP, SCATTER_BYTES)
             ]
 
-            def landed_group(j: int) -> None:
-                for i in groups[j]:
-                    landed(i)
-
-            totals = submit_windowed(
-                [
-                    functools.partial(
-                        scatter,
-                        fds[group[0]],
-                        [batch[i] for i in group],
-                        checksums=[parts[i] for i in group],
-                    )
-                    for group in groups
-                ],
-                landed_group,
+            counts = _submit_runs(
+                batch,
+                groups,
+                lambda group: scatter(
+                    fds[group[0]],
+                    [batch[i] for i in group],
+                    checksums=[parts[i] for i in group],
+                ),
+                landed,
                 meanwhile,
             )
-            counts = [0] * len(batch)
-            for group, total in zip(groups, totals, strict=True):
-                first = batch[group[0]][0]
-                for i in group:  # each request's bytes within the range read
-                    offset, buffer = batch[i]
-                    counts[i] = max(0, min(buffer.nbytes, total - (offset - first)))
         for i, ((offset, buffer), got) in enumerate(zip(batch, counts, strict=True)):
             if got != buffer.nbytes:
                 raise truncated(paths[i], offset, buffer.nbytes, got)
@@ -449,26 +437,45 @@ def read_files(
         run = [(requests[i][1], cast(np.ndarray, requests[i][2])) for i in group]
         return cast(IOFuture[int], t.preadv_host(fd, run))  # type: ignore[attr-defined]
 
-    def landed(j: int) -> None:
-        for i in groups[j]:
-            report(i)
-
-    totals = submit_windowed([functools.partial(start, group) for group in groups], landed)
-    counts = [0] * len(requests)
-    for group, total in zip(groups, totals, strict=True):
-        first = requests[group[0]][1]
-        for i in group:  # each request's bytes within the range read
-            _, offset, buffer = requests[i]
-            counts[i] = max(0, min(buffer.nbytes, total - (offset - first)))
+    pieces = [(offset, buffer) for _, offset, buffer in requests]
+    counts = _submit_runs(pieces, groups, start, report)
     for (_, offset, buffer), got, path in zip(requests, counts, paths, strict=True):
         if got != buffer.nbytes:
             raise truncated(path, offset, buffer.nbytes, got)
 
 
+def _submit_runs(
+    requests: Sequence[Request],
+    groups: list[list[int]],
+    start: Callable[[list[int]], IOFuture[int]],
+    report: Callable[[int], None],
+    meanwhile: Callable[[], None] | None = None,
+) -> list[int]:
+    """Run each group of ``requests`` (a run of one file, in file order) as one transfer,
+    ``start(group)``, whose future gives the bytes of the run's range read from its first
+    request's offset (see :func:`submit_windowed`); ``report(i)`` for each request of a
+    group once it is done. Returns each request's bytes within the range read."""
+
+    def landed(j: int) -> None:
+        for i in groups[j]:
+            report(i)
+
+    totals = submit_windowed(
+        [functools.partial(start, group) for group in groups], landed, meanwhile
+    )
+    counts = [0] * len(requests)
+    for group, total in zip(groups, totals, strict=True):
+        first = requests[group[0]][0]
+        for i in group:
+            offset, buffer = requests[i]
+            counts[i] = max(0, min(buffer.nbytes, total - (offset - first)))
+    return counts
+
+
 def _host_runs(requests: Sequence[tuple[int, int, Buffer]]) -> list[list[int]]:
     """``requests`` grouped into runs of host buffers of one file, each starting where the
     one before ends, of at most :data:`RUN_BYTES` (device buffers, and requests with no
-    neighbour, alone), the runs in the order of their first request."""
+    neighbour, alone), each run in file order, the runs by their first request's index."""
     by_file: dict[int, list[int]] = {}
     alone: list[list[int]] = []
     for i, (fd, _, buffer) in enumerate(requests):

@@ -318,6 +318,8 @@ class Policy:
         with self._tools_lock:
             if rival in self._preparing or rival in self._ready:
                 return rival in self._ready
+            if self._tool_being_set_up(rival):
+                return False  # one set-up of a tool at a time (see _claim); a later call's turn
             self._preparing.add(rival)
         self._start_preparing(rival, key)
         return False
@@ -391,7 +393,7 @@ class Policy:
             return
         with self._tools_lock:
             tool = arm.name
-            if tool in self._waited_out or not any(a.name == tool for a in self._preparing):
+            if tool in self._waited_out or not self._tool_being_set_up(arm):
                 return
             done = self._set_up_done.setdefault(tool, threading.Event())
         with _stages.stage("waiting for a set-up"):
@@ -523,20 +525,23 @@ class Policy:
 
     def _claim(self, arm: Arm) -> bool:
         """Mark ``arm`` as being set up, unless it is made or being set up already, or
-        another arm of its tool is being set up. A second set-up of one tool (another
-        arm's buffers, pinned while the first set-up imports) would run beside the very
-        calls the first is for: the cold arm's idle watch after a cold read whose reload arm
-        was being set up beside it pinned its 16 MiB buffers during the reload. Once the tool
-        is set up, another arm's first call pins its own (:meth:`_stand_in`)."""
+        another arm of its tool is being set up: every set-up (a stand-in's arm, a rival's,
+        one beside a cold read, one in an idle gap; a rival's, in :meth:`_set_up`, by the same
+        test) waits while its tool is being set up, so a tool is set up for one arm at a
+        time. A second set-up of one tool (another arm's buffers, pinned while
+        the first set-up imports) would run beside the very calls the first is for: the
+        cold arm's idle watch after a cold read whose reload arm was being set up beside it
+        pinned its 16 MiB buffers during the reload. Once the tool is set up, another arm's
+        first call pins its own (:meth:`_stand_in`)."""
         with self._tools_lock:
-            if (
-                arm in self._preparing
-                or arm in self._tools
-                or any(other.name == arm.name for other in self._preparing)
-            ):
+            if arm in self._preparing or arm in self._tools or self._tool_being_set_up(arm):
                 return False
             self._preparing.add(arm)
             return True
+
+    def _tool_being_set_up(self, arm: Arm) -> bool:
+        """Whether ``arm``'s tool is being set up for any arm (tools lock held)."""
+        return any(other.name == arm.name for other in self._preparing)
 
     def _start_preparing(self, arm: Arm, key: str | None = None) -> None:
         """Set ``arm`` up on a thread of its own (in :attr:`_preparing` already), for a

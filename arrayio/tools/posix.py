@@ -9,7 +9,6 @@ the limit) or when the device needs a deep queue; one thread is best for small r
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -92,8 +91,15 @@ class PosixTool(ThreadedTool):
         def task() -> int:
             if pread_scattered(fd, offsets, views, _NO_GAPS):
                 return wanted
-            # The file ended first: every byte before its end was read.
-            return max(0, min(wanted, os.fstat(fd).st_size - offsets[0]))
+            # The file ended first: count what the buffers got, one by one, up to the first
+            # short one (the run's range is read from its start up to there).
+            got = 0
+            for offset, view in zip(offsets, views, strict=True):
+                count = pread_full(fd, view, offset)
+                got += count
+                if count < view.nbytes:
+                    break
+            return got
 
         if self.threads == 1:
             return IOFuture.completed(task())

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BatchedZstd", "library", "pack"]
+__all__ = ["BatchedZstd", "library", "major_version", "pack"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,27 @@ class DecompressOpts(ctypes.Structure):
     _fields_ = [("backend", ctypes.c_int), ("reserved", ctypes.c_char * 60)]
 
 
+class Properties(ctypes.Structure):
+    """``nvcompProperties_t``: the library's version (major * 1000 + minor * 100 + patch)
+    and the CUDA runtime's it was built with."""
+
+    _fields_ = [("version", ctypes.c_uint32), ("cudart_version", ctypes.c_uint32)]
+
+
+MAJOR = 6  # the nvCOMP whose signatures _declare gives
 _size_t, _ptr = ctypes.c_size_t, ctypes.c_void_p
+
+
+def major_version(lib: Any) -> int | None:
+    """The loaded library's major version (``nvcompGetProperties``), or None where it does
+    not say."""
+    properties = Properties()
+    get = lib.nvcompGetProperties
+    get.restype = ctypes.c_int
+    get.argtypes = [ctypes.POINTER(Properties)]
+    if get(ctypes.byref(properties)) != SUCCESS:
+        return None
+    return int(properties.version) // 1000
 
 
 def _declare(lib: Any) -> Any:
@@ -69,12 +89,20 @@ def _declare(lib: Any) -> Any:
 
 @functools.cache
 def library() -> Any | None:
-    """nvCOMP's C library with the functions declared, or None where it cannot be loaded."""
+    """nvCOMP's C library with the functions declared, or None where it cannot be loaded or
+    is of another major version than the signatures declared here (another version's could
+    differ, and a call through the wrong one would not fail cleanly)."""
     try:
         from nvidia.libnvcomp.load import load_library
 
         lib = load_library()
-        return _declare(lib) if lib is not None else None
+        if lib is None:
+            return None
+        major = major_version(lib)
+        if major != MAJOR:
+            logger.info("nvCOMP's C library is version %s, not %d: not called", major, MAJOR)
+            return None
+        return _declare(lib)
     except (ImportError, OSError, AttributeError) as error:
         logger.info("nvCOMP's C library is not available: %s", error)
         return None

@@ -315,7 +315,11 @@ def test_the_first_re_read_ceiling_reads_once_untimed_after_eviction(
     finally:
         ceilings.close()
     # Asked for by name only: the other benchmarks' ceilings are unchanged.
-    assert "reread_read" not in h.DiskCeilings(str(tmp_path), 1 << 20, drop=False).settings
+    others = h.DiskCeilings(str(tmp_path), 1 << 20, drop=False)
+    try:
+        assert "reread_read" not in others.settings
+    finally:
+        others.close()
 
 
 class FakeRunner:

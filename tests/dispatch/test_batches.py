@@ -1015,15 +1015,24 @@ def test_ranges_that_touch_in_a_file_are_read_as_one_run_each(tmp_path, sizes, g
     for i, buffer in zip(order, buffers, strict=True):
         assert buffer.tobytes() == content[offsets[i] : offsets[i] + sizes[i]].tobytes()
     assert sorted(reported) == list(range(len(sizes)))
-    expected = batches.runs(
-        [(offset, np.empty(size, np.uint8)) for offset, size in zip(offsets, sizes, strict=False)],
-        range(len(sizes)),
-        0,
-        batches.RUN_BYTES,
-    )
-    want = sorted(sorted(offsets[i] for i in run) for run in expected if len(run) > 1)
-    assert sorted(tool.runs) == want
-    assert sorted(tool.singles) == sorted(offsets[run[0]] for run in expected if len(run) == 1)
+    # Every range is read once, alone or in a run; a run's ranges touch, in file order, and
+    # fit in RUN_BYTES; and no two neighbours that touch were left apart while their run
+    # had room for the next.
+    size_at = dict(zip(offsets, sizes, strict=False))
+    assert sorted(tool.singles + [o for run in tool.runs for o in run]) == sorted(offsets)
+    for run in tool.runs:
+        assert len(run) > 1 and all(a + size_at[a] == b for a, b in zip(run, run[1:], strict=False))
+        assert run[-1] + size_at[run[-1]] - run[0] <= batches.RUN_BYTES
+    start_of = {o: run[0] for run in tool.runs for o in run} | {o: o for o in tool.singles}
+    end_of_group = {o: o + size_at[o] for o in tool.singles} | {
+        run[0]: run[-1] + size_at[run[-1]] for run in tool.runs
+    }
+    for offset in offsets:
+        end = offset + size_at[offset]
+        if end in size_at and start_of[end] != start_of[offset]:  # touching, in two groups
+            first = start_of[offset]
+            assert end_of_group[first] == end  # the next began a group of its own:
+            assert end + size_at[end] - first > batches.RUN_BYTES  # it did not fit
 
 
 def test_a_run_the_file_ends_in_names_its_first_short_request(tmp_path):
@@ -1033,7 +1042,9 @@ def test_a_run_the_file_ends_in_names_its_first_short_request(tmp_path):
     fd = os.open(path, os.O_RDONLY)
     try:
         requests = [(fd, k * 100_000, np.empty(100_000, np.uint8)) for k in range(4)]
-        with pytest.raises(TruncatedFileError, match=r"file ends at byte 250000, 50000 bytes short"):
+        with pytest.raises(
+            TruncatedFileError, match=r"file ends at byte 250000, 50000 bytes short"
+        ):
             batches.read_files(tool, requests, [str(path)] * 4, lambda i: None)
     finally:
         os.close(fd)

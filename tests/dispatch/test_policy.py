@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 import arrayio.tools
 from arrayio.dispatch import Arm, Policy, Table, is_tool_failure
 from arrayio.dispatch.context import Context
+from arrayio.dispatch.policy import PREPARE_AFTER
 from arrayio.dispatch.table import EXPLOITING, EXPLORING
 from arrayio.errors import (
     ChecksumError,
@@ -934,6 +935,25 @@ def test_a_rival_is_set_up_in_the_background_before_its_first_share(exploring):
     assert policy.table.get(key).arms["b"].samples == 1
 
 
+def test_a_rival_is_not_set_up_while_another_arm_of_its_tool_is():
+    # One set-up of a tool at a time, a rival's too: the other arm's (beside a cold read,
+    # say) would otherwise share its import and its pinning with the rival's.
+    world = World({"a": 1 * GB, "b": 1 * GB})
+    policy = make_policy(world, [A, B], skip_first_call=True, setup_after=0.0)
+    ctx = context()
+    for _ in range(PREPARE_AFTER + 1):
+        call(policy, ctx, force=A)
+    policy.account(ctx, 10.0)  # the context's calls have earned the rival its set-up
+    entry = entry_of(policy, ctx)
+    other = Arm.of("b", task=16)
+    policy._preparing.add(other)
+    assert policy._set_up(ctx.key(), entry, A, B) is False
+    assert policy._preparing == {other} and policy.set_ups() == []  # none began
+    policy._preparing.clear()  # that set-up ended: the rival's turn
+    policy._set_up(ctx.key(), entry, A, B)
+    _wait_ready(policy, B)
+
+
 def _context_of(dispatcher) -> Context:
     return dispatcher.last[0]
 
@@ -1627,7 +1647,12 @@ def test_no_second_arm_of_a_tool_is_set_up_while_its_first_is():
         idle_wait=0.01,
     )
     assert call(policy, context(31, cache="cold"), 1536 * MiB) == C
-    time.sleep(0.2)  # the idle watch has looked
+    assert policy._idle_watches == {large}  # watching for a gap to set the cold arm up
+    for _ in range(500):  # until the watch has looked (it found the gap)
+        if not policy._idle_watches:
+            break
+        time.sleep(0.01)
+    assert not policy._idle_watches
     assert policy._preparing == {small}
     prepared.set()
     _wait_ready(policy, small)

@@ -1,8 +1,9 @@
 """nvCOMP's batched zstd decompression through its C library: the argument plumbing, checked
 on the host against a stand-in for the library that keeps its contract (it reads the
 device arrays of addresses and sizes it is given, decodes each chunk with libzstd, and
-writes the decoded sizes and statuses where it is told), and the fallback where the library
-cannot be loaded. The GPU tests in ``test_gpu.py`` decode through the real one."""
+writes the decoded sizes and statuses where it is told), and which libraries are called at
+all. The GPU tests in ``test_codecs.py`` (and the reads of ``test_gpu.py``) decode through the
+real one."""
 
 from __future__ import annotations
 
@@ -166,13 +167,61 @@ def test_the_arguments_must_pair_up() -> None:
         )
 
 
-def test_without_nvcomps_library_there_is_no_batched_path(monkeypatch) -> None:
+class Function:
+    """A C function as ``ctypes.CDLL`` gives it: callable, its signature set by assignment."""
+
+    def __init__(self, body=None) -> None:
+        self.body = body
+
+    def __call__(self, *args):
+        return self.body(*args)
+
+
+class LoadedNvcomp:
+    """nvCOMP's library as ``ctypes.CDLL`` loads it, reporting ``version``."""
+
+    def __init__(self, version: int) -> None:
+        def properties(pointer) -> int:
+            pointer._obj.version = version
+            return 0
+
+        self.nvcompGetProperties = Function(properties)
+        self.nvcompBatchedZstdDecompressGetTempSize = Function()
+        self.nvcompBatchedZstdDecompressAsync = Function()
+
+
+@pytest.fixture
+def nvcomp_package(monkeypatch):
+    """A stand-in ``nvidia.libnvcomp.load`` whose ``load_library`` gives what the test sets."""
+    loaded: dict = {"lib": None}
+    module = types.ModuleType("nvidia.libnvcomp.load")
+    module.load_library = lambda: loaded["lib"]
+    monkeypatch.setitem(sys.modules, "nvidia.libnvcomp.load", module)
+    _nvcomp_batched.library.cache_clear()
+    yield loaded
+    _nvcomp_batched.library.cache_clear()
+
+
+def test_nvcomp_6_is_called_with_its_signatures_declared(nvcomp_package) -> None:
+    lib = nvcomp_package["lib"] = LoadedNvcomp(6001)  # 6.0.1
+    assert _nvcomp_batched.library() is lib
+    decompress = lib.nvcompBatchedZstdDecompressAsync
+    assert len(decompress.argtypes) == 11 and decompress.restype is ctypes.c_int
+    assert decompress.argtypes[8] is _nvcomp_batched.DecompressOpts  # (by value)
+    assert len(lib.nvcompBatchedZstdDecompressGetTempSize.argtypes) == 6
+
+
+@pytest.mark.parametrize("version", [5004, 7000])
+def test_another_nvcomp_major_version_is_not_called(nvcomp_package, version) -> None:
+    nvcomp_package["lib"] = LoadedNvcomp(version)
+    assert _nvcomp_batched.library() is None
+
+
+def test_without_nvcomps_library_there_is_no_batched_path(nvcomp_package, monkeypatch) -> None:
+    assert _nvcomp_batched.library() is None  # load_library found none
     _nvcomp_batched.library.cache_clear()
     monkeypatch.setitem(sys.modules, "nvidia.libnvcomp.load", None)  # (import fails)
-    try:
-        assert _nvcomp_batched.library() is None
-    finally:
-        _nvcomp_batched.library.cache_clear()
+    assert _nvcomp_batched.library() is None
 
 
 def test_the_options_are_nvcomps_64_bytes_zeroed() -> None:
