@@ -608,9 +608,9 @@ class DiskCeilings:
     def _once(self, name: str, tool: Any, ready: Callable[[], None] | None = None) -> float:
         if name == "write_fsync":
             return self._write(tool, ready=ready)
-        return self._read(
-            tool, cold=name.startswith("cold_"), ready=ready, reread=name == "reread_read"
-        )
+        if name == "reread_read":
+            return self._read(tool, cold=False, ready=ready, reread=True)
+        return self._read(tool, cold=name.startswith("cold_"), ready=ready)
 
     def search(self) -> None:
         """``SAMPLES`` samples of every setting; the fastest (by its median) of each ceiling is
