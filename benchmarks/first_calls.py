@@ -82,9 +82,9 @@ PATTERN_TEXT = {
     "cold_start": "the page cache dropped before call 1 only",
     "cold_every": "the page cache dropped before every call",
 }
-CEILING_OF = {"warm": "warm_read", "cold_start": "cold_read", "cold_every": "cold_read"}
-# Every ceiling a pattern's rounds sample: a cold start's reloads begin with the file's first
-# re-read, which the kernel serves slower than later ones (DiskCeilings' reread_read).
+# Every ceiling a pattern's rounds sample, its own first: a cold start's reloads begin with the
+# file's first re-read, which the kernel serves slower than later ones (DiskCeilings'
+# reread_read).
 CEILINGS_OF = {
     "warm": ("warm_read",),
     "cold_start": ("cold_read", "reread_read"),
@@ -805,11 +805,9 @@ def plot(report: dict[str, Any], path: str) -> None:
                 linestyle="--" if name != peer else "-",
                 label=name,
             )
-        shown = (
-            ("warm_read", *CEILINGS_OF[pattern])
-            if pattern == "cold_start"
-            else (CEILING_OF[pattern],)
-        )
+        shown = CEILINGS_OF[pattern]
+        if pattern == "cold_start":  # the page cache its reloads reach, too
+            shown = ("warm_read", *shown)
         for ceiling in shown:
             value = ceilings.get(ceiling)
             if value:

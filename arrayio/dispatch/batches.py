@@ -425,8 +425,9 @@ def read_files(
     TruncatedFileError
         If a file ends before its buffer is full.
     """
+    pieces = [(offset, buffer) for _, offset, buffer in requests]
     if callable(getattr(t, "preadv_host", None)):
-        groups = _host_runs(requests)
+        groups = _host_runs([fd for fd, _, _ in requests], pieces)
     else:
         groups = [[i] for i in range(len(requests))]
 
@@ -437,7 +438,6 @@ def read_files(
         run = [(requests[i][1], cast(np.ndarray, requests[i][2])) for i in group]
         return cast(IOFuture[int], t.preadv_host(fd, run))  # type: ignore[attr-defined]
 
-    pieces = [(offset, buffer) for _, offset, buffer in requests]
     counts = _submit_runs(pieces, groups, start, report)
     for (_, offset, buffer), got, path in zip(requests, counts, paths, strict=True):
         if got != buffer.nbytes:
@@ -472,18 +472,18 @@ def _submit_runs(
     return counts
 
 
-def _host_runs(requests: Sequence[tuple[int, int, Buffer]]) -> list[list[int]]:
-    """``requests`` grouped into runs of host buffers of one file, each starting where the
-    one before ends, of at most :data:`RUN_BYTES` (device buffers, and requests with no
-    neighbour, alone), each run in file order, the runs by their first request's index."""
+def _host_runs(fds: Sequence[int], pieces: Sequence[Request]) -> list[list[int]]:
+    """The requests (``pieces[i]`` of file ``fds[i]``) grouped into runs of host buffers of
+    one file, each starting where the one before ends, of at most :data:`RUN_BYTES` (device
+    buffers, and requests with no neighbour, alone), each run in file order, the runs by
+    their first request's index."""
     by_file: dict[int, list[int]] = {}
     alone: list[list[int]] = []
-    for i, (fd, _, buffer) in enumerate(requests):
+    for i, (fd, (_, buffer)) in enumerate(zip(fds, pieces, strict=True)):
         if isinstance(buffer, np.ndarray) and buffer.nbytes:
             by_file.setdefault(fd, []).append(i)
         else:
             alone.append([i])
-    pieces = [(offset, buffer) for _, offset, buffer in requests]
     groups = alone + [
         run for indices in by_file.values() for run in runs(pieces, indices, 0, RUN_BYTES)
     ]

@@ -560,8 +560,7 @@ def _decode_and_place(
     return present
 
 
-_EMPTY = np.uint64(2**64 - 1)  # an index entry of an inner chunk never written
-_EMPTY_ENTRY = int(_EMPTY)
+_EMPTY = 2**64 - 1  # an index entry of an inner chunk never written
 
 
 @dataclasses.dataclass(frozen=True)
@@ -631,7 +630,7 @@ def _inner_chunks(
                 for start, i in zip(starts, inner_out, strict=True)
             )
             inner.append((None, inner_spec, part.chunk_selection, composed, part.is_complete_chunk))
-            empty = offset == _EMPTY_ENTRY and length == _EMPTY_ENTRY
+            empty = offset == _EMPTY and length == _EMPTY
             ranges.append(None if empty else (path, offset, length))
     return inner, ranges, present
 

@@ -1062,7 +1062,9 @@ def test_runs_hold_host_buffers_of_one_file_only():
         (3, 30, np.empty(0, np.uint8)),  # nothing to read
         (3, 40, host),  # a gap before it
     ]
-    assert batches._host_runs(requests) == [[0, 1], [2], [3], [4], [5]]
+    fds = [fd for fd, _, _ in requests]
+    pieces = [(offset, buffer) for _, offset, buffer in requests]
+    assert batches._host_runs(fds, pieces) == [[0, 1], [2], [3], [4], [5]]
 
 
 def test_files_of_mixed_cache_states_are_a_mixed_batch(tmp_path, fresh, monkeypatch):
