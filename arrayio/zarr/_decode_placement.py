@@ -15,7 +15,10 @@ a power of two):
 * the rates give two candidates: the batch shared in proportion to them, so that both
   sides finish together, and the faster side alone. A side whose share would be under
   :data:`SNAP` gets none (a few chunks on a slow side would make the whole call wait for
-  them), and then the faster side alone is the one candidate;
+  them), and then the faster side alone is the one candidate. nvCOMP alone is always a
+  candidate: its rate measured beside the host's threads is not its rate alone (its
+  per-batch work waits for the interpreter while they decode), so a shared batch can
+  make it look many times slower than it is;
 * the rates are not additive (both sides need the interpreter and the cores, and nvCOMP's
   time barely shrinks with fewer chunks), so each candidate runs one batch, its overall
   rate measured, and later batches go to the candidate that ran fastest. A shared batch
@@ -85,6 +88,11 @@ def placement(device_id: int, chunk_bytes: int, chunks: int) -> Placement:
     rates = f"host {host / 1e9:.2f} GB/s, nvCOMP {gpu / 1e9:.2f} GB/s when shared"
     alone = HOST if host > gpu else GPU
     candidates = [alone] if share < SNAP or share > 1 - SNAP else [SHARED, alone]
+    if GPU not in candidates:
+        # nvCOMP's rate in a shared batch is the one sharing distorts: its per-batch work
+        # (the frame scan, the copy in, the launch) waits for the interpreter's lock while
+        # the host's threads decode, and a small batch is little else. Alone it may win.
+        candidates.append(GPU)
     untried = [mode for mode in candidates if mode not in modes]
     mode = untried[0] if untried else max(candidates, key=modes.__getitem__)
     if untried:

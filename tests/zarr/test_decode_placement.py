@@ -1,7 +1,8 @@
 """Where zstd chunks bound for a GPU are decoded (:mod:`arrayio.zarr._decode_placement`):
 the first batch of a context is split and both sides timed; then the batch shared by those
-rates and the faster side alone each run once, and the faster of them overall keeps the
-context. A side that would get only a sliver gets nothing."""
+rates and the faster side alone each run once (and nvCOMP alone, whatever sharing made it
+look like), and the faster of them overall keeps the context. A side that would get only a
+sliver gets nothing."""
 
 from __future__ import annotations
 
@@ -41,7 +42,9 @@ def test_the_shared_batch_then_the_faster_side_alone_are_tried_and_the_faster_ke
     assert shared.host_chunks == 48  # 6 / (2 + 6) of 64: both sides finish together
     alone = run(shared, gpu=2e9, host=6e9, overall=7e9)
     assert alone.mode == placement.HOST and alone.host_chunks == 64
-    kept = run(alone, overall=6.5e9)
+    nvcomp_alone = run(alone, overall=6.5e9)  # sharing made nvCOMP look slow: it gets a try
+    assert nvcomp_alone.mode == placement.GPU and nvcomp_alone.host_chunks == 0
+    kept = run(nvcomp_alone, overall=3e9)
     assert kept.mode == placement.SHARED and "the fastest overall" in kept.why
     # the shared batch ran slower than the side alone next time: the side alone keeps it
     assert run(kept, gpu=2e9, host=6e9, overall=5e9).mode == placement.HOST
@@ -69,7 +72,25 @@ def test_a_side_that_would_get_a_sliver_gets_nothing(gpu, host, mode, host_chunk
     first = placement.placement(0, 16 * MiB, 64)
     chosen = run(first, gpu=gpu, host=host, overall=2.3e9)
     assert (chosen.mode, chosen.host_chunks) == (mode, host_chunks)
-    assert run(chosen, overall=6e9).mode == mode  # the one candidate
+    if mode == placement.HOST:  # nvCOMP alone is tried once too, then the faster kept
+        assert run(chosen, overall=6e9).mode == placement.GPU
+        chosen = run(run(chosen, overall=6e9), overall=1e9)
+    assert chosen.mode == mode
+    assert run(chosen, overall=6e9).mode == mode
+
+
+def test_nvcomp_alone_gets_a_try_however_slow_sharing_made_it_look():
+    # A small batch: beside the host's threads nvCOMP measured a fifth of the host's rate,
+    # but alone it is the faster, and keeps the context.
+    first = placement.placement(0, MiB, 100)
+    host_alone = run(first, gpu=0.7e9, host=4.1e9, overall=2.8e9)
+    assert host_alone.mode == placement.HOST
+    nvcomp_alone = run(host_alone, overall=5.0e9)
+    assert nvcomp_alone.mode == placement.GPU and nvcomp_alone.host_chunks == 0
+    assert "tried once" in nvcomp_alone.why
+    kept = run(nvcomp_alone, overall=12e9)
+    assert kept.mode == placement.GPU and "the fastest overall" in kept.why
+    assert "nvCOMP alone 12.00 GB/s" in kept.why
 
 
 def test_the_first_split_is_not_recorded_as_the_shared_mode():
@@ -95,11 +116,12 @@ def test_contexts_are_the_gpu_and_the_chunks_size_and_count_as_powers_of_two():
 def test_the_report_says_what_each_context_does_and_why():
     assert placement.report() == []
     first = placement.placement(0, 16 * MiB, 64)
-    run(run(first, gpu=1e9, host=10e9, overall=2e9), overall=7e9)
+    run(run(run(first, gpu=1e9, host=10e9, overall=2e9), overall=7e9), overall=3e9)
     [line] = placement.report()
     assert line.startswith("cuda:0, chunks of about 2^24 bytes, batches of about 2^6: ")
     assert "the host alone: the fastest overall (the host alone 7.00 GB/s" in line
-    assert line.endswith("; 2 batches")
+    assert "nvCOMP alone 3.00 GB/s" in line
+    assert line.endswith("; 3 batches")
 
 
 def test_the_pipeline_explains_the_placements_it_learned():
