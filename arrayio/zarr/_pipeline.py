@@ -45,6 +45,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -591,8 +592,6 @@ def _inner_chunks(
     its byte range in its shard's file (from the shard's index, read once, its crc32c
     checked), and whether each shard is present; None where the selection is not made of
     plain slices (zarr's pipeline maps those)."""
-    from zarr.core.indexing import get_indexer
-
     if drop_axes:
         return None
     inner: list[Any] = []
@@ -614,25 +613,92 @@ def _inner_chunks(
             ranges.append(None)
             continue
         inner_spec = _InnerSpec(shards.inner_shape, spec.dtype, spec.fill_value)
-        grid = grid or _regular_grid(tuple(spec.shape), shards.inner_shape)  # every shard's
         # Per inner chunk, plain Python: a read may map thousands, and NumPy's scalar calls
         # (ravel_multi_index, an index row) cost microseconds each.
         rows = index.tolist()
         strides = [int(np.prod(counts[axis + 1 :])) for axis in range(len(counts))]
         starts = [o.start or 0 for o in out_part]
-        for part in get_indexer(chunk_part, shape=tuple(spec.shape), chunk_grid=grid):
-            offset, length = rows[
-                sum(c * k for c, k in zip(part.chunk_coords, strides, strict=True))
-            ]
-            inner_out: Any = part.out_selection
-            composed = tuple(
-                slice(start + i.start, start + i.stop)
-                for start, i in zip(starts, inner_out, strict=True)
-            )
-            inner.append((None, inner_spec, part.chunk_selection, composed, part.is_complete_chunk))
+        parts = _slice_parts(chunk_part, tuple(spec.shape), shards.inner_shape, strides, starts)
+        if parts is None:  # slices with steps: zarr's indexer maps them
+            grid = grid or _regular_grid(tuple(spec.shape), shards.inner_shape)
+            parts = _indexed_parts(chunk_part, tuple(spec.shape), grid, strides, starts)
+        for at, chunk_part_selection, composed, complete_chunk in parts:
+            offset, length = rows[at]
+            inner.append((None, inner_spec, chunk_part_selection, composed, complete_chunk))
             empty = offset == _EMPTY and length == _EMPTY
             ranges.append(None if empty else (path, offset, length))
     return inner, ranges, present
+
+
+# An inner chunk a shard's selection touches: its row in the shard's index, its part's
+# selection within it, that part's place in the output, and whether it is the whole chunk.
+_Part = tuple[int, tuple[slice, ...], tuple[slice, ...], bool]
+
+
+def _slice_parts(
+    selection: tuple[Any, ...],
+    shape: tuple[int, ...],
+    inner_shape: tuple[int, ...],
+    strides: list[int],
+    out_starts: list[int],
+) -> Iterator[_Part] | None:
+    """The inner chunks a selection of step-1 slices of one shard (of ``shape``) touches,
+    in C order, as zarr's indexer would give them (see :data:`_Part`); None for other
+    selections. Worked out per axis once, then combined: zarr's indexer costs several
+    microseconds per chunk, and a read may touch thousands."""
+    if len(selection) != len(shape):
+        return None
+    axes: list[list[tuple[int, slice, slice, bool]]] = []
+    for part, length, inner, stride, out_start in zip(
+        selection, shape, inner_shape, strides, out_starts, strict=True
+    ):
+        start, stop, step = part.indices(length)
+        if step != 1:
+            return None
+        along = []
+        for coord in range(start // inner, -(-stop // inner)) if stop > start else ():
+            low, high = max(start, coord * inner), min(stop, (coord + 1) * inner)
+            along.append(
+                (
+                    coord * stride,
+                    slice(low - coord * inner, high - coord * inner, 1),
+                    slice(out_start + low - start, out_start + high - start),
+                    high - low == inner,
+                )
+            )
+        axes.append(along)
+    return (
+        (
+            sum(a[0] for a in combo),
+            tuple(a[1] for a in combo),
+            tuple(a[2] for a in combo),
+            all(a[3] for a in combo),
+        )
+        for combo in itertools.product(*axes)
+    )
+
+
+def _indexed_parts(
+    selection: tuple[Any, ...],
+    shape: tuple[int, ...],
+    grid: Any,
+    strides: list[int],
+    out_starts: list[int],
+) -> Iterator[_Part]:
+    """:func:`_slice_parts` of any selection of slices, by zarr's indexer."""
+    from zarr.core.indexing import get_indexer
+
+    for part in get_indexer(selection, shape=shape, chunk_grid=grid):
+        inner_out: Any = part.out_selection
+        yield (
+            sum(c * k for c, k in zip(part.chunk_coords, strides, strict=True)),
+            part.chunk_selection,
+            tuple(
+                slice(start + i.start, start + i.stop)
+                for start, i in zip(out_starts, inner_out, strict=True)
+            ),
+            part.is_complete_chunk,
+        )
 
 
 def _shard_index(path: str, shards: _Shards, counts: list[int]) -> np.ndarray | None:

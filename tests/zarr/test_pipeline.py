@@ -852,3 +852,44 @@ def test_byte_groups_cut_runs_of_at_most_the_limit():
         range(4, 5),
     ]
     assert _pipeline._byte_groups([1] * 5, 100) == [range(0, 5)]
+
+
+@st.composite
+def _shard_selections(draw):
+    ndim = draw(st.integers(1, 3))
+    inner = tuple(draw(st.integers(1, 5)) for _ in range(ndim))
+    shape = tuple(c * draw(st.integers(1, 4)) for c in inner)
+    selection = []
+    for length in shape:
+        start = draw(st.integers(0, length))
+        selection.append(slice(start, draw(st.integers(start, length))))
+    out_starts = [draw(st.integers(0, 9)) for _ in shape]
+    return shape, inner, tuple(selection), out_starts
+
+
+@settings(max_examples=300, deadline=None)
+@given(_shard_selections())
+def test_a_shards_inner_chunks_are_mapped_as_zarrs_indexer_maps_them(case):
+    # The per-axis mapping of step-1 slices gives what zarr's indexer gives, chunk for chunk:
+    # the row in the shard's index, the part of the chunk, its place in the output, and
+    # whether it is the whole chunk.
+    shape, inner, selection, out_starts = case
+    counts = [n // c for n, c in zip(shape, inner, strict=True)]
+    strides = [int(np.prod(counts[axis + 1 :])) for axis in range(len(counts))]
+    grid = _pipeline._regular_grid(shape, inner)
+
+    def plain(parts):
+        return [
+            (at, tuple(s.indices(c) for s, c in zip(part, inner, strict=True)), out, whole)
+            for at, part, out, whole in parts
+        ]
+
+    fast = _pipeline._slice_parts(selection, shape, inner, strides, out_starts)
+    assert fast is not None
+    expected = plain(_pipeline._indexed_parts(selection, shape, grid, strides, out_starts))
+    assert plain(fast) == expected
+
+
+def test_slices_with_steps_are_left_to_zarrs_indexer():
+    assert _pipeline._slice_parts((slice(0, 8, 2),), (8,), (4,), [1], [0]) is None
+    assert _pipeline._slice_parts((slice(0, 8),), (8, 4), (4, 4), [1, 1], [0, 0]) is None
