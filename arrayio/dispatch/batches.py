@@ -17,7 +17,7 @@ import dataclasses
 import functools
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -151,17 +151,17 @@ def span(
 
 
 def submit_windowed(
-    starts: Sequence[Callable[[], IOFuture[int]]],
+    starts: Sequence[Callable[[], IOFuture[Any]]],
     report: Callable[[int], None],
     meanwhile: Callable[[], None] | None = None,
-) -> list[int]:
+) -> list[Any]:
     """Start each transfer, keeping at most :data:`BATCH_WINDOW` in flight; return their byte
     counts. ``meanwhile`` runs once the window is full (or every transfer started), while
     they move. After a failure nothing more starts, and every started transfer is waited
     for before the error is raised: a fallback tool must not race a failed one's
     stragglers."""
-    counts = [0] * len(starts)
-    pending: deque[tuple[int, IOFuture[int]]] = deque()
+    counts: list[Any] = [0] * len(starts)
+    pending: deque[tuple[int, IOFuture[Any]]] = deque()
     error: BaseException | None = None
 
     def side_work() -> None:
@@ -415,10 +415,12 @@ def read_files(
     tool, every transfer in flight at once (up to :data:`BATCH_WINDOW`): a Zarr array's
     chunk files read as one batch instead of one dispatcher call each.
 
-    Host buffers that follow one another in a file (a shard's inner chunks) are read as one
-    request each run, where the tool reads runs into host memory (``preadv_host``): a
-    request costs a task and a system call, which for chunks of a few hundred kilobytes
-    took longer than the copy.
+    A request costs a task and a system call, which for chunks of a few hundred kilobytes
+    took longer than the copy. So host buffers that follow one another in a file (a shard's
+    inner chunks) are read as one request each run, where the tool reads runs into host
+    memory (``preadv_host``), and the small requests left alone (a chunk file each) are
+    read a bundle per task, where the tool reads bundles (``pread_each_host``; see
+    :func:`_bundles`).
 
     Raises
     ------
@@ -430,13 +432,19 @@ def read_files(
         groups = _host_runs([fd for fd, _, _ in requests], pieces)
     else:
         groups = [[i] for i in range(len(requests))]
+    bundled = callable(getattr(t, "pread_each_host", None))
+    if bundled:
+        groups = _bundles(groups, pieces, int(getattr(t, "threads", 1)))
 
-    def start(group: list[int]) -> IOFuture[int]:
+    def start(group: list[int]) -> IOFuture[int] | IOFuture[list[int]]:
         fd, offset, buffer = requests[group[0]]
         if len(group) == 1:
             return t.pread(fd, buffer, offset)
-        run = [(requests[i][1], cast(np.ndarray, requests[i][2])) for i in group]
-        return cast(IOFuture[int], t.preadv_host(fd, run))  # type: ignore[attr-defined]
+        if len({requests[i][0] for i in group}) == 1 and _touching(pieces, group):  # a run
+            run = [(requests[i][1], cast(np.ndarray, requests[i][2])) for i in group]
+            return cast(IOFuture[int], t.preadv_host(fd, run))  # type: ignore[attr-defined]
+        bundle = [(fd, at, cast(np.ndarray, b)) for fd, at, b in (requests[i] for i in group)]
+        return cast(IOFuture[list[int]], t.pread_each_host(bundle))  # type: ignore[attr-defined]
 
     counts = _submit_runs(pieces, groups, start, report)
     for (_, offset, buffer), got, path in zip(requests, counts, paths, strict=True):
@@ -444,17 +452,66 @@ def read_files(
             raise truncated(path, offset, buffer.nbytes, got)
 
 
+# Requests alone of at most this many bytes are read in bundles: larger ones keep their own
+# transfer, which the tool may spread over its threads.
+BUNDLE_BYTES = RUN_BYTES
+
+# Bundles per thread of the tool: several, so that a thread whose files read slowly (from
+# the disk) leaves the rest to the others.
+BUNDLES_PER_THREAD = 4
+
+
+def _bundles(groups: list[list[int]], pieces: Sequence[Request], threads: int) -> list[list[int]]:
+    """``groups`` with the host requests alone of at most :data:`BUNDLE_BYTES` gathered into
+    bundles of about equal bytes, :data:`BUNDLES_PER_THREAD` per thread of the tool, in the
+    order of the requests (the groups left as they were where there are no more such
+    requests than threads)."""
+    small = [
+        group[0]
+        for group in groups
+        if len(group) == 1
+        and isinstance(pieces[group[0]][1], np.ndarray)
+        and 0 < pieces[group[0]][1].nbytes <= BUNDLE_BYTES
+    ]
+    if len(small) <= threads:
+        return groups
+    taken = set(small)
+    kept = [group for group in groups if not (len(group) == 1 and group[0] in taken)]
+    count = min(len(small), threads * BUNDLES_PER_THREAD)
+    share = -(-sum(pieces[i][1].nbytes for i in small) // count)
+    # A bundle closes once it holds its share: each closed one holds at least a share of
+    # the bytes, so there are at most ``count``.
+    bundles: list[list[int]] = [[]]
+    held = 0
+    for i in small:
+        bundles[-1].append(i)
+        held += pieces[i][1].nbytes
+        if held >= share:
+            bundles.append([])
+            held = 0
+    return kept + [bundle for bundle in bundles if bundle]
+
+
+def _touching(pieces: Sequence[Request], group: list[int]) -> bool:
+    """Whether the requests of ``group`` each start where the one before ends."""
+    return all(
+        pieces[a][0] + pieces[a][1].nbytes == pieces[b][0]
+        for a, b in zip(group, group[1:], strict=False)
+    )
+
+
 def _submit_runs(
     requests: Sequence[Request],
     groups: list[list[int]],
-    start: Callable[[list[int]], IOFuture[int]],
+    start: Callable[[list[int]], IOFuture[int] | IOFuture[list[int]]],
     report: Callable[[int], None],
     meanwhile: Callable[[], None] | None = None,
 ) -> list[int]:
-    """Run each group of ``requests`` (a run of one file, in file order) as one transfer,
-    ``start(group)``, whose future gives the bytes of the run's range read from its first
-    request's offset (see :func:`submit_windowed`); ``report(i)`` for each request of a
-    group once it is done. Returns each request's bytes within the range read."""
+    """Run each group of ``requests`` as one transfer, ``start(group)``, whose future gives
+    either each request's bytes (a bundle) or the bytes of the group's range read from its
+    first request's offset (a run of one file, in file order; see
+    :func:`submit_windowed`); ``report(i)`` for each request of a group once it is done.
+    Returns each request's bytes read."""
 
     def landed(j: int) -> None:
         for i in groups[j]:
@@ -465,6 +522,10 @@ def _submit_runs(
     )
     counts = [0] * len(requests)
     for group, total in zip(groups, totals, strict=True):
+        if isinstance(total, list):
+            for i, got in zip(group, total, strict=True):
+                counts[i] = got
+            continue
         first = requests[group[0]][0]
         for i in group:
             offset, buffer = requests[i]

@@ -105,6 +105,23 @@ class PosixTool(ThreadedTool):
             return IOFuture.completed(task())
         return IOFuture(self._executor().submit(task))
 
+    def pread_each_host(
+        self, requests: Sequence[tuple[int, int, np.ndarray]]
+    ) -> IOFuture[list[int]]:
+        """Start filling the host buffers of ``requests`` (``(fd, file_offset, buffer)``, of
+        any files) one after another, as one task on the tool's threads: a Zarr array's
+        chunk files, read as a task each, cost more in tasks than in copies. The future
+        gives each buffer's count (short only where its file ends)."""
+        if any(not isinstance(buffer, np.ndarray) for _, _, buffer in requests):
+            raise TypeError(f"{self.name} reads into host memory only")
+
+        def task() -> list[int]:
+            return [pread_full(fd, buffer, offset) for fd, offset, buffer in requests]
+
+        if self.threads == 1:
+            return IOFuture.completed(task())
+        return IOFuture(self._executor().submit(task))
+
     def pwrite(
         self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
     ) -> IOFuture[int]:

@@ -416,7 +416,7 @@ def _read(
     # decodes a batch in one launch, so its rate grows with the batch's chunks, and the
     # decode placement learns per batch size.
     if on_gpu and chain.zstd is not None:
-        sizes = [_decoded_bytes(spec) for _, spec, *_ in batch]
+        sizes = _decoded_sizes(batch)
         spans = _byte_groups(sizes, GPU_BATCH_BYTES)
     else:
         spans = _groups(len(batch), usable_cores())
@@ -529,7 +529,7 @@ def _decode_and_place(
         ]
     if chain.zstd is not None:
         if on_gpu:
-            sizes = [_decoded_bytes(spec) for _, spec, *_ in batch]
+            sizes = _decoded_sizes(batch)
             decoded = decode_for_gpu(chain.zstd, slab, encoded, sizes, target, destinations)
         else:
             decoded = _decode_host(chain.zstd, encoded, destinations)
@@ -690,9 +690,10 @@ def _indexed_parts(
 
     for part in get_indexer(selection, shape=shape, chunk_grid=grid):
         inner_out: Any = part.out_selection
+        chunk_selection: Any = part.chunk_selection
         yield (
             sum(c * k for c, k in zip(part.chunk_coords, strides, strict=True)),
-            part.chunk_selection,
+            chunk_selection,
             tuple(
                 slice(start + i.start, start + i.stop)
                 for start, i in zip(out_starts, inner_out, strict=True)
@@ -998,6 +999,19 @@ def _numcodecs_of(codec: Any) -> Any:
 def _decoded_bytes(spec: Any) -> int:
     """The bytes a chunk of ``spec`` decodes to."""
     return int(np.prod(spec.shape)) * spec.dtype.to_native_dtype().itemsize
+
+
+def _decoded_sizes(batch: Sequence[Any]) -> list[int]:
+    """:func:`_decoded_bytes` of each chunk of ``batch``, worked out once per spec: a
+    sharded array's inner chunks share one, and each costs microseconds."""
+    known: dict[int, int] = {}
+    sizes = []
+    for _, spec, *_ in batch:
+        size = known.get(id(spec))
+        if size is None:
+            size = known[id(spec)] = _decoded_bytes(spec)
+        sizes.append(size)
+    return sizes
 
 
 def _order(spec: Any) -> str:

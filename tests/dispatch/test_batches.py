@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from types import SimpleNamespace
 
 import crc32c
@@ -971,6 +972,7 @@ class _CountedPosix(PosixTool):
         super().__init__(**params)
         self.singles: list[int] = []
         self.runs: list[list[int]] = []
+        self.bundles: list[list[int]] = []
 
     def pread(self, fd, buffer, file_offset, *, checksum=None):
         self.singles.append(file_offset)
@@ -979,6 +981,11 @@ class _CountedPosix(PosixTool):
     def preadv_host(self, fd, requests):
         self.runs.append([offset for offset, _ in requests])
         return super().preadv_host(fd, requests)
+
+    def pread_each_host(self, requests):  # single reads, a bundle of them per task
+        self.bundles.append([offset for _, offset, _ in requests])
+        self.singles.extend(offset for _, offset, _ in requests)
+        return super().pread_each_host(requests)
 
 
 @given(
@@ -1614,3 +1621,62 @@ def test_small_neighbours_in_strided_host_buffers_still_get_their_bytes(tmp_path
     for (offset, size), dest, crc in zip(ranges, dests, crcs, strict=True):
         assert dest.tobytes() == content[offset : offset + size]
         assert crc == crc32c.crc32c(content[offset : offset + size])
+
+
+@given(
+    sizes=st.lists(st.sampled_from([1, 4095, 70_000, 300_000]), min_size=1, max_size=40),
+    large=st.integers(0, 2),
+    threads=st.sampled_from([1, 2, 4]),
+)
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_many_small_files_are_read_in_bundles_a_task_each(tmp_path, sizes, large, threads):
+    # A Zarr array's chunk files: past one per thread, the small ones are read in bundles
+    # (a task each, BUNDLES_PER_THREAD per thread at most, about equal in bytes); a file
+    # larger than BUNDLE_BYTES keeps its own read; every buffer gets its file's bytes, and
+    # each request is reported once.
+    sizes = sizes + [batches.BUNDLE_BYTES + 1] * large
+    folder = tmp_path / f"files-{len(list(tmp_path.iterdir()))}"
+    folder.mkdir()
+    paths = _random_files(folder, "c{}", sizes)
+    buffers = [np.zeros(n, np.uint8) for n in sizes]
+    tool = _CountedPosix(threads=threads)
+    fds = _open_all(paths)
+    reported: list[int] = []
+    try:
+        requests = [(fd, 0, b) for fd, b in zip(fds, buffers, strict=True)]
+        batches.read_files(tool, requests, paths, reported.append)
+    finally:
+        for fd in fds:
+            os.close(fd)
+        tool.close()
+    for path, buffer in zip(paths, buffers, strict=True):
+        assert buffer.tobytes() == Path(path).read_bytes()
+    assert sorted(reported) == list(range(len(sizes)))
+    small = len(sizes) - large
+    assert tool.runs == []  # no two requests of one file
+    assert sorted(tool.singles) == [0] * len(sizes)  # each file read once, from its start
+    bundled = sum(len(b) for b in tool.bundles)
+    tasks = len(tool.bundles) + small - bundled  # a bundle of one is a plain read
+    if small > threads:
+        assert tasks <= threads * batches.BUNDLES_PER_THREAD
+        assert bundled or small <= threads * batches.BUNDLES_PER_THREAD
+    else:
+        assert tool.bundles == []
+
+
+def test_a_short_file_in_a_bundle_is_named(tmp_path):
+    paths = _random_files(tmp_path, "c{}", [1000] * 7 + [990] + [1000] * 4)
+    tool = _CountedPosix(threads=2)
+    fds = _open_all(paths)
+    try:
+        with pytest.raises(TruncatedFileError, match=r"c7: file ends at byte 990, 10 bytes short"):
+            batches.read_files(
+                tool, [(fd, 0, np.empty(1000, np.uint8)) for fd in fds], paths, lambda i: None
+            )
+    finally:
+        for fd in fds:
+            os.close(fd)
+        tool.close()
+    assert len(tool.bundles) > 1
