@@ -224,3 +224,26 @@ def test_a_reader_that_reads_wrong_values_stops_the_run(tmp_path):
     shifted = bench.Selection("slab", slab.start + 1, slab.stop + 1)
     with pytest.raises(bench.WrongData):
         bench.verify("shifted", right.read(right.open(), shifted), slab, data, "host")
+
+
+def test_the_proposed_targets_take_the_read_and_the_decode_in_turn():
+    # nvCOMP's batch takes as long as its slowest chunk: the decode follows the read of its
+    # batch, so the proposed bound adds their times (rates combined harmonically).
+    from benchmarks import zarr_read
+
+    ceiling = {
+        "warm_read_GBps": 5.0,
+        "pinned_host_to_device_GBps": 50.0,
+        "nvcomp_decode_GBps": 30.0,
+        "cold_direct_read_GBps": 2.0,
+    }
+    warm = zarr_read.targets("zstd", "warm", 12.0, None, {}, {"zarrs": 3.0}, ceiling, 4.0)
+    assert warm["lowest_of_three"]["bound"] == 20.0  # the page cache times the ratio
+    bound = 1 / (1 / 20.0 + 1 / 200.0 + 1 / 30.0)
+    assert math.isclose(warm["read_then_decode"]["bound"], bound)
+    assert warm["read_then_decode"]["met"] is (12.0 / bound >= 0.8)
+    cold = zarr_read.targets("zstd", "cold", 4.0, None, {}, {}, ceiling, 4.0)
+    assert math.isclose(cold["disk_then_decode"]["bound"], 1 / (1 / 8.0 + 1 / 30.0))
+    assert cold["disk_ceiling_times_ratio"]["bound"] == 8.0
+    plain = zarr_read.targets("none", "warm", 9.0, None, {}, {}, ceiling, 1)
+    assert "read_then_decode" not in plain
