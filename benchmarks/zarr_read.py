@@ -1004,14 +1004,14 @@ def targets(
             # slowest chunk (nvcomp_sixteenth_batch_seconds beside nvcomp_batch_seconds), so
             # the decode cannot overlap the read of its own batch: the three in turn.
             judge("read_then_decode", 1 / sum(1 / rate for rate in sampled.values()), 0.8)
-    decode = ceiling.get("nvcomp_decode_GBps")
-    if cache == "cold" and codec == "zstd" and isinstance(disk, float) and scale:
-        if isinstance(decode, float):  # proposed likewise: the disk's read, then the decode
-            judge("disk_then_decode", 1 / (1 / (disk * scale) + 1 / decode), 0.9)
         best_cpu = fastest(cpu_peers)
         if best_cpu is not None:
             judge("best_cpu_peer", cpu_peers[best_cpu], 2.0)
             out["best_cpu_peer"]["which"] = best_cpu
+    decode = ceiling.get("nvcomp_decode_GBps")
+    if cache == "cold" and codec == "zstd" and isinstance(disk, float) and scale:
+        if isinstance(decode, float):  # proposed likewise: the disk's read, then the decode
+            judge("disk_then_decode", 1 / (1 / (disk * scale) + 1 / decode), 0.9)
     if front_door is not None:
         out["read_jax_at_the_store_rate"] = {
             "bound": ours,

@@ -242,7 +242,9 @@ def test_the_proposed_targets_take_the_read_and_the_decode_in_turn():
     bound = 1 / (1 / 20.0 + 1 / 200.0 + 1 / 30.0)
     assert math.isclose(warm["read_then_decode"]["bound"], bound)
     assert warm["read_then_decode"]["met"] is (12.0 / bound >= 0.8)
-    cold = zarr_read.targets("zstd", "cold", 4.0, None, {}, {}, ceiling, 4.0)
+    assert warm["best_cpu_peer"]["bound"] == 3.0  # judged warm, not cold
+    cold = zarr_read.targets("zstd", "cold", 4.0, None, {}, {"zarrs": 3.0}, ceiling, 4.0)
+    assert "best_cpu_peer" not in cold
     assert math.isclose(cold["disk_then_decode"]["bound"], 1 / (1 / 8.0 + 1 / 30.0))
     assert cold["disk_ceiling_times_ratio"]["bound"] == 8.0
     plain = zarr_read.targets("none", "warm", 9.0, None, {}, {}, ceiling, 1)
