@@ -419,8 +419,8 @@ def read_files(
     took longer than the copy. So host buffers that follow one another in a file (a shard's
     inner chunks) are read as one request each run, where the tool reads runs into host
     memory (``preadv_host``), and the small requests left alone (a chunk file each) are
-    read a bundle per task, where the tool reads bundles (``pread_each_host``; see
-    :func:`_bundles`).
+    read a bundle per task, where the tool reads bundles into the batch's kind of memory
+    (``pread_each_host``, ``pread_each_device``; see :func:`_bundles`).
 
     Raises
     ------
@@ -428,23 +428,24 @@ def read_files(
         If a file ends before its buffer is full.
     """
     pieces = [(offset, buffer) for _, offset, buffer in requests]
+    host = bool(requests) and isinstance(requests[0][2], np.ndarray)  # (one kind a batch)
     if callable(getattr(t, "preadv_host", None)):
         groups = _host_runs([fd for fd, _, _ in requests], pieces)
     else:
         groups = [[i] for i in range(len(requests))]
-    bundled = callable(getattr(t, "pread_each_host", None))
-    if bundled:
+    read_bundle = getattr(t, "pread_each_host" if host else "pread_each_device", None)
+    if callable(read_bundle):
         groups = _bundles(groups, pieces, int(getattr(t, "threads", 1)))
 
     def start(group: list[int]) -> IOFuture[int] | IOFuture[list[int]]:
         fd, offset, buffer = requests[group[0]]
         if len(group) == 1:
             return t.pread(fd, buffer, offset)
-        if len({requests[i][0] for i in group}) == 1 and _touching(pieces, group):  # a run
+        if host and len({requests[i][0] for i in group}) == 1 and _touching(pieces, group):
             run = [(requests[i][1], cast(np.ndarray, requests[i][2])) for i in group]
             return cast(IOFuture[int], t.preadv_host(fd, run))  # type: ignore[attr-defined]
-        bundle = [(fd, at, cast(np.ndarray, b)) for fd, at, b in (requests[i] for i in group)]
-        return cast(IOFuture[list[int]], t.pread_each_host(bundle))  # type: ignore[attr-defined]
+        assert read_bundle is not None  # a group of several is a run or a bundle
+        return cast(IOFuture[list[int]], read_bundle([requests[i] for i in group]))
 
     counts = _submit_runs(pieces, groups, start, report)
     for (_, offset, buffer), got, path in zip(requests, counts, paths, strict=True):
@@ -462,16 +463,14 @@ BUNDLES_PER_THREAD = 4
 
 
 def _bundles(groups: list[list[int]], pieces: Sequence[Request], threads: int) -> list[list[int]]:
-    """``groups`` with the host requests alone of at most :data:`BUNDLE_BYTES` gathered into
+    """``groups`` with the requests alone of at most :data:`BUNDLE_BYTES` gathered into
     bundles of about equal bytes, :data:`BUNDLES_PER_THREAD` per thread of the tool, in the
     order of the requests (the groups left as they were where there are no more such
     requests than threads)."""
     small = [
         group[0]
         for group in groups
-        if len(group) == 1
-        and isinstance(pieces[group[0]][1], np.ndarray)
-        and 0 < pieces[group[0]][1].nbytes <= BUNDLE_BYTES
+        if len(group) == 1 and 0 < pieces[group[0]][1].nbytes <= BUNDLE_BYTES
     ]
     if len(small) <= threads:
         return groups

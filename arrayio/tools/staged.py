@@ -225,6 +225,66 @@ class StagedTool(DeviceRanges, ThreadedTool):
 
         return self._fan_out(pool, worker, workers, read_fd if read_fd != fd else None)
 
+    def pread_each_device(self, requests: Sequence[tuple[int, int, Buffer]]) -> IOFuture[list[int]]:
+        """Start filling the device buffers of ``requests`` (``(fd, file_offset, buffer)``,
+        of any files, on one GPU) one after another, as one task on the tool's threads: a
+        Zarr array's chunk files, a transfer each, cost more in tasks and waits than in
+        copies. The files are read into a pinned buffer, packed one after another, and
+        copied to their device buffers while the next are read into the other buffer (two
+        in turn); the future gives each buffer's count (short only where its file ends)."""
+        one_gpu(self.name, [(offset, buffer) for _, offset, buffer in requests])
+        views = [cast(DeviceBuffer, buffer) for _, _, buffer in requests]
+        if not views:
+            return IOFuture.completed([])
+        device_index = views[0].device_index
+
+        def room(nbytes: int) -> int:
+            # the file's blocks, one block to start inside of (O_DIRECT reads whole blocks
+            # from a block boundary), one to align the region's start
+            return align_up(nbytes) + 2 * BLOCK
+
+        slot_bytes = max(self.chunk_size, max(room(view.nbytes) for view in views))
+
+        def read_one(fd: int, offset: int, nbytes: int, region: np.ndarray) -> np.ndarray:
+            """One request's bytes, read into ``region`` of a pinned buffer."""
+            pad = -region.ctypes.data % BLOCK
+            if not self.direct:
+                data = region[pad : pad + nbytes]
+                return data[: pread_full(fd, data, offset)]
+            aligned = align_down(offset)
+            skip = offset - aligned
+            blocks = region[pad : pad + align_up(skip + nbytes)]
+            direct_fd = open_direct(fd, os.O_RDONLY)
+            try:
+                got = max(0, min(pread_direct(direct_fd, blocks, aligned) - skip, nbytes))
+            finally:
+                os.close(direct_fd)
+            return blocks[skip : skip + got]
+
+        def task() -> list[int]:
+            counts: list[int] = []
+            with Borrowed(slot_bytes + SLACK) as slots:
+                stream, events = self._stream(device_index)
+                turn, used = 0, 0
+                for (fd, offset, _), view in zip(requests, views, strict=True):
+                    size = room(view.nbytes)
+                    if used + size > slot_bytes:  # this buffer is full: on to the other
+                        events[turn % 2].record(stream)
+                        turn, used = turn + 1, 0
+                        if turn >= 2:
+                            events[turn % 2].synchronize()  # its copies have left it
+                    data = read_one(fd, offset, view.nbytes, slots[turn % 2][used : used + size])
+                    if data.nbytes:
+                        _cuda.copy_host_address_to_device(
+                            view.data_ptr, data.ctypes.data, data.nbytes, stream
+                        )
+                    counts.append(data.nbytes)
+                    used += size
+                stream.synchronize()
+            return counts
+
+        return IOFuture(self._executor().submit(task))
+
     def pwrite(
         self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None
     ) -> IOFuture[int]:

@@ -526,3 +526,54 @@ def test_a_sharded_save_and_load_over_every_gpu_of_one_process(tmp_path):
             assert out[k].sharding == sharding, k
             assert {s.device for s in out[k].addressable_shards} == set(gpus), k
             assert np.asarray(out[k]).tobytes() == v.tobytes(), k
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direct", [False, True])
+def test_many_small_files_are_read_into_gpu_buffers_in_bundles(tmp_path, direct):
+    # A Zarr array's chunk files into device memory: past one per thread, the staged tool
+    # reads them a bundle per task (packed into its pinned buffers, copied as the next are
+    # read), with and without O_DIRECT; ranges of one file at odd offsets too (a shard's
+    # inner chunks). Every buffer gets its bytes; a short file is named.
+    cupy = pytest.importorskip("cupy")
+    from arrayio.arrays._buffers import CupyDeviceBuffer
+    from arrayio.dispatch import batches
+    from arrayio.errors import TruncatedFileError
+    from arrayio.tools.staged import StagedTool
+
+    rng = np.random.default_rng(5)
+    sizes = [int(n) for n in rng.integers(1, 300_000, 40)] + [batches.BUNDLE_BYTES + 5]
+    paths, contents = [], []
+    for i, n in enumerate(sizes):
+        content = rng.integers(0, 256, n + 777, dtype=np.uint8)
+        (tmp_path / f"c{i}").write_bytes(content.tobytes())
+        paths.append(str(tmp_path / f"c{i}"))
+        contents.append(content)
+    offsets = [0 if i % 3 else 777 - i for i in range(len(sizes))]  # some at odd offsets
+
+    class Counted(StagedTool):
+        def __init__(self, **params):
+            super().__init__(**params)
+            self.bundles: list[int] = []
+
+        def pread_each_device(self, requests):
+            self.bundles.append(len(requests))
+            return super().pread_each_device(requests)
+
+    tool = Counted(threads=2, chunk_size=1 << 20, direct=direct)
+    fds = [os.open(p, os.O_RDONLY) for p in paths]
+    try:
+        buffers = [CupyDeviceBuffer(cupy.zeros(n, dtype=cupy.uint8)) for n in sizes]
+        cupy.cuda.Device().synchronize()
+        requests = [(fd, at, b) for fd, at, b in zip(fds, offsets, buffers, strict=True)]
+        batches.read_files(tool, requests, paths, lambda i: None)
+        for content, at, n, buffer in zip(contents, offsets, sizes, buffers, strict=True):
+            assert buffer.array.get().tobytes() == content[at : at + n].tobytes()
+        assert sum(tool.bundles) == len(sizes) - 1 and len(tool.bundles) > 1
+        short = [(fds[0], offsets[0] + 800, buffers[0])] + requests[1:]
+        with pytest.raises(TruncatedFileError, match=r"c0: file ends"):
+            batches.read_files(tool, short, paths, lambda i: None)
+    finally:
+        for fd in fds:
+            os.close(fd)
+        tool.close()
