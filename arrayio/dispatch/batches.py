@@ -17,7 +17,7 @@ import dataclasses
 import functools
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -53,6 +53,8 @@ __all__ = [
     "write_batch",
     "write_one",
 ]
+
+T = TypeVar("T")
 
 # A batch keeps at most this many of its transfers submitted at once: enough to keep every
 # worker of any tool busy, few enough to bound what they hold (O_DIRECT and KvikIO open a
@@ -151,17 +153,17 @@ def span(
 
 
 def submit_windowed(
-    starts: Sequence[Callable[[], IOFuture[Any]]],
+    starts: Sequence[Callable[[], IOFuture[T]]],
     report: Callable[[int], None],
     meanwhile: Callable[[], None] | None = None,
-) -> list[Any]:
+) -> list[T]:
     """Start each transfer, keeping at most :data:`BATCH_WINDOW` in flight; return their byte
     counts. ``meanwhile`` runs once the window is full (or every transfer started), while
     they move. After a failure nothing more starts, and every started transfer is waited
     for before the error is raised: a fallback tool must not race a failed one's
     stragglers."""
     counts: list[Any] = [0] * len(starts)
-    pending: deque[tuple[int, IOFuture[Any]]] = deque()
+    pending: deque[tuple[int, IOFuture[T]]] = deque()
     error: BaseException | None = None
 
     def side_work() -> None:
@@ -441,7 +443,12 @@ def read_files(
         fd, offset, buffer = requests[group[0]]
         if len(group) == 1:
             return t.pread(fd, buffer, offset)
-        if host and len({requests[i][0] for i in group}) == 1 and _touching(pieces, group):
+        if (
+            host
+            and callable(getattr(t, "preadv_host", None))
+            and len({requests[i][0] for i in group}) == 1
+            and _touching(pieces, group)
+        ):  # a run (or a bundle that happens to be one)
             run = [(requests[i][1], cast(np.ndarray, requests[i][2])) for i in group]
             return cast(IOFuture[int], t.preadv_host(fd, run))  # type: ignore[attr-defined]
         assert read_bundle is not None  # a group of several is a run or a bundle
@@ -516,9 +523,11 @@ def _submit_runs(
         for i in groups[j]:
             report(i)
 
-    totals = submit_windowed(
-        [functools.partial(start, group) for group in groups], landed, meanwhile
-    )
+    starts: list[Callable[[], IOFuture[int | list[int]]]] = [
+        cast(Callable[[], IOFuture[int | list[int]]], functools.partial(start, group))
+        for group in groups
+    ]
+    totals = submit_windowed(starts, landed, meanwhile)
     counts = [0] * len(requests)
     for group, total in zip(groups, totals, strict=True):
         if isinstance(total, list):

@@ -28,6 +28,7 @@ import bisect
 import concurrent.futures
 import contextlib
 import functools
+import logging
 import os
 import sys
 import threading
@@ -59,6 +60,8 @@ from ._threaded import ThreadedTool
 from .base import Availability, Buffer, Capabilities, DeviceRanges, IOFuture, one_gpu
 
 __all__ = ["StagedTool"]
+
+logger = logging.getLogger(__name__)
 
 _PREPARE_PAUSE = 0.02  # seconds between the pinned buffers prepare() allocates
 
@@ -211,16 +214,16 @@ class StagedTool(DeviceRanges, ThreadedTool):
             # Pinned buffers of this transfer's chunk, the second taken for the second chunk.
             with Borrowed(chunk + SLACK) as slots:
                 stream, events = self._stream(device_index)
-                for j, start in enumerate(chunks[k::workers]):
-                    if j >= 2:
-                        events[j % 2].synchronize()  # its previous copy has left the buffer
-                    data, length = read_chunk(slots[j % 2], start)
-                    pieces.copy_to_device(start, data, stream)
-                    events[j % 2].record(stream)
-                    total += data.nbytes
-                    if data.nbytes < length:
-                        break  # end of file
-                stream.synchronize()
+                with _copies_done(stream):  # before the buffers go back, on failure too
+                    for j, start in enumerate(chunks[k::workers]):
+                        if j >= 2:
+                            events[j % 2].synchronize()  # its previous copy has left it
+                        data, length = read_chunk(slots[j % 2], start)
+                        pieces.copy_to_device(start, data, stream)
+                        events[j % 2].record(stream)
+                        total += data.nbytes
+                        if data.nbytes < length:
+                            break  # end of file
             return total
 
         return self._fan_out(pool, worker, workers, read_fd if read_fd != fd else None)
@@ -245,8 +248,11 @@ class StagedTool(DeviceRanges, ThreadedTool):
 
         slot_bytes = max(self.chunk_size, max(room(view.nbytes) for view in views))
 
-        def read_one(fd: int, offset: int, nbytes: int, region: np.ndarray) -> np.ndarray:
-            """One request's bytes, read into ``region`` of a pinned buffer."""
+        def read_one(
+            fd: int, offset: int, nbytes: int, region: np.ndarray, direct_fds: dict[int, int]
+        ) -> np.ndarray:
+            """One request's bytes, read into ``region`` of a pinned buffer (through an
+            ``O_DIRECT`` descriptor of ``fd``'s file, opened once a bundle, where direct)."""
             pad = -region.ctypes.data % BLOCK
             if not self.direct:
                 data = region[pad : pad + nbytes]
@@ -254,33 +260,38 @@ class StagedTool(DeviceRanges, ThreadedTool):
             aligned = align_down(offset)
             skip = offset - aligned
             blocks = region[pad : pad + align_up(skip + nbytes)]
-            direct_fd = open_direct(fd, os.O_RDONLY)
-            try:
-                got = max(0, min(pread_direct(direct_fd, blocks, aligned) - skip, nbytes))
-            finally:
-                os.close(direct_fd)
+            direct_fd = direct_fds.get(fd)
+            if direct_fd is None:
+                direct_fd = direct_fds[fd] = open_direct(fd, os.O_RDONLY)
+            got = max(0, min(pread_direct(direct_fd, blocks, aligned) - skip, nbytes))
             return blocks[skip : skip + got]
 
         def task() -> list[int]:
             counts: list[int] = []
+            direct_fds: dict[int, int] = {}
             with Borrowed(slot_bytes + SLACK) as slots:
                 stream, events = self._stream(device_index)
-                turn, used = 0, 0
-                for (fd, offset, _), view in zip(requests, views, strict=True):
-                    size = room(view.nbytes)
-                    if used + size > slot_bytes:  # this buffer is full: on to the other
-                        events[turn % 2].record(stream)
-                        turn, used = turn + 1, 0
-                        if turn >= 2:
-                            events[turn % 2].synchronize()  # its copies have left it
-                    data = read_one(fd, offset, view.nbytes, slots[turn % 2][used : used + size])
-                    if data.nbytes:
-                        _cuda.copy_host_address_to_device(
-                            view.data_ptr, data.ctypes.data, data.nbytes, stream
-                        )
-                    counts.append(data.nbytes)
-                    used += size
-                stream.synchronize()
+                try:
+                    with _copies_done(stream):  # before the buffers go back, on failure too
+                        turn, used = 0, 0
+                        for (fd, offset, _), view in zip(requests, views, strict=True):
+                            size = room(view.nbytes)
+                            if used + size > slot_bytes:  # this buffer is full: the other
+                                events[turn % 2].record(stream)
+                                turn, used = turn + 1, 0
+                                if turn >= 2:
+                                    events[turn % 2].synchronize()  # its copies have left it
+                            region = slots[turn % 2][used : used + size]
+                            data = read_one(fd, offset, view.nbytes, region, direct_fds)
+                            if data.nbytes:
+                                _cuda.copy_host_address_to_device(
+                                    view.data_ptr, data.ctypes.data, data.nbytes, stream
+                                )
+                            counts.append(data.nbytes)
+                            used += size
+                finally:
+                    for direct_fd in direct_fds.values():
+                        os.close(direct_fd)
             return counts
 
         return IOFuture(self._executor().submit(task))
@@ -363,6 +374,22 @@ class StagedTool(DeviceRanges, ThreadedTool):
             return total
 
         return self._fan_out(pool, worker, workers, write_fd if write_fd != fd else None)
+
+
+@contextlib.contextmanager
+def _copies_done(stream: _cuda.Stream) -> Iterator[None]:
+    """Wait for ``stream``'s copies when the block ends, however it ends: the pinned
+    buffers they read from go back to the pool after it, for other transfers to fill. A
+    failed wait after a failure is logged, not raised over the first error."""
+    try:
+        yield
+    except BaseException:
+        try:
+            stream.synchronize()
+        except Exception:  # the block's own error is the one to raise
+            logger.warning("waiting for a failed transfer's copies failed too", exc_info=True)
+        raise
+    stream.synchronize()
 
 
 def _workers(threads: int, chunks: int) -> int:

@@ -12,13 +12,13 @@ a power of two):
 
 * the first batch is split in half, and each side's rate (decoded bytes over the seconds
   from its start to its chunks being on the GPU) is measured within the call;
-* the rates give two candidates: the batch shared in proportion to them, so that both
+* the rates give the candidates: the batch shared in proportion to them, so that both
   sides finish together, and the faster side alone. A side whose share would be under
   :data:`SNAP` gets none (a few chunks on a slow side would make the whole call wait for
-  them), and then the faster side alone is the one candidate. nvCOMP alone is always a
-  candidate: its rate measured beside the host's threads is not its rate alone (its
-  per-batch work waits for the interpreter while they decode), so a shared batch can
-  make it look many times slower than it is;
+  them), and then the faster side alone is the candidate. nvCOMP alone is a candidate
+  in every case (so up to three): its rate measured beside the host's threads is not its
+  rate alone (its per-batch work waits for the interpreter while they decode), so a
+  shared batch can make it look many times slower than it is;
 * the rates are not additive (both sides need the interpreter and the cores, and nvCOMP's
   time barely shrinks with fewer chunks), so each candidate runs one batch, its overall
   rate measured, and later batches go to the candidate that ran fastest. A shared batch

@@ -703,3 +703,30 @@ def test_mmap_a_file_cut_inside_the_last_page_of_a_read_comes_up_short(tmp_path,
         tool.close()
     assert got == 3 * 4096 + 50
     assert bytes(buffer[:got]) == data[:got].tobytes()
+
+
+def test_a_staged_transfer_waits_for_its_copies_however_it_ends(caplog):
+    # Its pinned buffers go back to the pool after the block: the copies reading them are
+    # waited for on failure too, and a wait that fails then does not hide the first error.
+    from arrayio.tools.staged import _copies_done
+
+    class Stream:
+        def __init__(self, fails=False):
+            self.waits, self.fails = 0, fails
+
+        def synchronize(self):
+            self.waits += 1
+            if self.fails:
+                raise RuntimeError("the stream failed too")
+
+    stream = Stream()
+    with _copies_done(stream):
+        pass
+    assert stream.waits == 1
+    with pytest.raises(OSError, match="read failed"), _copies_done(stream):
+        raise OSError("read failed")
+    assert stream.waits == 2
+    failing = Stream(fails=True)
+    with pytest.raises(OSError, match="read failed"), _copies_done(failing):
+        raise OSError("read failed")
+    assert failing.waits == 1 and "copies failed too" in caplog.text
