@@ -72,6 +72,7 @@ logger = logging.getLogger("arrayio.dispatch")
 
 _SAVE_INTERVAL = 5.0  # seconds between saves of the learned table
 R = TypeVar("R")
+T = TypeVar("T")
 
 # Below this size a transfer is one system call's latency whatever the tool: it goes
 # straight to the naive tool, with no context probe, no timing and no learning, whose cost
@@ -251,6 +252,19 @@ def _contiguous_host(buffer: Buffer) -> bool:
 def _placement(buffer: Buffer) -> tuple[str, int]:
     """The memory kind of ``buffer`` and its device (-1 for the host): a batch is of one."""
     return buffer_kind(buffer), -1 if isinstance(buffer, np.ndarray) else buffer.device_index
+
+
+# The requests of a batch of many whose cache state is asked (see Dispatcher.files_context).
+CACHE_PROBES = 64
+
+
+def _spread(items: Sequence[T], count: int) -> Sequence[T]:
+    """``items``, or ``count`` of them spread evenly over it (the first and last among them)
+    where there are more."""
+    if len(items) <= count:
+        return items
+    last = len(items) - 1
+    return [items[k * last // (count - 1)] for k in range(count)]
 
 
 def _keep_read(cache: str, span: int, reread: bool) -> bool:
@@ -611,9 +625,14 @@ class Dispatcher:
     ) -> Context:
         """The context of reading ``requests`` of several files as one batch: their total
         size and typical piece, the first file's storage, and their cache state together
-        (warm or cold where every file is, else mixed)."""
+        (warm or cold where every file asked is, else mixed; of a batch of more than
+        :data:`CACHE_PROBES` requests, that many spread over it are asked: a Zarr array's
+        thousand chunk files took longer to ask than to read from the page cache)."""
         sizes = [buffer.nbytes for _, _, buffer in requests]
-        states = {cache_state(fd, offset, buffer.nbytes) for fd, offset, buffer in requests}
+        states = {
+            cache_state(fd, offset, buffer.nbytes)
+            for fd, offset, buffer in _spread(requests, CACHE_PROBES)
+        }
         cache = states.pop() if len(states) == 1 else "mixed"
         reread = False
         for fd in dict.fromkeys(fd for fd, _, _ in requests):  # each file's read remembered

@@ -1680,3 +1680,46 @@ def test_a_short_file_in_a_bundle_is_named(tmp_path):
             os.close(fd)
         tool.close()
     assert len(tool.bundles) > 1
+
+
+@given(st.integers(0, 500), st.integers(2, 80))
+def test_a_spread_takes_evenly_spaced_items_first_and_last_among_them(n, count):
+    from arrayio.dispatch.dispatcher import _spread
+
+    items = list(range(n))
+    taken = list(_spread(items, count))
+    if n <= count:
+        assert taken == items
+    else:
+        assert len(taken) == count == len(set(taken)) and taken == sorted(taken)
+        assert taken[0] == 0 and taken[-1] == n - 1
+        gaps = [b - a for a, b in zip(taken, taken[1:], strict=False)]
+        assert max(gaps) - min(gaps) <= 1  # evenly spread
+
+
+def test_a_batch_of_many_files_asks_the_cache_state_of_a_spread_of_them(
+    tmp_path, fresh, monkeypatch
+):
+    # A Zarr array's thousand chunk files: CACHE_PROBES of them are asked, spread over the
+    # batch, and one cold file among those asked makes the batch mixed.
+    from arrayio.dispatch import dispatcher as dispatcher_module
+
+    asked: list[int] = []
+
+    def state(fd, offset, nbytes):
+        asked.append(offset)
+        return "cold" if offset == 199 else "warm"
+
+    monkeypatch.setattr(dispatcher_module, "cache_state", state)
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(400))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        requests = [(fd, i, np.empty(1, np.uint8)) for i in range(200)]
+        context = fresh.files_context(requests, "host")
+        assert len(asked) == dispatcher_module.CACHE_PROBES and context.cache == "mixed"
+        assert asked[0] == 0 and asked[-1] == 199
+        asked.clear()
+        assert fresh.files_context(requests[:150], "host").cache == "warm"
+    finally:
+        os.close(fd)
