@@ -393,11 +393,15 @@ def read_batch_of_files(
             counts = _submit_runs(
                 batch,
                 groups,
-                lambda group: scatter(
-                    fds[group[0]],
-                    [batch[i] for i in group],
-                    checksums=[parts[i] for i in group],
-                ),
+                [
+                    functools.partial(
+                        scatter,
+                        fds[group[0]],
+                        [batch[i] for i in group],
+                        checksums=[parts[i] for i in group],
+                    )
+                    for group in groups
+                ],
                 landed,
                 meanwhile,
             )
@@ -431,30 +435,36 @@ def read_files(
     """
     pieces = [(offset, buffer) for _, offset, buffer in requests]
     host = bool(requests) and isinstance(requests[0][2], np.ndarray)  # (one kind a batch)
-    if callable(getattr(t, "preadv_host", None)):
+    read_run: Callable[..., Any] | None = getattr(t, "preadv_host", None)
+    if callable(read_run):
         groups = _host_runs([fd for fd, _, _ in requests], pieces)
     else:
         groups = [[i] for i in range(len(requests))]
-    read_bundle = getattr(t, "pread_each_host" if host else "pread_each_device", None)
+    read_bundle: Callable[..., Any] | None = getattr(
+        t, "pread_each_host" if host else "pread_each_device", None
+    )
+    bundles: list[list[int]] = []
     if callable(read_bundle):
-        groups = _bundles(groups, pieces, int(getattr(t, "threads", 1)))
+        groups, bundles = _bundles(groups, pieces, int(getattr(t, "threads", 1)))
 
-    def start(group: list[int]) -> IOFuture[int] | IOFuture[list[int]]:
+    def run(group: list[int]) -> IOFuture[int]:
         fd, offset, buffer = requests[group[0]]
         if len(group) == 1:
             return t.pread(fd, buffer, offset)
-        if (
-            host
-            and callable(getattr(t, "preadv_host", None))
-            and len({requests[i][0] for i in group}) == 1
-            and _touching(pieces, group)
-        ):  # a run (or a bundle that happens to be one)
-            run = [(requests[i][1], cast(np.ndarray, requests[i][2])) for i in group]
-            return cast(IOFuture[int], t.preadv_host(fd, run))  # type: ignore[attr-defined]
-        assert read_bundle is not None  # a group of several is a run or a bundle
+        assert read_run is not None  # (a run of several: the tool reads runs)
+        return cast(IOFuture[int], read_run(fd, [pieces[i] for i in group]))
+
+    def bundle(group: list[int]) -> IOFuture[list[int]]:
+        assert read_bundle is not None  # (bundles: the tool reads them)
         return cast(IOFuture[list[int]], read_bundle([requests[i] for i in group]))
 
-    counts = _submit_runs(pieces, groups, start, report)
+    counts = _submit_runs(
+        pieces,
+        groups + bundles,
+        [functools.partial(run, g) for g in groups]
+        + [functools.partial(bundle, g) for g in bundles],
+        report,
+    )
     for (_, offset, buffer), got, path in zip(requests, counts, paths, strict=True):
         if got != buffer.nbytes:
             raise truncated(path, offset, buffer.nbytes, got)
@@ -469,18 +479,20 @@ BUNDLE_BYTES = RUN_BYTES
 BUNDLES_PER_THREAD = 4
 
 
-def _bundles(groups: list[list[int]], pieces: Sequence[Request], threads: int) -> list[list[int]]:
-    """``groups`` with the requests alone of at most :data:`BUNDLE_BYTES` gathered into
-    bundles of about equal bytes, :data:`BUNDLES_PER_THREAD` per thread of the tool, in the
-    order of the requests (the groups left as they were where there are no more such
-    requests than threads)."""
+def _bundles(
+    groups: list[list[int]], pieces: Sequence[Request], threads: int
+) -> tuple[list[list[int]], list[list[int]]]:
+    """``groups`` less the requests alone of at most :data:`BUNDLE_BYTES`, and those gathered
+    into bundles of several, of about equal bytes, at most :data:`BUNDLES_PER_THREAD` per
+    thread of the tool, in the order of the requests (a bundle of one stays a group; no
+    bundles where there are no more such requests than threads)."""
     small = [
         group[0]
         for group in groups
         if len(group) == 1 and 0 < pieces[group[0]][1].nbytes <= BUNDLE_BYTES
     ]
     if len(small) <= threads:
-        return groups
+        return groups, []
     taken = set(small)
     kept = [group for group in groups if not (len(group) == 1 and group[0] in taken)]
     count = min(len(small), threads * BUNDLES_PER_THREAD)
@@ -495,27 +507,19 @@ def _bundles(groups: list[list[int]], pieces: Sequence[Request], threads: int) -
         if held >= share:
             bundles.append([])
             held = 0
-    return kept + [bundle for bundle in bundles if bundle]
-
-
-def _touching(pieces: Sequence[Request], group: list[int]) -> bool:
-    """Whether the requests of ``group`` each start where the one before ends."""
-    return all(
-        pieces[a][0] + pieces[a][1].nbytes == pieces[b][0]
-        for a, b in zip(group, group[1:], strict=False)
-    )
+    return kept + [b for b in bundles if len(b) == 1], [b for b in bundles if len(b) > 1]
 
 
 def _submit_runs(
     requests: Sequence[Request],
     groups: list[list[int]],
-    start: Callable[[list[int]], IOFuture[int] | IOFuture[list[int]]],
+    starts: Sequence[Callable[[], IOFuture[int] | IOFuture[list[int]]]],
     report: Callable[[int], None],
     meanwhile: Callable[[], None] | None = None,
 ) -> list[int]:
-    """Run each group of ``requests`` as one transfer, ``start(group)``, whose future gives
-    either each request's bytes (a bundle) or the bytes of the group's range read from its
-    first request's offset (a run of one file, in file order; see
+    """Run each group of ``requests`` as one transfer, ``starts[j]()`` for ``groups[j]``,
+    whose future gives either each request's bytes (a bundle) or the bytes of the group's
+    range read from its first request's offset (a run of one file, in file order; see
     :func:`submit_windowed`); ``report(i)`` for each request of a group once it is done.
     Returns each request's bytes read."""
 
@@ -523,11 +527,7 @@ def _submit_runs(
         for i in groups[j]:
             report(i)
 
-    starts: list[Callable[[], IOFuture[int | list[int]]]] = [
-        cast(Callable[[], IOFuture[int | list[int]]], functools.partial(start, group))
-        for group in groups
-    ]
-    totals = submit_windowed(starts, landed, meanwhile)
+    totals = submit_windowed(cast(Sequence[Callable[[], IOFuture[Any]]], starts), landed, meanwhile)
     counts = [0] * len(requests)
     for group, total in zip(groups, totals, strict=True):
         if isinstance(total, list):

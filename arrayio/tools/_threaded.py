@@ -9,9 +9,11 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from .base import Tool
+from .base import IOFuture, Tool
+
+T = TypeVar("T")
 
 __all__ = ["ThreadedTool"]
 
@@ -41,6 +43,12 @@ class ThreadedTool(Tool):
             if self._pool is None:
                 self._pool = _Pool(self.threads, thread_name_prefix=f"arrayio-{self.name}")
             return self._pool
+
+    def _one_task(self, task: Callable[[], T]) -> IOFuture[T]:
+        """``task`` as one task on the tool's threads (in the caller's thread with one)."""
+        if self.threads == 1:
+            return IOFuture.completed(task())
+        return IOFuture(self._executor().submit(task))
 
     def prepare(self) -> None:
         """Start every worker thread (a pool starts one per task submitted, as needed)."""

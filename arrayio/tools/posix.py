@@ -101,9 +101,7 @@ class PosixTool(ThreadedTool):
                     break
             return got
 
-        if self.threads == 1:
-            return IOFuture.completed(task())
-        return IOFuture(self._executor().submit(task))
+        return self._one_task(task)
 
     def pread_each_host(
         self, requests: Sequence[tuple[int, int, np.ndarray]]
@@ -118,9 +116,7 @@ class PosixTool(ThreadedTool):
         def task() -> list[int]:
             return [pread_full(fd, buffer, offset) for fd, offset, buffer in requests]
 
-        if self.threads == 1:
-            return IOFuture.completed(task())
-        return IOFuture(self._executor().submit(task))
+        return self._one_task(task)
 
     def pwrite(
         self, fd: int, buffer: Buffer, file_offset: int, *, checksum: ChecksumParts | None = None

@@ -357,20 +357,23 @@ class StagedTool(DeviceRanges, ThreadedTool):
             pending: tuple[np.ndarray, int, int, _cuda.Event] | None = None
             with Borrowed(chunk + SLACK) as slots:
                 stream, events = self._stream(device_index)
-                for j, start in enumerate(chunks[k::workers]):
-                    length = min(chunk, nbytes - start)
-                    slot = slots[j % 2]
-                    skip = (file_offset + start) % BLOCK if self.direct else 0
-                    pieces.copy_to_host(start, slot[skip : skip + length], stream)
-                    event = events[j % 2].record(stream)
-                    if pending is not None:  # write the previous chunk while this one copies
-                        previous, previous_start, previous_length, previous_event = pending
-                        previous_event.synchronize()
-                        total += write_chunk(previous, previous_start, previous_length)
-                    pending = (slot, start, length, event)
-                if pending is not None:
-                    pending[3].synchronize()
-                    total += write_chunk(pending[0], pending[1], pending[2])
+                # A failed write leaves the next chunk's copy into the other buffer in flight:
+                # waited for before the buffers go back, as a read's copies are.
+                with _copies_done(stream):
+                    for j, start in enumerate(chunks[k::workers]):
+                        length = min(chunk, nbytes - start)
+                        slot = slots[j % 2]
+                        skip = (file_offset + start) % BLOCK if self.direct else 0
+                        pieces.copy_to_host(start, slot[skip : skip + length], stream)
+                        event = events[j % 2].record(stream)
+                        if pending is not None:  # write the previous chunk while this copies
+                            previous, previous_start, previous_length, previous_event = pending
+                            previous_event.synchronize()
+                            total += write_chunk(previous, previous_start, previous_length)
+                        pending = (slot, start, length, event)
+                    if pending is not None:
+                        pending[3].synchronize()
+                        total += write_chunk(pending[0], pending[1], pending[2])
             return total
 
         return self._fan_out(pool, worker, workers, write_fd if write_fd != fd else None)
@@ -379,7 +382,8 @@ class StagedTool(DeviceRanges, ThreadedTool):
 @contextlib.contextmanager
 def _copies_done(stream: _cuda.Stream) -> Iterator[None]:
     """Wait for ``stream``'s copies when the block ends, however it ends: the pinned
-    buffers they read from go back to the pool after it, for other transfers to fill. A
+    buffers they read from or write into go back to the pool after it, for other transfers
+    to fill. A
     failed wait after a failure is logged, not raised over the first error."""
     try:
         yield
