@@ -7,6 +7,7 @@ leading-axis index reads only the rows it needs.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import difflib
 import functools
@@ -695,13 +696,29 @@ class Reader:
             return _pytree.unflatten(self._tree, arrays.__getitem__, where=f"{self.path}: ")
 
     def _select(self, keys: Sequence[str]) -> list[str]:
-        chosen: list[str] = []
+        """The stored keys each of ``keys`` names (itself, and the keys under it: ``wanted``
+        and ``wanted.*``), in the saved order for each, without repeats. Looked up in the
+        sorted keys (a checkpoint's shards select every key they hold: scanning all keys for
+        each made that quadratic in the keys)."""
+        position, ordered = self._key_index
+        chosen: dict[str, None] = {}
         for wanted in keys:
-            matches = [k for k in self.keys() if k == wanted or k.startswith(wanted + ".")]
+            prefix = wanted + "."
+            matches = [wanted] if wanted in position else []
+            at = bisect.bisect_left(ordered, prefix)
+            while at < len(ordered) and ordered[at].startswith(prefix):
+                matches.append(ordered[at])
+                at += 1
+            matches.sort(key=position.__getitem__)
             if not matches:
                 self._entry(wanted)  # raises with suggestions
-            chosen.extend(k for k in matches if k not in chosen)
-        return chosen
+            chosen.update(dict.fromkeys(matches))
+        return list(chosen)
+
+    @functools.cached_property
+    def _key_index(self) -> tuple[dict[str, int], list[str]]:
+        """Each key's place in the saved order, and the keys sorted (for :meth:`_select`)."""
+        return {key: i for i, key in enumerate(self._order)}, sorted(self._order)
 
     # ------------------------------------------------------------------ lifetime
 

@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import arrayio
 from arrayio.dispatch import _transfer
@@ -388,6 +390,52 @@ def test_load_key_str_naming_subtree(model_file):
     assert set(result) == {"params.w", "params.b"}
     for key, array in result.items():
         np.testing.assert_array_equal(array, arrays[key])
+
+
+def _select_by_scanning(stored: list[str], keys: list[str]) -> list[str] | None:
+    """What keys= selects, by its definition: each key itself and the keys under it, in
+    the file's order, without repeats (None where a key selects nothing)."""
+    chosen: list[str] = []
+    for wanted in keys:
+        matches = [k for k in stored if k == wanted or k.startswith(wanted + ".")]
+        if not matches:
+            return None
+        chosen.extend(k for k in matches if k not in chosen)
+    return chosen
+
+
+_KEY = st.text(alphabet="ab.-/_", min_size=1, max_size=4)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(stored=st.lists(_KEY, min_size=1, max_size=12, unique=True), data=st.data())
+def test_keys_select_what_their_definition_says(tmp_path, stored, data):
+    # Selection looks keys up in the sorted keys (a shard's load selects all it holds): the
+    # same keys in the same order as scanning every key for each, with keys around "." in
+    # sort order ("a-", "a/") and keys both stored and a prefix of others ("a", "a.b").
+    wanted = data.draw(st.lists(st.one_of(st.sampled_from(stored), _KEY), min_size=1, max_size=5))
+    path = str(tmp_path / "keys.safetensors")
+    arrayio.save(path, {key: np.full(1, i, np.int16) for i, key in enumerate(stored)})
+    expected = _select_by_scanning(stored, wanted)
+    if expected is None:
+        with pytest.raises(KeyError):
+            arrayio.load(path, keys=wanted)
+        return
+    result = arrayio.load(path, keys=wanted)
+    assert list(result) == expected
+    assert [int(result[key][0]) for key in expected] == [stored.index(key) for key in expected]
+
+
+def test_a_subtree_comes_back_in_the_saved_order(tmp_path):
+    # A list of 12 layers is stored as layers.0 to layers.11, which sort as strings with
+    # layers.10 before layers.2: the selection keeps the saved order.
+    path = str(tmp_path / "layers.safetensors")
+    arrayio.save(path, {"layers": [np.full(1, i, np.int16) for i in range(12)], "x": np.zeros(1)})
+    result = arrayio.load(path, keys=["x", "layers"])
+    assert list(result) == ["x"] + [f"layers.{i}" for i in range(12)]
+    assert [int(result[f"layers.{i}"][0]) for i in range(12)] == list(range(12))
 
 
 @pytest.mark.parametrize("keys", ["params.ww", ["params.w", "parms.b"]], ids=repr)
