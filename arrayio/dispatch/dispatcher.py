@@ -267,6 +267,22 @@ def _spread(items: Sequence[T], count: int) -> Sequence[T]:
     return [items[k * last // (count - 1)] for k in range(count)]
 
 
+def _cache_probes(requests: Sequence[tuple[int, int, Buffer]]) -> list[tuple[int, int, int]]:
+    """The ``(fd, offset, nbytes)`` ranges whose cache state stands for a batch of several
+    files' ``requests``: the span of each file's requests, one question a file, where the
+    files are at most :data:`CACHE_PROBES` (a checkpoint's shards: asking each of their
+    tensors cost a 4-file load more than the file it adds); else :data:`CACHE_PROBES`
+    requests spread over the batch (a Zarr array's thousand chunk files took longer to ask
+    than to read from the page cache)."""
+    spans: dict[int, tuple[int, int]] = {}
+    for fd, offset, buffer in requests:
+        start, end = spans.get(fd, (offset, offset))
+        spans[fd] = (min(start, offset), max(end, offset + buffer.nbytes))
+    if len(spans) <= CACHE_PROBES:
+        return [(fd, start, end - start) for fd, (start, end) in spans.items()]
+    return [(fd, offset, buffer.nbytes) for fd, offset, buffer in _spread(requests, CACHE_PROBES)]
+
+
 def _keep_read(cache: str, span: int, reread: bool) -> bool:
     """Whether a read's bytes are to stay in the page cache: read from the disk, and fitting
     in free memory twice (once, for a file or directory that is read again)."""
@@ -625,14 +641,9 @@ class Dispatcher:
     ) -> Context:
         """The context of reading ``requests`` of several files as one batch: their total
         size and typical piece, the first file's storage, and their cache state together
-        (warm or cold where every file asked is, else mixed; of a batch of more than
-        :data:`CACHE_PROBES` requests, that many spread over it are asked: a Zarr array's
-        thousand chunk files took longer to ask than to read from the page cache)."""
+        (warm or cold where every file asked is, else mixed; see :func:`_cache_probes`)."""
         sizes = [buffer.nbytes for _, _, buffer in requests]
-        states = {
-            cache_state(fd, offset, buffer.nbytes)
-            for fd, offset, buffer in _spread(requests, CACHE_PROBES)
-        }
+        states = {cache_state(*probe) for probe in _cache_probes(requests)}
         cache = states.pop() if len(states) == 1 else "mixed"
         reread = False
         for fd in dict.fromkeys(fd for fd, _, _ in requests):  # each file's read remembered

@@ -1714,12 +1714,45 @@ def test_a_batch_of_many_files_asks_the_cache_state_of_a_spread_of_them(
     path = tmp_path / "f"
     path.write_bytes(os.urandom(400))
     fd = os.open(path, os.O_RDONLY)
+    fds = [os.dup(fd) for _ in range(200)]  # 200 files, to the batch
     try:
-        requests = [(fd, i, np.empty(1, np.uint8)) for i in range(200)]
+        requests = [(fds[i], i, np.empty(1, np.uint8)) for i in range(200)]
         context = fresh.files_context(requests, "host")
         assert len(asked) == dispatcher_module.CACHE_PROBES and context.cache == "mixed"
         assert asked[0] == 0 and asked[-1] == 199
         asked.clear()
         assert fresh.files_context(requests[:150], "host").cache == "warm"
     finally:
-        os.close(fd)
+        for each in [fd, *fds]:
+            os.close(each)
+
+
+def test_a_batch_of_a_few_files_asks_once_a_file_over_its_requests(tmp_path, fresh, monkeypatch):
+    # A checkpoint's 4 shards of 40 tensors each: one question a file, over the span of its
+    # requests (as a batch of one file asks over its span), and a cold range in one file's
+    # span makes the batch mixed.
+    from arrayio.dispatch import dispatcher as dispatcher_module
+
+    asked: list[tuple[int, int, int]] = []
+    cold: set[tuple[int, int]] = set()  # (fd, offset)
+
+    def state(fd, offset, nbytes):
+        asked.append((fd, offset, nbytes))
+        return (
+            "cold" if any(f == fd and offset <= at < offset + nbytes for f, at in cold) else "warm"
+        )
+
+    monkeypatch.setattr(dispatcher_module, "cache_state", state)
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(1000))
+    fds = [os.open(path, os.O_RDONLY) for _ in range(4)]
+    try:
+        requests = [(fd, 100 + 10 * i, np.empty(10, np.uint8)) for fd in fds for i in range(40)]
+        requests.reverse()  # the span, whatever the order
+        assert fresh.files_context(requests, "host").cache == "warm"
+        assert sorted(asked) == sorted((fd, 100, 400) for fd in fds)
+        cold.add((fds[2], 455))
+        assert fresh.files_context(requests, "host").cache == "mixed"
+    finally:
+        for fd in fds:
+            os.close(fd)
