@@ -265,7 +265,7 @@ def _one_batch(
                     f"it does not hold ({error})"
                 ) from None
             batch.append((opened[file], chosen))
-        total = sum(reader[key].nbytes for reader, chosen in batch for key in chosen)
+        total = sum(reader._stored[key].nbytes for reader, chosen in batch for key in chosen)
         verifies = any(reader._verifies(chosen) for reader, chosen in batch)
         with _stages.stage("target"):
             ahead_of_gpu_load(request, total, verifies)
