@@ -103,9 +103,9 @@ def leader() -> bool:
 
 def meshes(devices: list[Any]) -> tuple[NamedSharding, NamedSharding]:
     """Rows over every device, and the other mesh a restore reshards onto: devices / 2 x 2,
-    sharded along both axes."""
+    sharded along both axes (1 x 1 for one device, where it is the same placement)."""
     rows = NamedSharding(Mesh(np.array(devices).reshape(-1), ("data",)), P("data"))
-    mesh2 = Mesh(np.array(devices).reshape(-1, 2), ("data", "model"))
+    mesh2 = Mesh(np.array(devices).reshape(-1, 2 if len(devices) > 1 else 1), ("data", "model"))
     return rows, NamedSharding(mesh2, P("data", "model"))
 
 
