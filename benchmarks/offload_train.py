@@ -44,13 +44,19 @@ batch sizes ascending).
    over its rate measured in the same run, against the compute), bytes per tier, and the
    planned step's gradients against the plain ones, beside the plain steps' own
    step-to-step difference.
+5. **The largest batch a plan trains** (torch, where ``--modes`` asks for planned modes):
+   each batch above the largest that fits without offloading, under a plan that meets the
+   memory budget (the budget less the step's other memory, as in 1), recorded from a plain
+   step run without the memory limit, then run under it. Its overhead over that plain step
+   says whether the larger batch pays (the issue's bound: 10%).
 
 One more row is an experiment, not arrayio's behaviour: the same offloaded run with the
 dispatcher's per-write flush (``sync_file_range``, which makes every write durable before it
 is timed) replaced by a no-op, so that the page cache absorbs the spills. Activations are
 scratch data: this shows what a non-durable write path would give.
 
-Results go to ``DIR/offload_train.json``, written after every measurement.
+Results go to ``DIR/offload_train.json``, written after every measurement, and the planned
+rows' steps beside their predictions and rooflines to ``DIR/offload_train.png``.
 """
 
 from __future__ import annotations
@@ -188,7 +194,7 @@ class _TorchRunner:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-6)
         if self.cuda:
             self.total = torch.cuda.get_device_properties(0).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.budget / self.total))
+            self.limit_memory(True)
 
     def sync(self) -> None:
         if self.cuda:
@@ -252,11 +258,27 @@ class _TorchRunner:
             times.append(time.perf_counter() - start)
         return times
 
+    def limit_memory(self, limited: bool) -> None:
+        """Hold the process to the memory budget (the default), or lift the limit."""
+        if self.cuda:
+            self.torch.cuda.empty_cache()
+            fraction = min(1.0, self.cfg.budget / self.total) if limited else 1.0
+            self.torch.cuda.set_per_process_memory_fraction(fraction)
+
     def measure_planned(
-        self, tokens: int, mode: str, value: float, activations: int, *, steps: int
+        self,
+        tokens: int,
+        mode: str,
+        value: float,
+        activations: int,
+        *,
+        steps: int,
+        record_unlimited: bool = False,
     ) -> dict[str, Any]:
         """Plain steps, a plain step recorded and planned from, then the planned steps; see
-        the module docstring (4)."""
+        the module docstring (4). With ``record_unlimited`` (a batch too large for the
+        budget without offloading, see (5)), the plain steps and the recording run without
+        the memory limit, and the planned steps under it."""
         torch, cfg = self.torch, self.cfg
         budget = int(value * activations) if mode == "budget" else None
         row: dict[str, Any] = {
@@ -264,7 +286,10 @@ class _TorchRunner:
             "batch_tokens": tokens,
             "device_budget_bytes": budget,
             "host_budget_bytes": cfg.host_budget,
+            "recorded_without_the_limit": record_unlimited,
         }
+        if record_unlimited:
+            self.limit_memory(False)
         x = self.batch(tokens)
         if self.cuda:
             torch.cuda.empty_cache()
@@ -306,6 +331,8 @@ class _TorchRunner:
                 row["grads_agree"] = row["grad_rel_diff"] <= row["plain_step_to_step_rel_diff"]
                 del reference, planned
                 self.opt.zero_grad(set_to_none=True)
+                if record_unlimited:
+                    self.limit_memory(True)
                 if self.cuda:
                     torch.cuda.reset_peak_memory_stats()
                 times = self.timed_steps(x, steps, off, step_plan)
@@ -315,13 +342,15 @@ class _TorchRunner:
                 off.wait()
                 explained = off.explain()
                 row["offloader"] = _stats(off)
-            row.update(_plan_fields(explained))
+            row.update(_plan_fields(explained, step_plan.timeline))
             row["fits"] = True
         except torch.cuda.OutOfMemoryError as error:
             _did_not_fit(row, error)
         finally:
             del x
             self.release()
+            if record_unlimited:
+                self.limit_memory(True)
         if row.get("step_s") and row.get("plain_step_s"):
             row["overhead"] = row["step_s"] / row["plain_step_s"] - 1
         if row.get("peak_bytes") and row.get("plain_peak_bytes"):
@@ -532,18 +561,81 @@ def run_torch(cfg: Config, report: dict[str, Any], save: Any) -> None:
             "offload": largest_offload,
             "offload_capped": capped,
         }
+    if cfg.modes:
+        fit["planned_batches"] = _planned_batches(runner, cfg, section, fitting, save)
     del runner
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
-def _plan_fields(explained: Any) -> dict[str, Any]:
-    """A planned row's plan: what the offloader's ``explain()`` says of it."""
+PLANNED_OVERHEAD = 0.1  # the issue's bound on the overhead of a larger batch
+
+
+def _planned_batches(
+    runner: _TorchRunner,
+    cfg: Config,
+    section: dict[str, Any],
+    fitting: list[dict[str, Any]],
+    save: Any,
+) -> list[dict[str, Any]]:
+    """(5) The batches above the largest that fits without offloading, each run under a
+    spill plan that meets the memory budget (``device_budget_bytes``: the budget less the
+    step's other memory, as in (1b)), recorded from a plain step without the limit and run
+    under it; ascending, until one does not fit or its overhead passes 4x. Its overhead
+    over the plain step at the same batch says whether the larger batch pays: the largest
+    trainable batch within ``PLANNED_OVERHEAD`` is the issue's figure. On the CPU (no memory
+    limit) one batch of twice the largest, planned within 0.3 of its activations, runs the
+    path."""
+    largest = fitting[-1]
+    per_token = largest["activation_bytes"] / largest["batch_tokens"]
+    above = [b for b in cfg.batches if b > largest["batch_tokens"] and b <= cfg.max_batch]
+    if not runner.cuda:
+        above = [2 * largest["batch_tokens"]]
+    rows: list[dict[str, Any]] = []
+    for tokens in above:
+        if time.monotonic() > cfg.deadline:
+            break
+        activations = int(per_token * tokens)
+        if runner.cuda:
+            line = section["working_set_fit"]
+            working = line["bytes_at_0"] + line["bytes_per_token"] * tokens
+            budget = int(cfg.budget - working - per_token * tokens / cfg.depth - 64 * MiB)
+        else:
+            budget = int(0.3 * activations)
+        if budget <= 0:
+            break
+        row = runner.measure_planned(
+            tokens,
+            "budget",
+            budget / activations,
+            activations,
+            steps=cfg.steps,
+            record_unlimited=True,
+        )
+        rows.append(row)
+        save()
+        print(
+            f"torch planned batch B={tokens} budget={budget / GiB:.2f} GiB: "
+            f"fits={row.get('fits')} step={row.get('step_s')} plain={row.get('plain_step_s')} "
+            f"overhead={row.get('overhead')} bound={row.get('bound')}",
+            flush=True,
+        )
+        if not row.get("fits") or (row.get("overhead") or 0) > 3:
+            break
+    return rows
+
+
+def _plan_fields(explained: Any, timeline: Any) -> dict[str, Any]:
+    """A planned row's plan: what the offloader's ``explain()`` says of it, and of the
+    recorded step's ``timeline``."""
     plan = explained.plan
     rates = plan.rates
     return {
         "explain": str(explained),
         "recorded_step_s": plan.plain_step_seconds,
+        # The recorded forward pass: until the last saved tensor was made.
+        "recorded_forward_s": max((t.produced for t in timeline.saved), default=0.0),
+        "saved_bytes": sum(t.nbytes for t in timeline.saved),
         "predicted_step_s": plan.predicted_step_seconds,
         "predicted_overhead": plan.predicted_step_seconds / plan.plain_step_seconds - 1,
         # The activations blocks (forward and backward) under the plan, timed as the
@@ -844,6 +936,12 @@ def _summary(section: dict[str, Any]) -> dict[str, Any]:
     rows = [r for r in fit.get("offload", []) if r.get("fits")]
     best = max(rows, key=lambda r: r.get("peak_reduction") or -1, default=None)
     planned = [r for r in fit.get("planned", []) if r.get("fits")]
+    batches = fit.get("planned_batches", [])
+    within = [
+        r["batch_tokens"]
+        for r in batches
+        if r.get("fits") and r.get("overhead") is not None and r["overhead"] <= PLANNED_OVERHEAD
+    ]
     return {
         "largest_batch": section.get("largest_batch"),
         "fit_batch_tokens": fit.get("batch_tokens"),
@@ -871,7 +969,72 @@ def _summary(section: dict[str, Any]) -> dict[str, Any]:
             }
             for r in planned
         ],
+        "planned_batch_rows": [
+            {
+                k: r.get(k)
+                for k in (
+                    "batch_tokens",
+                    "fits",
+                    "device_budget_bytes",
+                    "overhead",
+                    "step_s",
+                    "plain_step_s",
+                    "predicted_step_s",
+                    "roofline_s",
+                    "bound",
+                    "peak_bytes",
+                )
+            }
+            for r in batches
+        ],
+        "largest_planned_batch_within_overhead": max(within, default=None),
     }
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    """The planned rows (modes, then larger batches): each measured step beside the plain
+    step, the planner's prediction and the roofline (ms), and the peak device memory as a
+    fraction of the plain step's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fit = (report.get("torch") or {}).get("fit") or {}
+    rows = [r for r in fit.get("planned", []) + fit.get("planned_batches", []) if r.get("fits")]
+    if not rows:
+        return
+    labels = [f"{r['mode']}\nB={r['batch_tokens']}" for r in rows]
+    fig, (steps, peaks) = plt.subplots(1, 2, figsize=(11, 4), width_ratios=(3, 2))
+    series = [
+        ("plain_step_s", "plain step"),
+        ("step_s", "planned step, measured"),
+        ("predicted_step_s", "predicted"),
+        ("roofline_s", "roofline"),
+    ]
+    width = 0.8 / len(series)
+    for k, (key, name) in enumerate(series):
+        values = [1e3 * (r.get(key) or 0.0) for r in rows]
+        offsets = [i + (k - (len(series) - 1) / 2) * width for i in range(len(rows))]
+        steps.bar(offsets, values, width, label=name)
+    steps.set_xticks(range(len(rows)), labels, fontsize=8)
+    steps.set_ylabel("ms per step (median)")
+    steps.set_yscale("log")
+    steps.legend(fontsize=8)
+    fractions = [
+        r["peak_bytes"] / r["plain_peak_bytes"]
+        if r.get("peak_bytes") and r.get("plain_peak_bytes")
+        else 0.0
+        for r in rows
+    ]
+    peaks.bar(range(len(rows)), fractions, 0.6, color="tab:gray")
+    peaks.axhline(1.0, color="k", linestyle=":", linewidth=1)
+    peaks.set_xticks(range(len(rows)), labels, fontsize=8)
+    peaks.set_ylabel("peak device memory / plain step's")
+    fig.suptitle(f"offload_train, planned modes ({report['date'][:10]})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -1013,6 +1176,10 @@ def main(argv: list[str] | None = None) -> None:
             save()
     report["seconds"] = time.monotonic() - started
     save()
+    try:
+        plot(report, os.path.join(args.out, "offload_train.png"))
+    except ImportError:  # matplotlib is optional (the dev extra has it)
+        pass
     print(json.dumps({name: report[name]["summary"] for name in frameworks}, indent=2))
 
 

@@ -61,6 +61,8 @@ def test_offload_train_smoke(tmp_path) -> None:
         assert math.isfinite(smallest["loss"])
         assert "summary" in section
     _check_planned_rows(report["torch"])
+    _check_planned_batches(report["torch"])
+    assert (tmp_path / "out" / "offload_train.png").stat().st_size > 0
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # scratch files removed
 
 
@@ -89,3 +91,22 @@ def _check_planned_rows(section: dict) -> None:
     assert budget["tiers"]["disk"]["tensors"] > 0
     assert budget["offloader"]["bytes_written"] > 0 and budget["offloader"]["bytes_read"] > 0
     assert [r["mode"] for r in section["summary"]["planned_rows"]] == [r["mode"] for r in rows]
+
+
+def _check_planned_batches(section: dict) -> None:
+    """(5) ran its one CPU batch, twice the largest, planned within 0.3 of its activations,
+    the plain step timed beside it; the summary names the largest within the overhead."""
+    rows = section["fit"]["planned_batches"]
+    assert [row["batch_tokens"] for row in rows] == [2 * section["fit"]["batch_tokens"]]
+    row = rows[0]
+    assert row["fits"] and row["recorded_without_the_limit"]
+    assert row["step_s"] > 0 and row["plain_step_s"] > 0 and row["recorded_forward_s"] > 0
+    assert 0 < row["recorded_forward_s"] < row["recorded_step_s"]
+    assert row["saved_bytes"] >= row["tiers"]["disk"]["bytes"] > 0
+    assert row["overhead"] == row["step_s"] / row["plain_step_s"] - 1
+    summary = section["summary"]
+    assert summary["planned_batch_rows"][0]["batch_tokens"] == row["batch_tokens"]
+    within = row["overhead"] <= 0.1
+    assert summary["largest_planned_batch_within_overhead"] == (
+        row["batch_tokens"] if within else None
+    )
