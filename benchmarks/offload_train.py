@@ -991,6 +991,12 @@ def _summary(section: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _mode_label(mode: str) -> str:
+    """``budget=0.771313`` as ``budget 0.77``, ``max_overhead=0.1`` as ``overhead 0.1``."""
+    name, _, value = mode.partition("=")
+    return f"{'overhead' if name == 'max_overhead' else name} {float(value):.2g}"
+
+
 def plot(report: dict[str, Any], path: str) -> None:
     """The planned rows (modes, then larger batches): each measured step beside the plain
     step, the planner's prediction and the roofline (ms), and the peak device memory as a
@@ -1004,7 +1010,7 @@ def plot(report: dict[str, Any], path: str) -> None:
     rows = [r for r in fit.get("planned", []) + fit.get("planned_batches", []) if r.get("fits")]
     if not rows:
         return
-    labels = [f"{r['mode']}\nB={r['batch_tokens']}" for r in rows]
+    labels = [f"{_mode_label(r['mode'])}\nB={r['batch_tokens']}" for r in rows]
     fig, (steps, peaks) = plt.subplots(1, 2, figsize=(11, 4), width_ratios=(3, 2))
     series = [
         ("plain_step_s", "plain step"),
@@ -1029,7 +1035,7 @@ def plot(report: dict[str, Any], path: str) -> None:
     ]
     peaks.bar(range(len(rows)), fractions, 0.6, color="tab:gray")
     peaks.axhline(1.0, color="k", linestyle=":", linewidth=1)
-    peaks.set_xticks(range(len(rows)), labels, fontsize=8)
+    peaks.set_xticks(range(len(rows)), labels, fontsize=7, rotation=30, ha="right")
     peaks.set_ylabel("peak device memory / plain step's")
     fig.suptitle(f"offload_train, planned modes ({report['date'][:10]})")
     fig.tight_layout()
@@ -1083,7 +1089,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--time-limit", type=float, default=200.0, help="seconds, roughly")
     parser.add_argument("--jax-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--replot", default=None, help="plot DIR/offload_train.json again")
     args = parser.parse_args(argv)
+    if args.replot:
+        with open(os.path.join(args.replot, "offload_train.json")) as f:
+            plot(json.load(f), os.path.join(args.replot, "offload_train.png"))
+        return
 
     if args.jax_worker:
         with open(args.jax_worker) as f:
