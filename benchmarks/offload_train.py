@@ -288,12 +288,13 @@ class _TorchRunner:
             "host_budget_bytes": cfg.host_budget,
             "recorded_without_the_limit": record_unlimited,
         }
-        if record_unlimited:
-            self.limit_memory(False)
-        x = self.batch(tokens)
-        if self.cuda:
-            torch.cuda.empty_cache()
+        x = None
         try:
+            if record_unlimited:
+                self.limit_memory(False)
+            x = self.batch(tokens)
+            if self.cuda:
+                torch.cuda.empty_cache()
             self.step(x)  # warm-up
             if self.cuda:
                 torch.cuda.reset_peak_memory_stats()
@@ -562,7 +563,7 @@ def run_torch(cfg: Config, report: dict[str, Any], save: Any) -> None:
             "offload_capped": capped,
         }
     if cfg.modes:
-        fit["planned_batches"] = _planned_batches(runner, cfg, section, fitting, save)
+        _planned_batches(runner, cfg, section, fitting, save)
     del runner
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -577,11 +578,13 @@ def _planned_batches(
     section: dict[str, Any],
     fitting: list[dict[str, Any]],
     save: Any,
-) -> list[dict[str, Any]]:
+) -> None:
     """(5) The batches above the largest that fits without offloading, each run under a
     spill plan that meets the memory budget (``device_budget_bytes``: the budget less the
-    step's other memory, as in (1b)), recorded from a plain step without the limit and run
-    under it; ascending, until one does not fit or its overhead passes 4x. Its overhead
+    step's other memory, as in (1b)), recorded from a plain step without the limit (the
+    first planned step too, whose gradients are compared) and timed under it; ascending,
+    until one does not fit, fails, or its step passes 4x the plain step's; each row into
+    ``section["fit"]["planned_batches"]`` as it is measured. Its overhead
     over the plain step at the same batch says whether the larger batch pays: the largest
     trainable batch within ``PLANNED_OVERHEAD`` is the issue's figure. On the CPU (no memory
     limit) one batch of twice the largest, planned within 0.3 of its activations, runs the
@@ -591,7 +594,7 @@ def _planned_batches(
     above = [b for b in cfg.batches if b > largest["batch_tokens"] and b <= cfg.max_batch]
     if not runner.cuda:
         above = [2 * largest["batch_tokens"]]
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = section["fit"].setdefault("planned_batches", [])
     for tokens in above:
         if time.monotonic() > cfg.deadline:
             break
@@ -604,14 +607,19 @@ def _planned_batches(
             budget = int(0.3 * activations)
         if budget <= 0:
             break
-        row = runner.measure_planned(
-            tokens,
-            "budget",
-            budget / activations,
-            activations,
-            steps=cfg.steps,
-            record_unlimited=True,
-        )
+        try:
+            row = runner.measure_planned(
+                tokens,
+                "budget",
+                budget / activations,
+                activations,
+                steps=cfg.steps,
+                record_unlimited=True,
+            )
+        except Exception:  # noqa: BLE001 - recorded, as in (4); the run goes on
+            row = {"mode": "budget", "batch_tokens": tokens, "fits": False}
+            row["error"] = traceback.format_exc()
+            print(row["error"], file=sys.stderr, flush=True)
         rows.append(row)
         save()
         print(
@@ -622,7 +630,6 @@ def _planned_batches(
         )
         if not row.get("fits") or (row.get("overhead") or 0) > 3:
             break
-    return rows
 
 
 def _plan_fields(explained: Any, timeline: Any) -> dict[str, Any]:

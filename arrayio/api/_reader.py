@@ -717,8 +717,12 @@ class Reader:
 
     @functools.cached_property
     def _key_index(self) -> tuple[dict[str, int], list[str]]:
-        """Each key's place in the saved order, and the keys sorted (for :meth:`_select`)."""
-        return {key: i for i, key in enumerate(self._order)}, sorted(self._order)
+        """Each key's first place in the saved order, and the keys sorted, once each (for
+        :meth:`_select`)."""
+        position: dict[str, int] = {}
+        for i, key in enumerate(self._order):
+            position.setdefault(key, i)
+        return position, sorted(position)
 
     # ------------------------------------------------------------------ lifetime
 

@@ -254,7 +254,8 @@ def _placement(buffer: Buffer) -> tuple[str, int]:
     return buffer_kind(buffer), -1 if isinstance(buffer, np.ndarray) else buffer.device_index
 
 
-# The requests of a batch of many whose cache state is asked (see Dispatcher.files_context).
+# A batch of up to this many files asks each file's cache state; of more, this many of its
+# requests, spread over it, are asked (see _cache_probes).
 CACHE_PROBES = 64
 
 

@@ -110,3 +110,55 @@ def _check_planned_batches(section: dict) -> None:
     assert summary["largest_planned_batch_within_overhead"] == (
         row["batch_tokens"] if within else None
     )
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+@pytest.mark.parametrize("error", ["out of memory", "other"])
+def test_a_planned_batch_puts_the_memory_limit_back_whatever_fails(tmp_path, monkeypatch, error):
+    # (5) records a batch too large for the budget without the limit: the limit comes back
+    # whether the row fits, runs out of memory (recorded) or fails otherwise (raised).
+    import types
+
+    import torch
+
+    from benchmarks import offload_train as bench
+
+    cfg = bench.Config(
+        width=16, depth=2, budget=1 << 30, steps=1, batches=[8], max_batch=8,
+        keep_fractions=[0.5], scratch=str(tmp_path), deadline=math.inf, device="cpu",
+        smoke=True,
+    )  # fmt: skip
+    runner = bench._TorchRunner(cfg)
+    fractions: list[float] = []
+
+    class OutOfMemory(RuntimeError):
+        pass
+
+    fake_cuda = types.SimpleNamespace(
+        set_per_process_memory_fraction=fractions.append,
+        empty_cache=lambda: None,
+        reset_peak_memory_stats=lambda: None,
+        max_memory_allocated=lambda: 0,
+        synchronize=lambda: None,
+        OutOfMemoryError=OutOfMemory,
+    )
+    runner.torch = types.SimpleNamespace(cuda=fake_cuda)
+    monkeypatch.setattr(bench, "_did_not_fit", lambda row, e: row.update(fits=False))
+    runner.cuda, runner.total = True, 4 << 30
+
+    def batch(tokens):  # the batch itself runs out of memory, before any step
+        if error == "out of memory":
+            raise OutOfMemory()
+        return torch.zeros(tokens, cfg.width)
+
+    def step(*args, **kwargs):
+        raise ValueError("a disk full, say")
+
+    runner.batch, runner.step = batch, step
+    if error == "out of memory":
+        row = runner.measure_planned(8, "budget", 0.5, 1 << 20, steps=1, record_unlimited=True)
+        assert row["fits"] is False
+    else:
+        with pytest.raises(ValueError):
+            runner.measure_planned(8, "budget", 0.5, 1 << 20, steps=1, record_unlimited=True)
+    assert fractions == [1.0, 0.25]  # lifted, then the budget's share again
