@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import arrayio
 from arrayio.errors import FormatError, KeyNotFoundError, UnsupportedFormatError
@@ -366,3 +368,41 @@ def test_each_shard_is_checked_against_memory_as_its_own_load(tmp_path, monkeypa
     monkeypatch.setattr(_reader._memory, "available_host_bytes", lambda *a, **k: 50 << 20)
     with pytest.raises(arrayio.errors.OutOfMemoryError, match="m-0.safetensors: loading needs"):
         arrayio.load(tmp_path)
+
+
+def _select_by_scanning(files: dict[str, str], keys: list[str]) -> dict[str, list[str]] | None:
+    """What an index's select() gives, by its definition: each key's tensors (itself, and
+    those below it after a "." or a "/") in the index's order, grouped by file, without
+    repeats (None where a key names nothing)."""
+    wanted: list[str] = []
+    for key in keys:
+        below = [n for n in files if n == key or n.startswith((f"{key}.", f"{key}/"))]
+        if not below:
+            return None
+        wanted += below
+    by_file: dict[str, list[str]] = {}
+    for name in dict.fromkeys(wanted):
+        by_file.setdefault(files[name], []).append(name)
+    return by_file
+
+
+_NAME = st.text(alphabet="ab./-_", min_size=1, max_size=4)
+
+
+@settings(max_examples=80, deadline=None)
+@given(names=st.lists(_NAME, min_size=1, max_size=12, unique=True), data=st.data())
+def test_select_gives_what_its_definition_says(names, data):
+    # The names are looked up in sorted order (a rank's hundreds of keys each scanned
+    # against every name took a quadratic time): the same tensors, grouped and ordered the
+    # same, for names around "." and "/" in sort order and names that are also prefixes.
+    shuffled = data.draw(st.permutations(names))  # the index's order, not sorted
+    files = {name: f"shard-{i % 3}" for i, name in enumerate(shuffled)}
+    index = shards.ShardIndex("index.json", files, {})
+    keys = data.draw(st.lists(st.one_of(st.sampled_from(names), _NAME), min_size=1, max_size=5))
+    expected = _select_by_scanning(files, keys)
+    if expected is None:
+        with pytest.raises(KeyNotFoundError):
+            index.select(keys)
+    else:
+        chosen = index.select(keys)
+        assert chosen == expected and list(chosen) == list(expected)
