@@ -129,15 +129,19 @@ def _stats(off: arrayio.Offloader | None) -> dict[str, int] | None:
 
 @contextlib.contextmanager
 def _no_flush() -> Any:
-    """The experiment: the dispatcher's per-write flush replaced by a no-op."""
+    """The experiment: the dispatcher's per-write flush, and the writeback each buffered
+    piece starts as it is written, replaced by no-ops (so the page cache absorbs the
+    spills)."""
     from arrayio.dispatch import batches
+    from arrayio.tools import _io
 
-    real = batches.flush_range
+    real, started = batches.flush_range, _io.start_writeback
     batches.flush_range = lambda fd, offset, nbytes: None
+    _io.start_writeback = lambda fd, offset, nbytes: None
     try:
         yield
     finally:
-        batches.flush_range = real
+        batches.flush_range, _io.start_writeback = real, started
 
 
 def _did_not_fit(row: dict[str, Any], error: BaseException) -> None:

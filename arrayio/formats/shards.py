@@ -30,7 +30,8 @@ MAX_INDEX_BYTES = 256 << 20
 @dataclasses.dataclass(frozen=True)
 class ShardIndex:
     """A checkpoint in several files: ``files[name]`` is the path of the shard holding
-    tensor ``name``, in the index's order."""
+    tensor ``name``, in the index's order. ``files`` is not to change once the index is
+    used: :meth:`select` keeps its names sorted."""
 
     path: str
     files: dict[str, str]
