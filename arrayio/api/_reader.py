@@ -7,7 +7,6 @@ leading-axis index reads only the rows it needs.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import difflib
 import functools
@@ -37,6 +36,7 @@ from ..errors import (
     OutOfMemoryError,
     UnsupportedObjectError,
 )
+from ..formats._names import Names
 from ..integrity import _device_checksum
 from ..integrity._checksum import ChecksumParts
 from ..runtime import _gcpause, _memory, _progress, _stages
@@ -697,32 +697,19 @@ class Reader:
 
     def _select(self, keys: Sequence[str]) -> list[str]:
         """The stored keys each of ``keys`` names (itself, and the keys under it: ``wanted``
-        and ``wanted.*``), in the saved order for each, without repeats. Looked up in the
-        sorted keys (a checkpoint's shards select every key they hold: scanning all keys for
-        each made that quadratic in the keys)."""
-        position, ordered = self._key_index
+        and ``wanted.*``), in the saved order for each, without repeats."""
         chosen: dict[str, None] = {}
         for wanted in keys:
-            prefix = wanted + "."
-            matches = [wanted] if wanted in position else []
-            at = bisect.bisect_left(ordered, prefix)
-            while at < len(ordered) and ordered[at].startswith(prefix):
-                matches.append(ordered[at])
-                at += 1
-            matches.sort(key=position.__getitem__)
+            matches = self._names.below(wanted)
             if not matches:
                 self._entry(wanted)  # raises with suggestions
             chosen.update(dict.fromkeys(matches))
         return list(chosen)
 
     @functools.cached_property
-    def _key_index(self) -> tuple[dict[str, int], list[str]]:
-        """Each key's first place in the saved order, and the keys sorted, once each (for
-        :meth:`_select`)."""
-        position: dict[str, int] = {}
-        for i, key in enumerate(self._order):
-            position.setdefault(key, i)
-        return position, sorted(position)
+    def _names(self) -> Names:
+        """The keys in the saved order, for :meth:`_select`."""
+        return Names(self._order)
 
     # ------------------------------------------------------------------ lifetime
 

@@ -10,7 +10,6 @@ directory (never a path out of it), and exist.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import functools
 import json
@@ -18,6 +17,7 @@ import os
 from collections.abc import Sequence
 
 from ..errors import FormatError, KeyNotFoundError, UnsupportedFormatError
+from ._names import Names
 
 __all__ = ["INDEX_SUFFIX", "MAX_INDEX_BYTES", "ShardIndex", "find"]
 
@@ -49,29 +49,21 @@ class ShardIndex:
         if keys is None:
             wanted = list(self.files)
         else:
-            position, ordered = self._name_index
             wanted = []
             for key in [keys] if isinstance(keys, str) else list(keys):
-                below = [key] if key in position else []
-                for prefix in (f"{key}.", f"{key}/"):  # looked up, not scanned for each key
-                    at = bisect.bisect_left(ordered, prefix)
-                    while at < len(ordered) and ordered[at].startswith(prefix):
-                        below.append(ordered[at])
-                        at += 1
+                below = self._names.below(key, (".", "/"))
                 if not below:
                     raise KeyNotFoundError(f"{self.path}: no tensor {key!r} in the checkpoint")
-                wanted += sorted(below, key=position.__getitem__)
+                wanted += below
         by_file: dict[str, list[str]] = {}
         for name in dict.fromkeys(wanted):
             by_file.setdefault(self.files[name], []).append(name)
         return by_file
 
     @functools.cached_property
-    def _name_index(self) -> tuple[dict[str, int], list[str]]:
-        """Each tensor's place in the index's order, and the names sorted (for
-        :meth:`select`: a tensor-parallel rank's list of hundreds of keys, each scanned
-        against every name, took a time quadratic in the checkpoint's tensors)."""
-        return {name: i for i, name in enumerate(self.files)}, sorted(self.files)
+    def _names(self) -> Names:
+        """The tensors' names in the index's order, for :meth:`select`."""
+        return Names(self.files)
 
 
 def find(path: str | os.PathLike[str]) -> ShardIndex | str | None:
