@@ -149,6 +149,15 @@ def _did_not_fit(row: dict[str, Any], error: BaseException) -> None:
     row["error"] = str(error).splitlines()[0][:200]
 
 
+def _offload_budget(cfg: Config, line: tuple[float, float], per_token: float, tokens: int) -> int:
+    """The offloader's budget for a batch of ``tokens`` (see (1)): the memory budget less
+    the step's other memory (``line``: its fit, bytes at 0 and per token) and a margin for
+    one block's activations in use during backward."""
+    working = line[0] + line[1] * tokens
+    margin = per_token * tokens / cfg.depth + 64 * MiB
+    return int(cfg.budget - working - margin)
+
+
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -536,9 +545,7 @@ def run_torch(cfg: Config, report: dict[str, Any], save: Any) -> None:
         for tokens in [b for b in cfg.batches if b > largest_memory["batch_tokens"]]:
             if tokens > cfg.max_batch or time.monotonic() > cfg.deadline:
                 break
-            working = line[0] + line[1] * tokens
-            margin = per_token * tokens / cfg.depth + 64 * MiB
-            budget = int(cfg.budget - working - margin)
+            budget = _offload_budget(cfg, line, per_token, tokens)
             row = None
             for attempt in range(2):
                 if budget <= 0:
@@ -604,9 +611,9 @@ def _planned_batches(
             break
         activations = int(per_token * tokens)
         if runner.cuda:
-            line = section["working_set_fit"]
-            working = line["bytes_at_0"] + line["bytes_per_token"] * tokens
-            budget = int(cfg.budget - working - per_token * tokens / cfg.depth - 64 * MiB)
+            fit = section["working_set_fit"]
+            line = (fit["bytes_at_0"], fit["bytes_per_token"])
+            budget = _offload_budget(cfg, line, per_token, tokens)
         else:
             budget = int(0.3 * activations)
         if budget <= 0:
@@ -918,7 +925,7 @@ def run_jax(cfg: Config, report: dict[str, Any], save: Any, total: int | None) -
     for b in cfg.batches:
         if b <= tokens or b > cfg.max_batch:
             continue
-        budget = int(cfg.budget - line[0] - line[1] * b - per_token * b / cfg.depth - 64 * MiB)
+        budget = _offload_budget(cfg, line, per_token, b)
         if budget <= 0:
             break
         runs.append({"batch_tokens": b, "budget": budget})
