@@ -14,6 +14,7 @@ from ..tools._pinned import pool as pinned_pool
 from . import _decode_placement
 from ._frames import decode_on_host
 from ._io_pool import executor
+from ._kernels import DeviceSpan, address
 
 __all__ = ["decode_for_gpu", "to_device"]
 
@@ -104,7 +105,7 @@ def _submit_gpu(
     )
     # One copy of the span of the slab that holds the chosen chunks (they are read into it
     # in order, so the span is theirs and little else).
-    arrays = to_device(slab[first - base : last - base], parts, target)
+    arrays = _spans_on_device(slab[first - base : last - base], parts, target)
     places = [destinations[i] for i in chosen] if destinations is not None else None
     future = DeviceWorker.submit(target.device.id, "decode", arrays, zstd, places)
     future.add_done_callback(lambda _: done.append(time.perf_counter()))
@@ -167,24 +168,46 @@ def _one_on_host(
         place = cupy.empty(host.nbytes, dtype=np.uint8)
     if host.nbytes:
         cupy.cuda.runtime.memcpyAsync(
-            place.data.ptr, host.__array_interface__["data"][0], host.nbytes, 1, stream.ptr
+            address(place), host.__array_interface__["data"][0], host.nbytes, 1, stream.ptr
         )
         stream.synchronize()  # the bytes are on the GPU: the buffer is free again
     return place
 
 
+def _spans_on_device(
+    slab: np.ndarray, encoded: list[np.ndarray | None], target: Any
+) -> list[DeviceSpan | None]:
+    """The chunks (views of ``slab``) on ``target``'s GPU, with one copy of ``slab``, as
+    spans (:class:`~arrayio.zarr._kernels.DeviceSpan`) of that copy: what nvCOMP's batch
+    needs, where a CuPy view of each chunk costs microseconds to make."""
+    device, offsets = _copied(slab, encoded, target)
+    base, device_id = device.data.ptr, target.device.id
+    return [
+        None if data is None else DeviceSpan(device, base + offset, data.nbytes, device_id)
+        for data, offset in zip(encoded, offsets, strict=True)
+    ]
+
+
 def to_device(slab: np.ndarray, encoded: list[np.ndarray | None], target: Any) -> list[Any]:
     """The chunks (views of ``slab``) on ``target``'s GPU, with one copy of ``slab``."""
+    device, offsets = _copied(slab, encoded, target)
+    return [
+        None if data is None else device[offset : offset + data.nbytes]
+        for data, offset in zip(encoded, offsets, strict=True)
+    ]
+
+
+def _copied(
+    slab: np.ndarray, encoded: list[np.ndarray | None], target: Any
+) -> tuple[Any, list[int]]:
+    """``slab`` copied to ``target``'s GPU, and where each chunk (a view of it) starts."""
     import cupy
 
     with cupy.cuda.Device(target.device.id):
         device = cupy.asarray(slab)
     start = slab.__array_interface__["data"][0]
-    out: list[Any] = []
-    for data in encoded:
-        if data is None:
-            out.append(None)
-            continue
-        offset = data.__array_interface__["data"][0] - start if data.nbytes else 0
-        out.append(device[offset : offset + data.nbytes])
-    return out
+    offsets = [
+        data.__array_interface__["data"][0] - start if data is not None and data.nbytes else 0
+        for data in encoded
+    ]
+    return device, offsets

@@ -12,7 +12,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["addresses", "kernels", "launch", "pointer_array", "size_array"]
+__all__ = [
+    "DeviceSpan",
+    "address",
+    "addresses",
+    "as_array",
+    "kernels",
+    "launch",
+    "pointer_array",
+    "size_array",
+]
 
 CUDA_SOURCE = r"""
 typedef unsigned long long u64;
@@ -163,9 +172,46 @@ def launch(kernel: Any, n: int, *args: Any) -> None:
     kernel(((n + THREADS - 1) // THREADS,), (THREADS,), (*args, np.int32(n)))
 
 
+class DeviceSpan:
+    """``nbytes`` of device memory at address ``ptr`` on GPU ``device_id``, inside
+    ``owner`` (a CuPy array the span keeps alive): a chunk's bytes or place, without a CuPy
+    view of them. A view costs microseconds to make, and a read of a Zarr array can have
+    thousands of chunks; nvCOMP and the kernels need only the addresses and sizes."""
+
+    __slots__ = ("device_id", "nbytes", "owner", "ptr")
+
+    def __init__(self, owner: Any, ptr: int, nbytes: int, device_id: int) -> None:
+        self.owner, self.ptr, self.nbytes, self.device_id = owner, ptr, nbytes, device_id
+
+    def __repr__(self) -> str:
+        return f"DeviceSpan(ptr={self.ptr:#x}, nbytes={self.nbytes}, device_id={self.device_id})"
+
+    @property
+    def size(self) -> int:
+        """Its bytes (as a CuPy ``uint8`` array's ``size``)."""
+        return self.nbytes
+
+    def array(self) -> Any:
+        """The bytes as a CuPy ``uint8`` array (a view of the owner)."""
+        flat = self.owner.reshape(-1).view(np.uint8)
+        offset = self.ptr - self.owner.data.ptr
+        return flat[offset : offset + self.nbytes]
+
+
+def as_array(chunk: Any) -> Any:
+    """``chunk`` as a CuPy array: a :class:`DeviceSpan`'s view, or the array itself."""
+    return chunk.array() if type(chunk) is DeviceSpan else chunk
+
+
+def address(chunk: Any) -> int:
+    """The device address of a CuPy array or a :class:`DeviceSpan`."""
+    return int(chunk.ptr) if type(chunk) is DeviceSpan else int(chunk.data.ptr)
+
+
 def addresses(arrays: Sequence[Any]) -> np.ndarray:
-    """The device addresses of CuPy ``arrays``, as a host array."""
-    return np.fromiter((a.data.ptr for a in arrays), dtype=np.uint64, count=len(arrays))
+    """The device addresses of CuPy ``arrays`` (or of :class:`DeviceSpan` objects), as a
+    host array."""
+    return np.fromiter((address(a) for a in arrays), dtype=np.uint64, count=len(arrays))
 
 
 def pointer_array(cupy: Any, arrays: Sequence[Any], offsets: Sequence[int] | None = None) -> Any:

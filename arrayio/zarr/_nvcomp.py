@@ -13,7 +13,15 @@ import numpy as np
 
 from ..errors import ChecksumError
 from . import _nvcomp_batched
-from ._kernels import addresses, kernels, launch, pointer_array, size_array
+from ._kernels import (
+    DeviceSpan,
+    addresses,
+    as_array,
+    kernels,
+    launch,
+    pointer_array,
+    size_array,
+)
 
 __all__ = ["NvcompZstd"]
 
@@ -50,7 +58,10 @@ class NvcompZstd:
         self.batched = _nvcomp_batched.BatchedZstd(lib, cupy) if lib is not None else None
 
     def aligned(self, array: Any) -> Any:
-        """``array`` as contiguous bytes at an address nvCOMP and the kernels accept."""
+        """``array`` (a CuPy array or a :class:`~arrayio.zarr._kernels.DeviceSpan`) as
+        contiguous bytes at an address nvCOMP and the kernels accept."""
+        if type(array) is DeviceSpan:
+            return array if array.ptr % self.alignment == 0 else array.array().copy()
         if not (array.ndim == 1 and array.dtype == np.uint8 and array.strides == (1,)):
             array = self.cupy.ascontiguousarray(array).reshape(-1).view(np.uint8)
         if array.data.ptr % self.alignment:
@@ -104,6 +115,9 @@ class NvcompZstd:
     def _destination(self, place: Any, size: int) -> Any:
         """``place`` where a chunk of ``size`` decoded bytes can be decoded into it, else
         None."""
+        if type(place) is DeviceSpan:
+            fits = place.nbytes == size and place.device_id == self.device_id
+            return place if fits and place.ptr % self.alignment == 0 else None
         if (
             place is None
             or place.size != size
@@ -116,7 +130,7 @@ class NvcompZstd:
         return place
 
     def batch(self, arrays: Sequence[Any]) -> Any:
-        return self.nvcomp.as_arrays(list(arrays), cuda_stream=self.stream.ptr)
+        return self.nvcomp.as_arrays([as_array(a) for a in arrays], cuda_stream=self.stream.ptr)
 
     def frames(self, arrays: Sequence[Any], sizes: Sequence[int]) -> np.ndarray:
         """Run the frame scan: per array, (0 if nvCOMP can decode it, content size, checksum
@@ -131,10 +145,12 @@ class NvcompZstd:
     def decode(
         self, chunks: list[Any], host_decode: Any, destinations: list[Any] | None = None
     ) -> list[Any]:
-        """Decode device chunks, batched. Each result is a CuPy array or the exception that
-        chunk raised; ``host_decode(numpy_bytes)`` decodes any nvCOMP cannot take. A chunk
-        with a destination (flat device bytes of its decoded size, aligned for nvCOMP) is
-        decoded there, and its result is the destination."""
+        """Decode device chunks (CuPy arrays or spans,
+        :class:`~arrayio.zarr._kernels.DeviceSpan`), batched. Each result is a CuPy
+        array or the exception that chunk raised; ``host_decode(numpy_bytes)`` decodes any
+        nvCOMP cannot take. A chunk with a destination (flat device bytes of its decoded
+        size, aligned for nvCOMP: an array or a span) is decoded there, and its result is
+        the destination."""
         cupy = self.cupy
         with cupy.cuda.Device(self.device_id), self.stream:
             sources = [self.aligned(c) for c in chunks]
@@ -176,7 +192,7 @@ class NvcompZstd:
                             )
             for i in range(len(sources)):
                 if out[i] is None:
-                    out[i] = _on_host(host_decode, sources[i])
+                    out[i] = _on_host(host_decode, as_array(sources[i]))
             self.stream.synchronize()
         return out
 

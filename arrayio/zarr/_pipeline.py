@@ -65,6 +65,7 @@ from . import _group_writes
 from ._frames import decode_on_host
 from ._gpu_decode import decode_for_gpu, to_device
 from ._io_pool import executor
+from ._kernels import DeviceSpan
 
 __all__ = ["CodecPipeline"]
 
@@ -383,9 +384,10 @@ def _read(
     stored_as_is = chain.zstd is None and chain.host_codec is None and not chain.crc32c
     if stored_as_is:  # each chunk's file read into its place in the output
         return _read_as_stored(chain, batch, files, target, drop_axes, on_gpu)
-    outputs = _whole_chunk_outputs(batch, target, drop_axes)
     # zstd chunks decoded straight into their place in the output (by nvCOMP on the GPU)
-    destinations = outputs if chain.zstd is not None else None
+    destinations = (
+        _whole_chunk_outputs(batch, target, drop_axes, on_gpu) if chain.zstd is not None else None
+    )
 
     def read_group(span: range) -> tuple[contextlib.ExitStack, Any]:
         loans = contextlib.ExitStack()
@@ -731,12 +733,22 @@ def _shard_index(path: str, shards: _Shards, counts: list[int]) -> np.ndarray | 
     return index
 
 
-def _whole_chunk_outputs(batch: list[Any], target: Any, drop_axes: tuple[int, ...]) -> list[Any]:
+def _whole_chunk_outputs(
+    batch: list[Any], target: Any, drop_axes: tuple[int, ...], on_gpu: bool
+) -> list[Any]:
     """Each chunk's place in the output as flat bytes, where the chunk lands there whole on
-    one C-contiguous range (else None): its file, stored as it is, can be read there, and a
-    compressed chunk decoded there. A whole-array read of an array chunked along its first
-    axis places every chunk so: no staging, no copy, no placement."""
+    one C-contiguous range (else None), for a compressed chunk to be decoded there. A
+    whole-array read of an array chunked along its first axis places every chunk so: no
+    staging, no copy, no placement. On a GPU the places are spans
+    (:class:`~arrayio.zarr._kernels.DeviceSpan`), not CuPy views, which cost microseconds
+    each to make."""
     flat, ranges = _whole_chunk_ranges(batch, target, drop_axes)
+    if on_gpu and flat is not None:
+        base, device_id = flat.data.ptr, flat.device.id
+        return [
+            None if where is None else DeviceSpan(flat, base + where[0], where[1], device_id)
+            for where in ranges
+        ]
     return [None if where is None else flat[where[0] : where[0] + where[1]] for where in ranges]
 
 

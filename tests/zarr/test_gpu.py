@@ -18,6 +18,7 @@ from zarr.storage import LocalStore  # noqa: E402
 
 from arrayio.arrays import _frameworks  # noqa: E402
 from arrayio.zarr import NVMeStore, read  # noqa: E402
+from arrayio.zarr._kernels import DeviceSpan, address  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 FUSED = "zarr.core.codec_pipeline.FusedCodecPipeline"
@@ -257,7 +258,10 @@ def test_zstd_row_chunks_are_decoded_into_their_place_in_the_output(
     [(_, places)] = given
     whole = rows // 32
     assert [p is not None for p in places] == [True] * whole + [False] * (len(places) - whole)
-    assert places[0].data.ptr == got.data.ptr  # the output's own memory
+    assert address(places[0]) == got.data.ptr  # the output's own memory
+    # places and chunks are spans, not a CuPy view each
+    assert all(type(p) is DeviceSpan for p in places[:whole])
+    assert all(type(chunk) is DeviceSpan for chunks, _ in given for chunk in chunks)
 
 
 def test_sharded_zstd_arrays_read_into_the_gpu_in_one_batch(tmp_path, cupy, monkeypatch):

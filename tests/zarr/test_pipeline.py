@@ -747,7 +747,9 @@ def test_whole_chunk_places_are_the_contiguous_views_of_their_selections(data):
     spec = types.SimpleNamespace(
         shape=chunk_shape, dtype=types.SimpleNamespace(to_native_dtype=lambda: np.dtype(np.int32))
     )
-    [got] = _pipeline._whole_chunk_outputs([(None, spec, None, selection, True)], target, ())
+    [got] = _pipeline._whole_chunk_outputs(
+        [(None, spec, None, selection, True)], target, (), on_gpu=False
+    )
     view = target[selection]
     if view.size and view.flags.c_contiguous:
         assert got is not None
@@ -757,12 +759,12 @@ def test_whole_chunk_places_are_the_contiguous_views_of_their_selections(data):
         assert got is None
     # a chunk of another shape, or not complete, gets no place
     other = types.SimpleNamespace(shape=chunk_shape + (1,), dtype=spec.dtype)
-    assert _pipeline._whole_chunk_outputs([(None, other, None, selection, True)], target, ()) == [
-        None
-    ]
-    assert _pipeline._whole_chunk_outputs([(None, spec, None, selection, False)], target, ()) == [
-        None
-    ]
+    assert _pipeline._whole_chunk_outputs(
+        [(None, other, None, selection, True)], target, (), on_gpu=False
+    ) == [None]
+    assert _pipeline._whole_chunk_outputs(
+        [(None, spec, None, selection, False)], target, (), on_gpu=False
+    ) == [None]
 
 
 def test_runs_join_inner_chunks_adjacent_in_their_shard_and_in_the_output():
@@ -893,3 +895,38 @@ def test_a_shards_inner_chunks_are_mapped_as_zarrs_indexer_maps_them(case):
 def test_slices_with_steps_are_left_to_zarrs_indexer():
     assert _pipeline._slice_parts((slice(0, 8, 2),), (8,), (4,), [1], [0]) is None
     assert _pipeline._slice_parts((slice(0, 8),), (8, 4), (4, 4), [1, 1], [0, 0]) is None
+
+
+class _FakeDeviceArray(np.ndarray):
+    """A host array that answers as a CuPy array does where a span is made of it: its
+    address at ``.data.ptr`` and its GPU at ``.device.id``."""
+
+    @property
+    def data(self):  # type: ignore[override]
+        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
+
+    @property
+    def device(self):  # type: ignore[override]
+        return types.SimpleNamespace(id=3)
+
+
+def test_gpu_places_are_spans_of_the_output_at_each_chunks_bytes():
+    # On a GPU the places of whole chunks are spans (an address and a size), not CuPy views:
+    # each at its chunk's bytes in the output, on the output's device, keeping it alive.
+    from arrayio.zarr._kernels import DeviceSpan, address, addresses
+
+    target = np.zeros((8, 4), dtype=np.int32).view(_FakeDeviceArray)
+    spec = types.SimpleNamespace(
+        shape=(2, 4), dtype=types.SimpleNamespace(to_native_dtype=lambda: np.dtype(np.int32))
+    )
+    batch = [(None, spec, None, (slice(r, r + 2), slice(0, 4)), True) for r in (0, 2, 6)]
+    batch.append((None, spec, None, (slice(4, 6), slice(0, 4)), False))  # not whole: no place
+    places = _pipeline._whole_chunk_outputs(batch, target, (), on_gpu=True)
+    base = target.__array_interface__["data"][0]
+    assert [type(p) for p in places[:3]] == [DeviceSpan] * 3 and places[3] is None
+    assert [address(p) for p in places[:3]] == [base, base + 32, base + 96]
+    assert list(addresses(places[:3])) == [base, base + 32, base + 96]
+    assert [(p.nbytes, p.size, p.device_id) for p in places[:3]] == [(32, 32, 3)] * 3
+    assert all(np.shares_memory(p.owner, target) for p in places[:3])
+    # as a CuPy array where one is needed (nvCOMP's Python codec, a host decode)
+    np.testing.assert_array_equal(places[2].array(), target.reshape(-1).view(np.uint8)[96:128])
