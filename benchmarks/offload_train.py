@@ -65,6 +65,8 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import functools
+import importlib.util
 import json
 import math
 import os
@@ -728,11 +730,17 @@ def _jax_worker(spec: dict[str, Any]) -> dict[str, Any]:
             )
         )
 
-    def step(params: list, x: Any, off: arrayio.Offloader | None) -> tuple[Any, list]:
+    def step(
+        params: list, x: Any, off: arrayio.Offloader | None, stash: Any = None
+    ) -> tuple[Any, list]:
+        """One step; the residuals through ``off`` (its budget), or through ``stash`` (an
+        ``arrayio.offload.ArrayStep``: recorded, or under a plan), or kept."""
         saved = []  # per block: its input (the batch itself for the first) and h
         for k, p in enumerate(params):
             y, h = stage_forward(p, x)
-            if off is not None:
+            if stash is not None:
+                saved.append((stash.put(x) if k else x, stash.put(h)))
+            elif off is not None:
                 saved.append((off.put(x) if k else x, off.put(h)))
             else:
                 saved.append((x, h))
@@ -743,7 +751,10 @@ def _jax_worker(spec: dict[str, Any]) -> dict[str, Any]:
         grads = [None] * len(params)
         for k in reversed(range(len(params))):
             x, h = saved.pop()
-            if off is not None:
+            if stash is not None:  # (a get prefetches the residuals put before)
+                x = stash.get(x) if k else x
+                h = stash.get(h)
+            elif off is not None:
                 off.prefetch(
                     [
                         a
@@ -761,6 +772,30 @@ def _jax_worker(spec: dict[str, Any]) -> dict[str, Any]:
     def peak() -> int | None:
         stats = device.memory_stats()
         return None if stats is None else stats.get("peak_bytes_in_use")
+
+    if spec["mode"] in ("plan", "planned"):
+        worker = _jax_plan if spec["mode"] == "plan" else _jax_planned
+        planned_rows = []
+
+        def step_on(batch: Any, stash: Any = None) -> tuple[Any, list]:
+            return step(params, batch, None, stash)
+
+        for run in spec["runs"]:
+            tokens = run["batch_tokens"]
+            batch = jax.random.normal(jax.random.PRNGKey(tokens), (tokens, width), dtype)
+            planned: dict[str, Any] = {"batch_tokens": tokens, "mode": run["mode"]}
+            try:
+                planned.update(worker(cfg, run, functools.partial(step_on, batch)))
+                planned["fits"] = True
+            except Exception as error:  # XlaRuntimeError: RESOURCE_EXHAUSTED
+                if "RESOURCE_EXHAUSTED" not in str(error) and "out of memory" not in str(error):
+                    raise
+                _did_not_fit(planned, error)
+            planned["peak_bytes"] = peak()
+            print("ROW " + json.dumps(planned), flush=True)
+            planned_rows.append(planned)
+            del batch
+        return {"mode": spec["mode"], "rows": planned_rows}
 
     rows = []
     for run in spec["runs"]:
@@ -814,6 +849,201 @@ def _jax_worker(spec: dict[str, Any]) -> dict[str, Any]:
     return {"mode": spec["mode"], "rows": rows}
 
 
+def _jax_grads_digest(grads: list) -> list[str]:
+    """Each gradient's bytes, hashed: JAX's kernels here sum in a fixed order, so the same
+    step at the same parameters gives the same bytes (a plain step's own step-to-step
+    digest says whether that held in the run)."""
+    import hashlib
+
+    import numpy as np
+
+    return [
+        hashlib.sha256(np.asarray(a).tobytes()).hexdigest()[:16] for pair in grads for a in pair
+    ]
+
+
+def _jax_plan(cfg: dict[str, Any], run: dict[str, Any], step: Any) -> dict[str, Any]:
+    """A planned mode's first process: plain steps timed, one recorded through
+    ``plan_array_step`` and planned; the plan is written to ``run["plan_path"]`` for the
+    process that runs the planned steps (JAX cannot reset its peak statistic, and the
+    recorded step holds the plain step's peak)."""
+    import jax
+
+    out: dict[str, Any] = {}
+    _loss, grads = step()  # compiles
+    jax.block_until_ready(grads)
+    times = []
+    for _ in range(cfg["steps"]):
+        start = time.perf_counter()
+        _loss, grads = step()
+        jax.block_until_ready(grads)
+        times.append(time.perf_counter() - start)
+    out["plain_step_s"], out["plain_step_s_all"] = _median(times), times
+    out["plain_grads"] = _jax_grads_digest(grads)
+    del grads
+    mode, value = run["mode"].split("=")
+    kwargs: dict[str, Any] = (
+        {"max_overhead": float(value)}
+        if mode == "max_overhead"
+        else {"device_budget_bytes": run["device_budget_bytes"]}
+    )
+    with arrayio.Offloader(
+        cfg["scratch"],
+        device_budget_bytes=run["offloader_budget_bytes"],
+        host_budget_bytes=cfg["host_budget"],
+    ) as off:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", arrayio.offload.PlanWarning)
+            with arrayio.offload.plan_array_step(
+                off, warn_above=cfg["warn_above"], min_bytes=cfg["min_bytes"], **kwargs
+            ) as recording:
+                _loss, grads = step(recording)
+                jax.block_until_ready(grads)
+    out["warnings"] = [str(w.message) for w in caught]
+    out["recorded_grads"] = _jax_grads_digest(grads)
+    del grads
+    step_plan = recording.plan
+    with open(run["plan_path"], "w") as f:
+        json.dump(_plan_json(step_plan), f)
+    return out
+
+
+def _jax_planned(cfg: dict[str, Any], run: dict[str, Any], step: Any) -> dict[str, Any]:
+    """A planned mode's second process: the plan read back, a planned step whose gradients
+    are compared, then ``steps`` planned steps timed; this process's peak is theirs."""
+    import jax
+
+    with open(run["plan_path"]) as f:
+        step_plan = _plan_from_json(json.load(f))
+    out: dict[str, Any] = {}
+    with arrayio.Offloader(
+        cfg["scratch"],
+        device_budget_bytes=run["offloader_budget_bytes"],
+        host_budget_bytes=cfg["host_budget"],
+    ) as off:
+        with arrayio.offload.array_step(off, step_plan, prefetch=cfg["prefetch"]) as stash:
+            _loss, grads = step(stash)  # compiles
+        jax.block_until_ready(grads)
+        out["planned_grads"] = _jax_grads_digest(grads)
+        del grads
+        step_plan.forget_runs()  # the plan's measured step: the timed steps', not the compile's
+        times = []
+        for _ in range(cfg["steps"]):
+            start = time.perf_counter()
+            with arrayio.offload.array_step(off, step_plan, prefetch=cfg["prefetch"]) as stash:
+                _loss, grads = step(stash)
+            jax.block_until_ready(grads)
+            times.append(time.perf_counter() - start)
+            del grads
+        out["step_s"], out["step_s_all"] = _median(times), times
+        off.wait()
+        out.update(_plan_fields(off.explain(), step_plan.timeline))
+        out["offloader"] = _stats(off)
+    return out
+
+
+def _jax_planned_rows(
+    cfg: Config,
+    tokens: int,
+    activations: int,
+    plain: dict[str, Any],
+    fraction: float | None,
+    save: Any,
+) -> list[dict[str, Any]]:
+    """JAX's planned modes at the largest batch that fits (see the module docstring, 4):
+    per mode, a process that times plain steps and records and plans one, then a process
+    that runs the planned steps (whose peak is then theirs alone). ``plain`` is that batch's
+    row of the memory search: its peak is the plain step's."""
+    rows: list[dict[str, Any]] = []
+    for mode, value in cfg.modes:
+        if time.monotonic() > cfg.deadline and rows:
+            break
+        budget = int(value * activations) if mode == "budget" else None
+        run = {
+            "batch_tokens": tokens,
+            "mode": f"{mode}={value:g}",
+            "device_budget_bytes": budget,
+            # The plan decides what leaves; the offloader's own budget only bounds what it
+            # holds, the same bytes (never binding without a device budget).
+            "offloader_budget_bytes": budget if budget is not None else activations,
+            "plan_path": os.path.join(cfg.scratch, f"jax-plan-{mode}-{value:g}.json"),
+        }
+        row: dict[str, Any] = {
+            "mode": run["mode"],
+            "batch_tokens": tokens,
+            "device_budget_bytes": budget,
+            "host_budget_bytes": cfg.host_budget,
+            "plain_peak_bytes": plain.get("peak_bytes"),
+        }
+        recorded = _run_jax_worker(cfg, "plan", [run], fraction)
+        first = (
+            recorded["rows"][0]
+            if recorded["rows"]
+            else {"fits": False, "error": recorded.get("error")}
+        )
+        row.update({k: v for k, v in first.items() if k not in ("peak_bytes", "mode")})
+        row["recording_peak_bytes"] = first.get("peak_bytes")
+        if first.get("fits"):
+            ran = _run_jax_worker(cfg, "planned", [run], fraction)
+            second = ran["rows"][0] if ran["rows"] else {"fits": False, "error": ran.get("error")}
+            row.update({k: v for k, v in second.items() if k != "mode"})
+        if row.get("step_s") and row.get("plain_step_s"):
+            row["overhead"] = row["step_s"] / row["plain_step_s"] - 1
+        if row.get("peak_bytes") and row.get("plain_peak_bytes"):
+            row["peak_reduction"] = 1 - row["peak_bytes"] / row["plain_peak_bytes"]
+        if row.get("planned_grads") and row.get("plain_grads"):
+            row["grads_agree"] = row["planned_grads"] == row["plain_grads"]
+            # The recorded step is a plain step at the same parameters: the plain steps'
+            # own agreement, the noise the planned one is judged beside.
+            row["plain_steps_agree"] = row.get("recorded_grads") == row["plain_grads"]
+        rows.append(row)
+        print(
+            f"jax planned B={tokens} {row['mode']}: step={row.get('step_s')} "
+            f"plain={row.get('plain_step_s')} peak={row.get('peak_bytes')} "
+            f"grads_agree={row.get('grads_agree')}",
+            file=sys.stderr,
+            flush=True,
+        )
+        save()
+    return rows
+
+
+def _plan_json(step_plan: Any) -> dict[str, Any]:
+    """A StepPlan as JSON (infinite rates as null), for :func:`_plan_from_json`."""
+    rates = dataclasses.asdict(step_plan.rates)
+    return {
+        "mode": step_plan.mode,
+        "min_bytes": step_plan.min_bytes,
+        "framework": step_plan.framework,
+        "cuda": step_plan.cuda,
+        "host_tier": step_plan.host_tier,
+        "timeline": dataclasses.asdict(step_plan.timeline),
+        "rates": {k: (None if v == math.inf else v) for k, v in rates.items()},
+        "plan": dataclasses.asdict(step_plan.plan),
+    }
+
+
+def _plan_from_json(data: dict[str, Any]) -> Any:
+    from arrayio.offload._plan import Plan, Rates, Saved, Timeline
+
+    step_plan = arrayio.offload.StepPlan(data["mode"], data["min_bytes"])
+    step_plan.framework, step_plan.cuda = data["framework"], data["cuda"]
+    step_plan.host_tier = data["host_tier"]
+    timeline = data["timeline"]
+    step_plan.timeline = Timeline(
+        tuple(Saved(**saved) for saved in timeline["saved"]),
+        timeline["step_seconds"],
+        timeline["base_bytes"],
+    )
+    rates: dict[str, Any] = {k: (math.inf if v is None else v) for k, v in data["rates"].items()}
+    step_plan.rates = Rates(**rates)
+    plan = data["plan"]
+    step_plan.plan = Plan(
+        **{**plan, "tiers": tuple(plan["tiers"]), "returns": tuple(plan["returns"])}
+    )
+    return step_plan
+
+
 def _run_jax_worker(
     cfg: Config, mode: str, runs: list[dict[str, Any]], fraction: float | None
 ) -> dict[str, Any]:
@@ -829,6 +1059,8 @@ def _run_jax_worker(
             "scratch": cfg.scratch,
             "min_bytes": cfg.min_bytes,
             "prefetch": cfg.prefetch,
+            "host_budget": cfg.host_budget,
+            "warn_above": cfg.warn_above,
         },
     }
     env = dict(os.environ)
@@ -911,6 +1143,11 @@ def run_jax(cfg: Config, report: dict[str, Any], save: Any, total: int | None) -
         "error": offload.get("error"),
     }
     save()
+    if cfg.modes:
+        section["fit"]["planned"] = _jax_planned_rows(
+            cfg, tokens, activations, largest_memory, fraction, save
+        )
+        save()
     if (
         fraction is None
         or time.monotonic() > cfg.deadline
@@ -1080,7 +1317,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--modes",
         default="max_overhead=0.1,budget=0.3",
-        help="torch: planned modes, comma-separated: max_overhead=FRACTION (as little device "
+        help="planned modes, comma-separated: max_overhead=FRACTION (as little device "
         "memory as possible within that slowdown) or budget=FRACTION (of the activations); "
         "empty for none",
     )
@@ -1088,7 +1325,7 @@ def main(argv: list[str] | None = None) -> None:
         "--host-budget-gib",
         type=float,
         default=16.0,
-        help="torch on the GPU: the planned modes' host tier (pinned host memory)",
+        help="on the GPU: the planned modes' host tier (pinned host memory)",
     )
     parser.add_argument(
         "--warn-above",
@@ -1138,7 +1375,9 @@ def main(argv: list[str] | None = None) -> None:
     device = "cpu"
     total = None
     gpu = None
-    if not args.smoke and "torch" in frameworks:
+    # torch reads the GPU's memory for JAX's run too (JAX runs in worker processes; torch
+    # is on the GPU machine): the budget's fraction, and the host tier, need it.
+    if not args.smoke and importlib.util.find_spec("torch") is not None:
         import torch
 
         if torch.cuda.is_available():

@@ -18,11 +18,14 @@ within a slowdown (``max_overhead``) or a device budget (``device_budget_bytes``
 measured step beside the predicted one.
 
 JAX has no hook for what ``jax.grad`` keeps: offload between jitted stages instead, as
-``examples/jax_offload.py`` shows.
+``examples/jax_offload.py`` shows, putting and getting each stage's residuals through
+:func:`array_step`; :func:`plan_array_step` records and plans such a step as
+:func:`plan_step` does a torch one.
 """
 
 from __future__ import annotations
 
+from ._array_steps import ArrayStep, Kept, array_step, plan_array_step
 from ._budget import OffloadBudgetError
 from ._entries import Handle
 from ._explain import OffloadExplanation, PlanExplanation, TierShare
@@ -33,7 +36,9 @@ from ._step_plan import PlanWarning, StepPlan, plan_step
 from ._torch_hooks import activations
 
 __all__ = [
+    "ArrayStep",
     "Handle",
+    "Kept",
     "OffloadBudgetError",
     "OffloadExplanation",
     "OffloadStats",
@@ -44,6 +49,8 @@ __all__ = [
     "StepPlan",
     "TierShare",
     "activations",
+    "array_step",
     "measure_rates",
+    "plan_array_step",
     "plan_step",
 ]

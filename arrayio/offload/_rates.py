@@ -8,7 +8,9 @@
   write, so the page cache helps it as much as it helps the spills.
 - **host tier**: the sample copied into a pinned buffer of the process's pool and back,
   through the tier's own copies (:meth:`HostTier.copy_seconds
-  <arrayio.offload._host.HostTier.copy_seconds>`). Only where the step runs CUDA and the
+  <arrayio.offload._host.HostTier.copy_seconds>`); for JAX, whose arrays the tier hands to
+  JAX's own pinned host memory, moved there by ``jax.device_put`` and back, as the tier
+  moves them. Only where the step runs CUDA and the
   offloader has a host tier (``host_budget_bytes``): host arrays skip the tier, so a step
   on the host plans the device and the disk only, and :func:`why_no_host_tier` says so.
 
@@ -49,6 +51,7 @@ def measure_rates(
     sample_bytes: int = SAMPLE_BYTES,
     repeats: int = 3,
     clock: Callable[[], float] = time.perf_counter,
+    framework: str = "torch",
 ) -> Rates:
     """The rates of ``offloader``'s links, for :func:`~arrayio.offload.plan_step`.
 
@@ -58,11 +61,15 @@ def measure_rates(
         Whose directory, settings and host tier are measured.
     cuda
         Whether the tensors to spill are on the GPU (default: whether torch runs CUDA); a
-        CUDA sample is a torch tensor on the current device.
+        CUDA sample is a torch tensor on the current device, or a JAX array on JAX's first
+        device with ``framework="jax"``.
     sample_bytes
         The bytes of each timed transfer: about the size of the tensors to spill.
     repeats
         Timed transfers per direction; the median counts.
+    framework
+        ``"torch"`` or ``"jax"``: whose arrays the plan spills (the sample's kind, and for
+        JAX its host tier's own moves).
 
     Returns
     -------
@@ -72,11 +79,17 @@ def measure_rates(
     """
     if cuda is None:
         cuda = cuda_in_use()
-    source, target = _sample(cuda, sample_bytes), _sample(cuda, sample_bytes)
+    if framework not in ("torch", "jax"):
+        raise ValueError(f"framework must be 'torch' or 'jax', got {framework!r}")
+    sample = _jax_sample if framework == "jax" else _sample
+    source, target = sample(cuda, sample_bytes), sample(cuda, sample_bytes)
     disk_write, disk_read = _disk_rates(offloader, source, target, repeats, clock)
     if why_no_host_tier(offloader, cuda=cuda) is not None:
         return Rates(math.inf, math.inf, disk_write, disk_read, 0)
-    to_host, from_host = host_rates(offloader.host_tier, export(source).data, repeats, clock)
+    if framework == "jax":
+        to_host, from_host = _jax_host_rates(source, repeats, clock)
+    else:
+        to_host, from_host = host_rates(offloader.host_tier, export(source).data, repeats, clock)
     return Rates(to_host, from_host, disk_write, disk_read, offloader.host_tier.budget_bytes)
 
 
@@ -150,3 +163,44 @@ def _sample(cuda: bool, nbytes: int) -> Any:
     array = np.empty(nbytes, np.uint8)
     array[:] = np.frombuffer(np.random.default_rng().bytes(nbytes), np.uint8)
     return array
+
+
+def _jax_sample(cuda: bool, nbytes: int) -> Any:
+    """Random bytes as a JAX array on JAX's first device (``cuda``), or as a NumPy array
+    (a host array's spill moves the same bytes from host memory)."""
+    host = _sample(False, nbytes)
+    if not cuda:
+        return host
+    import jax
+
+    return jax.device_put(host, jax.devices()[0]).block_until_ready()
+
+
+def _jax_host_rates(array: Any, repeats: int, clock: Callable[[], float]) -> tuple[float, float]:
+    """Bytes per second of ``array`` (a JAX array on a GPU) moved to JAX's pinned host memory
+    and back, as the host tier moves JAX arrays (:func:`~arrayio.offload._host.jax_host_offload`).
+
+    Raises
+    ------
+    ValueError
+        Where this JAX offers no pinned host memory for the array.
+    """
+    import jax
+
+    from ._host import jax_host_offload
+
+    host_sharding = jax_host_offload(array)
+    if host_sharding is None:
+        raise ValueError("this JAX has no pinned host memory for the array's device")
+    device_sharding = array.sharding
+    outs, backs = [], []
+    for i in range(1 + max(1, repeats)):  # the first untimed: JAX compiles the moves
+        start = clock()
+        moved = jax.device_put(array, host_sharding).block_until_ready()
+        copied = clock()
+        jax.device_put(moved, device_sharding).block_until_ready()
+        if i:
+            outs.append(copied - start)
+            backs.append(clock() - copied)
+        del moved
+    return _rate(int(array.nbytes), outs), _rate(int(array.nbytes), backs)

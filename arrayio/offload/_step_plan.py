@@ -24,7 +24,7 @@ from ._timeline import record_step
 if TYPE_CHECKING:
     from ._offloader import Offloader
 
-__all__ = ["PlanWarning", "StepPlan", "plan_step"]
+__all__ = ["PlanWarning", "StepPlan", "checked_mode", "make_plan", "plan_step"]
 
 _RUNS_KEPT = 64  # the measured step is the median of the latest runs
 _MIN_SAMPLE = 1 << 20
@@ -45,6 +45,9 @@ class StepPlan:
     ----------
     mode
         ``"max_overhead=..."`` or ``"device_budget_bytes=..."``.
+    framework
+        Whose step was recorded: ``"torch"`` (:func:`plan_step`, or torch arrays through
+        :func:`~arrayio.offload.plan_array_step`) or ``"jax"``.
     min_bytes
         The smallest tensor recorded; ``activations`` must offload with the same.
     timeline, rates, plan
@@ -57,6 +60,7 @@ class StepPlan:
     def __init__(self, mode: str, min_bytes: int) -> None:
         self.mode = mode
         self.min_bytes = min_bytes
+        self.framework = "torch"
         self.cuda = False
         self.timeline: Timeline | None = None
         self.rates: Rates | None = None
@@ -114,6 +118,11 @@ class StepPlan:
             rates=self.rates,
             host_tier=self.host_tier,
         )
+
+    def forget_runs(self) -> None:
+        """Forget the steps measured so far, so that the measured step is the next ones'
+        (after a first step that compiled, say, as a JAX step's first run does)."""
+        self._runs.clear()
 
     def ran(self, start: Mark, end: Mark) -> None:
         """A step ran under the plan from ``start`` to ``end`` (what ``activations`` calls)."""
@@ -205,6 +214,32 @@ def plan_step(
     ...         model(x).sum().backward()
     >>> print(off.explain())
     """
+    step_plan = StepPlan(checked_mode(max_overhead, device_budget_bytes, warn_above), min_bytes)
+    with record_step(min_bytes=min_bytes, cuda=cuda) as recorder:
+        yield step_plan
+    make_plan(
+        step_plan,
+        offloader,
+        recorder.timeline(),
+        cuda=recorder.cuda,
+        rates=rates,
+        measure=measure,
+        max_overhead=max_overhead,
+        device_budget_bytes=device_budget_bytes,
+        warn_above=warn_above,
+    )
+
+
+def checked_mode(
+    max_overhead: float | None, device_budget_bytes: int | None, warn_above: float | None
+) -> str:
+    """The plan's mode, as :attr:`StepPlan.mode` names it.
+
+    Raises
+    ------
+    ValueError
+        If not exactly one mode is given, or a value is out of range.
+    """
     if (max_overhead is None) == (device_budget_bytes is None):
         raise ValueError("give one of max_overhead and device_budget_bytes")
     if max_overhead is not None and not max_overhead >= 0:
@@ -213,40 +248,54 @@ def plan_step(
         raise ValueError(f"device_budget_bytes must be >= 0, got {device_budget_bytes}")
     if warn_above is not None and not warn_above > 0:
         raise ValueError(f"warn_above must be > 0, got {warn_above}")
-    mode = (
+    return (
         f"max_overhead={max_overhead:g}"
         if max_overhead is not None
         else f"device_budget_bytes={device_budget_bytes}"
     )
-    step_plan = StepPlan(mode, min_bytes)
-    with record_step(min_bytes=min_bytes, cuda=cuda) as recorder:
-        yield step_plan
-    timeline = recorder.timeline()
+
+
+def make_plan(
+    step_plan: StepPlan,
+    offloader: Offloader,
+    timeline: Timeline,
+    *,
+    cuda: bool,
+    rates: Rates | None,
+    measure: Callable[..., Rates],
+    max_overhead: float | None,
+    device_budget_bytes: int | None,
+    warn_above: float | None,
+    **measure_options: object,
+) -> None:
+    """Plan ``step_plan`` from a recorded ``timeline``: the links' ``rates`` (measured by
+    ``measure`` where not given, with ``measure_options``), the plan, and its warnings."""
     if rates is None:
         largest = max((s.nbytes for s in timeline.saved), default=0)
         sample = min(max(largest, _MIN_SAMPLE), SAMPLE_BYTES)
-        rates = measure(offloader, cuda=recorder.cuda, sample_bytes=sample)
+        rates = measure(offloader, cuda=cuda, sample_bytes=sample, **measure_options)
     chosen = plan(
         timeline, rates, max_overhead=max_overhead, device_budget_bytes=device_budget_bytes
     )
-    step_plan.cuda = recorder.cuda
+    step_plan.cuda = cuda
     step_plan.timeline, step_plan.rates, step_plan.plan = timeline, rates, chosen
     if not rates.host_bytes:
         step_plan.host_tier = (
-            why_no_host_tier(offloader, cuda=recorder.cuda)
+            why_no_host_tier(offloader, cuda=cuda)
             or "the rates given hold no host bytes (host_bytes=0)"
         )
     _warn(chosen, device_budget_bytes, warn_above)
 
 
 def _warn(chosen: Plan, budget: int | None, warn_above: float | None) -> None:
-    # stacklevel 4: this function, the generator, contextlib's __exit__, the caller's block.
+    # stacklevel 5: this function, make_plan, the generator, contextlib's __exit__, the
+    # caller's block.
     if budget is not None and chosen.peak_bytes > budget:
         warnings.warn(
             f"no spill plan meets device_budget_bytes={budget}: the closest keeps "
             f"{chosen.peak_bytes} bytes of saved tensors on the device at its peak",
             PlanWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
     if warn_above is not None and chosen.step_seconds > warn_above * chosen.plain_step_seconds:
         warnings.warn(
@@ -255,5 +304,5 @@ def _warn(chosen: Plan, budget: int | None, warn_above: float | None) -> None:
             f"{chosen.plain_step_seconds * 1e3:.1f} ms (warn_above={warn_above:g}), bound "
             f"by {chosen.bound}: a larger budget or host tier would help",
             PlanWarning,
-            stacklevel=4,
+            stacklevel=5,
         )

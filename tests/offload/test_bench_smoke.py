@@ -62,6 +62,8 @@ def test_offload_train_smoke(tmp_path) -> None:
         assert "summary" in section
     _check_planned_rows(report["torch"])
     _check_planned_batches(report["torch"])
+    if "jax" in report:
+        _check_jax_planned_rows(report["jax"])
     assert (tmp_path / "out" / "offload_train.png").stat().st_size > 0
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # scratch files removed
 
@@ -88,6 +90,27 @@ def _check_planned_rows(section: dict) -> None:
     assert budget["device_budget_bytes"] == int(0.3 * section["fit"]["activation_bytes"])
     met = budget["predicted_peak_saved_bytes"] <= budget["device_budget_bytes"]
     assert met or any("no spill plan meets" in w for w in budget["warnings"])
+    assert budget["tiers"]["disk"]["tensors"] > 0
+    assert budget["offloader"]["bytes_written"] > 0 and budget["offloader"]["bytes_read"] > 0
+    assert [r["mode"] for r in section["summary"]["planned_rows"]] == [r["mode"] for r in rows]
+
+
+def _check_jax_planned_rows(section: dict) -> None:
+    """JAX's planned modes ran on the CPU through plan_array_step and array_step: each plan
+    made in one process and run in another, the gradients' bytes those of the plain step."""
+    rows = section["fit"]["planned"]
+    assert [row["mode"] for row in rows] == ["max_overhead=0.1", "budget=0.3"]
+    for row in rows:
+        assert row["fits"] and row["step_s"] > 0 and row["plain_step_s"] > 0
+        assert row["overhead"] == row["step_s"] / row["plain_step_s"] - 1
+        assert row["predicted_step_s"] >= row["recorded_step_s"] > 0
+        assert set(row["tiers"]) == {"device", "host", "disk"}
+        assert row["tiers"]["host"]["tensors"] == 0 and row["host_tier"]  # host arrays
+        assert row["plain_steps_agree"] and row["grads_agree"]
+        assert row["planned_blocks"] == 1 and row["planned_block_s"] > 0  # the timed steps
+        assert "spill plan (" in row["explain"] and "measured" in row["explain"]
+    budget = rows[1]
+    assert budget["device_budget_bytes"] == int(0.3 * section["fit"]["activation_bytes"])
     assert budget["tiers"]["disk"]["tensors"] > 0
     assert budget["offloader"]["bytes_written"] > 0 and budget["offloader"]["bytes_read"] > 0
     assert [r["mode"] for r in section["summary"]["planned_rows"]] == [r["mode"] for r in rows]

@@ -1,0 +1,392 @@
+"""Spill plans for steps that save their own arrays: JAX's jitted stages, or any code that
+keeps what its backward pass needs between calls.
+
+JAX has no hook for what ``jax.grad`` keeps, so a JAX step that offloads is written in
+stages (a jitted forward per block returning its residuals, a jitted backward per block
+taking them, ``examples/jax_offload.py``), and the code between the stages puts the
+residuals somewhere and gets them back. An :class:`ArrayStep` is that somewhere:
+
+* :func:`plan_array_step` records one plain step through it (every array stays on its
+  device; when each is put and first got back, and its bytes, are marked), measures the
+  offloader's links for the step's framework and plans it, as
+  :func:`~arrayio.offload.plan_step` does for torch's autograd;
+* :func:`array_step` runs a step under the plan: the ``i``-th array put (of at least
+  ``min_bytes``) stays on its device where the plan says ``"device"``, and is spilled at
+  once to the plan's tier otherwise (``"host"``: the offloader's host tier, for JAX arrays
+  JAX's own pinned host memory; ``"disk"``: its file). Each :meth:`ArrayStep.get` also
+  prefetches the ``prefetch`` arrays put just before it, which a backward pass, going in
+  reverse, needs next. Without a plan, every array follows the offloader's budget.
+
+The marks of a JAX step are the host's clock after the device has done the work queued
+before them (JAX dispatches asynchronously: the host's clock alone says when work was
+queued, not when it ran); a torch step's are CUDA events, as :func:`plan_step`'s; a host
+step's, the host's clock. Waiting for the device at each mark slows the recorded step a
+little, never the planned ones: a planned step marks only its start and its end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from ._clock import Mark, cuda_in_use
+from ._entries import Handle, describe
+from ._plan import Rates, Saved, Timeline
+from ._rates import measure_rates
+from ._step_plan import StepPlan, checked_mode, make_plan
+
+if TYPE_CHECKING:
+    from ._offloader import Offloader
+
+__all__ = ["ArrayStep", "Kept", "array_step", "plan_array_step"]
+
+
+class Kept:
+    """An array an :class:`ArrayStep` keeps on its device (too small to offload, or kept
+    by the plan), in place of an offloader :class:`~arrayio.offload.Handle`."""
+
+    __slots__ = ("array", "index")
+
+    def __init__(self, array: Any, index: int | None) -> None:
+        self.array, self.index = array, index
+
+
+class ArrayStep:
+    """Where one step puts the arrays its backward pass needs: :meth:`put`, :meth:`get`,
+    :meth:`free`. Made by :func:`plan_array_step` (recording) or :func:`array_step`.
+
+    Attributes
+    ----------
+    plan
+        The :class:`~arrayio.offload.StepPlan` this step runs under; for a recording, the
+        one made from it, once the :func:`plan_array_step` block has ended (None before).
+    """
+
+    def __init__(
+        self,
+        offloader: Offloader,
+        *,
+        min_bytes: int,
+        prefetch: int,
+        plan: StepPlan | None,
+        recording: bool,
+    ) -> None:
+        self.offloader = offloader
+        self.min_bytes = min_bytes
+        self.prefetch = prefetch
+        self.plan = plan
+        self._recording = recording
+        self._tiers = None if recording or plan is None else plan.tiers
+        self._lock = threading.Lock()
+        self._count = 0  # arrays of at least min_bytes put so far, in order
+        # The offloaded ones, in the order put, weakly: a handle the step drops frees its
+        # array, as the offloader's handles do.
+        self._order: list[weakref.ref[Handle]] = []
+        self._position: dict[int, int] = {}  # id of a live handle -> its place in _order
+        self._framework: str | None = None
+        self._cuda = False
+        self._clock: Callable[[Any], Mark] | None = None
+        # Recording: each array's bytes, the mark it was put at, the mark it was first got.
+        self._bytes: list[int] = []
+        self._made: list[Mark] = []
+        self._needed: list[Mark | None] = []
+
+    # ------------------------------------------------------------------ what steps call
+
+    def put(self, array: Any) -> Handle | Kept:
+        """Keep ``array`` for the backward pass: on its device, or through the offloader,
+        as the plan says. Returns what :meth:`get` takes.
+
+        Raises
+        ------
+        UnsupportedObjectError, UnsupportedDtypeError
+            For what the offloader does not take.
+        """
+        array, request, dtype, shape = describe(array)
+        nbytes = dtype.itemsize * math.prod(shape)
+        if nbytes < self.min_bytes:
+            return Kept(array, None)
+        self._first_array(request.framework, request.placement.is_cuda, array)
+        with self._lock:
+            index = self._count
+            self._count += 1
+        if self._recording:
+            assert self._clock is not None
+            mark = self._clock(array)
+            with self._lock:
+                self._bytes.append(nbytes)
+                self._made.append(mark)
+                self._needed.append(None)
+            return Kept(array, index)
+        tier = None
+        if self._tiers is not None and index < len(self._tiers):
+            tier = self._tiers[index]
+            if tier == "device":
+                return Kept(array, index)
+        handle = self.offloader.put(array, hint=None if tier is None else "spill", tier=tier)
+        with self._lock:
+            key = id(handle)
+            self._position[key] = len(self._order)
+            self._order.append(weakref.ref(handle, self._forget(key)))
+        return handle
+
+    def _forget(self, key: int) -> Callable[[Any], None]:
+        def callback(_ref: Any) -> None:
+            with self._lock:
+                self._position.pop(key, None)
+
+        return callback
+
+    def get(self, kept: Handle | Kept) -> Any:
+        """The array :meth:`put` returned ``kept`` for; an offloaded one read back (and the
+        ones put just before it asked for, which a backward pass needs next)."""
+        if isinstance(kept, Kept):
+            if self._recording and kept.index is not None:
+                with self._lock:
+                    first = self._needed[kept.index] is None
+                if first:
+                    assert self._clock is not None
+                    mark = self._clock(None)
+                    with self._lock:
+                        if self._needed[kept.index] is None:
+                            self._needed[kept.index] = mark
+            return kept.array
+        if self.prefetch:
+            with self._lock:
+                at = self._position.get(id(kept))
+                before = [] if at is None else self._order[max(0, at - self.prefetch) : at]
+            handles = [h for h in (ref() for ref in reversed(before)) if h is not None]
+            if handles:
+                self.offloader.prefetch(handles)
+        return self.offloader.get(kept)
+
+    def free(self, kept: Handle | Kept) -> None:
+        """Drop an array the step no longer needs (also done when its handle is garbage)."""
+        if isinstance(kept, Handle):
+            self.offloader.free(kept)
+
+    # ------------------------------------------------------------------ marks
+
+    def _first_array(self, framework: str, cuda: bool, array: Any) -> None:
+        """Choose the step's marks from its first array's framework and device."""
+        with self._lock:
+            if self._framework is not None:
+                return
+            self._framework, self._cuda = framework, cuda
+            self._clock = _clock_for(framework, cuda, array)
+
+    def timeline(self, start: Mark, end: Mark) -> Timeline:
+        """The recorded step's timeline, from ``start`` to ``end``; an array never got back
+        counts as needed at the end."""
+        step = end.since(start)
+        saved = []
+        for nbytes, made, needed in zip(self._bytes, self._made, self._needed, strict=True):
+            produced = min(max(made.since(start), 0.0), step)
+            need = needed.since(start) if needed is not None else step
+            saved.append(Saved(nbytes, produced, min(max(need, produced), step)))
+        return Timeline(tuple(saved), step)
+
+    def mark(self) -> Mark:
+        """A mark of the step's kind now (the device's queued work done, for JAX)."""
+        if self._clock is None:
+            return Mark(False)
+        return self._clock(None)
+
+
+def _clock_for(framework: str, cuda: bool, array: Any) -> Callable[[Any], Mark]:
+    """The marks of a step whose arrays are ``framework``'s on a GPU (``cuda``) or not: a
+    function of the array just put (or None) that returns a :class:`Mark`."""
+    if framework == "torch" and cuda:
+        return lambda _array: Mark(True)
+    if framework == "jax" and cuda:
+        device = next(iter(array.devices()))
+
+        def jax_mark(put: Any) -> Mark:
+            if put is not None:
+                put.block_until_ready()  # made: its producer has run
+            else:
+                _jax_barrier(device)  # needed: the work queued before has run
+            return Mark(False)
+
+        return jax_mark
+    return lambda _array: Mark(False)
+
+
+def _jax_barrier(device: Any) -> None:
+    """Wait until ``device`` has run the work queued on it before this call: a tiny
+    computation queued after it, in order on the device, and waited for."""
+    _barrier_function()(_scalar_on(device)).block_until_ready()
+
+
+@functools.cache
+def _barrier_function() -> Any:
+    import jax
+
+    return jax.jit(lambda x: x + 1)
+
+
+@functools.cache
+def _scalar_on(device: Any) -> Any:
+    import jax
+    import numpy as np
+
+    return jax.device_put(np.zeros((), np.int32), device)
+
+
+# ---------------------------------------------------------------------- the two blocks
+
+
+class _Start:
+    """A step's start, marked before its first array says what kind of marks it takes: the
+    host's clock once JAX's GPUs (where JAX is in use) have run the work queued before, and
+    a CUDA event where torch runs CUDA."""
+
+    def __init__(self) -> None:
+        jax = sys.modules.get("jax")
+        if jax is not None:
+            for device in _jax_gpus(jax):
+                _jax_barrier(device)
+        self.host = Mark(False)
+        self.event = Mark(True) if cuda_in_use() else None
+
+    def of(self, step: ArrayStep) -> Mark:
+        """The mark of the kind ``step``'s arrays take."""
+        if step._framework == "torch" and step._cuda:
+            if self.event is not None:
+                return self.event
+            return step._made[0] if step._made else Mark(True)
+        return self.host
+
+
+def _jax_gpus(jax: Any) -> list[Any]:
+    try:
+        return [device for device in jax.local_devices() if device.platform == "gpu"]
+    except RuntimeError:  # no backend could start
+        return []
+
+
+@contextlib.contextmanager
+def plan_array_step(
+    offloader: Offloader,
+    *,
+    max_overhead: float | None = None,
+    device_budget_bytes: int | None = None,
+    warn_above: float | None = None,
+    rates: Rates | None = None,
+    measure: Callable[..., Rates] = measure_rates,
+    min_bytes: int = 1 << 20,
+) -> Iterator[ArrayStep]:
+    """Record one plain step whose code puts and gets its arrays through the
+    :class:`ArrayStep` this yields (nothing leaves the device), and plan the steps like it,
+    as :func:`~arrayio.offload.plan_step` does for torch's autograd: which arrays stay on
+    the device and which go to ``offloader``'s host tier or disk. The plan is the step's
+    ``plan`` once the block ends; give it to :func:`array_step`.
+
+    The parameters are :func:`~arrayio.offload.plan_step`'s. The links are measured with the
+    step's framework's arrays (``measure(offloader, cuda=..., sample_bytes=...,
+    framework=...)``): for JAX, its host tier is JAX's pinned host memory.
+
+    Raises
+    ------
+    ValueError
+        If not exactly one mode is given, or a value is out of range.
+
+    Examples
+    --------
+    >>> with arrayio.offload.plan_array_step(off, max_overhead=0.1) as step:
+    ...     loss, grads = train_step(params, x, step)      # puts and gets through step
+    >>> for x in batches:
+    ...     with arrayio.offload.array_step(off, step.plan) as planned:
+    ...         loss, grads = train_step(params, x, planned)
+    >>> print(off.explain())
+    """
+    step_plan = StepPlan(checked_mode(max_overhead, device_budget_bytes, warn_above), min_bytes)
+    step = ArrayStep(offloader, min_bytes=min_bytes, prefetch=0, plan=None, recording=True)
+    start = _Start()
+    yield step
+    end = step.mark()
+    timeline = step.timeline(start.of(step), end)
+    step_plan.framework = "jax" if step._framework == "jax" else "torch"
+    make_plan(
+        step_plan,
+        offloader,
+        timeline,
+        cuda=step._cuda,
+        rates=rates,
+        measure=measure,
+        max_overhead=max_overhead,
+        device_budget_bytes=device_budget_bytes,
+        warn_above=warn_above,
+        framework=step_plan.framework,
+    )
+    step.plan = step_plan
+    step._made.clear()  # the step's arrays are its own to drop
+    step._needed.clear()
+
+
+@contextlib.contextmanager
+def array_step(
+    offloader: Offloader,
+    plan: StepPlan | None = None,
+    *,
+    min_bytes: int | None = None,
+    prefetch: int = 2,
+) -> Iterator[ArrayStep]:
+    """Run one step whose code puts and gets its arrays through the :class:`ArrayStep`
+    this yields: under ``plan`` (from :func:`plan_array_step`), each array to its tier;
+    without one, every array through ``offloader`` and its budget. Under a plan the block
+    is timed into it, as :func:`~arrayio.offload.activations` times a torch step, so that
+    ``offloader.explain()`` sets the measured step beside the predicted one. A JAX step
+    under a plan waits for its GPU at the block's start and end to time itself: from when
+    the work queued before it has run until its own has.
+
+    Parameters
+    ----------
+    offloader
+        Where spilled arrays go.
+    plan
+        A :class:`~arrayio.offload.StepPlan` from :func:`plan_array_step`.
+    min_bytes
+        Smaller arrays stay on their device (default: the plan's, else 1 MiB).
+    prefetch
+        How many arrays put before the one each :meth:`ArrayStep.get` asks for it also
+        starts reading back.
+
+    Raises
+    ------
+    ValueError
+        If ``min_bytes`` differs from the one the plan was recorded with (the ``i``-th
+        array would not be the plan's ``i``-th).
+    RuntimeError
+        If the plan is not made yet.
+    """
+    if plan is not None:
+        if min_bytes is not None and min_bytes != plan.min_bytes:
+            raise ValueError(
+                f"min_bytes={min_bytes}, but the plan was recorded with "
+                f"min_bytes={plan.min_bytes}: its arrays would not be these"
+            )
+        min_bytes = plan.min_bytes
+        plan.tiers  # noqa: B018 - raises before the plan is made
+    step = ArrayStep(
+        offloader,
+        min_bytes=1 << 20 if min_bytes is None else min_bytes,
+        prefetch=prefetch,
+        plan=plan,
+        recording=False,
+    )
+    if plan is None:
+        yield step
+        return
+    offloader._step_plan = plan
+    events = plan.cuda and plan.framework == "torch"  # else the host's clock
+    start = _Start().host if not events else Mark(True)
+    yield step
+    end = step.mark() if step._framework is not None and not events else Mark(events)
+    plan.ran(start, end)
