@@ -950,62 +950,111 @@ def _jax_planned_rows(
     fraction: float | None,
     save: Any,
 ) -> list[dict[str, Any]]:
-    """JAX's planned modes at the largest batch that fits (see the module docstring, 4):
-    per mode, a process that times plain steps and records and plans one, then a process
-    that runs the planned steps (whose peak is then theirs alone). ``plain`` is that batch's
-    row of the memory search: its peak is the plain step's."""
+    """JAX's planned modes at the largest batch that fits (see the module docstring, 4).
+    ``plain`` is that batch's row of the memory search: its peak is the plain step's."""
     rows: list[dict[str, Any]] = []
     for mode, value in cfg.modes:
         if time.monotonic() > cfg.deadline and rows:
             break
         budget = int(value * activations) if mode == "budget" else None
-        run = {
-            "batch_tokens": tokens,
-            "mode": f"{mode}={value:g}",
-            "device_budget_bytes": budget,
-            # The plan decides what leaves; the offloader's own budget only bounds what it
-            # holds, the same bytes (never binding without a device budget).
-            "offloader_budget_bytes": budget if budget is not None else activations,
-            "plan_path": os.path.join(cfg.scratch, f"jax-plan-{mode}-{value:g}.json"),
-        }
-        row: dict[str, Any] = {
-            "mode": run["mode"],
-            "batch_tokens": tokens,
-            "device_budget_bytes": budget,
-            "host_budget_bytes": cfg.host_budget,
-            "plain_peak_bytes": plain.get("peak_bytes"),
-        }
-        recorded = _run_jax_worker(cfg, "plan", [run], fraction)
-        first = (
-            recorded["rows"][0]
-            if recorded["rows"]
-            else {"fits": False, "error": recorded.get("error")}
+        rows.append(
+            _jax_planned_row(cfg, tokens, f"{mode}={value:g}", budget, activations, fraction)
         )
-        row.update({k: v for k, v in first.items() if k not in ("peak_bytes", "mode")})
-        row["recording_peak_bytes"] = first.get("peak_bytes")
-        if first.get("fits"):
-            ran = _run_jax_worker(cfg, "planned", [run], fraction)
-            second = ran["rows"][0] if ran["rows"] else {"fits": False, "error": ran.get("error")}
-            row.update({k: v for k, v in second.items() if k != "mode"})
-        if row.get("step_s") and row.get("plain_step_s"):
-            row["overhead"] = row["step_s"] / row["plain_step_s"] - 1
-        if row.get("peak_bytes") and row.get("plain_peak_bytes"):
-            row["peak_reduction"] = 1 - row["peak_bytes"] / row["plain_peak_bytes"]
-        if row.get("planned_grads") and row.get("plain_grads"):
-            row["grads_agree"] = row["planned_grads"] == row["plain_grads"]
-            # The recorded step is a plain step at the same parameters: the plain steps'
-            # own agreement, the noise the planned one is judged beside.
-            row["plain_steps_agree"] = row.get("recorded_grads") == row["plain_grads"]
-        rows.append(row)
-        print(
-            f"jax planned B={tokens} {row['mode']}: step={row.get('step_s')} "
-            f"plain={row.get('plain_step_s')} peak={row.get('peak_bytes')} "
-            f"grads_agree={row.get('grads_agree')}",
-            file=sys.stderr,
-            flush=True,
-        )
+        rows[-1]["plain_peak_bytes"] = plain.get("peak_bytes")
+        _peak_reduction(rows[-1])
         save()
     return rows
+
+
+def _jax_planned_batches(
+    cfg: Config,
+    section: dict[str, Any],
+    line: tuple[float, float],
+    per_token: float,
+    fraction: float | None,
+    save: Any,
+) -> None:
+    """(5) for JAX: the batches above the largest that fits without offloading, each under
+    a plan that meets the memory budget (as torch's, :func:`_planned_batches`); their plain
+    peak is the recording's, which ran without the limit."""
+    rows: list[dict[str, Any]] = section["fit"].setdefault("planned_batches", [])
+    largest = section["fit"]["batch_tokens"]
+    for tokens in [b for b in cfg.batches if largest < b <= cfg.max_batch]:
+        if time.monotonic() > cfg.deadline:
+            break
+        budget = _offload_budget(cfg, line, per_token, tokens)
+        if budget <= 0:
+            break
+        activations = int(per_token * tokens)
+        row = _jax_planned_row(
+            cfg, tokens, f"budget={budget / activations:.3g}", budget, activations, fraction
+        )
+        row["plain_peak_bytes"] = row.get("recording_peak_bytes")
+        _peak_reduction(row)
+        rows.append(row)
+        save()
+        if not row.get("fits") or (row.get("overhead") or 0) > 3:
+            break
+
+
+def _peak_reduction(row: dict[str, Any]) -> None:
+    if row.get("peak_bytes") and row.get("plain_peak_bytes"):
+        row["peak_reduction"] = 1 - row["peak_bytes"] / row["plain_peak_bytes"]
+
+
+def _jax_planned_row(
+    cfg: Config,
+    tokens: int,
+    mode: str,
+    budget: int | None,
+    activations: int,
+    fraction: float | None,
+) -> dict[str, Any]:
+    """One planned row of JAX's: a process that times plain steps and records and plans one,
+    without the memory limit (a fresh process's first steps at the limit's edge can run out
+    of memory where the memory search's, warmed by smaller batches, did not), then one that
+    runs the planned steps under it, whose peak is then theirs alone."""
+    run = {
+        "batch_tokens": tokens,
+        "mode": mode,
+        "device_budget_bytes": budget,
+        # The plan decides what leaves; the offloader's own budget only bounds what it
+        # holds, the same bytes (never binding without a device budget).
+        "offloader_budget_bytes": budget if budget is not None else activations,
+        "plan_path": os.path.join(cfg.scratch, f"jax-plan-{tokens}-{mode}.json"),
+    }
+    row: dict[str, Any] = {
+        "mode": mode,
+        "batch_tokens": tokens,
+        "device_budget_bytes": budget,
+        "host_budget_bytes": cfg.host_budget,
+        "recorded_without_the_limit": True,
+    }
+    recorded = _run_jax_worker(cfg, "plan", [run], None)
+    first = recorded["rows"][0] if recorded["rows"] else {"fits": False}
+    row.update({k: v for k, v in first.items() if k not in ("peak_bytes", "mode")})
+    row["recording_peak_bytes"] = first.get("peak_bytes")
+    row["error"] = first.get("error") or recorded.get("error")
+    if first.get("fits"):
+        ran = _run_jax_worker(cfg, "planned", [run], fraction)
+        second = ran["rows"][0] if ran["rows"] else {"fits": False}
+        row.update({k: v for k, v in second.items() if k != "mode"})
+        row["error"] = second.get("error") or ran.get("error")
+    if row.get("step_s") and row.get("plain_step_s"):
+        row["overhead"] = row["step_s"] / row["plain_step_s"] - 1
+    if row.get("planned_grads") and row.get("plain_grads"):
+        row["grads_agree"] = row["planned_grads"] == row["plain_grads"]
+        # The recorded step is a plain step at the same parameters: the plain steps' own
+        # agreement, the noise the planned one is judged beside.
+        row["plain_steps_agree"] = row.get("recorded_grads") == row["plain_grads"]
+    print(
+        f"jax planned B={tokens} {mode}: fits={row.get('fits')} step={row.get('step_s')} "
+        f"plain={row.get('plain_step_s')} peak={row.get('peak_bytes')} "
+        f"grads_agree={row.get('grads_agree')}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return row
 
 
 def _plan_json(step_plan: Any) -> dict[str, Any]:
@@ -1158,6 +1207,14 @@ def run_jax(cfg: Config, report: dict[str, Any], save: Any, total: int | None) -
         [(r["batch_tokens"], r["peak_bytes"] - r["activation_bytes"]) for r in fitting]
     )
     per_token = activations / tokens
+    section["working_set_fit"] = {
+        "bytes_at_0": line[0],
+        "bytes_per_token": line[1],
+        "activation_bytes_per_token": per_token,
+    }
+    if cfg.modes:  # before the unplanned search, which the disk makes slow
+        _jax_planned_batches(cfg, section, line, per_token, fraction, save)
+        save()
     runs = []
     for b in cfg.batches:
         if b <= tokens or b > cfg.max_batch:
@@ -1168,11 +1225,6 @@ def run_jax(cfg: Config, report: dict[str, Any], save: Any, total: int | None) -
         runs.append({"batch_tokens": b, "budget": budget})
     search = _run_jax_worker(cfg, "offload-search", runs, fraction) if runs else {"rows": []}
     section["search"]["offload"] = search
-    section["working_set_fit"] = {
-        "bytes_at_0": line[0],
-        "bytes_per_token": line[1],
-        "activation_bytes_per_token": per_token,
-    }
     fits = [r["batch_tokens"] for r in search["rows"] if r["fits"]]
     section["largest_batch"] = {
         "memory": tokens,
