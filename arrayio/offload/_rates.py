@@ -38,9 +38,12 @@ from ._plan import Rates
 if TYPE_CHECKING:
     from ._offloader import Offloader
 
-__all__ = ["measure_rates", "why_no_host_tier"]
+__all__ = ["JAX_SAMPLE_BYTES", "SAMPLE_BYTES", "measure_rates", "why_no_host_tier"]
 
 SAMPLE_BYTES = 64 << 20
+# A JAX move to or from pinned host memory is a call with a cost of its own (dispatch, a
+# sharding's layout) that a 64 MiB sample weighs heavily: plans for JAX sample up to this.
+JAX_SAMPLE_BYTES = 256 << 20
 _FILE = "rates.bin"  # spill files are named by number: no clash
 
 

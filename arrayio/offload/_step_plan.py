@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ._clock import Mark
 from ._explain import PlanExplanation, tier_shares
 from ._plan import Plan, Rates, Timeline, link_seconds, plan
-from ._rates import SAMPLE_BYTES, measure_rates, why_no_host_tier
+from ._rates import JAX_SAMPLE_BYTES, SAMPLE_BYTES, measure_rates, why_no_host_tier
 from ._timeline import record_step
 
 if TYPE_CHECKING:
@@ -272,7 +272,8 @@ def make_plan(
     ``measure`` where not given, with ``measure_options``), the plan, and its warnings."""
     if rates is None:
         largest = max((s.nbytes for s in timeline.saved), default=0)
-        sample = min(max(largest, _MIN_SAMPLE), SAMPLE_BYTES)
+        cap = JAX_SAMPLE_BYTES if measure_options.get("framework") == "jax" else SAMPLE_BYTES
+        sample = min(max(largest, _MIN_SAMPLE), cap)
         rates = measure(offloader, cuda=cuda, sample_bytes=sample, **measure_options)
     chosen = plan(
         timeline, rates, max_overhead=max_overhead, device_budget_bytes=device_budget_bytes

@@ -192,3 +192,33 @@ def test_a_jax_gpu_step_planned_with_jaxs_host_memory(tmp_path):
         explained = off.explain()
         assert off.host_tier.used_bytes == 0  # every host copy given back
     assert explained.plan.measured_steps == 2 and explained.plan.measured_step_seconds > 0
+
+
+@pytest.mark.parametrize(("framework", "cap"), [("jax", 256 * MB), ("torch", 64 * MB)])
+def test_the_links_are_sampled_at_the_largest_array_up_to_a_cap(tmp_path, framework, cap):
+    # A JAX move is a call with a cost of its own, so JAX's plans sample larger arrays.
+    from arrayio.offload._plan import Saved, Timeline
+    from arrayio.offload._step_plan import make_plan
+
+    asked = []
+
+    def measure(offloader, **options):
+        asked.append(options["sample_bytes"])
+        return DISK
+
+    timeline = Timeline((Saved(512 * MB, 0.0, 1.0), Saved(MB, 0.5, 0.6)), 1.0)
+    with arrayio.Offloader(tmp_path, device_budget_bytes=MB) as off:
+        plan = arrayio.offload.StepPlan("max_overhead=0.1", MB)
+        make_plan(
+            plan,
+            off,
+            timeline,
+            cuda=False,
+            rates=None,
+            measure=measure,
+            max_overhead=0.1,
+            device_budget_bytes=None,
+            warn_above=None,
+            framework=framework,
+        )
+    assert asked == [cap]
