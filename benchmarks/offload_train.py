@@ -1313,11 +1313,15 @@ def plot(report: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fit = (report.get("torch") or {}).get("fit") or {}
-    rows = [r for r in fit.get("planned", []) + fit.get("planned_batches", []) if r.get("fits")]
+    rows, labels = [], []
+    for framework in ("torch", "jax"):
+        fit = (report.get(framework) or {}).get("fit") or {}
+        for r in fit.get("planned", []) + fit.get("planned_batches", []):
+            if r.get("fits"):
+                rows.append(r)
+                labels.append(f"{framework}: {_mode_label(r['mode'])}\nB={r['batch_tokens']}")
     if not rows:
         return
-    labels = [f"{_mode_label(r['mode'])}\nB={r['batch_tokens']}" for r in rows]
     fig, (steps, peaks) = plt.subplots(1, 2, figsize=(11, 4), width_ratios=(3, 2))
     series = [
         ("plain_step_s", "plain step"),

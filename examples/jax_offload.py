@@ -1,17 +1,24 @@
 """Offloading JAX activations to NVMe between jitted stages, with ``arrayio.Offloader``.
 
 A model is cut into stages (here, one residual MLP block each), each a jitted function. The
-forward pass keeps only each stage's input, and hands it to the offloader right after the
-stage has used it (``off.put``): the offloader keeps it on the device while it fits its
-budget and spills the oldest to disk in the background. The backward pass goes through the
-stages in reverse: it prefetches the inputs of the next stages down (``off.prefetch``), gets
-this stage's input back (``off.get``, which waits only for what has not arrived yet), and
-runs the stage's jitted VJP, which recomputes the stage's internals from its input
-(rematerialisation, as ``jax.checkpoint`` does) and returns the parameter gradients and the
-gradient for the stage below::
+forward pass keeps only each stage's input, and hands it over right after the stage has
+used it (``stash.put``, where ``stash`` is the ``arrayio.offload.array_step`` of this
+step): the offloader keeps it on the device while it fits its budget and spills the oldest
+to disk in the background. The backward pass goes through the stages in reverse: it gets
+this stage's input back (``stash.get``, which waits only for what has not arrived yet, and
+starts reading back the inputs of the next stages down), and runs the stage's jitted VJP,
+which recomputes the stage's internals from its input (rematerialisation, as
+``jax.checkpoint`` does) and returns the parameter gradients and the gradient for the stage
+below::
 
     forward:   h1 = put(x0); x1 = stage(p1, x0); h2 = put(x1); x2 = stage(p2, x1) ...
-    backward:  prefetch(h[k-1], h[k-2]); dp_k, g = stage_vjp(p_k, get(h[k]), g)  k = n..1
+    backward:  dp_k, g = stage_vjp(p_k, get(h[k]), g)            k = n..1
+
+With ``--plan-overhead F``, one plain step is recorded first
+(``arrayio.offload.plan_array_step``: when each input is made and needed back, and the
+links' rates) and the steps run under the spill plan made from it, which keeps on the
+device what the links cannot hide within a slowdown of ``F`` (and sends the rest to the
+offloader's host tier on a GPU, or to the disk); ``offloader.explain()`` prints the plan.
 
 Run it (CPU or GPU)::
 
@@ -70,13 +77,26 @@ loss_and_grad = jax.jit(jax.value_and_grad(lambda y: jnp.mean(jnp.square(y))))
 update = jax.jit(lambda p, g, lr: jax.tree.map(lambda a, b: a - lr * b, p, g))
 
 
-def train(params, x, steps, lr, off=None):
+# Offload every stage input, however small (a real model's are far larger than this
+# example's): the offloader's own default leaves arrays under 1 MiB on the device.
+MIN_BYTES = 1
+
+
+def train(params, x, steps, lr, off=None, plan=None):
     """``steps`` of gradient descent; returns each step's loss (before its update), the
-    trained parameters and the last gradients."""
+    trained parameters and the last gradients. With ``off``, each step's stage inputs go
+    through an ``array_step`` (under ``plan`` if given)."""
     losses = []
     for step in range(steps):
         start = time.perf_counter()
-        loss, grads = train_step(params, x, off)
+        if off is None:
+            loss, grads = train_step(params, x)
+        else:
+            min_bytes = None if plan is not None else MIN_BYTES  # (a plan's own)
+            with arrayio.offload.array_step(off, plan, min_bytes=min_bytes) as stash:
+                loss, grads = train_step(params, x, stash)
+            if plan is not None and step < 2:
+                plan.forget_runs()  # the first steps compile and start the I/O threads
         params = [update(p, g, lr) for p, g in zip(params, grads, strict=True)]
         jax.block_until_ready(params)
         losses.append(float(loss))
@@ -85,26 +105,23 @@ def train(params, x, steps, lr, off=None):
     return losses, params, grads
 
 
-def train_step(params, x, off=None, *, prefetch=2):
+def train_step(params, x, stash=None):
     """One forward and backward pass through the stages; returns (loss, gradients).
 
-    ``x`` (the batch) stays with the caller; the inputs of the later stages go to ``off``.
+    ``x`` (the batch) stays with the caller; the inputs of the later stages go to ``stash``
+    (an ``arrayio.offload.ArrayStep``), or stay in memory without one.
     """
     inputs = []
     for k, p in enumerate(params):
-        inputs.append(off.put(x) if off is not None and k > 0 else x)
+        inputs.append(stash.put(x) if stash is not None and k > 0 else x)
         x = stage(p, x)
     loss, g = loss_and_grad(x)
     del x
     grads = [None] * len(params)
     for k in reversed(range(len(params))):
         saved = inputs.pop()
-        if off is not None:
-            off.prefetch(
-                [h for h in inputs[-prefetch:][::-1] if isinstance(h, arrayio.offload.Handle)]
-            )
-            if isinstance(saved, arrayio.offload.Handle):
-                saved = off.get(saved)  # the handle dies here: its file is removed
+        if stash is not None and k > 0:
+            saved = stash.get(saved)  # its handle dies here: its file is removed
         grads[k], g = stage_vjp(params[k], saved, g)
     return loss, grads
 
@@ -118,6 +135,13 @@ def main() -> None:
     parser.add_argument("--budget-mib", type=float, default=2.0)
     parser.add_argument("--lr", type=float, default=0.1, help="gradient descent's step")
     parser.add_argument("--dir", default=None, help="spill directory (default: a temporary one)")
+    parser.add_argument(
+        "--plan-overhead",
+        type=float,
+        default=None,
+        help="run the steps under a spill plan made from one recorded step, within this "
+        "slowdown (0.1: at most 10%% slower)",
+    )
     args = parser.parse_args()
 
     key = jax.random.PRNGKey(0)
@@ -140,7 +164,16 @@ def main() -> None:
             args.dir or scratch, device_budget_bytes=int(args.budget_mib * 2**20)
         ) as off,
     ):
-        losses, trained, grads = train(params, x, args.steps, args.lr, off)
+        plan = None
+        if args.plan_overhead is not None:
+            with arrayio.offload.plan_array_step(
+                off, max_overhead=args.plan_overhead, min_bytes=MIN_BYTES
+            ) as recording:
+                train_step(params, x, recording)
+            plan = recording.plan
+        losses, trained, grads = train(params, x, args.steps, args.lr, off, plan)
+        if plan is not None:
+            print(off.explain())
         stats = off.stats()
         print(
             f"offloader: budget {stats.budget_bytes / 2**20:.1f} MiB, peak held "

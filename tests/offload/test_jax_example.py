@@ -15,7 +15,8 @@ EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "jax_offload.py"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
-def test_jax_example(tmp_path) -> None:
+@pytest.mark.parametrize("plan", [[], ["--plan-overhead", "0.1"]], ids=["budget", "planned"])
+def test_jax_example(tmp_path, plan) -> None:
     result = subprocess.run(
         [
             sys.executable,
@@ -34,6 +35,7 @@ def test_jax_example(tmp_path) -> None:
             "0.25",
             "--dir",
             str(tmp_path),
+            *plan,
         ],
         capture_output=True,
         text=True,
@@ -53,3 +55,6 @@ def test_jax_example(tmp_path) -> None:
     written = float(result.stdout.split("written ")[1].split(" MiB")[0])
     assert written > 0
     assert list(tmp_path.iterdir()) == []  # the offloader removed its directory
+    if plan:  # the plan made from a recorded step, and the steps timed under it
+        assert "spill plan (max_overhead=0.1)" in result.stdout
+        assert "median of 1)" in result.stdout  # the steps after the first two
