@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 from ._clock import Mark, cuda_in_use
 from ._entries import Handle, describe
-from ._plan import Rates, Saved, Timeline
+from ._plan import Rates, Timeline
 from ._rates import measure_rates
 from ._step_plan import StepPlan, checked_mode, make_plan
+from ._timeline import marked_timeline
 
 if TYPE_CHECKING:
     from ._offloader import Offloader
@@ -184,13 +185,7 @@ class ArrayStep:
     def timeline(self, start: Mark, end: Mark) -> Timeline:
         """The recorded step's timeline, from ``start`` to ``end``; an array never got back
         counts as needed at the end."""
-        step = end.since(start)
-        saved = []
-        for nbytes, made, needed in zip(self._bytes, self._made, self._needed, strict=True):
-            produced = min(max(made.since(start), 0.0), step)
-            need = needed.since(start) if needed is not None else step
-            saved.append(Saved(nbytes, produced, min(max(need, produced), step)))
-        return Timeline(tuple(saved), step)
+        return marked_timeline(start, end, self._bytes, self._made, self._needed)
 
     def mark(self) -> Mark:
         """A mark of the step's kind now (the device's queued work done, for JAX)."""
@@ -367,12 +362,7 @@ def array_step(
         If the plan is not made yet.
     """
     if plan is not None:
-        if min_bytes is not None and min_bytes != plan.min_bytes:
-            raise ValueError(
-                f"min_bytes={min_bytes}, but the plan was recorded with "
-                f"min_bytes={plan.min_bytes}: its arrays would not be these"
-            )
-        min_bytes = plan.min_bytes
+        min_bytes = plan.checked_min_bytes(min_bytes)
         plan.tiers  # noqa: B018 - raises before the plan is made
     step = ArrayStep(
         offloader,

@@ -119,6 +119,22 @@ class StepPlan:
             host_tier=self.host_tier,
         )
 
+    def checked_min_bytes(self, given: int | None) -> int:
+        """The ``min_bytes`` of a step run under the plan: the one it was recorded with.
+
+        Raises
+        ------
+        ValueError
+            If ``given`` (not None) differs: the ``i``-th array saved would not be the
+            plan's ``i``-th.
+        """
+        if given is not None and given != self.min_bytes:
+            raise ValueError(
+                f"min_bytes={given}, but the plan was recorded with "
+                f"min_bytes={self.min_bytes}: its arrays would not be these"
+            )
+        return self.min_bytes
+
     def forget_runs(self) -> None:
         """Forget the steps measured so far, so that the measured step is the next ones'
         (after a first step that compiled, say, as a JAX step's first run does)."""

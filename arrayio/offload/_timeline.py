@@ -12,14 +12,14 @@ clock.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ._clock import Mark, cuda_in_use
 from ._plan import Saved, Timeline
 from ._torch_hooks import offloadable
 
-__all__ = ["StepRecorder", "record_step"]
+__all__ = ["StepRecorder", "marked_timeline", "record_step"]
 
 
 class _Recorded:
@@ -77,13 +77,29 @@ class StepRecorder:
             import torch
 
             torch.cuda.synchronize()
-        step = self._end.since(self._start)
-        saved = []
-        for nbytes, made, needed in zip(self._bytes, self._made, self._needed, strict=True):
-            produced = min(max(made.since(self._start), 0.0), step)
-            need = needed.since(self._start) if needed is not None else step
-            saved.append(Saved(nbytes, produced, min(max(need, produced), step)))
-        return Timeline(tuple(saved), step, base_bytes)
+        return marked_timeline(
+            self._start, self._end, self._bytes, self._made, self._needed, base_bytes
+        )
+
+
+def marked_timeline(
+    start: Mark,
+    end: Mark,
+    sizes: Sequence[int],
+    made: Sequence[Mark],
+    needed: Sequence[Mark | None],
+    base_bytes: int = 0,
+) -> Timeline:
+    """The timeline of a step from ``start`` to ``end`` whose saved arrays have ``sizes``,
+    were made at the marks ``made`` and first needed at ``needed`` (None: never, which
+    counts as needed at the end), each clamped into the step."""
+    step = end.since(start)
+    saved = []
+    for nbytes, made_at, needed_at in zip(sizes, made, needed, strict=True):
+        produced = min(max(made_at.since(start), 0.0), step)
+        need = needed_at.since(start) if needed_at is not None else step
+        saved.append(Saved(nbytes, produced, min(max(need, produced), step)))
+    return Timeline(tuple(saved), step, base_bytes)
 
 
 @contextlib.contextmanager

@@ -205,12 +205,7 @@ def activations(
 
     step_plan = plan if isinstance(plan, StepPlan) else None
     if step_plan is not None:
-        if min_bytes is not None and min_bytes != step_plan.min_bytes:
-            raise ValueError(
-                f"min_bytes={min_bytes}, but the plan was recorded with "
-                f"min_bytes={step_plan.min_bytes}: its tensors would not be these"
-            )
-        min_bytes = step_plan.min_bytes
+        min_bytes = step_plan.checked_min_bytes(min_bytes)
     tiers = plan.tiers if plan is not None else None
     hooks = _Hooks(offloader, 1 << 20 if min_bytes is None else min_bytes, prefetch, tiers)
     if step_plan is not None:
