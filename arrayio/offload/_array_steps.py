@@ -31,6 +31,7 @@ import functools
 import math
 import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,7 @@ from ._clock import Mark, cuda_in_use
 from ._entries import Handle, describe
 from ._plan import Rates, Timeline
 from ._rates import measure_rates
-from ._step_plan import StepPlan, checked_mode, make_plan
+from ._step_plan import PlanWarning, StepPlan, checked_mode, make_plan
 from ._timeline import marked_timeline
 
 if TYPE_CHECKING:
@@ -52,10 +53,20 @@ class Kept:
     """An array an :class:`ArrayStep` keeps on its device (too small to offload, or kept
     by the plan), in place of an offloader :class:`~arrayio.offload.Handle`."""
 
-    __slots__ = ("array", "index")
+    __slots__ = ("__weakref__", "array", "index")
 
     def __init__(self, array: Any, index: int | None) -> None:
         self.array, self.index = array, index
+
+
+def _gone() -> None:
+    """An order slot whose array was freed, or not put yet."""
+    return None
+
+
+# Frameworks whose GPU steps are marked as the device runs them (CUDA events for torch, a
+# barrier for JAX); a step of another framework on a GPU cannot be recorded or timed.
+_MARKED_ON_GPUS = ("torch", "jax")
 
 
 class ArrayStep:
@@ -84,18 +95,25 @@ class ArrayStep:
         self.plan = plan
         self._recording = recording
         self._tiers = None if recording or plan is None else plan.tiers
+        self._planned_bytes = (
+            None
+            if self._tiers is None or plan is None or plan.timeline is None
+            else [saved.nbytes for saved in plan.timeline.saved]
+        )
+        self._warned = False
         self._lock = threading.Lock()
         self._count = 0  # arrays of at least min_bytes put so far, in order
-        # The offloaded ones, in the order put, weakly: a handle the step drops frees its
-        # array, as the offloader's handles do.
-        self._order: list[weakref.ref[Handle]] = []
-        self._position: dict[int, int] = {}  # id of a live handle -> its place in _order
+        # Every such array, in the order put, weakly (a handle the step drops frees its
+        # array, as the offloader's handles do), and where each live one is. The weakrefs'
+        # callbacks take no lock: the collector may run them on a thread holding it.
+        self._order: list[Callable[[], Any]] = []
+        self._position: dict[int, int] = {}
         self._framework: str | None = None
         self._cuda = False
         self._clock: Callable[[Any], Mark] | None = None
         # Recording: each array's bytes, the mark it was put at, the mark it was first got.
         self._bytes: list[int] = []
-        self._made: list[Mark] = []
+        self._made: list[Mark | None] = []
         self._needed: list[Mark | None] = []
 
     # ------------------------------------------------------------------ what steps call
@@ -108,105 +126,161 @@ class ArrayStep:
         ------
         UnsupportedObjectError, UnsupportedDtypeError
             For what the offloader does not take.
+        ValueError
+            Recording or under a plan: for an array of another framework or memory than
+            the step's first, or on a GPU of a framework other than torch and JAX.
         """
         array, request, dtype, shape = describe(array)
         nbytes = dtype.itemsize * math.prod(shape)
         if nbytes < self.min_bytes:
             return Kept(array, None)
-        self._first_array(request.framework, request.placement.is_cuda, array)
-        with self._lock:
+        self._check_kind(request.framework, request.placement.is_cuda, array)
+        with self._lock:  # its place in every list, taken at once
             index = self._count
             self._count += 1
+            self._order.append(_gone)
+            if self._recording:
+                self._bytes.append(nbytes)
+                self._made.append(None)
+                self._needed.append(None)
         if self._recording:
             assert self._clock is not None
-            mark = self._clock(array)
-            with self._lock:
-                self._bytes.append(nbytes)
-                self._made.append(mark)
-                self._needed.append(None)
-            return Kept(array, index)
+            self._made[index] = self._clock(array)
+            return self._track(Kept(array, index), index)
         tier = None
-        if self._tiers is not None and index < len(self._tiers):
-            tier = self._tiers[index]
-            if tier == "device":
-                return Kept(array, index)
+        if self._tiers is not None:
+            self._check_planned(index, nbytes)
+            if index < len(self._tiers):
+                tier = self._tiers[index]
+                if tier == "device":
+                    return self._track(Kept(array, index), index)
         handle = self.offloader.put(array, hint=None if tier is None else "spill", tier=tier)
-        with self._lock:
-            key = id(handle)
-            self._position[key] = len(self._order)
-            self._order.append(weakref.ref(handle, self._forget(key)))
-        return handle
+        return self._track(handle, index)
 
-    def _forget(self, key: int) -> Callable[[Any], None]:
-        def callback(_ref: Any) -> None:
-            with self._lock:
-                self._position.pop(key, None)
+    def _track(self, kept: Any, index: int) -> Any:
+        key = id(kept)
+        position = self._position
+        self._position[key] = index
+        self._order[index] = weakref.ref(kept, lambda _ref: position.pop(key, None))
+        return kept
 
-        return callback
+    def _check_planned(self, index: int, nbytes: int) -> None:
+        """Warn once where the step's arrays are not the recorded step's: the plan's
+        ``i``-th tier would be another array's."""
+        planned = self._planned_bytes
+        if self._warned or planned is None:
+            return
+        if index < len(planned) and planned[index] == nbytes:
+            return
+        self._warned = True
+        recorded = f"{planned[index]} bytes" if index < len(planned) else "none"
+        warnings.warn(
+            f"array {index} put under the spill plan has {nbytes} bytes, where the recorded "
+            f"step's had {recorded}: the plan is for another step (record it again)",
+            PlanWarning,
+            stacklevel=3,
+        )
 
     def get(self, kept: Handle | Kept) -> Any:
-        """The array :meth:`put` returned ``kept`` for; an offloaded one read back (and the
-        ones put just before it asked for, which a backward pass needs next)."""
-        if isinstance(kept, Kept):
-            if self._recording and kept.index is not None:
+        """The array :meth:`put` returned ``kept`` for; an offloaded one read back. Under a
+        budget or a plan, it also starts reading back the ``prefetch`` offloaded arrays put
+        last before this one, which a backward pass needs next."""
+        if isinstance(kept, Kept) and self._recording and kept.index is not None:
+            if self._needed[kept.index] is None:
+                assert self._clock is not None
+                mark = self._clock(None)
                 with self._lock:
-                    first = self._needed[kept.index] is None
-                if first:
-                    assert self._clock is not None
-                    mark = self._clock(None)
-                    with self._lock:
-                        if self._needed[kept.index] is None:
-                            self._needed[kept.index] = mark
-            return kept.array
-        if self.prefetch:
-            with self._lock:
-                at = self._position.get(id(kept))
-                before = [] if at is None else self._order[max(0, at - self.prefetch) : at]
-            handles = [h for h in (ref() for ref in reversed(before)) if h is not None]
+                    if self._needed[kept.index] is None:
+                        self._needed[kept.index] = mark
+        elif self.prefetch and not self._recording:
+            handles = self._before(self._position.get(id(kept)))
             if handles:
                 self.offloader.prefetch(handles)
-        return self.offloader.get(kept)
+        return kept.array if isinstance(kept, Kept) else self.offloader.get(kept)
+
+    def _before(self, at: int | None) -> list[Handle]:
+        """The ``prefetch`` live handles put last before position ``at``, latest first."""
+        handles: list[Handle] = []
+        if at is None:
+            return handles
+        for slot in reversed(self._order[:at]):
+            put = slot()
+            if isinstance(put, Handle):
+                handles.append(put)
+                if len(handles) == self.prefetch:
+                    break
+        return handles
 
     def free(self, kept: Handle | Kept) -> None:
         """Drop an array the step no longer needs (also done when its handle is garbage)."""
+        at = self._position.pop(id(kept), None)
+        if at is not None:
+            self._order[at] = _gone
         if isinstance(kept, Handle):
             self.offloader.free(kept)
 
     # ------------------------------------------------------------------ marks
 
-    def _first_array(self, framework: str, cuda: bool, array: Any) -> None:
-        """Choose the step's marks from its first array's framework and device."""
+    def _check_kind(self, framework: str, cuda: bool, array: Any) -> None:
+        """Choose the step's marks from its first array's framework and memory; check the
+        later ones against it where the marks matter (recording, or under a plan)."""
         with self._lock:
-            if self._framework is not None:
-                return
-            self._framework, self._cuda = framework, cuda
-            self._clock = _clock_for(framework, cuda, array)
+            first = self._framework is None
+            if first:
+                self._framework, self._cuda = framework, cuda
+                self._clock = _clock_for(framework, array)
+        if not (self._recording or self.plan is not None):
+            return
+        where = "a GPU" if cuda else "the host"
+        if cuda and framework not in _MARKED_ON_GPUS:
+            raise ValueError(
+                f"a step of {framework} arrays on a GPU cannot be recorded or timed: array "
+                f"steps mark torch's (CUDA events) and JAX's (the device's queue)"
+            )
+        if (framework, cuda) != (self._framework, self._cuda):
+            first_where = "a GPU" if self._cuda else "the host"
+            raise ValueError(
+                f"an array of {framework} on {where} in a step whose first array is of "
+                f"{self._framework} on {first_where}: a plan is for one kind of array"
+            )
 
     def timeline(self, start: Mark, end: Mark) -> Timeline:
         """The recorded step's timeline, from ``start`` to ``end``; an array never got back
         counts as needed at the end."""
-        return marked_timeline(start, end, self._bytes, self._made, self._needed)
+        made = [mark if mark is not None else start for mark in self._made]
+        return marked_timeline(start, end, self._bytes, made, self._needed)
 
     def mark(self) -> Mark:
-        """A mark of the step's kind now (the device's queued work done, for JAX)."""
+        """A mark of the step's kind now (for JAX, once the device has run its queue)."""
         if self._clock is None:
             return Mark(False)
         return self._clock(None)
 
+    def _recorded(self) -> None:
+        """The recording is over: the step's arrays are its code's, and its later puts and
+        gets are plain ones."""
+        self._recording = False
+        self._bytes.clear()
+        self._made.clear()
+        self._needed.clear()
 
-def _clock_for(framework: str, cuda: bool, array: Any) -> Callable[[Any], Mark]:
-    """The marks of a step whose arrays are ``framework``'s on a GPU (``cuda``) or not: a
-    function of the array just put (or None) that returns a :class:`Mark`."""
-    if framework == "torch" and cuda:
+
+def _clock_for(framework: str, array: Any) -> Callable[[Any], Mark]:
+    """The marks of a step whose first array is ``array``, of ``framework``: a function of
+    the array just put (or None) that returns a :class:`Mark`. torch on a GPU: CUDA events.
+    JAX, which dispatches asynchronously on any device: the host's clock once the array's
+    producer has run (at a put) or the device has run the work queued before (at a get).
+    Others: the host's clock."""
+    if framework == "torch" and getattr(getattr(array, "device", None), "type", None) == "cuda":
         return lambda _array: Mark(True)
-    if framework == "jax" and cuda:
+    if framework == "jax":
         device = next(iter(array.devices()))
 
         def jax_mark(put: Any) -> Mark:
             if put is not None:
-                put.block_until_ready()  # made: its producer has run
+                put.block_until_ready()
             else:
-                _jax_barrier(device)  # needed: the work queued before has run
+                _jax_barrier(device)
             return Mark(False)
 
         return jax_mark
@@ -243,10 +317,7 @@ class _Start:
     a CUDA event where torch runs CUDA."""
 
     def __init__(self) -> None:
-        jax = sys.modules.get("jax")
-        if jax is not None:
-            for device in _jax_gpus(jax):
-                _jax_barrier(device)
+        jax_barrier()
         self.host = Mark(False)
         self.event = Mark(True) if cuda_in_use() else None
 
@@ -255,15 +326,23 @@ class _Start:
         if step._framework == "torch" and step._cuda:
             if self.event is not None:
                 return self.event
-            return step._made[0] if step._made else Mark(True)
+            first = step._made[0] if step._made else None
+            return first if first is not None else Mark(True)
         return self.host
 
 
-def _jax_gpus(jax: Any) -> list[Any]:
+def jax_barrier() -> None:
+    """Where this process uses JAX, wait until each of its local devices has run the work
+    queued on it."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return
     try:
-        return [device for device in jax.local_devices() if device.platform == "gpu"]
+        devices = jax.local_devices()
     except RuntimeError:  # no backend could start
-        return []
+        return
+    for device in devices:
+        _jax_barrier(device)
 
 
 @contextlib.contextmanager
@@ -307,7 +386,7 @@ def plan_array_step(
     yield step
     end = step.mark()
     timeline = step.timeline(start.of(step), end)
-    step_plan.framework = "jax" if step._framework == "jax" else "torch"
+    step_plan.framework = step._framework or "numpy"
     make_plan(
         step_plan,
         offloader,
@@ -318,11 +397,10 @@ def plan_array_step(
         max_overhead=max_overhead,
         device_budget_bytes=device_budget_bytes,
         warn_above=warn_above,
-        framework=step_plan.framework,
+        framework="jax" if step_plan.framework == "jax" else "torch",
     )
     step.plan = step_plan
-    step._made.clear()  # the step's arrays are its own to drop
-    step._needed.clear()
+    step._recorded()
 
 
 @contextlib.contextmanager
@@ -376,7 +454,11 @@ def array_step(
         return
     offloader._step_plan = plan
     events = plan.cuda and plan.framework == "torch"  # else the host's clock
-    start = _Start().host if not events else Mark(True)
+    start = Mark(True) if events else _Start().host
     yield step
-    end = step.mark() if step._framework is not None and not events else Mark(events)
+    if events:
+        end = Mark(True)
+    else:
+        jax_barrier()  # (a JAX step's queue run; nothing to wait for otherwise)
+        end = Mark(False)
     plan.ran(start, end)

@@ -33,6 +33,7 @@ from ..arrays._frameworks import export
 from ..arrays._shards import Pieces
 from ..dispatch import _transfer
 from ._clock import cuda_in_use
+from ._host import jax_host_offload
 from ._plan import Rates
 
 if TYPE_CHECKING:
@@ -84,14 +85,19 @@ def measure_rates(
         cuda = cuda_in_use()
     if framework not in ("torch", "jax"):
         raise ValueError(f"framework must be 'torch' or 'jax', got {framework!r}")
-    sample = _jax_sample if framework == "jax" else _sample
-    source, target = sample(cuda, sample_bytes), sample(cuda, sample_bytes)
-    disk_write, disk_read = _disk_rates(offloader, source, target, repeats, clock)
+    jax_device = framework == "jax" and cuda
+    source = _jax_sample(cuda, sample_bytes) if framework == "jax" else _sample(cuda, sample_bytes)
+    # A spilled JAX array on a GPU is read back into host memory, then put on its device
+    # by JAX (which owns the device's memory): its read is timed so.
+    target = _sample(False, sample_bytes) if jax_device else _sample(cuda, sample_bytes)
+    disk_write, disk_read = _disk_rates(
+        offloader, source, target, repeats, clock, _jax_put_on(source) if jax_device else None
+    )
     if why_no_host_tier(offloader, cuda=cuda) is not None:
         return Rates(math.inf, math.inf, disk_write, disk_read, 0)
-    if framework == "jax":
+    if jax_device and jax_host_offload(source) is not None:
         to_host, from_host = _jax_host_rates(source, repeats, clock)
-    else:
+    else:  # (a JAX without pinned host memory: the tier copies its arrays as others')
         to_host, from_host = host_rates(offloader.host_tier, export(source).data, repeats, clock)
     return Rates(to_host, from_host, disk_write, disk_read, offloader.host_tier.budget_bytes)
 
@@ -118,8 +124,15 @@ def host_rates(
 
 
 def _disk_rates(
-    offloader: Offloader, source: Any, target: Any, repeats: int, clock: Callable[[], float]
+    offloader: Offloader,
+    source: Any,
+    target: Any,
+    repeats: int,
+    clock: Callable[[], float],
+    after_read: Callable[[Any], None] | None = None,
 ) -> tuple[float, float]:
+    """Bytes per second of ``source`` written to a file and read back into ``target``, then
+    ``after_read(target)`` (inside the read's time)."""
     spills = offloader._spills
     path = os.path.join(offloader.directory, _FILE)
     data, into = export(source).data, export(target).data
@@ -141,6 +154,8 @@ def _disk_rates(
                 )
             finally:
                 os.close(fd)
+            if after_read is not None:
+                after_read(target)
             writes.append(written - start)
             reads.append(clock() - written)
     finally:
@@ -179,6 +194,14 @@ def _jax_sample(cuda: bool, nbytes: int) -> Any:
     return jax.device_put(host, jax.devices()[0]).block_until_ready()
 
 
+def _jax_put_on(array: Any) -> Callable[[Any], None]:
+    """Put a host array on ``array``'s device with JAX, and wait for it."""
+    import jax
+
+    device = next(iter(array.devices()))
+    return lambda host: jax.device_put(host, device).block_until_ready()
+
+
 def _jax_host_rates(array: Any, repeats: int, clock: Callable[[], float]) -> tuple[float, float]:
     """Bytes per second of ``array`` (a JAX array on a GPU) moved to JAX's pinned host memory
     and back, as the host tier moves JAX arrays (:func:`~arrayio.offload._host.jax_host_offload`).
@@ -189,8 +212,6 @@ def _jax_host_rates(array: Any, repeats: int, clock: Callable[[], float]) -> tup
         Where this JAX offers no pinned host memory for the array.
     """
     import jax
-
-    from ._host import jax_host_offload
 
     host_sharding = jax_host_offload(array)
     if host_sharding is None:

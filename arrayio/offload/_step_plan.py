@@ -46,8 +46,9 @@ class StepPlan:
     mode
         ``"max_overhead=..."`` or ``"device_budget_bytes=..."``.
     framework
-        Whose step was recorded: ``"torch"`` (:func:`plan_step`, or torch arrays through
-        :func:`~arrayio.offload.plan_array_step`) or ``"jax"``.
+        Whose step was recorded: ``"torch"`` (:func:`plan_step`), or the framework of the
+        arrays :func:`~arrayio.offload.plan_array_step` recorded (``"jax"``, ``"torch"``,
+        ``"numpy"``...).
     min_bytes
         The smallest tensor recorded; ``activations`` must offload with the same.
     timeline, rates, plan

@@ -28,10 +28,11 @@ def decode_for_gpu(
     destinations: list[Any] | None = None,
 ) -> list[Any]:
     """Each chunk (a view of the pinned ``slab``, or None: missing) decoded onto
-    ``target``'s GPU: a CuPy array, or its destination (flat device bytes of its decoded
-    size) where it has one. ``decoded_sizes`` are the chunks' decoded bytes as the array's
-    spec gives them. The chunks are shared between nvCOMP and the host's cores; a chunk
-    that cannot be decoded raises its error."""
+    ``target``'s GPU: its destination (flat device bytes of its decoded size, a CuPy array or
+    a :class:`~arrayio.zarr._kernels.DeviceSpan`) where it has one, else a new CuPy array.
+    ``decoded_sizes`` are the chunks' decoded bytes as the array's spec gives them. The
+    chunks are shared between nvCOMP and the host's cores; a chunk that cannot be decoded
+    raises its error."""
     indices = [i for i, data in enumerate(encoded) if data is not None]
     out: list[Any] = [None] * len(encoded)
     if not indices:

@@ -30,11 +30,11 @@ class Job:
     """Chunks of one codec call, waiting for the worker."""
 
     kind: str  # "decode" or "encode"
-    arrays: list[Any]
+    arrays: list[Any]  # CuPy arrays, or spans of device bytes (_kernels.DeviceSpan)
     zstd: Any  # numcodecs' Zstd with the codec's level and checksum, for the host fallback
     future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
-    # Where each decoded chunk may go (device bytes of its size, or None): the caller's
-    # output, when the chunk lands there whole
+    # Where each decoded chunk may go (device bytes of its size, a CuPy array or a span, or
+    # None): the caller's output, when the chunk lands there whole
     destinations: list[Any] | None = None
 
     @property
@@ -72,8 +72,9 @@ class DeviceWorker:
         zstd: Any,
         destinations: list[Any] | None = None,
     ) -> concurrent.futures.Future:
-        """Queue chunks for the device's worker; the future gives one CuPy array each (a
-        decoded chunk's destination, where it was given one and nvCOMP decoded it)."""
+        """Queue chunks for the device's worker; the future gives one result each: a
+        decoded chunk's destination, where it was given one and nvCOMP decoded it, else a
+        new CuPy array."""
         with cls._lock:
             worker = cls._workers.get(device_id)
             if worker is None:

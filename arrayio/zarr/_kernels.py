@@ -192,7 +192,9 @@ class DeviceSpan:
         return self.nbytes
 
     def array(self) -> Any:
-        """The bytes as a CuPy ``uint8`` array (a view of the owner)."""
+        """The bytes as a CuPy ``uint8`` array (a view of the owner, which is contiguous:
+        a reshape of any other would be a copy, and a decode into it lost)."""
+        assert self.owner.flags.c_contiguous
         flat = self.owner.reshape(-1).view(np.uint8)
         offset = self.ptr - self.owner.data.ptr
         return flat[offset : offset + self.nbytes]

@@ -31,10 +31,15 @@ def _step(step, arrays, small=None):
     return [step.get(k) for k in reversed(kept)][::-1]
 
 
-def _plan_with(tiers, min_bytes=MB):
-    """A StepPlan whose tiers are ``tiers`` (as a recording would have planned them)."""
+def _plan_with(tiers, min_bytes=MB, sizes=None):
+    """A StepPlan whose tiers are ``tiers`` (as a recording would have planned them), for
+    arrays of ``sizes`` bytes where given."""
+    from arrayio.offload._plan import Saved, Timeline
+
     plan = arrayio.offload.StepPlan("max_overhead=0.1", min_bytes)
-    plan.framework = "torch"
+    plan.framework = "numpy"
+    if sizes is not None:
+        plan.timeline = Timeline(tuple(Saved(n, 0.0, 1.0) for n in sizes), 1.0)
     plan.plan = Plan(
         tiers=tuple(tiers),
         returns=tuple(None for _ in tiers),
@@ -56,6 +61,8 @@ def test_a_recorded_step_keeps_every_array_and_marks_it_in_order(tmp_path):
             got = _step(step, arrays, small=np.zeros(4, np.float32))
             assert step.plan is None  # planned when the block ends
         assert off.stats().bytes_written == 0  # a plain step: nothing left the device
+        kept = step.put(arrays[0])  # the recording over: a put through the budget (0)
+        np.testing.assert_array_equal(step.get(kept), arrays[0])
     for a, b in zip(arrays, got, strict=True):
         assert b is a
     saved = step.plan.timeline.saved
@@ -65,7 +72,7 @@ def test_a_recorded_step_keeps_every_array_and_marks_it_in_order(tmp_path):
     assert produced == sorted(produced)  # put in order
     assert needed == sorted(needed, reverse=True)  # got back in reverse
     assert all(s.produced <= s.needed for s in saved)
-    assert step.plan.framework == "torch" and not step.plan.cuda
+    assert step.plan.framework == "numpy" and not step.plan.cuda
     assert step.plan.plan.peak_bytes <= 2 * MB  # the budget mode met its budget
 
 
@@ -222,3 +229,80 @@ def test_the_links_are_sampled_at_the_largest_array_up_to_a_cap(tmp_path, framew
             framework=framework,
         )
     assert asked == [cap]
+
+
+def test_puts_from_several_threads_keep_each_arrays_own_place(tmp_path):
+    # Each put takes its place in the recording at once: the plan's i-th array is the one
+    # whose put got index i, whatever order the threads' marks come in.
+    import concurrent.futures
+
+    sizes = [(k + 1) * MB for k in range(8)]
+    with arrayio.Offloader(tmp_path, device_budget_bytes=0) as off:
+        with plan_array_step(off, max_overhead=0.1, rates=DISK) as step:
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                kept = list(pool.map(lambda n: step.put(np.zeros(n, np.uint8)), sizes))
+            for k in reversed(kept):
+                step.get(k)
+    saved = step.plan.timeline.saved
+    assert sorted(k.index for k in kept) == list(range(8))
+    assert all(saved[k.index].nbytes == k.array.nbytes for k in kept)
+
+
+def test_a_get_of_a_kept_array_prefetches_the_offloaded_ones_before_it(tmp_path, monkeypatch):
+    arrays = _arrays(3)
+    asked: list[list[int]] = []
+    with arrayio.Offloader(tmp_path, device_budget_bytes=64 * MB) as off:
+        real = off.prefetch
+        monkeypatch.setattr(
+            off, "prefetch", lambda handles: (asked.append([h.id for h in handles]), real(handles))
+        )
+        with array_step(off, _plan_with(["disk", "disk", "device"]), prefetch=2) as step:
+            kept = [step.put(a) for a in arrays]
+            np.testing.assert_array_equal(step.get(kept[2]), arrays[2])
+    assert asked == [[kept[1].id, kept[0].id]]
+
+
+def test_a_freed_array_is_not_prefetched(tmp_path):
+    arrays = _arrays(3)
+    with arrayio.Offloader(tmp_path, device_budget_bytes=0) as off:
+        with array_step(off, prefetch=2) as step:
+            handles = [step.put(a) for a in arrays]
+            step.free(handles[1])
+            np.testing.assert_array_equal(step.get(handles[2]), arrays[2])  # no error
+            np.testing.assert_array_equal(step.get(handles[0]), arrays[0])
+
+
+def test_a_dropped_handle_is_forgotten_even_while_the_step_is_busy(tmp_path):
+    # The collector may free a handle on a thread that holds the step's lock: forgetting it
+    # must not wait for that lock.
+    import gc
+    import threading
+
+    with arrayio.Offloader(tmp_path, device_budget_bytes=64 * MB) as off:
+        with array_step(off) as step:
+            cycle = [step.put(_arrays(1)[0])]
+            cycle.append(cycle)  # freed only by the collector
+            del cycle
+            done = threading.Event()
+
+            def collect_holding_the_lock():
+                with step._lock:
+                    gc.collect()
+                done.set()
+
+            threading.Thread(target=collect_holding_the_lock, daemon=True).start()
+            assert done.wait(10)
+            assert step._position == {}
+
+
+def test_a_step_unlike_the_plans_warns_and_mixed_arrays_are_refused(tmp_path):
+    with arrayio.Offloader(tmp_path, device_budget_bytes=64 * MB) as off:
+        with pytest.warns(arrayio.offload.PlanWarning, match="recorded step's had"):
+            with array_step(off, _plan_with(["device", "disk"], sizes=[MB, MB])) as step:
+                step.put(_arrays(1)[0])
+                step.put(np.zeros(2 * MB, np.uint8))  # not the recorded second array
+        jax = pytest.importorskip("jax")
+        with pytest.raises(ValueError, match="one kind of array"):
+            with plan_array_step(off, max_overhead=0.1, rates=DISK) as recording:
+                recording.put(_arrays(1)[0])
+                recording.put(jax.numpy.zeros(MB // 4, jax.numpy.float32))
