@@ -47,6 +47,17 @@ class _Saved:
         self.source = weakref.ref(source)  # the tensor saved, while it lives
 
 
+class _Kept:
+    """What autograd keeps in place of a tensor the plan keeps on the device: the tensor,
+    and how many tensors were offloaded before it (whose reads its unpack starts: backward
+    reaches it before them)."""
+
+    __slots__ = ("offloaded_before", "tensor")
+
+    def __init__(self, tensor: Any, offloaded_before: int) -> None:
+        self.tensor, self.offloaded_before = tensor, offloaded_before
+
+
 class _Hooks:
     def __init__(
         self, offloader: Offloader, min_bytes: int, prefetch: int, tiers: Sequence[str] | None
@@ -84,7 +95,7 @@ class _Hooks:
                 index = len(self.order) + len(self.kept_ids)
                 if index < len(self.tiers) and self.tiers[index] == "device":
                     self.kept_ids[id(tensor)] = weakref.ref(tensor)
-                    return tensor  # the plan keeps it
+                    return _Kept(tensor, len(self.order))  # the plan keeps it
             if index < len(self.tiers):
                 hint, tier = "spill", self.tiers[index]
         version = tensor._version
@@ -99,24 +110,36 @@ class _Hooks:
 
     def _forget(self, key: int) -> Any:
         def callback(ref: weakref.ref[_Saved]) -> None:
-            with self.lock:
-                if self.by_id.get(key) is ref:
-                    del self.by_id[key]
+            # Without waiting: the collector may run this on a thread that holds the lock.
+            # An entry left behind is dead, and pack treats it as unknown.
+            if self.lock.acquire(blocking=False):
+                try:
+                    if self.by_id.get(key) is ref:
+                        del self.by_id[key]
+                finally:
+                    self.lock.release()
 
         return callback
 
     def unpack(self, packed: Any) -> Any:
+        if isinstance(packed, _Kept):
+            self._prefetch_before(packed.offloaded_before)
+            return packed.tensor
         if not isinstance(packed, _Saved):
             return packed
-        if self.prefetch:
-            with self.lock:
-                previous = [
-                    ref() for ref in self.order[max(0, packed.index - self.prefetch) : packed.index]
-                ]
-            handles = [saved.handle for saved in reversed(previous) if saved is not None]
-            if handles:
-                self.offloader.prefetch(handles)
+        self._prefetch_before(packed.index)
         return self.offloader.get(packed.handle)
+
+    def _prefetch_before(self, position: int) -> None:
+        """Start reading back the ``prefetch`` tensors offloaded last before ``position``
+        (in the order offloaded), which backward needs next."""
+        if not self.prefetch:
+            return
+        with self.lock:
+            previous = [ref() for ref in self.order[max(0, position - self.prefetch) : position]]
+        handles = [saved.handle for saved in reversed(previous) if saved is not None]
+        if handles:
+            self.offloader.prefetch(handles)
 
 
 def _same(held: Any, tensor: Any, version: int) -> bool:
