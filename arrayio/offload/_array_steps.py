@@ -182,9 +182,9 @@ class ArrayStep:
         )
 
     def get(self, kept: Handle | Kept) -> Any:
-        """The array :meth:`put` returned ``kept`` for; an offloaded one read back. Under a
-        budget or a plan, it also starts reading back the ``prefetch`` offloaded arrays put
-        last before this one, which a backward pass needs next."""
+        """The array :meth:`put` returned ``kept`` for; an offloaded one read back, and the
+        ``prefetch`` offloaded arrays put last before it asked for, which a backward pass
+        needs next."""
         if isinstance(kept, Kept) and self._recording and kept.index is not None:
             if self._needed[kept.index] is None:
                 assert self._clock is not None
@@ -192,7 +192,10 @@ class ArrayStep:
                 with self._lock:
                     if self._needed[kept.index] is None:
                         self._needed[kept.index] = mark
-        elif self.prefetch and not self._recording:
+        elif self.prefetch and not self._recording and isinstance(kept, Handle):
+            # Only an offloaded array's get starts reads, as torch's hooks do: reads started
+            # at the gets of the arrays a plan keeps brought arrays back while those were
+            # still held (docs/design/offload.md).
             handles = self._before(self._position.get(id(kept)))
             if handles:
                 self.offloader.prefetch(handles)

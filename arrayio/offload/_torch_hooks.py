@@ -47,17 +47,6 @@ class _Saved:
         self.source = weakref.ref(source)  # the tensor saved, while it lives
 
 
-class _Kept:
-    """What autograd keeps in place of a tensor the plan keeps on the device: the tensor,
-    and how many tensors were offloaded before it (whose reads its unpack starts: backward
-    reaches it before them)."""
-
-    __slots__ = ("offloaded_before", "tensor")
-
-    def __init__(self, tensor: Any, offloaded_before: int) -> None:
-        self.tensor, self.offloaded_before = tensor, offloaded_before
-
-
 class _Hooks:
     def __init__(
         self, offloader: Offloader, min_bytes: int, prefetch: int, tiers: Sequence[str] | None
@@ -95,7 +84,7 @@ class _Hooks:
                 index = len(self.order) + len(self.kept_ids)
                 if index < len(self.tiers) and self.tiers[index] == "device":
                     self.kept_ids[id(tensor)] = weakref.ref(tensor)
-                    return _Kept(tensor, len(self.order))  # the plan keeps it
+                    return tensor  # the plan keeps it
             if index < len(self.tiers):
                 hint, tier = "spill", self.tiers[index]
         version = tensor._version
@@ -122,24 +111,17 @@ class _Hooks:
         return callback
 
     def unpack(self, packed: Any) -> Any:
-        if isinstance(packed, _Kept):
-            self._prefetch_before(packed.offloaded_before)
-            return packed.tensor
         if not isinstance(packed, _Saved):
             return packed
-        self._prefetch_before(packed.index)
+        if self.prefetch:
+            with self.lock:
+                previous = [
+                    ref() for ref in self.order[max(0, packed.index - self.prefetch) : packed.index]
+                ]
+            handles = [saved.handle for saved in reversed(previous) if saved is not None]
+            if handles:
+                self.offloader.prefetch(handles)
         return self.offloader.get(packed.handle)
-
-    def _prefetch_before(self, position: int) -> None:
-        """Start reading back the ``prefetch`` tensors offloaded last before ``position``
-        (in the order offloaded), which backward needs next."""
-        if not self.prefetch:
-            return
-        with self.lock:
-            previous = [ref() for ref in self.order[max(0, position - self.prefetch) : position]]
-        handles = [saved.handle for saved in reversed(previous) if saved is not None]
-        if handles:
-            self.offloader.prefetch(handles)
 
 
 def _same(held: Any, tensor: Any, version: int) -> bool:

@@ -312,34 +312,3 @@ def test_a_gpu_step_planned_with_measured_host_and_disk_rates(tmp_path):
         assert torch.equal(a, b)
     assert explained.plan.measured_steps == 2 and explained.plan.measured_step_seconds > 0
     assert "host tier 64.0 MiB" in str(explained)
-
-
-def test_a_tensor_the_plan_keeps_starts_the_reads_backward_needs_next(tmp_path, model_and_batch):
-    # Backward reaches the tensors the plan keeps (the last saved) first: their unpacks
-    # start reading back the offloaded ones before them, so that the first offloaded
-    # tensor backward needs is on its way before backward asks for it.
-    from arrayio.offload._plan import Plan
-
-    model, x = model_and_batch
-    expected = _step(model, x)
-    tiers = ("disk", "disk", "disk", "device")  # the model saves 4 tensors of MIN_BYTES or more
-    kept_last = Plan(tiers, (None,) * 4, 1.0, 0, 0, "compute", 1.0, 1.0, 0.0)
-    with arrayio.Offloader(tmp_path, device_budget_bytes=1 << 30) as off:
-        events: list[tuple[str, list[int]]] = []
-        real_prefetch, real_get = off.prefetch, off.get
-        off.prefetch = lambda handles: (  # type: ignore[method-assign]
-            events.append(("prefetch", [h.id for h in handles])),
-            real_prefetch(handles),
-        )
-        off.get = lambda handle: (  # type: ignore[method-assign]
-            events.append(("get", [handle.id])),
-            real_get(handle),
-        )[1]
-        model.zero_grad(set_to_none=True)
-        with activations(off, plan=kept_last, min_bytes=MIN_BYTES):
-            model(x).square().sum().backward()
-        got = [p.grad.clone() for p in model.parameters()]
-    first_get = next(ids[0] for kind, ids in events if kind == "get")
-    assert events[0][0] == "prefetch" and first_get in events[0][1]
-    for a, b in zip(expected, got, strict=True):
-        assert torch.equal(a, b)
