@@ -13,9 +13,10 @@ residuals somewhere and gets them back. An :class:`ArrayStep` is that somewhere:
 * :func:`array_step` runs a step under the plan: the ``i``-th array put (of at least
   ``min_bytes``) stays on its device where the plan says ``"device"``, and is spilled at
   once to the plan's tier otherwise (``"host"``: the offloader's host tier, for JAX arrays
-  JAX's own pinned host memory; ``"disk"``: its file). Each :meth:`ArrayStep.get` also
-  prefetches the ``prefetch`` arrays put just before it, which a backward pass, going in
-  reverse, needs next. Without a plan, every array follows the offloader's budget.
+  JAX's own pinned host memory; ``"disk"``: its file). Each :meth:`ArrayStep.get` of an
+  offloaded array also prefetches the ``prefetch`` offloaded arrays put last before it,
+  which a backward pass, going in reverse, needs next. Without a plan, every array follows
+  the offloader's budget.
 
 The marks of a JAX step are the host's clock after the device has done the work queued
 before them (JAX dispatches asynchronously: the host's clock alone says when work was
@@ -431,8 +432,8 @@ def array_step(
     min_bytes
         Smaller arrays stay on their device (default: the plan's, else 1 MiB).
     prefetch
-        How many arrays put before the one each :meth:`ArrayStep.get` asks for it also
-        starts reading back.
+        How many offloaded arrays put before the one each :meth:`ArrayStep.get` reads back
+        it also starts reading back.
 
     Raises
     ------
