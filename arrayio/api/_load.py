@@ -257,14 +257,20 @@ def _one_batch(
                 for file in by_file
             }
         for file, names in by_file.items():
+            reader = opened[file]
+            if len(names) == len(reader._stored) and set(names) == reader._stored.keys():
+                # The index names every tensor of the file: all of them (the order is the
+                # index's, restored by _in_order), without a lookup of each name's subtree.
+                batch.append((reader, names))
+                continue
             try:
-                chosen = opened[file]._select(names)
+                chosen = reader._select(names)
             except KeyNotFoundError as error:
                 raise FormatError(
                     f"{index.path}: the index places tensors in {os.path.basename(file)} that "
                     f"it does not hold ({error})"
                 ) from None
-            batch.append((opened[file], chosen))
+            batch.append((reader, chosen))
         total = sum(reader._stored[key].nbytes for reader, chosen in batch for key in chosen)
         verifies = any(reader._verifies(chosen) for reader, chosen in batch)
         with _stages.stage("target"):

@@ -145,6 +145,26 @@ def test_an_index_that_misplaces_a_tensor_is_a_format_error(tmp_path):
         arrayio.load(tmp_path)
 
 
+@pytest.mark.parametrize("change", ["renamed", "left_out"])
+def test_an_index_unlike_its_shards_loads_what_it_names_or_refuses(tmp_path, change):
+    # Where the index names every tensor of a shard, the shard's tensors are read without
+    # a lookup of each name; an index that names a tensor its shard lacks (as many names as
+    # the shard holds) is refused, and one that leaves a tensor out loads the others.
+    tensors = write_checkpoint(tmp_path)
+    path = tmp_path / "model.safetensors.index.json"
+    index = json.loads(path.read_text())
+    file_of = index["weight_map"].pop("model.layers.0.w")
+    if change == "renamed":
+        index["weight_map"]["model.layers.0.v"] = file_of  # not in the shard
+        path.write_text(json.dumps(index))
+        with pytest.raises(FormatError, match="does not hold"):
+            arrayio.load(tmp_path)
+    else:
+        path.write_text(json.dumps(index))
+        del tensors["model.layers.0.w"]
+        same(arrayio.load(tmp_path), tensors)
+
+
 # -- writing them --------------------------------------------------------------------------------
 
 
