@@ -373,10 +373,7 @@ class _TorchRunner:
             self.release()
             if record_unlimited:
                 self.limit_memory(True)
-        if row.get("step_s") and row.get("plain_step_s"):
-            row["overhead"] = row["step_s"] / row["plain_step_s"] - 1
-        if row.get("peak_bytes") and row.get("plain_peak_bytes"):
-            row["peak_reduction"] = 1 - row["peak_bytes"] / row["plain_peak_bytes"]
+        _against_plain(row)
         return row
 
     def release(self) -> None:
@@ -692,6 +689,11 @@ def _compare(row: dict[str, Any], base: dict[str, Any]) -> None:
         row["peak_reduction"] = 1 - row["peak_bytes"] / base["peak_bytes"]
 
 
+def _against_plain(row: dict[str, Any]) -> None:
+    """A planned row's overhead and peak reduction, against its own plain step's."""
+    _compare(row, {"step_s": row.get("plain_step_s"), "peak_bytes": row.get("plain_peak_bytes")})
+
+
 # --------------------------------------------------------------------------- JAX
 
 
@@ -964,10 +966,16 @@ def _jax_planned_rows(
             break
         budget = int(value * activations) if mode == "budget" else None
         rows.append(
-            _jax_planned_row(cfg, tokens, f"{mode}={value:g}", budget, activations, fraction)
+            _jax_planned_row(
+                cfg,
+                tokens,
+                f"{mode}={value:g}",
+                budget,
+                activations,
+                fraction,
+                plain_peak_bytes=plain.get("peak_bytes"),
+            )
         )
-        rows[-1]["plain_peak_bytes"] = plain.get("peak_bytes")
-        _peak_reduction(rows[-1])
         save()
     return rows
 
@@ -995,17 +1003,10 @@ def _jax_planned_batches(
         row = _jax_planned_row(
             cfg, tokens, f"budget={budget / activations:.3g}", budget, activations, fraction
         )
-        row["plain_peak_bytes"] = row.get("recording_peak_bytes")
-        _peak_reduction(row)
         rows.append(row)
         save()
         if not row.get("fits") or (row.get("overhead") or 0) > 3:
             break
-
-
-def _peak_reduction(row: dict[str, Any]) -> None:
-    if row.get("peak_bytes") and row.get("plain_peak_bytes"):
-        row["peak_reduction"] = 1 - row["peak_bytes"] / row["plain_peak_bytes"]
 
 
 def _jax_planned_row(
@@ -1015,6 +1016,8 @@ def _jax_planned_row(
     budget: int | None,
     activations: int,
     fraction: float | None,
+    *,
+    plain_peak_bytes: int | None = None,
 ) -> dict[str, Any]:
     """One planned row of JAX's: a process that times plain steps and records and plans one,
     without the memory limit (a fresh process's first steps at the limit's edge can run out
@@ -1046,8 +1049,12 @@ def _jax_planned_row(
         second = ran["rows"][0] if ran["rows"] else {"fits": False}
         row.update({k: v for k, v in second.items() if k != "mode"})
         row["error"] = second.get("error") or ran.get("error")
-    if row.get("step_s") and row.get("plain_step_s"):
-        row["overhead"] = row["step_s"] / row["plain_step_s"] - 1
+    # The plain peak: the memory search's at that batch where given, else the recording's
+    # (a batch that runs only with a plan, recorded without the limit).
+    row["plain_peak_bytes"] = (
+        plain_peak_bytes if plain_peak_bytes is not None else row.get("recording_peak_bytes")
+    )
+    _against_plain(row)
     if row.get("planned_grads") and row.get("plain_grads"):
         row["grads_agree"] = row["planned_grads"] == row["plain_grads"]
         # The recorded step is a plain step at the same parameters: the plain steps' own

@@ -96,11 +96,6 @@ class ArrayStep:
         self.plan = plan
         self._recording = recording
         self._tiers = None if recording or plan is None else plan.tiers
-        self._planned_bytes = (
-            None
-            if self._tiers is None or plan is None or plan.timeline is None
-            else [saved.nbytes for saved in plan.timeline.saved]
-        )
         self._warned = False
         self._lock = threading.Lock()
         self._count = 0  # arrays of at least min_bytes put so far, in order
@@ -168,13 +163,14 @@ class ArrayStep:
     def _check_planned(self, index: int, nbytes: int) -> None:
         """Warn once where the step's arrays are not the recorded step's: the plan's
         ``i``-th tier would be another array's."""
-        planned = self._planned_bytes
-        if self._warned or planned is None:
+        timeline = self.plan.timeline if self.plan is not None else None
+        if self._warned or timeline is None:
             return
-        if index < len(planned) and planned[index] == nbytes:
+        planned = timeline.saved
+        if index < len(planned) and planned[index].nbytes == nbytes:
             return
         self._warned = True
-        recorded = f"{planned[index]} bytes" if index < len(planned) else "none"
+        recorded = f"{planned[index].nbytes} bytes" if index < len(planned) else "none"
         warnings.warn(
             f"array {index} put under the spill plan has {nbytes} bytes, where the recorded "
             f"step's had {recorded}: the plan is for another step (record it again)",
@@ -321,7 +317,7 @@ class _Start:
     a CUDA event where torch runs CUDA."""
 
     def __init__(self) -> None:
-        jax_barrier()
+        _wait_for_jax()
         self.host = Mark(False)
         self.event = Mark(True) if cuda_in_use() else None
 
@@ -335,7 +331,7 @@ class _Start:
         return self.host
 
 
-def jax_barrier() -> None:
+def _wait_for_jax() -> None:
     """Where this process uses JAX, wait until each of its local devices has run the work
     queued on it."""
     jax = sys.modules.get("jax")
@@ -463,6 +459,6 @@ def array_step(
     if events:
         end = Mark(True)
     else:
-        jax_barrier()  # (a JAX step's queue run; nothing to wait for otherwise)
+        _wait_for_jax()  # (a JAX step's queue run; nothing to wait for otherwise)
         end = Mark(False)
     plan.ran(start, end)

@@ -95,8 +95,9 @@ def measure_rates(
     )
     if why_no_host_tier(offloader, cuda=cuda) is not None:
         return Rates(math.inf, math.inf, disk_write, disk_read, 0)
-    if jax_device and jax_host_offload(source) is not None:
-        to_host, from_host = _jax_host_rates(source, repeats, clock)
+    host_sharding = jax_host_offload(source) if jax_device else None
+    if host_sharding is not None:
+        to_host, from_host = _jax_host_rates(source, host_sharding, repeats, clock)
     else:  # (a JAX without pinned host memory: the tier copies its arrays as others')
         to_host, from_host = host_rates(offloader.host_tier, export(source).data, repeats, clock)
     return Rates(to_host, from_host, disk_write, disk_read, offloader.host_tier.budget_bytes)
@@ -202,20 +203,14 @@ def _jax_put_on(array: Any) -> Callable[[Any], None]:
     return lambda host: jax.device_put(host, device).block_until_ready()
 
 
-def _jax_host_rates(array: Any, repeats: int, clock: Callable[[], float]) -> tuple[float, float]:
+def _jax_host_rates(
+    array: Any, host_sharding: Any, repeats: int, clock: Callable[[], float]
+) -> tuple[float, float]:
     """Bytes per second of ``array`` (a JAX array on a GPU) moved to JAX's pinned host memory
-    and back, as the host tier moves JAX arrays (:func:`~arrayio.offload._host.jax_host_offload`).
-
-    Raises
-    ------
-    ValueError
-        Where this JAX offers no pinned host memory for the array.
-    """
+    (``host_sharding``, from :func:`~arrayio.offload._host.jax_host_offload`) and back, as
+    the host tier moves JAX arrays."""
     import jax
 
-    host_sharding = jax_host_offload(array)
-    if host_sharding is None:
-        raise ValueError("this JAX has no pinned host memory for the array's device")
     device_sharding = array.sharding
     outs, backs = [], []
     for i in range(1 + max(1, repeats)):  # the first untimed: JAX compiles the moves

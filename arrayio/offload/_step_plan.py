@@ -283,15 +283,17 @@ def make_plan(
     max_overhead: float | None,
     device_budget_bytes: int | None,
     warn_above: float | None,
-    **measure_options: object,
+    framework: str | None = None,
 ) -> None:
     """Plan ``step_plan`` from a recorded ``timeline``: the links' ``rates`` (measured by
-    ``measure`` where not given, with ``measure_options``), the plan, and its warnings."""
+    ``measure`` where not given, told the ``framework`` whose arrays spill where one is
+    given), the plan, and its warnings."""
     if rates is None:
         largest = max((s.nbytes for s in timeline.saved), default=0)
-        cap = JAX_SAMPLE_BYTES if measure_options.get("framework") == "jax" else SAMPLE_BYTES
+        cap = JAX_SAMPLE_BYTES if framework == "jax" else SAMPLE_BYTES
         sample = min(max(largest, _MIN_SAMPLE), cap)
-        rates = measure(offloader, cuda=cuda, sample_bytes=sample, **measure_options)
+        options = {} if framework is None else {"framework": framework}
+        rates = measure(offloader, cuda=cuda, sample_bytes=sample, **options)
     chosen = plan(
         timeline, rates, max_overhead=max_overhead, device_budget_bytes=device_budget_bytes
     )
