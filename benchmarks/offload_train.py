@@ -781,6 +781,18 @@ def _jax_worker(spec: dict[str, Any]) -> dict[str, Any]:
         stats = device.memory_stats()
         return None if stats is None else stats.get("peak_bytes_in_use")
 
+    def compile_stages(batch: Any) -> None:
+        """Each stage run once on one block, holding nothing else: XLA compiles and
+        autotunes a stage at its first call, with scratch memory of its own, and a step's
+        first backward stage runs with every residual held. Compiled here, the process's
+        peak is its steps' (both processes of a planned row do this, so their peaks
+        compare)."""
+        y, h = stage_forward(params[0], batch)
+        _loss, g = loss_and_grad(y)
+        out = stage_backward(params[0], batch, h, g)
+        jax.block_until_ready(out)
+        del y, h, g, out
+
     if spec["mode"] in ("plan", "planned"):
         worker = _jax_plan if spec["mode"] == "plan" else _jax_planned
         planned_rows = []
@@ -793,6 +805,7 @@ def _jax_worker(spec: dict[str, Any]) -> dict[str, Any]:
             batch = jax.random.normal(jax.random.PRNGKey(tokens), (tokens, width), dtype)
             planned: dict[str, Any] = {"batch_tokens": tokens, "mode": run["mode"]}
             try:
+                compile_stages(batch)
                 planned.update(worker(cfg, run, functools.partial(step_on, batch)))
                 planned["fits"] = True
             except Exception as error:  # XlaRuntimeError: RESOURCE_EXHAUSTED
