@@ -51,6 +51,7 @@ __all__ = [
     "export",
     "framework_of",
     "is_array",
+    "jax_uncommitted",
     "parse_target",
     "writable_view",
 ]
@@ -538,6 +539,23 @@ def _allocate_jax(dtype: DType, shape: tuple[int, ...], nbytes: int, request: Re
         return jax.dlpack.from_dlpack(array)  # zero-copy: the buffer is 4096-aligned
 
     return Target(host, finish_host, copies)
+
+
+def jax_uncommitted(array: Any) -> Any:
+    """``array``, a JAX array on one device, as an uncommitted one: as JAX holds an array it
+    placed by default (``jnp.ones``, a jitted function's output of such arrays). Jitted
+    functions cache their compilations by whether each argument is committed, so an array
+    moved and moved back by ``jax.device_put`` (which commits it) would make every function
+    it reaches compile again. JAX offers no public way back: this builds the array from its
+    buffers with JAX's array type, and returns ``array`` as it is where that fails."""
+    if not getattr(array, "committed", False):
+        return array
+    try:
+        from jax._src.array import ArrayImpl
+
+        return ArrayImpl(array.aval, array.sharding, array._arrays, committed=False)
+    except Exception:  # noqa: BLE001 - another JAX: committed costs compilations, not results
+        return array
 
 
 def _jax_device(jax: ModuleType, placement: Placement) -> Any:

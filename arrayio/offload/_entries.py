@@ -83,6 +83,9 @@ class Entry:
     prefetched: bool = False  # read back by prefetch() and not used by get() since
     waiters: int = 0  # get() calls waiting for this array: it must not be dropped meanwhile
     tier: str | None = None  # "disk": spilled to its file even where the host tier has room
+    # A JAX array put uncommitted (placed by default, not by the caller): read back
+    # uncommitted too, or every jitted function it reaches compiles again for it.
+    uncommitted: bool = False
 
     @property
     def clean(self) -> bool:

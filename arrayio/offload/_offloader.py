@@ -227,6 +227,7 @@ class Offloader:
                 array=array,
                 ready=ready,
                 tier=tier,
+                uncommitted=request.framework == "jax" and not getattr(array, "committed", True),
             )
             self._next_id += 1
             self._entries[entry.id] = entry

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..arrays._frameworks import CPU, Request, allocate, export
+from ..arrays._frameworks import CPU, Request, allocate, export, jax_uncommitted
 from ..arrays._shards import Pieces
 from ..dispatch import _transfer
 from ..errors import ChecksumError
@@ -88,6 +88,10 @@ class SpillFiles:
         OSError
             If the file cannot be read.
         """
+        array = self._read(entry)
+        return jax_uncommitted(array) if entry.uncommitted else array
+
+    def _read(self, entry: Entry) -> Any:
         if isinstance(entry.host, JaxHostCopy):
             return entry.host.back()
         request = entry.request

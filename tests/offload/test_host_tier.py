@@ -194,6 +194,7 @@ def test_jax_arrays_go_to_the_host_tier_through_jaxs_memory_kinds(tmp_path, monk
         for a, handle in zip(arrays, handles, strict=True):
             back = off.get(handle)
             assert back.sharding.memory_kind == "device"
+            assert not back.committed  # as put: jitted functions take it without compiling
             np.testing.assert_array_equal(np.asarray(back), np.asarray(a))
         off.free(handles[0])
         assert off.host_tier.used_bytes == MB

@@ -306,6 +306,28 @@ def test_every_cpu_framework(tmp_path, xp: Framework) -> None:
         assert off.stats().reads >= 3
 
 
+@pytest.mark.parametrize("committed", [False, True])
+def test_a_jax_array_comes_back_as_committed_as_it_went(tmp_path, committed) -> None:
+    """An array JAX placed by default comes back uncommitted, as it was put: a jitted
+    function caches its compilations by committedness, and a backward stage handed arrays
+    read back would compile again for them. One the caller placed comes back committed."""
+    jax = pytest.importorskip("jax")
+    x = jax.numpy.arange(16 * KB, dtype=jax.numpy.float32)
+    if committed:
+        x = jax.device_put(x, jax.devices()[0])
+    assert x.committed is committed
+    double = jax.jit(lambda a: a * 2)
+    double(x)
+    with Offloader(tmp_path, device_budget_bytes=0) as off:
+        handle = off.put(x, hint="spill")
+        off.wait()
+        assert not off.resident(handle)
+        got = off.get(handle)
+        assert got.committed is committed
+        assert np.array_equal(np.asarray(double(got)), np.asarray(double(x)))
+    assert double._cache_size() == 1  # no compilation for the array read back
+
+
 def test_bfloat16_and_empty_arrays(tmp_path) -> None:
     ml_dtypes = pytest.importorskip("ml_dtypes")
     a = np.arange(8192, dtype=np.float32).astype(ml_dtypes.bfloat16)
