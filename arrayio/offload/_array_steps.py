@@ -96,6 +96,7 @@ class ArrayStep:
         self.plan = plan
         self._recording = recording
         self._tiers = None if recording or plan is None else plan.tiers
+        self._gets_began = False
         self._warned = False
         self._lock = threading.Lock()
         self._count = 0  # arrays of at least min_bytes put so far, in order
@@ -189,7 +190,9 @@ class ArrayStep:
                 with self._lock:
                     if self._needed[kept.index] is None:
                         self._needed[kept.index] = mark
-        elif self.prefetch and not self._recording and isinstance(kept, Handle):
+        elif self._tiers is not None and not self._gets_began:
+            self._begin_gets()
+        if self.prefetch and not self._recording and isinstance(kept, Handle):
             # Only an offloaded array's get starts reads, as torch's hooks do: reads started
             # at the gets of the arrays a plan keeps brought arrays back while those were
             # still held (docs/design/offload.md).
@@ -197,6 +200,17 @@ class ArrayStep:
             if handles:
                 self.offloader.prefetch(handles)
         return kept.array if isinstance(kept, Kept) else self.offloader.get(kept)
+
+    def _begin_gets(self) -> None:
+        """At the first get under a plan (the backward pass begins): wait until the arrays
+        spilled so far have left the device, as the plan reckons
+        (``Offloader._wait_for_spills``; JAX, like torch, queues work ahead of the device)."""
+        with self._lock:
+            if self._gets_began:
+                return
+            self._gets_began = True
+            handles = [put for slot in self._order if isinstance(put := slot(), Handle)]
+        self.offloader._wait_for_spills(handles)
 
     def _before(self, at: int | None) -> list[Handle]:
         """The ``prefetch`` live handles put last before position ``at``, latest first."""

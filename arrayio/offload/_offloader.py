@@ -378,6 +378,19 @@ class Offloader:
                 self._cond.wait()
             self._raise_write_error()
 
+    def _wait_for_spills(self, handles: Iterable[Handle]) -> None:
+        """Wait until the arrays of ``handles`` put with ``hint="spill"`` are written and off
+        the device (or freed): a planned step's backward pass starts once the arrays its plan
+        spills have left, as the plan reckons. Without the wait, the host, which runs ahead
+        of the GPU, asks for them back while they are still being copied out, gets them as
+        they are, and the step holds them throughout: no memory is saved."""
+        with self._locked():
+            entries = [self._entries.get(handle.id) for handle in handles]
+            while not self._closed and any(
+                entry is not None and entry.evict and entry.writing for entry in entries
+            ):
+                self._wait()
+
     def close(self) -> None:
         """Wait for I/O in flight, drop every array and remove the spill directory."""
         with self._locked():

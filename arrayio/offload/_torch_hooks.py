@@ -61,6 +61,7 @@ class _Hooks:
         self.lock = threading.Lock()
         self.order: list[weakref.ref[_Saved]] = []
         self.by_id: dict[int, weakref.ref[_Saved]] = {}
+        self.backward_began = False
 
     def pack(self, tensor: Any) -> Any:
         if not offloadable(tensor, self.min_bytes):
@@ -111,6 +112,8 @@ class _Hooks:
         return callback
 
     def unpack(self, packed: Any) -> Any:
+        if self.tiers is not None and not self.backward_began:
+            self._begin_backward()
         if not isinstance(packed, _Saved):
             return packed
         if self.prefetch:
@@ -122,6 +125,16 @@ class _Hooks:
             if handles:
                 self.offloader.prefetch(handles)
         return self.offloader.get(packed.handle)
+
+    def _begin_backward(self) -> None:
+        """At the first unpack under a plan: wait until the tensors spilled in forward have
+        left the device, as the plan reckons (``Offloader._wait_for_spills``)."""
+        with self.lock:
+            if self.backward_began:
+                return
+            self.backward_began = True
+            handles = [saved.handle for ref in self.order if (saved := ref()) is not None]
+        self.offloader._wait_for_spills(handles)
 
 
 def _same(held: Any, tensor: Any, version: int) -> bool:
