@@ -96,7 +96,6 @@ class ArrayStep:
         self.plan = plan
         self._recording = recording
         self._tiers = None if recording or plan is None else plan.tiers
-        self._gets_began = False
         self._warned = False
         self._lock = threading.Lock()
         self._count = 0  # arrays of at least min_bytes put so far, in order
@@ -108,7 +107,6 @@ class ArrayStep:
         self._framework: str | None = None
         self._cuda = False
         self._clock: Callable[[Any], Mark] | None = None
-        self._device: Any = None  # a JAX step's device (its first array's)
         # Recording: each array's bytes, the mark it was put at, the mark it was first got.
         self._bytes: list[int] = []
         self._made: list[Mark | None] = []
@@ -191,9 +189,7 @@ class ArrayStep:
                 with self._lock:
                     if self._needed[kept.index] is None:
                         self._needed[kept.index] = mark
-        elif self._tiers is not None and not self._gets_began:
-            self._begin_gets()
-        if self.prefetch and not self._recording and isinstance(kept, Handle):
+        elif self.prefetch and not self._recording and isinstance(kept, Handle):
             # Only an offloaded array's get starts reads, as torch's hooks do: reads started
             # at the gets of the arrays a plan keeps brought arrays back while those were
             # still held (docs/design/offload.md).
@@ -201,34 +197,6 @@ class ArrayStep:
             if handles:
                 self.offloader.prefetch(handles)
         return kept.array if isinstance(kept, Kept) else self.offloader.get(kept)
-
-    def _begin_gets(self) -> None:
-        """At the first get under a plan (the backward pass begins): wait until the arrays
-        spilled so far have left the device, as the plan reckons, but no longer than the
-        plan's predicted stall once the device has run the work queued before
-        (``Offloader._wait_for_spills``; JAX, like torch, queues work ahead of the device)."""
-        with self._lock:
-            if self._gets_began:
-                return
-            self._gets_began = True
-            handles = [put for slot in self._order if isinstance(put := slot(), Handle)]
-        assert self.plan is not None
-        self.offloader._wait_for_spills(
-            handles, forward_done=self._queue_done(), allowance=self.plan.stall_seconds
-        )
-
-    def _queue_done(self) -> Callable[[], bool] | None:
-        """Whether the device has run the work queued until now, asked without waiting; None
-        where the step's arrays are not on a GPU (nothing runs ahead of the host)."""
-        if not self._cuda:
-            return None
-        if self._framework == "torch":
-            import torch
-
-            return torch.cuda.current_stream().record_event().query
-        if self._framework == "jax" and self._device is not None:
-            return _barrier_function()(_scalar_on(self._device)).is_ready
-        return None
 
     def _before(self, at: int | None) -> list[Handle]:
         """The ``prefetch`` live handles put last before position ``at``, latest first."""
@@ -261,8 +229,6 @@ class ArrayStep:
             if first:
                 self._framework, self._cuda = framework, cuda
                 self._clock = _clock_for(framework, array)
-                if framework == "jax":
-                    self._device = next(iter(array.devices()))
         if not (self._recording or self.plan is not None):
             return
         where = "a GPU" if cuda else "the host"

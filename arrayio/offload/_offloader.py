@@ -15,9 +15,8 @@ import dataclasses
 import math
 import os
 import threading
-import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import config
@@ -77,10 +76,6 @@ class OffloadStats:
     writes: int
     reads: int
     arrays: int
-
-
-# How often a planned step's wait for its spills looks at whether the device has run forward.
-_SPILL_POLL_SECONDS = 0.0002
 
 
 class Offloader:
@@ -382,39 +377,6 @@ class Offloader:
                 self._process_releases()
                 self._cond.wait()
             self._raise_write_error()
-
-    def _wait_for_spills(
-        self,
-        handles: Iterable[Handle],
-        *,
-        forward_done: Callable[[], bool] | None = None,
-        allowance: float = math.inf,
-    ) -> None:
-        """Wait until the arrays of ``handles`` put with ``hint="spill"`` are written and off
-        the device (or freed): a planned step's backward pass starts once the arrays its plan
-        spills have left, as the plan reckons. Without the wait, the host, which runs ahead
-        of the GPU, asks for them back while they are still being copied out, gets them as
-        they are, and the step holds them throughout: no memory is saved.
-
-        ``forward_done`` tells whether the device has run the forward pass; once it has,
-        the wait lasts at most ``allowance`` seconds more (the stall the plan predicted), and
-        the arrays still being copied then come back as they are: a plan whose link is
-        slower than it reckoned saves less memory rather than slowing the step further."""
-        with self._locked():
-            entries = [self._entries.get(handle.id) for handle in handles]
-            done_at: float | None = None
-            while not self._closed and any(
-                entry is not None and entry.evict and entry.writing for entry in entries
-            ):
-                if forward_done is None:
-                    self._wait()
-                    continue
-                if done_at is None and forward_done():
-                    done_at = time.monotonic()
-                if done_at is not None and time.monotonic() - done_at >= allowance:
-                    return
-                self._process_releases()
-                self._cond.wait(_SPILL_POLL_SECONDS)
 
     def close(self) -> None:
         """Wait for I/O in flight, drop every array and remove the spill directory."""

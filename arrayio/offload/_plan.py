@@ -125,11 +125,6 @@ class Plan:
         for the moves that lower it)."""
         return self.peak_bytes, self.byte_seconds
 
-    @property
-    def stall_seconds(self) -> float:
-        """How much longer than the plain step the plan predicts the step to take."""
-        return max(0.0, self.step_seconds - self.plain_step_seconds)
-
     def bytes_on(self, tier: str, timeline: Timeline) -> int:
         """The saved bytes ``tier`` holds under this plan."""
         return sum(s.nbytes for s, t in zip(timeline.saved, self.tiers, strict=True) if t == tier)

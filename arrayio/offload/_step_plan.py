@@ -83,11 +83,6 @@ class StepPlan:
         return self._planned().tiers
 
     @property
-    def stall_seconds(self) -> float:
-        """How much longer than the plain step the plan predicts the step to take."""
-        return self._planned().stall_seconds
-
-    @property
     def predicted_step_seconds(self) -> float:
         return self._planned().step_seconds
 

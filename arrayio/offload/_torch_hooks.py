@@ -49,26 +49,18 @@ class _Saved:
 
 class _Hooks:
     def __init__(
-        self,
-        offloader: Offloader,
-        min_bytes: int,
-        prefetch: int,
-        tiers: Sequence[str] | None,
-        stall_seconds: float = 0.0,
+        self, offloader: Offloader, min_bytes: int, prefetch: int, tiers: Sequence[str] | None
     ) -> None:
         self.offloader = offloader
         self.min_bytes = min_bytes
         self.prefetch = prefetch
         self.tiers = tiers
-        self.stall_seconds = stall_seconds  # the plan's predicted stall: how long to wait
-        self.cuda = False  # a CUDA tensor was offloaded: the host may run ahead of the GPU
         # Tensors the plan kept with autograd: they count in the order, once each, as a
         # recording of the step counted them.
         self.kept_ids: dict[int, weakref.ref[Any]] = {}
         self.lock = threading.Lock()
         self.order: list[weakref.ref[_Saved]] = []
         self.by_id: dict[int, weakref.ref[_Saved]] = {}
-        self.backward_began = False
 
     def pack(self, tensor: Any) -> Any:
         if not offloadable(tensor, self.min_bytes):
@@ -96,7 +88,6 @@ class _Hooks:
             if index < len(self.tiers):
                 hint, tier = "spill", self.tiers[index]
         version = tensor._version
-        self.cuda = self.cuda or tensor.is_cuda
         # Detached: the offloader must not hold the tensor's grad_fn, whose saved variables
         # hold this very handle (a reference cycle through autograd's C++ graph).
         handle = self.offloader.put(tensor.detach(), hint=hint, tier=tier)
@@ -120,8 +111,6 @@ class _Hooks:
         return callback
 
     def unpack(self, packed: Any) -> Any:
-        if self.tiers is not None and not self.backward_began:
-            self._begin_backward()
         if not isinstance(packed, _Saved):
             return packed
         if self.prefetch:
@@ -133,24 +122,6 @@ class _Hooks:
             if handles:
                 self.offloader.prefetch(handles)
         return self.offloader.get(packed.handle)
-
-    def _begin_backward(self) -> None:
-        """At the first unpack under a plan: wait until the tensors spilled in forward have
-        left the device, as the plan reckons, but no longer than the plan's predicted stall
-        once the GPU has run forward (``Offloader._wait_for_spills``)."""
-        with self.lock:
-            if self.backward_began:
-                return
-            self.backward_began = True
-            handles = [saved.handle for ref in self.order if (saved := ref()) is not None]
-        forward_done = None
-        if self.cuda:
-            import torch
-
-            forward_done = torch.cuda.current_stream().record_event().query
-        self.offloader._wait_for_spills(
-            handles, forward_done=forward_done, allowance=self.stall_seconds
-        )
 
 
 def _same(held: Any, tensor: Any, version: int) -> bool:
@@ -241,13 +212,7 @@ def activations(
     if step_plan is not None:
         min_bytes = step_plan.checked_min_bytes(min_bytes)
     tiers = plan.tiers if plan is not None else None
-    hooks = _Hooks(
-        offloader,
-        1 << 20 if min_bytes is None else min_bytes,
-        prefetch,
-        tiers,
-        plan.stall_seconds if plan is not None else 0.0,
-    )
+    hooks = _Hooks(offloader, 1 << 20 if min_bytes is None else min_bytes, prefetch, tiers)
     if step_plan is not None:
         offloader._step_plan = step_plan
         start = Mark(step_plan.cuda)

@@ -6,7 +6,6 @@ disk are the tiers); the GPU test runs JAX on a GPU with its pinned host memory.
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -92,33 +91,6 @@ def test_a_planned_step_sends_each_array_to_its_tier(tmp_path):
     for a, b in zip(arrays, got, strict=True):
         np.testing.assert_array_equal(a, b)
     assert plan.measured_step_seconds() is not None  # the block was timed into the plan
-
-
-def test_the_first_get_under_a_plan_waits_for_the_spills(tmp_path, monkeypatch):
-    # JAX queues work ahead of the device, as torch does: the backward pass's first gets
-    # come while the forward pass's spills are still being written. Under a plan the first
-    # get waits for them, so each spilled array comes back from its file (handed back as it
-    # was, it would have stayed on the device all step). Without a plan, nothing waits.
-    from arrayio.offload import _spills
-
-    write = _spills.SpillFiles.write
-
-    def slow_write(self, entry, array, ready):
-        time.sleep(0.2)
-        return write(self, entry, array, ready)
-
-    monkeypatch.setattr(_spills.SpillFiles, "write", slow_write)
-    arrays = _arrays()
-    plan = _plan_with(["disk", "disk", "disk", "device"])
-    with arrayio.Offloader(tmp_path, device_budget_bytes=64 * MB) as off:
-        with array_step(off, plan) as step:
-            got = _step(step, arrays)
-            assert off.stats().reads == 3
-        for a, b in zip(arrays, got, strict=True):
-            np.testing.assert_array_equal(a, b)
-        with array_step(off) as step:  # no plan: the budget, and no wait
-            handles = [step.offloader.put(a, hint="spill") for a in arrays[:1]]
-            assert step.get(handles[0]) is arrays[0]  # still being written: as it is
 
 
 def test_a_get_prefetches_the_arrays_put_before_it_in_reverse(tmp_path, monkeypatch):

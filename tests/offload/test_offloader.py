@@ -306,27 +306,6 @@ def test_every_cpu_framework(tmp_path, xp: Framework) -> None:
         assert off.stats().reads >= 3
 
 
-def test_a_planned_steps_wait_for_its_spills_ends_at_the_allowance(tmp_path, monkeypatch) -> None:
-    # Once the device has run forward, a planned step waits for its spills no longer than
-    # the stall its plan predicted; with no device to ask, until they are written.
-    from arrayio.offload import _spills
-
-    write = _spills.SpillFiles.write
-    monkeypatch.setattr(
-        _spills.SpillFiles,
-        "write",
-        lambda self, entry, array, ready: (time.sleep(0.5), write(self, entry, array, ready))[1],
-    )
-    with Offloader(tmp_path, device_budget_bytes=1 << 30) as off:
-        handle = off.put(_array(1), hint="spill")
-        start = time.monotonic()
-        off._wait_for_spills([handle], forward_done=lambda: True, allowance=0.05)
-        assert time.monotonic() - start < 0.4 and off.resident(handle)  # still being written
-        off._wait_for_spills([handle])
-        assert not off.resident(handle)
-        assert off.get(handle)[0] == 1
-
-
 @pytest.mark.parametrize("committed", [False, True])
 def test_a_jax_array_comes_back_as_committed_as_it_went(tmp_path, committed) -> None:
     """An array JAX placed by default comes back uncommitted, as it was put: a jitted
