@@ -80,6 +80,7 @@ class Entry:
     host: Any = None  # the spilled copy in the host tier (a HostCopy or JaxHostCopy), or None
     read_error: BaseException | None = None
     from_read: bool = False  # the array was read back (torch: record_stream on get)
+    arrived: Any = None  # the event of a queued copy back, which the user's stream waits for
     prefetched: bool = False  # read back by prefetch() and not used by get() since
     waiters: int = 0  # get() calls waiting for this array: it must not be dropped meanwhile
     tier: str | None = None  # "disk": spilled to its file even where the host tier has room

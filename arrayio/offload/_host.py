@@ -7,9 +7,12 @@ after that (:mod:`arrayio.offload._spills` decides). Its buffers come from the p
 pinned pool (:mod:`arrayio.tools._pinned`): a copy given back when its array is freed
 serves the next spill, so no array pins memory of its own.
 
-The copies go through the CUDA driver on a stream of the I/O thread's own, after the
-producer's event: no framework's stream waits for them. Host arrays (NumPy, JAX or torch
-on the CPU) skip the tier: their "device" is the host already.
+torch tensors and JAX arrays move by copies queued on the GPU, on the caller's thread, with no
+host wait (:meth:`HostTier.queue_out`, JAX's own ``device_put``): the host runs ahead of the
+GPU, and a copy made on an I/O thread after waiting for the producer lands after the step has
+asked for the array back, so the step holds it and saves nothing. Other arrays (CuPy) go
+through the CUDA driver on a stream of an I/O thread's own, after the producer's event. Host
+arrays (NumPy, JAX or torch on the CPU) skip the tier: their "device" is the host already.
 """
 
 from __future__ import annotations
@@ -31,17 +34,34 @@ ToDevice = Callable[[np.ndarray, Any], None]
 
 
 class HostCopy:
-    """An array's bytes in a pinned buffer lent by the pool, until :meth:`release`."""
+    """An array's bytes in a pinned buffer lent by the pool, until :meth:`release`.
 
-    __slots__ = ("_loan", "_tier", "buffer", "nbytes")
+    ``busy``: for a copy queued on a GPU stream (:meth:`HostTier.queue_out`), the event of
+    the last copy queued into or out of the buffer; the buffer goes back to the pool only
+    once it has happened (other tools fill the pool's buffers from their own threads)."""
 
-    def __init__(self, tier: HostTier, loan: contextlib.ExitStack, buffer: np.ndarray) -> None:
-        self._tier, self.buffer = tier, buffer
+    __slots__ = ("_loan", "_tier", "buffer", "busy", "nbytes")
+
+    def __init__(
+        self, tier: HostTier, loan: contextlib.ExitStack, buffer: np.ndarray, busy: Any = None
+    ) -> None:
+        self._tier, self.buffer, self.busy = tier, buffer, busy
         self._loan: contextlib.ExitStack | None = loan
         self.nbytes = buffer.nbytes
 
+    @property
+    def queued(self) -> bool:
+        """Whether the bytes move by copies queued on a GPU stream (see the class)."""
+        return self.busy is not None
+
     def release(self) -> None:
-        """Give the buffer back (once; later calls do nothing)."""
+        """Give the buffer back (once; later calls do nothing): now, or once the last copy
+        queued on it has happened."""
+        if self._loan is None:
+            return
+        if self.busy is not None and not self.busy.query():
+            self._tier._defer(self)
+            return
         loan, self._loan = self._loan, None
         if loan is not None:
             loan.close()
@@ -58,11 +78,13 @@ class JaxHostCopy:
         self._tier: HostTier | None = tier
         self.array, self.device_sharding, self.nbytes = array, device_sharding, nbytes
 
-    def back(self) -> Any:
-        """The array in its device's memory again (a new JAX array)."""
+    def back(self, *, wait: bool = True) -> Any:
+        """The array in its device's memory again (a new JAX array); ``wait=False`` returns
+        it as soon as the move is queued (JAX orders its users after it)."""
         import jax
 
-        return jax.device_put(self.array, self.device_sharding).block_until_ready()
+        moved = jax.device_put(self.array, self.device_sharding)
+        return moved.block_until_ready() if wait else moved
 
     def release(self) -> None:
         """Drop the host copy (once; later calls do nothing)."""
@@ -120,6 +142,7 @@ class HostTier:
         self._to_device = to_device or _driver_to_device
         self._lock = threading.Lock()
         self.used_bytes = 0
+        self._deferred: list[HostCopy] = []  # released while their copies were queued
         if lend is None and self.budget_bytes:
             # The pool keeps the tier's buffers between the steps that reuse them.
             from ..tools._pinned import pool
@@ -146,9 +169,77 @@ class HostTier:
             raise
         return HostCopy(self, loan, buffer)
 
-    def store_jax(self, array: Any, host_sharding: Any) -> JaxHostCopy | None:
+    def queue_out(self, tensor: Any, stream: Any, ready: Any) -> HostCopy | None:
+        """A host copy of ``tensor`` (a contiguous torch CUDA tensor) queued on ``stream``
+        after ``ready`` (the producer's event; None: the current stream's work so far), or
+        None where the tier has no room. Nothing waits on the host: the tensor can be
+        dropped at once, since ``record_stream`` keeps its block from reuse until the copy
+        has run (as ``torch.autograd.graph.save_on_cpu`` relies on). A copy made on an I/O
+        thread after a host wait lands later than the host, which runs ahead of the GPU,
+        asks for the tensor back: the step then holds it, and nothing is saved."""
+        import torch
+
+        nbytes = tensor.numel() * tensor.element_size()
+        self._reap()
+        with self._lock:
+            if nbytes == 0 or self.used_bytes + nbytes > self.budget_bytes:
+                return None
+            self.used_bytes += nbytes
+        loan = contextlib.ExitStack()
+        try:
+            lend = self._lend if self._lend is not None else _pool_lend
+            buffer = loan.enter_context(lend(nbytes))[:nbytes]
+            with torch.cuda.stream(stream):
+                if ready is not None:
+                    stream.wait_event(ready)
+                else:
+                    stream.wait_stream(torch.cuda.current_stream(tensor.device))
+                torch.from_numpy(buffer).copy_(tensor.reshape(-1).view(torch.uint8), True)
+                busy = stream.record_event()
+            tensor.record_stream(stream)
+        except BaseException:
+            loan.close()
+            self._returned(nbytes)
+            raise
+        return HostCopy(self, loan, buffer, busy)
+
+    def queue_back(self, copy: HostCopy, like: Any, stream: Any) -> tuple[Any, Any]:
+        """A new tensor shaped as ``like`` (dtype, shape, device) filled from ``copy`` by a
+        copy queued on ``stream`` (after the copy out, queued there before), and the event
+        the stream that uses it must wait for."""
+        import torch
+
+        dtype, shape, device = like
+        with torch.cuda.stream(stream):
+            out = torch.empty(copy.nbytes, dtype=torch.uint8, device=device)
+            out.copy_(torch.from_numpy(copy.buffer), non_blocking=True)
+            copy.busy = arrived = stream.record_event()
+        return out.view(dtype).reshape(shape), arrived
+
+    def _defer(self, copy: HostCopy) -> None:
+        with self._lock:
+            self._deferred.append(copy)
+
+    def _reap(self) -> None:
+        """Give back the deferred buffers whose copies have happened."""
+        with self._lock:
+            done = [copy for copy in self._deferred if copy.busy.query()]
+            self._deferred = [copy for copy in self._deferred if copy not in done]
+        for copy in done:
+            copy.release()
+
+    def settle(self) -> None:
+        """Wait for every deferred buffer's copies and give the buffers back (at close)."""
+        with self._lock:
+            deferred, self._deferred = self._deferred, []
+        for copy in deferred:
+            copy.busy.synchronize()
+            copy.release()
+
+    def store_jax(self, array: Any, host_sharding: Any, *, wait: bool = True) -> JaxHostCopy | None:
         """``array`` (a JAX array) moved to pinned host memory by JAX (``host_sharding``, from
-        :func:`jax_host_offload`), or None where the tier has no room."""
+        :func:`jax_host_offload`), or None where the tier has no room. ``wait=False``
+        returns once the move is queued: JAX keeps the device buffer until it has run."""
         import jax
 
         nbytes = int(array.nbytes)
@@ -158,7 +249,9 @@ class HostTier:
             self.used_bytes += nbytes
         try:
             device_sharding = array.sharding
-            moved = jax.device_put(array, host_sharding).block_until_ready()
+            moved = jax.device_put(array, host_sharding)
+            if wait:
+                moved.block_until_ready()
         except BaseException:
             self._returned(nbytes)
             raise

@@ -25,9 +25,9 @@ from ._budget import Residents, Step
 from ._directory import SpillDirectory
 from ._entries import Entry, Handle, describe
 from ._explain import OffloadExplanation
-from ._host import HostTier
+from ._host import HostCopy, HostTier, JaxHostCopy
 from ._spills import SpillFiles
-from ._streams import record_ready, record_stream
+from ._streams import arrived, record_ready, record_stream
 
 if TYPE_CHECKING:
     from ._step_plan import StepPlan
@@ -296,6 +296,9 @@ class Offloader:
                 self._residents.touch(entry)
                 entry.prefetched = False
                 array = entry.array
+                if entry.arrived is not None:  # its copy back queued on a side stream
+                    arrived(array, entry.arrived)
+                    entry.arrived = None
                 if entry.from_read:
                     entry.from_read = False
                     record_stream(array, entry.framework)
@@ -405,6 +408,8 @@ class Offloader:
                         entry.host = None
                 self._entries.clear()
                 self._residents.clear()
+                if self._spills.host is not None:  # buffers whose queued copies run still
+                    self._spills.host.settle()
                 self._cond.notify_all()
             self._finalizer()
         finally:
@@ -493,6 +498,7 @@ class Offloader:
             entry.array = None
             entry.ready = None
             entry.from_read = False
+            entry.arrived = None
             self._residents.release(entry)
             self._cond.notify_all()
 
@@ -564,6 +570,8 @@ class Offloader:
     # ------------------------------------------------------------------ I/O
 
     def _start_write(self, entry: Entry) -> None:
+        if self._queue_to_host(entry):
+            return
         try:  # refused at interpreter exit: the entry must not stay "writing" forever
             self._writers.submit(self._write, entry, entry.array, entry.ready)
         except BaseException:
@@ -598,7 +606,36 @@ class Offloader:
             self._cond.notify_all()
             self._pump_prefetch()
 
+    def _queue_to_host(self, entry: Entry) -> bool:
+        """Spill the entry to the host tier by a copy queued on the GPU, on the caller's
+        thread, where it can go that way (:meth:`SpillFiles.queue_to_host`): the array is
+        written as soon as the copy is queued, and dropped at once if it is to be evicted
+        (its device memory is reused only after the copy has run)."""
+        copy = self._spills.queue_to_host(entry)
+        if copy is None:
+            return False
+        entry.on_disk, entry.crc, entry.host = True, None, copy
+        self._written += entry.nbytes
+        self._writes += 1
+        if entry.evict:
+            self._drop(entry)
+        self._cond.notify_all()
+        return True
+
     def _start_read(self, entry: Entry) -> None:
+        if (isinstance(entry.host, HostCopy) and entry.host.queued) or isinstance(
+            entry.host, JaxHostCopy
+        ):
+            # Queued on the GPU behind the copy out, on the caller's thread: nothing waits.
+            entry.read_error = None
+            self._residents.start_read(entry)
+            array, entry.arrived = self._spills.queue_from_host(entry)
+            self._residents.finish_read(entry, resident=True)
+            entry.array, entry.from_read = array, True
+            self._read += entry.nbytes
+            self._reads += 1
+            self._cond.notify_all()
+            return
         # Submitted first, state after (under the lock, the task cannot look before): a
         # refused task (interpreter exit) must not leave the entry "reading" forever.
         self._readers.submit(self._read_back, entry)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..arrays._frameworks import CPU, Request, allocate, export, jax_uncommitted
+from ..arrays._frameworks import CPU, Request, allocate, export, jax_uncommitted, torch_dtype
 from ..arrays._shards import Pieces
 from ..dispatch import _transfer
 from ..errors import ChecksumError
@@ -77,6 +77,37 @@ class SpillFiles:
             os.close(fd)
         return crc, None
 
+    def queue_to_host(self, entry: Entry) -> HostCopy | JaxHostCopy | None:
+        """The entry's array copied to the host tier by a copy queued on the GPU (see
+        :meth:`HostTier.queue_out`), for a contiguous torch CUDA tensor where the tier has
+        room and the entry may use it; else None, and the array goes the way of
+        :meth:`write`."""
+        array = entry.array
+        if self.host is None or entry.tier == "disk" or not entry.request.placement.is_cuda:
+            return None
+        if entry.framework == "jax":  # JAX orders its own moves: queued, never waited for
+            host_sharding = jax_host_offload(array)
+            if host_sharding is None:
+                return None
+            return self.host.store_jax(array, host_sharding, wait=False)
+        if entry.framework != "torch" or not array.is_contiguous():
+            return None
+        stream = self._streams.torch_stream(entry.request.placement.index)
+        return self.host.queue_out(array, stream, entry.ready)
+
+    def queue_from_host(self, entry: Entry) -> tuple[Any, Any]:
+        """The entry's array back from its queued host copy (:meth:`queue_to_host`) by a
+        copy queued on the same stream, and the event its user's stream waits for (None
+        for JAX, which orders its own moves)."""
+        if isinstance(entry.host, JaxHostCopy):
+            array = entry.host.back(wait=False)
+            return (jax_uncommitted(array) if entry.uncommitted else array), None
+        assert self.host is not None and isinstance(entry.host, HostCopy)
+        placement = entry.request.placement
+        like = (torch_dtype(entry.dtype), entry.shape, f"cuda:{placement.index}")
+        stream = self._streams.torch_stream(placement.index)
+        return self.host.queue_back(entry.host, like, stream)
+
     def read(self, entry: Entry) -> Any:
         """The entry's array, read back from its file into new memory of its framework on
         its device.
@@ -92,8 +123,6 @@ class SpillFiles:
         return jax_uncommitted(array) if entry.uncommitted else array
 
     def _read(self, entry: Entry) -> Any:
-        if isinstance(entry.host, JaxHostCopy):
-            return entry.host.back()
         request = entry.request
         to_jax_device = request.framework == "jax" and request.placement.is_cuda
         if to_jax_device:  # through the host, then device_put: JAX owns the memory

@@ -18,7 +18,7 @@ from typing import Any
 
 from ._entries import Entry
 
-__all__ = ["SideStreams", "record_ready", "record_stream", "wait_for_device"]
+__all__ = ["SideStreams", "arrived", "record_ready", "record_stream", "wait_for_device"]
 
 
 def record_ready(array: Any, framework: str | None, cuda: bool) -> Any:
@@ -56,12 +56,7 @@ class SideStreams:
         if entry.framework == "torch":
             import torch
 
-            key = ("torch", placement.index)
-            with self._lock:
-                if key not in self._streams:
-                    self._streams[key] = torch.cuda.Stream(device=placement.index)
-                stream = self._streams[key]
-            return torch.cuda.stream(stream)
+            return torch.cuda.stream(self.torch_stream(placement.index))
         import cupy
 
         key = ("cupy", placement.index)
@@ -74,6 +69,25 @@ class SideStreams:
         stack.enter_context(cupy.cuda.Device(placement.index))
         stack.enter_context(stream)
         return stack
+
+    def torch_stream(self, index: int) -> Any:
+        """The torch side stream of GPU ``index``: reads allocate their destination on it,
+        and the host tier queues its copies there, in order."""
+        import torch
+
+        key = ("torch", index)
+        with self._lock:
+            if key not in self._streams:
+                self._streams[key] = torch.cuda.Stream(device=index)
+            return self._streams[key]
+
+
+def arrived(array: Any, event: Any) -> None:
+    """Make the current stream wait (on the GPU) for ``event``: the copy that filled
+    ``array`` (a torch tensor read back by a copy queued on a side stream)."""
+    import torch
+
+    torch.cuda.current_stream(array.device).wait_event(event)
 
 
 def wait_for_device(entry: Entry) -> None:

@@ -158,6 +158,28 @@ def test_gpu_spills_go_to_pinned_host_memory_then_to_files(tmp_path, gpu_xp: Fra
         assert off.host_tier.used_bytes == 0
 
 
+@pytest.mark.gpu
+def test_a_torch_spill_leaves_the_device_as_the_put_returns(tmp_path):
+    # Queued on a side stream, the copy out lets the offloader drop the tensor at once (the
+    # caching allocator reuses its block only after the copy has run): device memory falls
+    # as the put returns, where a host wait on an I/O thread came after the host, running
+    # ahead of the GPU, had asked for the tensor back. The copy back is queued too, and the
+    # caller's stream waits for it.
+    torch = pytest.importorskip("torch")
+    x = torch.arange(16 * MB // 4, dtype=torch.float32, device="cuda")  # 16 MiB
+    expected = x.cpu()
+    with Offloader(tmp_path, device_budget_bytes=1 << 30, host_budget_bytes=1 << 30) as off:
+        before = torch.cuda.memory_allocated()
+        handle = off.put(x, hint="spill")
+        del x
+        assert torch.cuda.memory_allocated() <= before - 16 * MB
+        assert not off.resident(handle) and off.stats().host_bytes == 16 * MB
+        y = off.get(handle) * 1  # a kernel on the caller's stream, after the copy back
+        assert torch.equal(y.cpu(), expected)
+        off.free(handle)
+    assert off.host_tier.used_bytes == 0
+
+
 def test_the_pool_keeps_a_host_tiers_buffers_while_the_tier_lives():
     # A step's spills are given back and taken again the next step: the pool keeps as many
     # spares as the tier may hold, so that no step pins them anew; no more once it is gone.
@@ -208,3 +230,94 @@ def test_only_gpu_jax_arrays_take_jaxs_host_offload():
     assert jax_host_offload(np.zeros(4)) is None
     jax = pytest.importorskip("jax")
     assert jax_host_offload(jax.numpy.zeros(4)) is None
+
+
+class _Event:
+    """A CUDA event's face: happened or not."""
+
+    def __init__(self, done: bool = False) -> None:
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+
+def test_a_queued_copys_buffer_goes_back_only_once_its_copies_have_run():
+    # A copy queued on a GPU stream may still be reading from or writing into its pinned
+    # buffer when its array is freed: the buffer goes back to the pool (whose other borrowers
+    # fill it from their own threads) once the copy's event has happened, or at close.
+    returned: list[int] = []
+
+    @contextlib.contextmanager
+    def lend(nbytes: int):
+        yield np.empty(nbytes, np.uint8)
+        returned.append(nbytes)
+
+    tier = HostTier(
+        4 * MB,
+        lend=lend,
+        to_host=lambda device, buffer: np.copyto(buffer, device.data),
+        to_device=lambda buffer, device: np.copyto(device.data, buffer),
+    )
+    first = tier.store(_Device(np.zeros(MB, np.uint8)))
+    second = tier.store(_Device(np.zeros(2 * MB, np.uint8)))
+    assert first is not None and second is not None and not first.queued
+    first.busy, second.busy = _Event(), _Event()  # as HostTier.queue_out leaves them
+    assert first.queued
+    first.release()
+    second.release()
+    assert returned == [] and tier.used_bytes == 3 * MB  # their copies still run
+    first.busy.done = True
+    tier._reap()  # (each queue_out does this first)
+    assert returned == [MB] and tier.used_bytes == 2 * MB
+    tier.settle()  # close: waits for the rest
+    assert returned == [MB, 2 * MB] and tier.used_bytes == 0
+    second.release()  # once
+    assert returned == [MB, 2 * MB]
+
+
+def test_a_spill_queued_on_the_gpu_is_written_and_dropped_at_once(tmp_path, monkeypatch):
+    # The offloader's side of GPU-ordered host copies, with the queueing faked on the host:
+    # a spill the host tier queues is written (and its array dropped) as the put returns,
+    # with no writer thread; its read back is queued on the caller's thread too, and the
+    # get makes the caller's stream wait for it; the buffer goes back once its copies ran.
+    from arrayio.arrays._dtypes import numpy_dtype
+    from arrayio.offload import _offloader, _spills
+    from arrayio.offload._host import HostCopy
+
+    events: list[_Event] = []
+    waited: list[_Event] = []
+
+    def queue_to_host(self, entry):
+        data = np.ascontiguousarray(entry.array).reshape(-1).view(np.uint8)
+        self.host.used_bytes += data.nbytes
+        busy = _Event()
+        events.append(busy)
+        return HostCopy(self.host, contextlib.ExitStack(), data.copy(), busy)
+
+    def queue_from_host(self, entry):
+        arrived = entry.host.busy = _Event()
+        events.append(arrived)
+        dtype = numpy_dtype(entry.dtype)
+        return entry.host.buffer.view(dtype).reshape(entry.shape).copy(), arrived
+
+    monkeypatch.setattr(_spills.SpillFiles, "queue_to_host", queue_to_host)
+    monkeypatch.setattr(_spills.SpillFiles, "queue_from_host", queue_from_host)
+    monkeypatch.setattr(_offloader, "arrived", lambda array, event: waited.append(event))
+    arrays = [np.full(MB // 4, i, np.float32) for i in range(3)]
+    with Offloader(tmp_path, device_budget_bytes=64 * MB, host_budget_bytes=64 * MB) as off:
+        handles = [off.put(a, hint="spill") for a in arrays]
+        assert [off.resident(h) for h in handles] == [False] * 3  # dropped as put returned
+        stats = off.stats()
+        assert stats.writes == 3 and stats.host_bytes == 3 * MB and stats.disk_bytes == 0
+        np.testing.assert_array_equal(off.get(handles[1]), arrays[1])
+        assert waited == [events[3]]  # the caller's stream waits for the queued copy back
+        off.free(handles[1])
+        assert off.host_tier.used_bytes == 3 * MB  # its copy back has not run yet
+        events[3].done = True
+        off.host_tier._reap()
+        assert off.host_tier.used_bytes == 2 * MB
+    assert off.host_tier.used_bytes == 0  # close waited for the rest
