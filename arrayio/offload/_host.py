@@ -154,6 +154,7 @@ class HostTier:
         the tier has no room or ``data`` is host memory."""
         if isinstance(data, np.ndarray) or data.nbytes == 0:
             return None
+        self.reap()
         with self._lock:
             if self.used_bytes + data.nbytes > self.budget_bytes:
                 return None
@@ -180,24 +181,29 @@ class HostTier:
         import torch
 
         nbytes = tensor.numel() * tensor.element_size()
-        self._reap()
+        self.reap()
         with self._lock:
             if nbytes == 0 or self.used_bytes + nbytes > self.budget_bytes:
                 return None
             self.used_bytes += nbytes
         loan = contextlib.ExitStack()
+        queued = False
         try:
             lend = self._lend if self._lend is not None else _pool_lend
             buffer = loan.enter_context(lend(nbytes))[:nbytes]
+            producer = torch.cuda.current_stream(tensor.device)  # (before the side one is)
             with torch.cuda.stream(stream):
                 if ready is not None:
                     stream.wait_event(ready)
                 else:
-                    stream.wait_stream(torch.cuda.current_stream(tensor.device))
+                    stream.wait_stream(producer)
+                queued = True
                 torch.from_numpy(buffer).copy_(tensor.reshape(-1).view(torch.uint8), True)
                 busy = stream.record_event()
             tensor.record_stream(stream)
         except BaseException:
+            if queued:  # the copy may be on its way into the buffer: not back to the pool yet
+                stream.synchronize()
             loan.close()
             self._returned(nbytes)
             raise
@@ -220,11 +226,14 @@ class HostTier:
         with self._lock:
             self._deferred.append(copy)
 
-    def _reap(self) -> None:
+    def reap(self) -> None:
         """Give back the deferred buffers whose copies have happened."""
+        done: list[HostCopy] = []
         with self._lock:
-            done = [copy for copy in self._deferred if copy.busy.query()]
-            self._deferred = [copy for copy in self._deferred if copy not in done]
+            waiting: list[HostCopy] = []
+            for copy in self._deferred:
+                (done if copy.busy.query() else waiting).append(copy)
+            self._deferred = waiting
         for copy in done:
             copy.release()
 
@@ -243,6 +252,7 @@ class HostTier:
         import jax
 
         nbytes = int(array.nbytes)
+        self.reap()
         with self._lock:
             if self.used_bytes + nbytes > self.budget_bytes:
                 return None

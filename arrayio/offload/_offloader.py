@@ -12,6 +12,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import logging
 import math
 import os
 import threading
@@ -25,7 +26,7 @@ from ._budget import Residents, Step
 from ._directory import SpillDirectory
 from ._entries import Entry, Handle, describe
 from ._explain import OffloadExplanation
-from ._host import HostCopy, HostTier, JaxHostCopy
+from ._host import HostTier
 from ._spills import SpillFiles
 from ._streams import arrived, record_ready, record_stream
 
@@ -36,6 +37,9 @@ __all__ = ["OffloadStats", "Offloader"]
 
 _HINTS = (None, "keep", "spill")
 _TIERS = (None, "host", "disk")
+
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -173,7 +177,7 @@ class Offloader:
             read_workers, thread_name_prefix="arrayio-offload-read"
         )
         self._finalizer = weakref.finalize(
-            self, _finalize, self._writers, self._readers, self._directory
+            self, _finalize, self._writers, self._readers, self._directory, self._spills
         )
 
     # ------------------------------------------------------------------ public API
@@ -239,6 +243,7 @@ class Offloader:
                     self._start_write(entry)
                 self._make_room(0)
                 self._writeback()
+                self._pump_prefetch()  # a spill queued on the GPU made room at once
             except BaseException:
                 self._free_entry(entry)
                 raise
@@ -296,9 +301,8 @@ class Offloader:
                 self._residents.touch(entry)
                 entry.prefetched = False
                 array = entry.array
-                if entry.arrived is not None:  # its copy back queued on a side stream
-                    arrived(array, entry.arrived)
-                    entry.arrived = None
+                if entry.arrived is not None:  # its copy back, queued on a side stream:
+                    arrived(array, entry.arrived)  # every get's stream waits (cheap once run)
                 if entry.from_read:
                     entry.from_read = False
                     record_stream(array, entry.framework)
@@ -356,7 +360,9 @@ class Offloader:
 
     def peek(self, handle: Handle) -> Any:
         """The handle's array if it is resident now, else None; reads nothing, and does
-        not count as a use."""
+        not count as a use. A tensor being read back by a copy queued on the GPU may not
+        be filled yet: compare it (its memory, shape, dtype), do not read it; :meth:`get`
+        makes the caller's stream wait for the copy."""
         with self._locked():
             entry = self._entries.get(handle.id)
             return None if entry is None else entry.array
@@ -367,8 +373,8 @@ class Offloader:
             return self._entry(handle).array is not None
 
     def wait(self) -> None:
-        """Wait until no write or read is in flight (queued prefetches that do not fit yet
-        are not waited for).
+        """Wait until no write or read is in flight, copies queued on the GPU included
+        (queued prefetches that do not fit yet are not waited for).
 
         Raises
         ------
@@ -380,6 +386,7 @@ class Offloader:
                 self._process_releases()
                 self._cond.wait()
             self._raise_write_error()
+        self._spills.synchronize()  # copies queued on the GPU
 
     def close(self) -> None:
         """Wait for I/O in flight, drop every array and remove the spill directory."""
@@ -408,8 +415,7 @@ class Offloader:
                         entry.host = None
                 self._entries.clear()
                 self._residents.clear()
-                if self._spills.host is not None:  # buffers whose queued copies run still
-                    self._spills.host.settle()
+                self._spills.settle()  # buffers whose queued copies run still
                 self._cond.notify_all()
             self._finalizer()
         finally:
@@ -610,8 +616,13 @@ class Offloader:
         """Spill the entry to the host tier by a copy queued on the GPU, on the caller's
         thread, where it can go that way (:meth:`SpillFiles.queue_to_host`): the array is
         written as soon as the copy is queued, and dropped at once if it is to be evicted
-        (its device memory is reused only after the copy has run)."""
-        copy = self._spills.queue_to_host(entry)
+        (its device memory is reused only after the copy has run). A failure to queue it
+        leaves the entry to a writer thread, which reports what fails there."""
+        try:
+            copy = self._spills.queue_to_host(entry)
+        except Exception:  # the writer's path says what is wrong, if anything
+            logger.debug("queueing spill #%d failed; a writer takes it", entry.id, exc_info=True)
+            return False
         if copy is None:
             return False
         entry.on_disk, entry.crc, entry.host = True, None, copy
@@ -623,18 +634,8 @@ class Offloader:
         return True
 
     def _start_read(self, entry: Entry) -> None:
-        if (isinstance(entry.host, HostCopy) and entry.host.queued) or isinstance(
-            entry.host, JaxHostCopy
-        ):
-            # Queued on the GPU behind the copy out, on the caller's thread: nothing waits.
-            entry.read_error = None
-            self._residents.start_read(entry)
-            array, entry.arrived = self._spills.queue_from_host(entry)
-            self._residents.finish_read(entry, resident=True)
-            entry.array, entry.from_read = array, True
-            self._read += entry.nbytes
-            self._reads += 1
-            self._cond.notify_all()
+        if self._spills.queues_back(entry):
+            self._queue_from_host(entry)
             return
         # Submitted first, state after (under the lock, the task cannot look before): a
         # refused task (interpreter exit) must not leave the entry "reading" forever.
@@ -642,6 +643,26 @@ class Offloader:
         entry.reading = True
         entry.read_error = None
         self._residents.start_read(entry)
+
+    def _queue_from_host(self, entry: Entry) -> None:
+        """Read the entry back from its host copy by a copy queued on the GPU behind the copy
+        out, on the caller's thread (nothing waits); a failure is the get's to raise, as a
+        reader thread's is."""
+        entry.read_error = None
+        self._residents.start_read(entry)
+        try:
+            array, arrived_event = self._spills.queue_from_host(entry)
+        except Exception as error:  # noqa: BLE001 - reported by get(), as a reader's
+            self._residents.finish_read(entry, resident=False)
+            entry.read_error = error
+            self._cond.notify_all()
+            return
+        self._residents.finish_read(entry, resident=not entry.freed)
+        if not entry.freed:
+            entry.array, entry.from_read, entry.arrived = array, True, arrived_event
+            self._read += entry.nbytes
+            self._reads += 1
+        self._cond.notify_all()
 
     def _read_back(self, entry: Entry) -> None:
         """A reader thread's task: read the array back, then update the books."""
@@ -666,10 +687,13 @@ class Offloader:
             self._pump_prefetch()
 
 
-def _finalize(writers: Any, readers: Any, directory: SpillDirectory) -> None:
+def _finalize(writers: Any, readers: Any, directory: SpillDirectory, spills: SpillFiles) -> None:
     # An offloader dropped by the user can die in one of its own workers (the last
     # reference being a task's), which cannot wait for itself.
     own = threading.current_thread().name.startswith("arrayio-offload")
     writers.shutdown(wait=not own, cancel_futures=True)
     readers.shutdown(wait=not own, cancel_futures=True)
+    # Copies queued on the GPU may still use pinned buffers that the dropped entries' loans
+    # give back to the pool: they must have run first.
+    spills.settle()
     directory.close()

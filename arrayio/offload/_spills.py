@@ -90,15 +90,49 @@ class SpillFiles:
             if host_sharding is None:
                 return None
             return self.host.store_jax(array, host_sharding, wait=False)
-        if entry.framework != "torch" or not array.is_contiguous():
+        # record_stream keeps a block of torch's own allocator from reuse: memory torch did
+        # not allocate (imported through DLPack, its storage not resizable) is not protected
+        # by it, and goes the writer's way, held until its copy is done.
+        if (
+            entry.framework != "torch"
+            or not array.is_contiguous()
+            or not array.untyped_storage().resizable()
+        ):
             return None
         stream = self._streams.torch_stream(entry.request.placement.index)
         return self.host.queue_out(array, stream, entry.ready)
 
+    def queues_back(self, entry: Entry) -> bool:
+        """Whether the entry comes back from its host copy by a copy queued on the GPU: a
+        JAX array moved by JAX, or a torch CUDA tensor (any host copy of one, so that no
+        reader thread fills a block of the side stream while a queued copy back into it
+        is pending)."""
+        if isinstance(entry.host, JaxHostCopy):
+            return True
+        return (
+            isinstance(entry.host, HostCopy)
+            and entry.framework == "torch"
+            and entry.request.placement.is_cuda
+        )
+
+    def synchronize(self) -> None:
+        """Wait for every copy queued on the GPU, and give back the host buffers released
+        meanwhile."""
+        self._streams.synchronize()
+        if self.host is not None:
+            self.host.reap()
+
+    def settle(self) -> None:
+        """At close: wait for every copy queued on the GPU and give back every buffer
+        released while its copies ran."""
+        self._streams.synchronize()
+        if self.host is not None:
+            self.host.settle()
+
     def queue_from_host(self, entry: Entry) -> tuple[Any, Any]:
-        """The entry's array back from its queued host copy (:meth:`queue_to_host`) by a
-        copy queued on the same stream, and the event its user's stream waits for (None
-        for JAX, which orders its own moves)."""
+        """The entry's array back from its host copy (:meth:`queues_back`) by a copy queued
+        on the side stream (after the copy out, where that was queued there too), and the
+        event its user's stream waits for (None for JAX, which orders its own moves)."""
         if isinstance(entry.host, JaxHostCopy):
             array = entry.host.back(wait=False)
             return (jax_uncommitted(array) if entry.uncommitted else array), None

@@ -70,6 +70,13 @@ class SideStreams:
         stack.enter_context(stream)
         return stack
 
+    def synchronize(self) -> None:
+        """Wait for the work queued on every torch side stream made so far."""
+        with self._lock:
+            streams = [stream for (kind, _), stream in self._streams.items() if kind == "torch"]
+        for stream in streams:
+            stream.synchronize()
+
     def torch_stream(self, index: int) -> Any:
         """The torch side stream of GPU ``index``: reads allocate their destination on it,
         and the host tier queues its copies there, in order."""

@@ -162,20 +162,28 @@ def test_gpu_spills_go_to_pinned_host_memory_then_to_files(tmp_path, gpu_xp: Fra
 def test_a_torch_spill_leaves_the_device_as_the_put_returns(tmp_path):
     # Queued on a side stream, the copy out lets the offloader drop the tensor at once (the
     # caching allocator reuses its block only after the copy has run): device memory falls
-    # as the put returns, where a host wait on an I/O thread came after the host, running
-    # ahead of the GPU, had asked for the tensor back. The copy back is queued too, and the
-    # caller's stream waits for it.
+    # as the put returns. The producer is still running at the put (the copy must wait for
+    # it), the freed block is filled at once by a new tensor (the copy must have read it
+    # first), and the copy back is waited for by every stream that gets the tensor.
     torch = pytest.importorskip("torch")
-    x = torch.arange(16 * MB // 4, dtype=torch.float32, device="cuda")  # 16 MiB
-    expected = x.cpu()
+    n = 16 * MB // 4
+    expected = torch.arange(n, dtype=torch.float32)
     with Offloader(tmp_path, device_budget_bytes=1 << 30, host_budget_bytes=1 << 30) as off:
+        torch.cuda._sleep(50_000_000)  # the GPU busy for a while: the host runs ahead
+        x = torch.arange(n, dtype=torch.float32, device="cuda")
         before = torch.cuda.memory_allocated()
         handle = off.put(x, hint="spill")
         del x
         assert torch.cuda.memory_allocated() <= before - 16 * MB
         assert not off.resident(handle) and off.stats().host_bytes == 16 * MB
+        clobber = torch.full((n,), -1.0, device="cuda")  # may take the freed block
         y = off.get(handle) * 1  # a kernel on the caller's stream, after the copy back
-        assert torch.equal(y.cpu(), expected)
+        other = torch.cuda.Stream()
+        with torch.cuda.stream(other):
+            z = off.get(handle) * 1  # another stream waits for the copy back too
+        torch.cuda.synchronize()
+        assert torch.equal(y.cpu(), expected) and torch.equal(z.cpu(), expected)
+        assert (clobber == -1).all()
         off.free(handle)
     assert off.host_tier.used_bytes == 0
 
@@ -271,7 +279,7 @@ def test_a_queued_copys_buffer_goes_back_only_once_its_copies_have_run():
     second.release()
     assert returned == [] and tier.used_bytes == 3 * MB  # their copies still run
     first.busy.done = True
-    tier._reap()  # (each queue_out does this first)
+    tier.reap()  # (each store and queue_out does this first)
     assert returned == [MB] and tier.used_bytes == 2 * MB
     tier.settle()  # close: waits for the rest
     assert returned == [MB, 2 * MB] and tier.used_bytes == 0
@@ -306,6 +314,7 @@ def test_a_spill_queued_on_the_gpu_is_written_and_dropped_at_once(tmp_path, monk
 
     monkeypatch.setattr(_spills.SpillFiles, "queue_to_host", queue_to_host)
     monkeypatch.setattr(_spills.SpillFiles, "queue_from_host", queue_from_host)
+    monkeypatch.setattr(_spills.SpillFiles, "queues_back", lambda self, entry: True)
     monkeypatch.setattr(_offloader, "arrived", lambda array, event: waited.append(event))
     arrays = [np.full(MB // 4, i, np.float32) for i in range(3)]
     with Offloader(tmp_path, device_budget_bytes=64 * MB, host_budget_bytes=64 * MB) as off:
@@ -315,9 +324,35 @@ def test_a_spill_queued_on_the_gpu_is_written_and_dropped_at_once(tmp_path, monk
         assert stats.writes == 3 and stats.host_bytes == 3 * MB and stats.disk_bytes == 0
         np.testing.assert_array_equal(off.get(handles[1]), arrays[1])
         assert waited == [events[3]]  # the caller's stream waits for the queued copy back
+        off.get(handles[1])
+        assert waited == [events[3]] * 2  # and every later get's stream, too
         off.free(handles[1])
         assert off.host_tier.used_bytes == 3 * MB  # its copy back has not run yet
         events[3].done = True
-        off.host_tier._reap()
+        off.host_tier.reap()
         assert off.host_tier.used_bytes == 2 * MB
     assert off.host_tier.used_bytes == 0  # close waited for the rest
+
+
+def test_a_copy_back_that_fails_to_queue_is_the_gets_to_raise(tmp_path, monkeypatch):
+    # A read queued on the caller's thread that fails (the device out of memory for its
+    # destination) is reported by the get, as a reader thread's failure is, and leaves the
+    # budget's books as they were: the next read fits and runs.
+    from arrayio.offload import _spills
+
+    monkeypatch.setattr(_spills.SpillFiles, "queues_back", lambda self, entry: True)
+    failures = [MemoryError("no room for the copy back")]
+
+    def queue_from_host(self, entry):
+        if failures:
+            raise failures.pop()
+        return np.zeros(entry.shape, np.float32), None
+
+    monkeypatch.setattr(_spills.SpillFiles, "queue_from_host", queue_from_host)
+    with Offloader(tmp_path, device_budget_bytes=MB, host_budget_bytes=0) as off:
+        handle = off.put(np.ones(MB // 4, np.float32), hint="spill")
+        off.wait()
+        off.prefetch(handle)  # never raises: the get does
+        with pytest.raises(MemoryError, match="no room"):
+            off.get(handle)
+        assert off.get(handle).shape == (MB // 4,)  # the books let the next read run
