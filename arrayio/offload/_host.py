@@ -140,7 +140,9 @@ class HostTier:
         self._lend = lend
         self._to_host = to_host or _driver_to_host
         self._to_device = to_device or _driver_to_device
-        self._lock = threading.Lock()
+        # Reentrant: a garbage collection on a thread that holds it may free a handle, whose
+        # copy then gives its buffer back (or defers it) through this same lock.
+        self._lock = threading.RLock()
         self.used_bytes = 0
         self._deferred: list[HostCopy] = []  # released while their copies were queued
         if lend is None and self.budget_bytes:
@@ -191,6 +193,7 @@ class HostTier:
         try:
             lend = self._lend if self._lend is not None else _pool_lend
             buffer = loan.enter_context(lend(nbytes))[:nbytes]
+            source = tensor.reshape(-1).view(torch.uint8)
             producer = torch.cuda.current_stream(tensor.device)  # (before the side one is)
             with torch.cuda.stream(stream):
                 if ready is not None:
@@ -198,7 +201,7 @@ class HostTier:
                 else:
                     stream.wait_stream(producer)
                 queued = True
-                torch.from_numpy(buffer).copy_(tensor.reshape(-1).view(torch.uint8), True)
+                torch.from_numpy(buffer).copy_(source, non_blocking=True)
                 busy = stream.record_event()
             tensor.record_stream(stream)
         except BaseException:
@@ -228,14 +231,16 @@ class HostTier:
 
     def reap(self) -> None:
         """Give back the deferred buffers whose copies have happened."""
-        done: list[HostCopy] = []
         with self._lock:
-            waiting: list[HostCopy] = []
-            for copy in self._deferred:
-                (done if copy.busy.query() else waiting).append(copy)
-            self._deferred = waiting
-        for copy in done:
-            copy.release()
+            deferred, self._deferred = self._deferred, []
+        waiting = []
+        for copy in deferred:
+            if copy.busy.query():
+                copy.release()
+            else:
+                waiting.append(copy)
+        with self._lock:
+            self._deferred.extend(waiting)
 
     def settle(self) -> None:
         """Wait for every deferred buffer's copies and give the buffers back (at close)."""

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import math
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Iterable, Iterator
@@ -177,7 +178,13 @@ class Offloader:
             read_workers, thread_name_prefix="arrayio-offload-read"
         )
         self._finalizer = weakref.finalize(
-            self, _finalize, self._writers, self._readers, self._directory, self._spills
+            self,
+            _finalize,
+            self._writers,
+            self._readers,
+            self._directory,
+            self._spills,
+            os.getpid(),
         )
 
     # ------------------------------------------------------------------ public API
@@ -303,6 +310,7 @@ class Offloader:
                 array = entry.array
                 if entry.arrived is not None:  # its copy back, queued on a side stream:
                     arrived(array, entry.arrived)  # every get's stream waits (cheap once run)
+                    record_stream(array, entry.framework)  # and its use is recorded
                 if entry.from_read:
                     entry.from_read = False
                     record_stream(array, entry.framework)
@@ -652,10 +660,12 @@ class Offloader:
         self._residents.start_read(entry)
         try:
             array, arrived_event = self._spills.queue_from_host(entry)
-        except Exception as error:  # noqa: BLE001 - reported by get(), as a reader's
+        except BaseException as error:  # the books first, whatever it is
             self._residents.finish_read(entry, resident=False)
-            entry.read_error = error
             self._cond.notify_all()
+            if not isinstance(error, Exception):
+                raise
+            entry.read_error = error  # reported by get(), as a reader's
             return
         self._residents.finish_read(entry, resident=not entry.freed)
         if not entry.freed:
@@ -687,13 +697,19 @@ class Offloader:
             self._pump_prefetch()
 
 
-def _finalize(writers: Any, readers: Any, directory: SpillDirectory, spills: SpillFiles) -> None:
+def _finalize(
+    writers: Any, readers: Any, directory: SpillDirectory, spills: SpillFiles, owner: int
+) -> None:
     # An offloader dropped by the user can die in one of its own workers (the last
     # reference being a task's), which cannot wait for itself.
     own = threading.current_thread().name.startswith("arrayio-offload")
     writers.shutdown(wait=not own, cancel_futures=True)
     readers.shutdown(wait=not own, cancel_futures=True)
     # Copies queued on the GPU may still use pinned buffers that the dropped entries' loans
-    # give back to the pool: they must have run first.
-    spills.settle()
-    directory.close()
+    # give back to the pool: they must have run first (not in a forked child, whose CUDA
+    # context is not the parent's, nor while the interpreter exits).
+    try:
+        if os.getpid() == owner and not sys.is_finalizing():
+            spills.settle()
+    finally:
+        directory.close()

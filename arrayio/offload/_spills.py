@@ -92,7 +92,8 @@ class SpillFiles:
             return self.host.store_jax(array, host_sharding, wait=False)
         # record_stream keeps a block of torch's own allocator from reuse: memory torch did
         # not allocate (imported through DLPack, its storage not resizable) is not protected
-        # by it, and goes the writer's way, held until its copy is done.
+        # by it, and goes the writer's way, held until its copy is done. (A pluggable
+        # allocator without record_stream is not told apart: not supported here.)
         if (
             entry.framework != "torch"
             or not array.is_contiguous()

@@ -43,7 +43,7 @@ class SideStreams:
     """The offloader's own stream per framework and device, created on first use."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (reentrant: see HostTier's lock)
         self._streams: dict[tuple[str, int], Any] = {}
 
     def allocating(self, entry: Entry) -> Any:
