@@ -213,13 +213,16 @@ class HostTier:
         return HostCopy(self, loan, buffer, busy)
 
     def queue_back(self, copy: HostCopy, like: Any, stream: Any) -> tuple[Any, Any]:
-        """A new tensor shaped as ``like`` (dtype, shape, device) filled from ``copy`` by a
-        copy queued on ``stream`` (after the copy out, queued there before), and the event
-        the stream that uses it must wait for."""
+        """A new tensor shaped as ``like`` (dtype, shape, device), allocated on ``stream``
+        and filled from ``copy`` by a copy queued there after the copy out's event (the
+        copies out run on a stream of their own, so that copies each way overlap), and the
+        event the stream that uses it must wait for."""
         import torch
 
         dtype, shape, device = like
         with torch.cuda.stream(stream):
+            if copy.busy is not None:  # the copy out (or an earlier copy back) first
+                stream.wait_event(copy.busy)
             out = torch.empty(copy.nbytes, dtype=torch.uint8, device=device)
             out.copy_(torch.from_numpy(copy.buffer), non_blocking=True)
             copy.busy = arrived = stream.record_event()

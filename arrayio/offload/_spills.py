@@ -132,15 +132,15 @@ class SpillFiles:
 
     def queue_from_host(self, entry: Entry) -> tuple[Any, Any]:
         """The entry's array back from its host copy (:meth:`queues_back`) by a copy queued
-        on the side stream (after the copy out, where that was queued there too), and the
-        event its user's stream waits for (None for JAX, which orders its own moves)."""
+        on the side stream of copies back (after the copy out's event), and the event its
+        user's stream waits for (None for JAX, which orders its own moves)."""
         if isinstance(entry.host, JaxHostCopy):
             array = entry.host.back(wait=False)
             return (jax_uncommitted(array) if entry.uncommitted else array), None
         assert self.host is not None and isinstance(entry.host, HostCopy)
         placement = entry.request.placement
         like = (torch_dtype(entry.dtype), entry.shape, f"cuda:{placement.index}")
-        stream = self._streams.torch_stream(placement.index)
+        stream = self._streams.torch_stream(placement.index, "torch back")
         return self.host.queue_back(entry.host, like, stream)
 
     def read(self, entry: Entry) -> Any:

@@ -73,16 +73,18 @@ class SideStreams:
     def synchronize(self) -> None:
         """Wait for the work queued on every torch side stream made so far."""
         with self._lock:
-            streams = [stream for (kind, _), stream in self._streams.items() if kind == "torch"]
+            streams = [s for (kind, _), s in self._streams.items() if kind.startswith("torch")]
         for stream in streams:
             stream.synchronize()
 
-    def torch_stream(self, index: int) -> Any:
-        """The torch side stream of GPU ``index``: reads allocate their destination on it,
-        and the host tier queues its copies there, in order."""
+    def torch_stream(self, index: int, kind: str = "torch") -> Any:
+        """A torch side stream of GPU ``index``: ``"torch"``, on which reads from files
+        allocate their destination and the host tier queues its copies out; ``"torch back"``,
+        on which the host tier's copies back allocate theirs and run (a block of one stream's
+        pool is never handed to the other's users while a copy into it is queued)."""
         import torch
 
-        key = ("torch", index)
+        key = (kind, index)
         with self._lock:
             if key not in self._streams:
                 self._streams[key] = torch.cuda.Stream(device=index)
