@@ -7,12 +7,14 @@ after that (:mod:`arrayio.offload._spills` decides). Its buffers come from the p
 pinned pool (:mod:`arrayio.tools._pinned`): a copy given back when its array is freed
 serves the next spill, so no array pins memory of its own.
 
-torch tensors and JAX arrays move by copies queued on the GPU, on the caller's thread, with no
-host wait (:meth:`HostTier.queue_out`, JAX's own ``device_put``): the host runs ahead of the
-GPU, and a copy made on an I/O thread after waiting for the producer lands after the step has
-asked for the array back, so the step holds it and saves nothing. Other arrays (CuPy) go
-through the CUDA driver on a stream of an I/O thread's own, after the producer's event. Host
-arrays (NumPy, JAX or torch on the CPU) skip the tier: their "device" is the host already.
+torch tensors move by copies queued on the GPU, on the caller's thread, with no host wait
+(:meth:`HostTier.queue_out`): the host runs ahead of the GPU, and a copy made on an I/O
+thread after waiting for the producer lands after the step has asked for the array back, so
+the step holds it and saves nothing. JAX arrays move by JAX's own ``device_put``, waited for
+on an I/O thread (queued and not waited for, the arrays they left stayed allocated past the
+device budget while the host ran ahead). Other arrays (CuPy) go through the CUDA driver on a
+stream of an I/O thread's own, after the producer's event. Host arrays (NumPy, JAX or torch on
+the CPU) skip the tier: their "device" is the host already.
 """
 
 from __future__ import annotations
@@ -78,13 +80,11 @@ class JaxHostCopy:
         self._tier: HostTier | None = tier
         self.array, self.device_sharding, self.nbytes = array, device_sharding, nbytes
 
-    def back(self, *, wait: bool = True) -> Any:
-        """The array in its device's memory again (a new JAX array); ``wait=False`` returns
-        it as soon as the move is queued (JAX orders its users after it)."""
+    def back(self) -> Any:
+        """The array in its device's memory again (a new JAX array)."""
         import jax
 
-        moved = jax.device_put(self.array, self.device_sharding)
-        return moved.block_until_ready() if wait else moved
+        return jax.device_put(self.array, self.device_sharding).block_until_ready()
 
     def release(self) -> None:
         """Drop the host copy (once; later calls do nothing)."""
@@ -253,10 +253,9 @@ class HostTier:
             copy.busy.synchronize()
             copy.release()
 
-    def store_jax(self, array: Any, host_sharding: Any, *, wait: bool = True) -> JaxHostCopy | None:
+    def store_jax(self, array: Any, host_sharding: Any) -> JaxHostCopy | None:
         """``array`` (a JAX array) moved to pinned host memory by JAX (``host_sharding``, from
-        :func:`jax_host_offload`), or None where the tier has no room. ``wait=False``
-        returns once the move is queued: JAX keeps the device buffer until it has run."""
+        :func:`jax_host_offload`), or None where the tier has no room."""
         import jax
 
         nbytes = int(array.nbytes)
@@ -267,9 +266,7 @@ class HostTier:
             self.used_bytes += nbytes
         try:
             device_sharding = array.sharding
-            moved = jax.device_put(array, host_sharding)
-            if wait:
-                moved.block_until_ready()
+            moved = jax.device_put(array, host_sharding).block_until_ready()
         except BaseException:
             self._returned(nbytes)
             raise

@@ -77,7 +77,7 @@ class SpillFiles:
             os.close(fd)
         return crc, None
 
-    def queue_to_host(self, entry: Entry) -> HostCopy | JaxHostCopy | None:
+    def queue_to_host(self, entry: Entry) -> HostCopy | None:
         """The entry's array copied to the host tier by a copy queued on the GPU (see
         :meth:`HostTier.queue_out`), for a contiguous torch CUDA tensor where the tier has
         room and the entry may use it; else None, and the array goes the way of
@@ -85,15 +85,12 @@ class SpillFiles:
         array = entry.array
         if self.host is None or entry.tier == "disk" or not entry.request.placement.is_cuda:
             return None
-        if entry.framework == "jax":  # JAX orders its own moves: queued, never waited for
-            host_sharding = jax_host_offload(array)
-            if host_sharding is None:
-                return None
-            return self.host.store_jax(array, host_sharding, wait=False)
-        # record_stream keeps a block of torch's own allocator from reuse: memory torch did
-        # not allocate (imported through DLPack, its storage not resizable) is not protected
-        # by it, and goes the writer's way, held until its copy is done. (A pluggable
-        # allocator without record_stream is not told apart: not supported here.)
+        # JAX arrays go the writer's way, their moves waited for: queued and not waited for,
+        # the arrays they left stayed allocated past the device budget while the host ran
+        # ahead. record_stream keeps a block of torch's own allocator from reuse: memory
+        # torch did not allocate (imported through DLPack, its storage not resizable) is not
+        # protected by it, and goes the writer's way, held until its copy is done. (A
+        # pluggable allocator without record_stream is not told apart: not supported here.)
         if (
             entry.framework != "torch"
             or not array.is_contiguous()
@@ -105,11 +102,8 @@ class SpillFiles:
 
     def queues_back(self, entry: Entry) -> bool:
         """Whether the entry comes back from its host copy by a copy queued on the GPU: a
-        JAX array moved by JAX, or a torch CUDA tensor (any host copy of one, so that no
-        reader thread fills a block of the side stream while a queued copy back into it
-        is pending)."""
-        if isinstance(entry.host, JaxHostCopy):
-            return True
+        torch CUDA tensor (any host copy of one, so that no reader thread fills a block of
+        the side stream while a queued copy back into it is pending)."""
         return (
             isinstance(entry.host, HostCopy)
             and entry.framework == "torch"
@@ -133,10 +127,7 @@ class SpillFiles:
     def queue_from_host(self, entry: Entry) -> tuple[Any, Any]:
         """The entry's array back from its host copy (:meth:`queues_back`) by a copy queued
         on the side stream of copies back (after the copy out's event), and the event its
-        user's stream waits for (None for JAX, which orders its own moves)."""
-        if isinstance(entry.host, JaxHostCopy):
-            array = entry.host.back(wait=False)
-            return (jax_uncommitted(array) if entry.uncommitted else array), None
+        user's stream waits for."""
         assert self.host is not None and isinstance(entry.host, HostCopy)
         placement = entry.request.placement
         like = (torch_dtype(entry.dtype), entry.shape, f"cuda:{placement.index}")
@@ -158,6 +149,8 @@ class SpillFiles:
         return jax_uncommitted(array) if entry.uncommitted else array
 
     def _read(self, entry: Entry) -> Any:
+        if isinstance(entry.host, JaxHostCopy):
+            return entry.host.back()
         request = entry.request
         to_jax_device = request.framework == "jax" and request.placement.is_cuda
         if to_jax_device:  # through the host, then device_put: JAX owns the memory
