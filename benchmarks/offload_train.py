@@ -586,6 +586,11 @@ def run_torch(cfg: Config, report: dict[str, Any], save: Any) -> None:
 
 
 PLANNED_OVERHEAD = 0.1  # the bound on the overhead of a larger batch
+# The planned batches stop once a step runs this many times its plain step: past that the
+# larger batches are only slower, and the run's time goes to them for nothing. Set high
+# enough that a plan which moves every byte it planned (as the host tier's queued copies
+# do) still runs the 4x batch.
+PLANNED_STOP_RATIO = 8
 
 
 def _planned_batches(
@@ -599,7 +604,8 @@ def _planned_batches(
     spill plan that meets the memory budget (``device_budget_bytes``: the budget less the
     step's other memory, as in (1b)), recorded from a plain step without the limit (the
     first planned step too, whose gradients are compared) and timed under it; ascending,
-    until one does not fit, fails, or its step passes 4x the plain step's; each row into
+    until one does not fit, fails, or its step passes ``PLANNED_STOP_RATIO`` times the plain
+    step's (the batches above it would only be slower); each row into
     ``section["fit"]["planned_batches"]`` as it is measured. Its overhead
     over the plain step at the same batch says whether the larger batch pays: the largest
     trainable batch within ``PLANNED_OVERHEAD`` is the issue's figure. On the CPU (no memory
@@ -644,7 +650,7 @@ def _planned_batches(
             f"overhead={row.get('overhead')} bound={row.get('bound')}",
             flush=True,
         )
-        if not row.get("fits") or (row.get("overhead") or 0) > 3:
+        if not row.get("fits") or (row.get("overhead") or 0) > PLANNED_STOP_RATIO - 1:
             break
 
 
@@ -1018,7 +1024,7 @@ def _jax_planned_batches(
         )
         rows.append(row)
         save()
-        if not row.get("fits") or (row.get("overhead") or 0) > 3:
+        if not row.get("fits") or (row.get("overhead") or 0) > PLANNED_STOP_RATIO - 1:
             break
 
 
