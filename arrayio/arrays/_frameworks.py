@@ -53,6 +53,7 @@ __all__ = [
     "is_array",
     "jax_uncommitted",
     "parse_target",
+    "require",
     "writable_view",
 ]
 
@@ -201,7 +202,7 @@ def parse_target(like: Any, device: Any) -> Request:
         raise DeviceError("CuPy arrays live on a GPU: pass device='cuda' (or 'cuda:N')")
     if placement.is_cuda:
         jax_device = _check_cuda(framework, placement, jax_device)
-    _require(framework)
+    require(framework)
     return Request(framework, placement, jax_device)
 
 
@@ -221,7 +222,7 @@ def _check_cuda(framework: str, placement: Placement, jax_device: Any) -> Any:
             f"{format_count(count, 'CUDA GPU')} (cuda:0 to cuda:{count - 1})"
         )
     if framework == "torch":
-        torch = _require("torch")
+        torch = require("torch")
         if torch.version.cuda is None:
             raise DeviceError(
                 f"cannot use {placement}: this is a CPU-only build of torch "
@@ -229,7 +230,7 @@ def _check_cuda(framework: str, placement: Placement, jax_device: Any) -> Any:
                 "(https://pytorch.org/get-started/locally/)"
             )
     if framework == "jax" and jax_device is None:
-        return _jax_device(_require("jax"), placement)
+        return _jax_device(require("jax"), placement)
     return jax_device
 
 
@@ -264,8 +265,9 @@ def _cuda_driver() -> tuple[int, str | None]:
     return count.value, None
 
 
-def _require(framework: str) -> ModuleType:
-    """Import a framework the caller asked for by name, with an install hint if missing."""
+def require(framework: str, purpose: str | None = None) -> ModuleType:
+    """Import a framework the caller asked for by name (or that ``purpose`` needs), with an
+    install hint if missing."""
     module = _module(framework)
     if module is not None:
         return module
@@ -275,8 +277,9 @@ def _require(framework: str) -> ModuleType:
         return importlib.import_module(framework)
     except ImportError:
         extra = {"cupy": "gpu"}.get(framework, framework)
+        needs = f"{purpose} needs {framework}, which" if purpose else framework
         raise FrameworkNotAvailableError(
-            f"{framework} is not installed: pip install 'arrayio[{extra}]'"
+            f"{needs} is not installed: pip install 'arrayio[{extra}]'"
         ) from None
 
 
@@ -453,7 +456,7 @@ def allocate(request: Request, dtype: DType, shape: tuple[int, ...]) -> Target:
     if framework == "jax":
         return _allocate_jax(dtype, shape, nbytes, request)
     if framework == "cupy":
-        cupy = _require("cupy")
+        cupy = require("cupy")
         np_dtype = _cupy_dtype(cupy, dtype)
         with cupy.cuda.Device(placement.index):
             array = cupy.empty(shape, dtype=np_dtype)
@@ -464,7 +467,7 @@ def allocate(request: Request, dtype: DType, shape: tuple[int, ...]) -> Target:
 
 def torch_dtype(dtype: DType) -> Any:
     """Return torch's dtype for ``dtype`` or raise UnsupportedDtypeError."""
-    torch = _require("torch")
+    torch = require("torch")
     result = getattr(torch, dtype.name, None)
     if result is None or not isinstance(result, torch.dtype):
         raise UnsupportedDtypeError(f"torch {torch.__version__} has no {dtype.name} dtype")
@@ -472,7 +475,7 @@ def torch_dtype(dtype: DType) -> Any:
 
 
 def _allocate_torch(dtype: DType, shape: tuple[int, ...], nbytes: int, placement: Placement):
-    torch = _require("torch")
+    torch = require("torch")
     t_dtype = torch_dtype(dtype)
     if placement.is_cuda:
         tensor = torch.empty(shape, dtype=t_dtype, device=_torch_cuda(placement.index))
@@ -487,7 +490,7 @@ def _allocate_torch(dtype: DType, shape: tuple[int, ...], nbytes: int, placement
 def _torch_cuda(index: int) -> Any:
     """torch's device object for GPU ``index``, made once: a device given as a string is
     parsed again on every allocation."""
-    return _require("torch").device("cuda", index)
+    return require("torch").device("cuda", index)
 
 
 def _cupy_dtype(cupy: ModuleType, dtype: DType) -> np.dtype:
@@ -503,7 +506,7 @@ _JAX_X64_ONLY = frozenset({"int64", "uint64", "float64", "complex128"})
 
 
 def _allocate_jax(dtype: DType, shape: tuple[int, ...], nbytes: int, request: Request) -> Target:
-    jax = _require("jax")
+    jax = require("jax")
     if dtype.name in _JAX_X64_ONLY and not jax.config.jax_enable_x64:
         raise UnsupportedDtypeError(
             f"JAX would silently narrow {dtype.name} to 32 bits: enable 64-bit types with "

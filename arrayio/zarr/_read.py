@@ -96,6 +96,10 @@ def read(
     >>> rows = arrayio.zarr.read(z, (slice(0, 1000), ...), like="torch")
     """
     request = _frameworks.parse_target(like, device)
+    # zarr's GPU buffers are CuPy arrays, whatever framework the result is in: a machine
+    # with a GPU and JAX or torch but no CuPy is told so before anything is opened.
+    if request.placement.is_cuda:
+        cupy = _frameworks.require("cupy", "reading Zarr into GPU memory")
     array = _open(source, path)
     stored = np.dtype(array.dtype)
     if not stored.isnative and not request.placement.is_cuda:
@@ -114,7 +118,6 @@ def read(
         array.get_basic_selection(selection, out=cpu.NDBuffer(out), prototype=cpu.buffer_prototype)
         return target.finish()
 
-    import cupy
     from zarr.core.buffer import gpu
 
     with cupy.cuda.Device(request.placement.index), zarr.config.enable_gpu():

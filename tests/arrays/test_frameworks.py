@@ -39,7 +39,7 @@ def saved(tmp_path):
 )
 def test_parse_target(like, device, framework, placement, monkeypatch) -> None:
     # Only the parsing is under test: pretend every framework is importable, every GPU usable.
-    monkeypatch.setattr("arrayio.arrays._frameworks._require", lambda name: None)
+    monkeypatch.setattr("arrayio.arrays._frameworks.require", lambda name: None)
     monkeypatch.setattr("arrayio.arrays._frameworks._check_cuda", lambda *args: args[2])
     request = parse_target(like, device)
     assert (request.framework, request.placement) == (framework, placement)

@@ -4,6 +4,7 @@ CPU, filled in place in memory the framework then owns without a copy."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import numpy as np
 import pytest
@@ -107,6 +108,24 @@ def test_bad_requests_get_clear_errors(tmp_path, stored):
     strings = zarr.create_array(NVMeStore(tmp_path / "s"), shape=(3,), dtype=str)
     with pytest.raises(arrayio.UnsupportedDtypeError):
         read(strings)
+
+
+@pytest.mark.parametrize("like", ["jax", "torch", "cupy", None])
+def test_a_gpu_read_without_cupy_says_what_is_missing(stored, monkeypatch, like):
+    # zarr's GPU buffers are CuPy arrays: a machine with a GPU and JAX or torch but no CuPy
+    # gets arrayio's error naming it, before anything is opened or allocated (not a raw
+    # ModuleNotFoundError from inside the read).
+    from arrayio.zarr import _read
+
+    root, _ = stored
+    gpu = _frameworks.Request(like or "cupy", _frameworks.Placement("cuda", 0))
+    monkeypatch.setattr(_read._frameworks, "parse_target", lambda like, device: gpu)
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy fails, as where it is absent
+    monkeypatch.setattr(_read, "_open", lambda *a: pytest.fail("opened without CuPy"))
+    with pytest.raises(
+        arrayio.FrameworkNotAvailableError, match="reading Zarr into GPU memory needs cupy"
+    ):
+        read(root, like=like, device="cuda")
 
 
 def test_jax_refuses_to_narrow_64_bit_types(tmp_path):
