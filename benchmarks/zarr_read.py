@@ -1275,6 +1275,11 @@ def run_data_set(
         from arrayio.zarr import _decode_placement
 
         report["decode_placement"] = _decode_placement.report()
+        # Which tools the dispatcher chose for the stores' and the pipeline's batches, and
+        # what it measured of each: where a store's rate comes from.
+        import arrayio
+
+        report["dispatcher"] = str(arrayio.explain())
         report["summary"] = summarize(
             report["rows"], report["ceilings"], report["stored_bytes"], report["array_bytes"]
         )

@@ -81,6 +81,8 @@ def test_zarr_read_benchmark_runs_every_layout_selection_and_peer(tmp_path, run_
     assert report["layouts"]["chunked"]["shards"] is None
     assert report["layouts"]["sharded"]["shard_bytes"] == 4 << 20
     assert report["layouts"]["sharded"]["chunk_bytes"] == 1 << 20
+    # What the dispatcher chose for the stores' batches is kept beside the rates.
+    assert "host" in report["dispatcher"] and "read" in report["dispatcher"]
     for layout in ("chunked", "sharded"):
         for codec in ("none", "zstd"):
             assert is_rate(report["ceilings"][f"{layout}/{codec}"]["warm_read_GBps"])
