@@ -69,7 +69,8 @@ def save(
         name). The arrays' names are flat (``"model.layers.0.weight"``); ``transformers``
         and ``safetensors`` read the files as they are, and :func:`load` reads them back.
         The index is written last, atomically: an interrupted save leaves the previous
-        checkpoint whole.
+        checkpoint whole. In a multi-process JAX program each shard is written by every
+        process at once, each its own pieces, and process 0 writes the index.
 
     Raises
     ------
@@ -98,11 +99,24 @@ def save(
 
     if needs_distributed_save(obj):  # jax.Arrays spread over several processes
         target = os.fspath(path)
-        if max_shard_size is not None or target.endswith((".npy", ".npz")):
+        if target.endswith((".npy", ".npz")):
             raise UnsupportedObjectError(
-                "arrays spread over several processes are saved to one safetensors file: "
-                "no max_shard_size, .npy or .npz"
+                "arrays spread over several processes are saved to safetensors files, "
+                "not .npy or .npz"
             )
+        if max_shard_size is not None:
+            from ._save_shards import save_shards
+
+            save_shards(
+                path,
+                obj,
+                max_shard_size,
+                metadata=metadata,
+                tool=tool,
+                progress=progress,
+                distributed=True,
+            )
+            return
         _refuse_foreign_extension(target)
         save_distributed(target, obj, metadata, tool)
         return

@@ -7,6 +7,12 @@ same with a token before ``.safetensors`` where a shard of that name belongs to 
 being replaced), then the index replaces the old one atomically, then the shards only the old
 index named are removed. A reader, or a crash, meets the old checkpoint whole or the new one
 whole, never a mix.
+
+In a multi-process JAX program (``jax.distributed``), every process calls ``save`` with the
+same tree: each shard is written as a one-file distributed save (each process its own pieces,
+process 0 the header and the commit, :mod:`arrayio.api._save_distributed`), process 0 chooses
+the names and writes the index once every shard is committed, and every process returns once
+the index is in place (or raises with every other, the previous checkpoint intact).
 """
 
 from __future__ import annotations
@@ -60,10 +66,19 @@ def save_shards(
     metadata: Mapping[str, Any] | None,
     tool: Any,
     progress: bool | None,
+    distributed: bool = False,
 ) -> None:
     """Write ``obj``'s arrays as shards of at most ``max_shard_size`` bytes and their index;
-    see the module docstring."""
+    see the module docstring. ``distributed``: ``obj`` holds arrays spread over the
+    processes of a multi-process JAX program, every one of which calls this."""
     from ._save import save  # the one-file save, for each shard
+    from ._save_distributed import save_distributed
+
+    def write(file: str, part: dict[str, Any]) -> None:
+        if distributed:
+            save_distributed(file, part, metadata, tool)
+        else:
+            save(file, part, metadata=metadata, tool=tool, progress=progress)
 
     limit = parse_size(max_shard_size) if isinstance(max_shard_size, str) else max_shard_size
     if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
@@ -87,32 +102,66 @@ def save_shards(
     old = _referenced(index_path)
     if len(groups) == 1:
         single = os.path.join(directory, f"{stem}.safetensors")
-        save(single, dict(leaves), metadata=metadata, tool=tool, progress=progress)
-        _retire(index_path, old, keep={single})
+        write(single, dict(leaves))
+        _by_process_zero(distributed, lambda: _retire(index_path, old, keep={single}), path)
         return
     names = [f"{stem}-{i + 1:05d}-of-{len(groups):05d}" for i in range(len(groups))]
     if any(os.path.join(directory, f"{name}.safetensors") in old for name in names):
-        token = secrets.token_hex(4)
+        token = _token(distributed)
         names = [f"{name}.{token}" for name in names]
     weight_map: dict[str, str] = {}
     written: set[str] = set()
     for name, group in zip(names, groups, strict=True):
         file_name = f"{name}.safetensors"
         part = {leaves[i][0]: leaves[i][1] for i in group}
-        save(
-            os.path.join(directory, file_name),
-            part,
-            metadata=metadata,
-            tool=tool,
-            progress=progress,
-        )
+        write(os.path.join(directory, file_name), part)
         written.add(os.path.join(directory, file_name))
         weight_map.update(dict.fromkeys(part, file_name))
     index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
-    with _atomic.atomic_write(index_path) as fd:
-        os.write(fd, json.dumps(index, indent=2).encode() + b"\n")
-    _remove(old - written)
-    _remove(_orphans(directory, stem) - written)
+
+    def commit() -> None:
+        with _atomic.atomic_write(index_path) as fd:
+            os.write(fd, json.dumps(index, indent=2).encode() + b"\n")
+        _remove(old - written)
+        _remove(_orphans(directory, stem) - written)
+
+    _by_process_zero(distributed, commit, path)
+
+
+def _token(distributed: bool) -> str:
+    """A random token for the shards' names: process 0's, in every process, when
+    ``distributed``."""
+    token = secrets.token_hex(4)
+    if not distributed:
+        return token
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    raw = np.frombuffer(bytes.fromhex(token), dtype=np.uint8)
+    return bytes(np.asarray(multihost_utils.broadcast_one_to_all(raw), dtype=np.uint8)).hex()
+
+
+def _by_process_zero(distributed: bool, step: Any, path: str) -> None:
+    """Run ``step`` (the index's commit), in process 0 alone when ``distributed``; every
+    process returns once it is done, or raises if it failed."""
+    if not distributed:
+        step()
+        return
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    failure: Exception | None = None
+    if jax.process_index() == 0:
+        try:
+            step()
+        except Exception as error:  # noqa: BLE001 - the others must hear of it first
+            failure = error
+    done = multihost_utils.broadcast_one_to_all(np.array([failure is None], dtype=np.int32))
+    if failure is not None:
+        raise failure
+    if not int(np.asarray(done)[0]):
+        raise RuntimeError(f"{path}: process 0 could not commit the checkpoint's index")
 
 
 def _orphans(directory: str, stem: str) -> set[str]:

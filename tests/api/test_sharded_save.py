@@ -240,3 +240,96 @@ def test_the_sharded_checkpoint_example_runs(tmp_path: Path) -> None:
     assert "saved and restored on 8 cpu devices" in done.stdout
     assert (tmp_path / "state.safetensors").exists()
     assert (tmp_path / "hf" / "model.safetensors.index.json").exists()
+
+
+SHARDS_PROCESS = textwrap.dedent(
+    """
+    import json, os, sys
+    import numpy as np
+    import jax
+    process, port, directory = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process)
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import arrayio
+    from arrayio.dispatch import _transfer
+
+    written, fail_at = [], []
+    real = _transfer.write_many
+    def counting(fd, batch, **kwargs):
+        if fail_at and len(written) == fail_at[0]:
+            raise OSError("pretend: this process cannot write")
+        written.append(sum(data.nbytes for _, data in batch))
+        return real(fd, batch, **kwargs)
+    _transfer.write_many = counting
+
+    mesh = Mesh(np.array(jax.devices()).reshape(8), ("data",))
+    def global_array(values, spec):
+        sharding = NamedSharding(mesh, spec)
+        return jax.make_array_from_callback(values.shape, sharding, lambda i: values[i])
+    def state(scale):
+        rows = np.arange(64 * 8, dtype=np.float32).reshape(64, 8) * scale
+        columns = np.arange(16 * 8, dtype=np.float32).reshape(16, 8) * scale
+        return {
+            "model.a.weight": global_array(rows, P("data")),
+            "model.b.weight": global_array(-rows, P("data")),
+            "model.c.weight": global_array(columns, P(None, "data")),
+            "model.norm": np.full(8, scale, np.float32),
+        }
+    # 2 KiB, 2 KiB, 512 B and 32 B at most 2 KiB a shard: three shards.
+    arrayio.save(directory + "/ckpt", state(1.0), max_shard_size=2048)
+    first = list(written)
+    names_first = sorted(os.listdir(directory + "/ckpt"))
+    # Saved again over itself: the standard names belong to the checkpoint being replaced,
+    # so every process writes under process 0's token, and the old shards go.
+    arrayio.save(directory + "/ckpt", state(2.0), max_shard_size=2048)
+    names_second = sorted(os.listdir(directory + "/ckpt"))
+    # Process 1 fails to write the second shard of a third save: every process raises, and
+    # the index still names the second checkpoint.
+    if process == 1:
+        fail_at.append(len(written) + 1)
+    try:
+        arrayio.save(directory + "/ckpt", state(3.0), max_shard_size=2048)
+        failed = None
+    except (OSError, RuntimeError) as error:
+        failed = type(error).__name__
+    print(json.dumps({
+        "first": first, "names_first": names_first, "names_second": names_second,
+        "failed": failed,
+    }))
+    """
+)
+
+
+def test_a_checkpoint_in_several_files_is_saved_by_every_process(
+    tmp_path: Path, jax_processes
+) -> None:
+    import numpy as np
+
+    import arrayio
+
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    reports = jax_processes(SHARDS_PROCESS, env={"ARRAYIO_CACHE_DIR": "none"})
+    # Each shard is one distributed save: process 0 writes its rows of a and b (1 KiB each,
+    # rows 0 to 31), its 4 columns of c (256 B) and the norm (32 B); process 1 the rest.
+    # Nothing is gathered in one process.
+    assert reports[0]["first"] == [1024, 1024, 256 + 32]
+    assert reports[1]["first"] == [1024, 1024, 256]
+    shards = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    assert reports[0]["names_first"] == sorted([*shards, "model.safetensors.index.json"])
+    second = reports[0]["names_second"]
+    assert second == reports[1]["names_second"] and len(second) == 4
+    assert not set(shards) & set(second)  # the replaced checkpoint's shards are gone
+    tokens = {name.split(".")[1] for name in second if name != "model.safetensors.index.json"}
+    assert len(tokens) == 1  # one token for every shard, whichever process wrote
+    assert [r["failed"] for r in reports] == ["RuntimeError", "OSError"]
+    loaded = arrayio.load(tmp_path / "ckpt")  # the second checkpoint, whole
+    expected = np.arange(64 * 8, dtype=np.float32).reshape(64, 8) * 2.0
+    np.testing.assert_array_equal(loaded["model.a.weight"], expected)
+    np.testing.assert_array_equal(loaded["model.b.weight"], -expected)
+    c = np.arange(16 * 8, dtype=np.float32).reshape(16, 8) * 2.0
+    np.testing.assert_array_equal(loaded["model.c.weight"], c)
+    np.testing.assert_array_equal(loaded["model.norm"], np.full(8, 2.0, np.float32))
+    index = json.loads((tmp_path / "ckpt" / "model.safetensors.index.json").read_text())
+    for key, file in index["weight_map"].items():  # safetensors reads each shard as it is
+        theirs = safetensors_numpy.load_file(tmp_path / "ckpt" / file)
+        np.testing.assert_array_equal(theirs[key], loaded[key])
