@@ -291,6 +291,10 @@ def test_open_reads_a_checkpoint_in_several_files_one_shard_at_a_time(tmp_path):
         assert "tensors in 3 files" in repr(reader)
         assert len(set(index.files.values())) == 3
     assert all(r.closed for r in opened)
+    # The index itself opens the same checkpoint, as transformers names it.
+    with arrayio.open(tmp_path / f"model{shards.INDEX_SUFFIX}") as reader:
+        assert reader.keys() == list(tensors)
+        np.testing.assert_array_equal(reader.read("lm_head.weight"), tensors["lm_head.weight"])
 
 
 @pytest.mark.parametrize("cache", ["warm", "cold"])
