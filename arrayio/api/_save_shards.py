@@ -97,17 +97,25 @@ def save_shards(
     groups = shard_groups(sizes, limit)
     # transformers refuses a safetensors file whose metadata does not name its format.
     metadata = {"format": "pt", **(metadata or {})}
-    os.makedirs(directory, exist_ok=True)
     index_path = os.path.join(directory, f"{stem}{shards.INDEX_SUFFIX}")
-    old = _referenced(index_path)
+    old = _referenced(index_path)  # before process 0 can have replaced it
+    _by_process_zero(
+        distributed, lambda: os.makedirs(directory, exist_ok=True), f"{directory}: not created"
+    )
     if len(groups) == 1:
         single = os.path.join(directory, f"{stem}.safetensors")
         write(single, dict(leaves))
-        _by_process_zero(distributed, lambda: _retire(index_path, old, keep={single}), path)
+        _by_process_zero(
+            distributed,
+            lambda: _retire(index_path, old, keep={single}),
+            f"{path}: saved as {single}, but the replaced checkpoint's index or shards remain",
+        )
         return
     names = [f"{stem}-{i + 1:05d}-of-{len(groups):05d}" for i in range(len(groups))]
     if any(os.path.join(directory, f"{name}.safetensors") in old for name in names):
-        token = _token(distributed)
+        # In a multi-process save only process 0's names reach the disk (it creates and
+        # commits each shard, and writes the index), so no process waits for its token.
+        token = secrets.token_hex(4)
         names = [f"{name}.{token}" for name in names]
     weight_map: dict[str, str] = {}
     written: set[str] = set()
@@ -125,25 +133,17 @@ def save_shards(
         _remove(old - written)
         _remove(_orphans(directory, stem) - written)
 
-    _by_process_zero(distributed, commit, path)
+    _by_process_zero(
+        distributed,
+        commit,
+        f"{path}: the index, or the removal of the replaced checkpoint's shards, failed",
+    )
 
 
-def _token(distributed: bool) -> str:
-    """A random token for the shards' names: process 0's, in every process, when
-    ``distributed``."""
-    token = secrets.token_hex(4)
-    if not distributed:
-        return token
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    raw = np.frombuffer(bytes.fromhex(token), dtype=np.uint8)
-    return bytes(np.asarray(multihost_utils.broadcast_one_to_all(raw), dtype=np.uint8)).hex()
-
-
-def _by_process_zero(distributed: bool, step: Any, path: str) -> None:
-    """Run ``step`` (the index's commit), in process 0 alone when ``distributed``; every
-    process returns once it is done, or raises if it failed."""
+def _by_process_zero(distributed: bool, step: Any, failed: str) -> None:
+    """Run ``step``, in process 0 alone when ``distributed``: every process returns once it
+    is done, or raises if it failed (process 0 its error, the others ``failed``). Every
+    process reaches the one collective, whatever happened."""
     if not distributed:
         step()
         return
@@ -161,7 +161,7 @@ def _by_process_zero(distributed: bool, step: Any, path: str) -> None:
     if failure is not None:
         raise failure
     if not int(np.asarray(done)[0]):
-        raise RuntimeError(f"{path}: process 0 could not commit the checkpoint's index")
+        raise RuntimeError(f"process 0 says: {failed}")
 
 
 def _orphans(directory: str, stem: str) -> set[str]:
