@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import itertools
 import json
 import math
 import operator
@@ -312,7 +313,8 @@ class Reader:
         like: Any = None,
         device: Any = None,
     ) -> Any:
-        """Read one array, or only the rows ``index`` selects along its leading axis.
+        """Read one array, or only the part ``index`` selects: rows along its leading axis,
+        and a range along one later axis (a tensor-parallel rank's columns).
 
         Parameters
         ----------
@@ -320,8 +322,10 @@ class Reader:
             The array's key; may be omitted when the file holds one array.
         index
             ``None`` (everything), an ``int``, or a ``slice`` (positive step) along the leading
-            axis, optionally in a tuple followed by full slices ``:``. Only the bytes of the
-            selected rows are read; checksums are verified only for whole-array reads.
+            axis, optionally in a tuple followed by slices of the later axes, of which one may
+            be a range of step 1 (``w[:, 1024:2048]``) and the others whole (``:``, or a
+            final ``...``). Only the bytes of the selection are read (a range along a later
+            axis as one run per row); checksums are verified only for whole-array reads.
         like, device
             The framework and device of the result, as for :func:`arrayio.load`.
 
@@ -460,7 +464,10 @@ class Reader:
     def _read_rows(self, stored: _Stored, index: Any, request: Request) -> Any:
         if not stored.shape:
             raise IndexError(f"{self.path}: array {stored.key!r} is 0-d and cannot be indexed")
-        rows, squeeze = _leading_rows(index, stored.shape[0])
+        rows, squeeze, block = _selection(index, stored.shape)
+        if block is not None:
+            result = self._read_block(stored, rows, block, request)
+            return result[0] if squeeze else result
         row_bytes = stored.nbytes // stored.shape[0] if stored.shape[0] else 0
         first = rows.start if len(rows) else 0
         span = (rows[-1] - rows.start + 1) if len(rows) else 0
@@ -474,6 +481,34 @@ class Reader:
         if rows.step != 1 and span:
             result = result[:: rows.step]
         return result[0] if squeeze else result
+
+    def _read_block(
+        self, stored: _Stored, rows: range, block: tuple[int, int, int], request: Request
+    ) -> Any:
+        """The rows ``rows`` of ``stored``, sliced to ``start:stop`` along its later axis
+        ``axis`` (``block``), every axis after it whole: one contiguous run of the file per
+        row (and per index of the axes between), each read straight into its place in the
+        result, in one batch. A tensor-parallel rank's columns are read without the other
+        ranks' (a gap the dispatcher would read through anyway, it may)."""
+        axis, start, stop = block
+        shape = stored.shape
+        itemsize = stored.dtype.itemsize
+        strides = [math.prod(shape[j + 1 :]) * itemsize for j in range(len(shape))]
+        width = (stop - start) * strides[axis]
+        out_shape = (len(rows), *shape[1:axis], stop - start, *shape[axis + 1 :])
+        piece = dataclasses.replace(stored, shape=out_shape, crc32c=None)
+        self._check_memory(piece.nbytes, 1, request)
+        target = self._allocate(piece, request)
+        requests = []
+        if width:
+            outer = itertools.product(rows, *(range(n) for n in shape[1:axis]))
+            for i, position in enumerate(outer):
+                offset = sum(p * stride for p, stride in zip(position, strides, strict=False))
+                part = _bytes_part(target.data, i * width, (i + 1) * width)
+                requests.append((stored.start + offset + start * strides[axis], part))
+        if requests:
+            _transfer.read_many(self.fd, requests, path=self.path, tool=self._tool)
+        return target.finish()
 
     def read_row_pieces(
         self, pieces: Sequence[tuple[str, range, Request]], advance: Any = None
@@ -820,6 +855,45 @@ def _tiles(stored: _Stored, spans: Sequence[range]) -> bool:
 def _rows_of(stored: _Stored) -> int:
     """The rows of ``stored`` along its leading axis (a 0-d array: one)."""
     return stored.shape[0] if stored.shape else 1
+
+
+def _selection(
+    index: Any, shape: tuple[int, ...]
+) -> tuple[range, bool, tuple[int, int, int] | None]:
+    """The rows an index selects along the leading axis, whether that axis is dropped, and
+    the one later axis it slices with its bounds (``(axis, start, stop)``), or None where
+    every later axis is whole."""
+    if not isinstance(index, tuple) or len(index) < 2:
+        rows, squeeze = _leading_rows(index, shape[0])
+        return rows, squeeze, None
+    rest = list(index[1:])
+    if Ellipsis in rest:
+        if rest.index(Ellipsis) != len(rest) - 1:
+            raise IndexError("'...' may only end an index")
+        rest.pop()
+    if len(rest) > len(shape) - 1:
+        raise IndexError(f"too many indices for an array of {len(shape)} dimensions")
+    sliced = []
+    for axis, part in enumerate(rest, start=1):
+        if part == slice(None):
+            continue
+        if not isinstance(part, slice):
+            raise IndexError(f"unsupported index {part!r} on axis {axis}: later axes take slices")
+        start, stop, step = part.indices(shape[axis])
+        if step != 1:
+            raise IndexError(f"axis {axis}: only slices of step 1 are supported on later axes")
+        sliced.append((axis, start, max(start, stop)))
+    if len(sliced) > 1:
+        raise IndexError("only one axis after the leading one can be sliced; read, then slice")
+    rows, squeeze = _leading_rows(index[0], shape[0])
+    if not sliced or sliced[0][1:] == (0, shape[sliced[0][0]]):
+        return rows, squeeze, None
+    return rows, squeeze, sliced[0]
+
+
+def _bytes_part(data: Any, start: int, stop: int) -> Any:
+    """Bytes ``start`` to ``stop`` of a target's flat buffer (host or device)."""
+    return data[start:stop] if isinstance(data, np.ndarray) else data.part(start, stop)
 
 
 def _leading_rows(index: Any, length: int) -> tuple[range, bool]:

@@ -63,8 +63,8 @@ class ShardedReader:
         return dict(self.index.metadata)
 
     def read(self, key: str, index: Any = None, *, like: Any = None, device: Any = None) -> Any:
-        """One tensor, or only the rows ``index`` selects along its leading axis, from its
-        shard alone; see :meth:`Reader.read <arrayio.Reader.read>`."""
+        """One tensor, or only the part ``index`` selects (rows, and a range of one later
+        axis), from its shard alone; see :meth:`Reader.read <arrayio.Reader.read>`."""
         return self._shard(key).read(key, index, like=like, device=device)
 
     def load(

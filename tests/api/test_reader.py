@@ -247,6 +247,14 @@ def test_int_index_reads_one_row(monkeypatch, rows_file):
         (5, slice(None)),
         (slice(10, 20), Ellipsis),
         (slice(10, 20),),
+        (slice(None), slice(16, 48)),  # a tensor-parallel rank's columns
+        (slice(100, 300), slice(0, 32)),
+        (slice(10, 100, 3), slice(60, None)),
+        (7, slice(5, 6)),
+        (slice(None), slice(-8, None)),
+        (slice(None), slice(0, 64), Ellipsis),  # whole: read as rows
+        (slice(0, 10), slice(40, 20)),  # empty columns
+        (slice(None), slice(10, 20), Ellipsis),
     ],
     ids=repr,
 )
@@ -269,6 +277,44 @@ def test_strided_slice_reads_no_more_than_its_span(monkeypatch, rows_file):
     assert sum(n for _, n in calls) <= (199 - 100 + 1) * 64 * 4
 
 
+def test_a_column_range_reads_only_its_columns(monkeypatch, rows_file):
+    # A tensor-parallel rank's quarter of the columns: one run of 16 floats per row, each
+    # read into its place in the result, none of the other ranks' bytes asked for.
+    path, x = rows_file
+    with arrayio.open(path) as reader:
+        start = reader["x"].file_offset
+        calls = spy_on_reads(monkeypatch)
+        part = reader.read("x", index=(slice(10, 20), slice(16, 32)))
+    np.testing.assert_array_equal(part, x[10:20, 16:32])
+    assert part.flags.c_contiguous
+    assert calls == [(start + (row * 64 + 16) * 4, 16 * 4) for row in range(10, 20)]
+
+
+def test_a_range_of_a_middle_axis_reads_a_run_per_outer_index(monkeypatch, tmp_path):
+    cube = np.arange(4 * 5 * 6, dtype=np.int32).reshape(4, 5, 6)
+    arrayio.save(tmp_path / "cube.safetensors", {"c": cube})
+    with arrayio.open(tmp_path / "cube.safetensors") as reader:
+        calls = spy_on_reads(monkeypatch)
+        part = reader.read("c", index=(slice(1, 3), slice(2, 4), Ellipsis))
+        np.testing.assert_array_equal(part, cube[1:3, 2:4])
+        assert len(calls) == 2 and all(n == 2 * 6 * 4 for _, n in calls)  # a run per row
+        deep = reader.read("c", index=(slice(None), slice(None), slice(1, 5)))
+        np.testing.assert_array_equal(deep, cube[:, :, 1:5])
+        torch = pytest.importorskip("torch")
+        columns = reader.read("c", index=(0, slice(None), slice(3, 6)), like="torch")
+        assert isinstance(columns, torch.Tensor)
+        np.testing.assert_array_equal(columns.numpy(), cube[0, :, 3:6])
+
+
+def test_a_column_range_reads_into_jax(rows_file):
+    jax = pytest.importorskip("jax")
+    path, x = rows_file
+    with arrayio.open(path) as reader:
+        part = reader.read("x", index=(slice(None), slice(32, 48)), like="jax")
+    assert isinstance(part, jax.Array)
+    np.testing.assert_array_equal(np.asarray(part), x[:, 32:48])
+
+
 def test_index_on_small_arrays(rows_file):
     path, _ = rows_file
     with arrayio.open(path) as reader:
@@ -286,8 +332,10 @@ def test_index_on_small_arrays(rows_file):
         ("v", 10),
         ("s", 0),  # 0-d
         ("s", slice(None)),  # 0-d
-        ("x", (slice(None), 3)),  # later axis
-        ("x", (0, slice(0, 2))),  # later axis
+        ("x", (slice(None), 3)),  # an int on a later axis
+        ("x", (slice(None), slice(0, 8, 2))),  # a later axis's step
+        ("x", (slice(None), slice(None), slice(None))),  # too many axes
+        ("x", (Ellipsis, slice(0, 2))),  # '...' only at the end
         ("x", slice(None, None, -1)),  # negative step
         ("x", 1.5),
     ],

@@ -179,8 +179,13 @@ def test_large_array_through_small_staging_buffers(tmp_path, source):
         rows = arrayio.open(path).read(
             "x", index=slice(1000, 5000), like=source.name, device="cuda"
         )
+        # A tensor-parallel rank's columns: a run per row, each into its place on the GPU.
+        columns = arrayio.open(path).read(
+            "x", index=(slice(1000, 5000), slice(2, 6)), like=source.name, device="cuda"
+        )
     assert source.to_bytes(back) == a.tobytes()
     assert source.to_bytes(rows) == a[1000:5000].tobytes()
+    assert source.to_bytes(columns) == np.ascontiguousarray(a[1000:5000, 2:6]).tobytes()
 
 
 def test_corruption_is_caught_on_gpu_loads(tmp_path):
