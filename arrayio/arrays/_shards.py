@@ -7,10 +7,8 @@ shard (``replica_id == 0``: replicas are written once) can be written from its o
 to its own range of the file, all in the save's one batch, and the file is the same
 standard safetensors tensor. A shard split along a later axis (tensor-parallel columns)
 goes in one run per index of the axes before that one (per row, for columns), interleaved
-with other shards' runs in the same tensor. An array that would take more runs than a
-request per run is worth (a tall matrix split by columns) is first moved between its own
-devices into whole rows (:func:`_by_rows`): one more shard's worth of memory on each device
-for the save, none on the host, where gathering it would hold the whole array there.
+with other shards' runs in the same tensor. An array that would take more runs than a copy
+to the host costs is gathered as before (within one process).
 """
 
 from __future__ import annotations
@@ -111,15 +109,15 @@ def _part(data: Any, start: int, stop: int) -> Any:
     return data[start:stop] if isinstance(data, np.ndarray) else data.part(start, stop)
 
 
-# A save moves an array whose shards split rows into more runs than this into whole rows
-# first (:func:`_by_rows`): one request per run costs more than the move between devices.
+# A save gathers an array whose shards split rows into more runs than this: one request per
+# run costs more than the copy to the host.
 MAX_RUNS = 4096
 
 
 def sharded_pieces(x: Any, export_one: Any) -> Pieces | None:
     """The unique shards of ``x`` as :class:`Pieces` when ``x`` is a ``jax.Array`` on several
-    devices, in at most :data:`MAX_RUNS` runs (:func:`local_pieces`; else moved into whole
-    rows first, :func:`_by_rows`); None for anything else (the caller gathers it).
+    devices, in at most :data:`MAX_RUNS` runs (:func:`local_pieces`); None for anything
+    else (the caller gathers it).
     ``export_one(shard_data)`` exports one device's array (its ``data`` attribute is the
     bytes)."""
     sharding = getattr(x, "sharding", None)
@@ -129,8 +127,6 @@ def sharded_pieces(x: Any, export_one: Any) -> Pieces | None:
         return None
     shape = tuple(x.shape)
     pieces = local_pieces(x, export_one, MAX_RUNS)
-    if pieces is None and (by_rows := _by_rows(x)) is not None:
-        pieces = local_pieces(by_rows, export_one, MAX_RUNS)
     if pieces is None:
         return None
     at = 0
@@ -141,22 +137,3 @@ def sharded_pieces(x: Any, export_one: Any) -> Pieces | None:
     if at != math.prod(shape) * x.dtype.itemsize:
         return None
     return Pieces(tuple(pieces), at)
-
-
-def _by_rows(x: Any) -> Any:
-    """``x`` moved between its own devices into whole rows: split along its leading axis over
-    as many of them as divide it evenly (JAX's moves between devices; device memory for one
-    more shard on each, nothing through the host). None where fewer than two would hold
-    rows, or the move fails."""
-    import jax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    devices = sorted(x.sharding.device_set, key=lambda device: device.id)
-    count = next((n for n in range(len(devices), 1, -1) if x.shape[0] % n == 0), 1)
-    if count < 2:
-        return None
-    mesh = Mesh(np.array(devices[:count]), ("rows",))
-    try:
-        return jax.device_put(x, NamedSharding(mesh, PartitionSpec("rows")))
-    except Exception:  # noqa: BLE001 - a layout JAX cannot move: gathered, as before
-        return None
