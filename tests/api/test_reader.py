@@ -278,8 +278,12 @@ def test_strided_slice_reads_no_more_than_its_span(monkeypatch, rows_file):
 
 
 def test_a_column_range_reads_only_its_columns(monkeypatch, rows_file):
-    # A tensor-parallel rank's quarter of the columns: one run of 16 floats per row, each
-    # read into its place in the result, none of the other ranks' bytes asked for.
+    # A tensor-parallel rank's quarter of the columns, with runs counted long enough to be
+    # worth their requests: one run of 16 floats per row, each read into its place in the
+    # result, none of the other ranks' bytes asked for.
+    from arrayio.api import _reader
+
+    monkeypatch.setattr(_reader, "MIN_RUN_BYTES", 64)
     path, x = rows_file
     with arrayio.open(path) as reader:
         start = reader["x"].file_offset
@@ -290,7 +294,23 @@ def test_a_column_range_reads_only_its_columns(monkeypatch, rows_file):
     assert calls == [(start + (row * 64 + 16) * 4, 16 * 4) for row in range(10, 20)]
 
 
+def test_short_column_runs_read_their_rows_whole(monkeypatch, rows_file):
+    # 64 bytes a row: a request per row would cost more than the rows' other bytes, so the
+    # rows are read as one range and sliced, the result in memory of its own.
+    path, x = rows_file
+    with arrayio.open(path) as reader:
+        start = reader["x"].file_offset
+        calls = spy_on_reads(monkeypatch)
+        part = reader.read("x", index=(slice(10, 20), slice(16, 32)))
+    np.testing.assert_array_equal(part, x[10:20, 16:32])
+    assert part.flags.c_contiguous and part.base is None
+    assert calls == [(start + 10 * 64 * 4, 10 * 64 * 4)]
+
+
 def test_a_range_of_a_middle_axis_reads_a_run_per_outer_index(monkeypatch, tmp_path):
+    from arrayio.api import _reader
+
+    monkeypatch.setattr(_reader, "MIN_RUN_BYTES", 1)
     cube = np.arange(4 * 5 * 6, dtype=np.int32).reshape(4, 5, 6)
     arrayio.save(tmp_path / "cube.safetensors", {"c": cube})
     with arrayio.open(tmp_path / "cube.safetensors") as reader:
@@ -306,13 +326,21 @@ def test_a_range_of_a_middle_axis_reads_a_run_per_outer_index(monkeypatch, tmp_p
         np.testing.assert_array_equal(columns.numpy(), cube[0, :, 3:6])
 
 
-def test_a_column_range_reads_into_jax(rows_file):
-    jax = pytest.importorskip("jax")
+@pytest.mark.parametrize("min_run", [1, 1 << 20], ids=["runs", "rows"])
+def test_a_column_range_reads_into_jax_and_torch(monkeypatch, rows_file, min_run):
+    from arrayio.api import _reader
+
+    monkeypatch.setattr(_reader, "MIN_RUN_BYTES", min_run)
     path, x = rows_file
+    jax = pytest.importorskip("jax")
     with arrayio.open(path) as reader:
         part = reader.read("x", index=(slice(None), slice(32, 48)), like="jax")
-    assert isinstance(part, jax.Array)
-    np.testing.assert_array_equal(np.asarray(part), x[:, 32:48])
+        assert isinstance(part, jax.Array)
+        np.testing.assert_array_equal(np.asarray(part), x[:, 32:48])
+        torch = pytest.importorskip("torch")
+        rows = reader.read("x", index=(slice(5, 900, 7), slice(1, 3)), like="torch")
+        assert isinstance(rows, torch.Tensor) and rows.is_contiguous()
+        np.testing.assert_array_equal(rows.numpy(), x[5:900:7, 1:3])
 
 
 def test_index_on_small_arrays(rows_file):

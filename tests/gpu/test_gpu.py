@@ -169,7 +169,7 @@ def test_a_read_into_memory_a_queued_kernel_still_writes_gets_the_files_bytes(tm
 
 
 @pytest.mark.parametrize("source", GPU_FRAMEWORKS, ids=lambda f: f.id)
-def test_large_array_through_small_staging_buffers(tmp_path, source):
+def test_large_array_through_small_staging_buffers(tmp_path, source, monkeypatch):
     # 48 MiB through 1 MiB staging buffers: dozens of chunks each way, checksums verified.
     a = random_array(by_name("float16"), (3 << 20, 8))
     path = tmp_path / "big.safetensors"
@@ -179,13 +179,21 @@ def test_large_array_through_small_staging_buffers(tmp_path, source):
         rows = arrayio.open(path).read(
             "x", index=slice(1000, 5000), like=source.name, device="cuda"
         )
-        # A tensor-parallel rank's columns: a run per row, each into its place on the GPU.
+        # A tensor-parallel rank's columns: the rows whole, then sliced on the GPU (runs of
+        # 8 bytes), and a run per row, each into its place on the GPU.
         columns = arrayio.open(path).read(
+            "x", index=(slice(1000, 5000), slice(2, 6)), like=source.name, device="cuda"
+        )
+        from arrayio.api import _reader
+
+        monkeypatch.setattr(_reader, "MIN_RUN_BYTES", 1)
+        runs = arrayio.open(path).read(
             "x", index=(slice(1000, 5000), slice(2, 6)), like=source.name, device="cuda"
         )
     assert source.to_bytes(back) == a.tobytes()
     assert source.to_bytes(rows) == a[1000:5000].tobytes()
     assert source.to_bytes(columns) == np.ascontiguousarray(a[1000:5000, 2:6]).tobytes()
+    assert source.to_bytes(runs) == np.ascontiguousarray(a[1000:5000, 2:6]).tobytes()
 
 
 def test_corruption_is_caught_on_gpu_loads(tmp_path):
