@@ -277,34 +277,27 @@ def test_strided_slice_reads_no_more_than_its_span(monkeypatch, rows_file):
     assert sum(n for _, n in calls) <= (199 - 100 + 1) * 64 * 4
 
 
-def test_a_column_range_reads_only_its_columns(monkeypatch, rows_file):
-    # A tensor-parallel rank's quarter of the columns, with runs counted long enough to be
-    # worth their requests: one run of 16 floats per row, each read into its place in the
-    # result, none of the other ranks' bytes asked for.
+@pytest.mark.parametrize("min_run", [64, 1 << 16], ids=["runs", "rows"])
+def test_a_column_range_reads_its_columns_or_its_rows(monkeypatch, rows_file, min_run):
+    # A tensor-parallel rank's quarter of the columns, 64 bytes a row. Counted long enough
+    # to be worth their requests (runs): one run per row, each read into its place in the
+    # result, none of the other ranks' bytes asked for. Counted too short (rows, the
+    # default): the rows are read as one range and sliced, the result in memory of its own.
     from arrayio.api import _reader
 
-    monkeypatch.setattr(_reader, "MIN_RUN_BYTES", 64)
+    monkeypatch.setattr(_reader, "MIN_RUN_BYTES", min_run)
     path, x = rows_file
     with arrayio.open(path) as reader:
         start = reader["x"].file_offset
         calls = spy_on_reads(monkeypatch)
         part = reader.read("x", index=(slice(10, 20), slice(16, 32)))
     np.testing.assert_array_equal(part, x[10:20, 16:32])
-    assert part.flags.c_contiguous
-    assert calls == [(start + (row * 64 + 16) * 4, 16 * 4) for row in range(10, 20)]
-
-
-def test_short_column_runs_read_their_rows_whole(monkeypatch, rows_file):
-    # 64 bytes a row: a request per row would cost more than the rows' other bytes, so the
-    # rows are read as one range and sliced, the result in memory of its own.
-    path, x = rows_file
-    with arrayio.open(path) as reader:
-        start = reader["x"].file_offset
-        calls = spy_on_reads(monkeypatch)
-        part = reader.read("x", index=(slice(10, 20), slice(16, 32)))
-    np.testing.assert_array_equal(part, x[10:20, 16:32])
-    assert part.flags.c_contiguous and part.base is None
-    assert calls == [(start + 10 * 64 * 4, 10 * 64 * 4)]
+    owner = part if part.base is None else part.base
+    assert part.flags.c_contiguous and owner.nbytes == part.nbytes  # nothing more held
+    if min_run <= 64:
+        assert calls == [(start + (row * 64 + 16) * 4, 16 * 4) for row in range(10, 20)]
+    else:
+        assert calls == [(start + 10 * 64 * 4, 10 * 64 * 4)]
 
 
 def test_a_range_of_a_middle_axis_reads_a_run_per_outer_index(monkeypatch, tmp_path):
