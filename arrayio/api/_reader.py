@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import itertools
 import json
 import math
 import operator
@@ -27,6 +26,7 @@ from ..arrays import _pytree
 from ..arrays._buffers import result_empty
 from ..arrays._dtypes import DType
 from ..arrays._frameworks import Request, Target, allocate, parse_target, writable_view
+from ..arrays._shards import block_runs, byte_part
 from ..dispatch import _transfer
 from ..errors import (
     ArrayioError,
@@ -473,7 +473,9 @@ class Reader:
             else:  # runs this small cost more as requests than the bytes between them
                 whole = (slice(rows.start, rows.stop, rows.step),)
                 within = (slice(None),) * axis + (slice(start, stop),)
-                result = _compact(self._read_rows(stored, whole, request)[within])
+                result = _compact(
+                    self._read_rows(stored, whole, request)[within], request.framework
+                )
             return result[0] if squeeze else result
         row_bytes = stored.nbytes // stored.shape[0] if stored.shape[0] else 0
         first = rows.start if len(rows) else 0
@@ -494,25 +496,21 @@ class Reader:
     ) -> Any:
         """The rows ``rows`` of ``stored``, sliced to ``start:stop`` along its later axis
         ``axis`` (``block``), every axis after it whole: one contiguous run of the file per
-        row (and per index of the axes between), each read straight into its place in the
-        result, in one batch. A tensor-parallel rank's columns are read without the other
-        ranks' (a gap the dispatcher would read through anyway, it may)."""
+        row (and per index of the axes between, :func:`~arrayio.arrays._shards.block_runs`),
+        each read straight into its place in the result, in one batch."""
         axis, start, stop = block
         shape = stored.shape
-        itemsize = stored.dtype.itemsize
-        strides = [math.prod(shape[j + 1 :]) * itemsize for j in range(len(shape))]
-        width = (stop - start) * strides[axis]
+        index = [slice(None)] * len(shape)
+        index[0], index[axis] = slice(rows.start, rows.stop, rows.step), slice(start, stop)
+        runs = block_runs(tuple(index), shape, stored.dtype.itemsize)
+        assert runs is not None  # (a step on the leading axis only)
         out_shape = (len(rows), *shape[1:axis], stop - start, *shape[axis + 1 :])
         piece = dataclasses.replace(stored, shape=out_shape, crc32c=None)
         self._check_memory(piece.nbytes, 1, request)
         target = self._allocate(piece, request)
-        requests = []
-        if width:
-            outer = itertools.product(rows, *(range(n) for n in shape[1:axis]))
-            for i, position in enumerate(outer):
-                offset = sum(p * stride for p, stride in zip(position, strides, strict=False))
-                part = _bytes_part(target.data, i * width, (i + 1) * width)
-                requests.append((stored.start + offset + start * strides[axis], part))
+        requests = [
+            (stored.start + offset, byte_part(target.data, at, at + n)) for offset, at, n in runs
+        ]
         if requests:
             _transfer.read_many(self.fd, requests, path=self.path, tool=self._tool)
         return target.finish()
@@ -905,22 +903,17 @@ def _selection(
 MIN_RUN_BYTES = 64 << 10
 
 
-def _compact(x: Any) -> Any:
-    """``x`` (a view of a slice) in memory of its own, laid out in C order: NumPy, CuPy and
-    torch views keep their whole base alive; JAX's slices are new arrays already."""
-    if isinstance(x, np.ndarray):
+def _compact(x: Any, framework: str) -> Any:
+    """``x`` (a view of a slice, in ``framework``) in memory of its own, laid out in C
+    order: NumPy, CuPy and torch views keep their whole base alive; JAX's slices are new
+    arrays already."""
+    if framework == "numpy":
         return np.ascontiguousarray(x)
-    if hasattr(x, "contiguous"):  # torch
+    if framework == "torch":
         return x.contiguous()
-    module = sys.modules.get(type(x).__module__.split(".")[0])
-    if module is not None and hasattr(module, "ascontiguousarray"):  # CuPy
-        return module.ascontiguousarray(x)
+    if framework == "cupy":
+        return sys.modules["cupy"].ascontiguousarray(x)
     return x
-
-
-def _bytes_part(data: Any, start: int, stop: int) -> Any:
-    """Bytes ``start`` to ``stop`` of a target's flat buffer (host or device)."""
-    return data[start:stop] if isinstance(data, np.ndarray) else data.part(start, stop)
 
 
 def _leading_rows(index: Any, length: int) -> tuple[range, bool]:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ._buffers import DeviceBuffer
 
-__all__ = ["MAX_RUNS", "Pieces", "local_pieces", "sharded_pieces"]
+__all__ = ["MAX_RUNS", "Pieces", "block_runs", "byte_part", "local_pieces", "sharded_pieces"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -51,7 +51,7 @@ def local_pieces(
     x: Any, export_one: Any, max_runs: int | None = None
 ) -> list[tuple[int, Any]] | None:
     """The unique shards of ``x`` this process holds, as ``(offset in the array's bytes,
-    data)`` runs in order of offset (:func:`_runs`): one per shard that holds whole rows;
+    data)`` runs in order of offset (:func:`block_runs`): one per shard that holds whole rows;
     for a shard split along a later axis, one per index of the axes before it (its parts
     interleave with other shards' in the array). None for more than ``max_runs`` runs.
     ``export_one`` as for :func:`sharded_pieces`."""
@@ -60,7 +60,7 @@ def local_pieces(
     for shard in x.addressable_shards:
         if shard.replica_id != 0:
             continue
-        runs = _runs(shard.index, shape, x.dtype.itemsize)
+        runs = block_runs(shard.index, shape, x.dtype.itemsize)
         if runs is None or (max_runs is not None and len(pieces) + len(runs) > max_runs):
             return None
         if not runs:
@@ -69,43 +69,47 @@ def local_pieces(
         if len(runs) == 1:
             pieces.append((runs[0][0], data))
         else:
-            pieces += [(offset, _part(data, at, at + n)) for offset, at, n in runs]
+            pieces += [(offset, byte_part(data, at, at + n)) for offset, at, n in runs]
     return sorted(pieces, key=lambda piece: piece[0])
 
 
-def _runs(
+def block_runs(
     index: tuple[slice, ...], shape: tuple[int, ...], itemsize: int
 ) -> list[tuple[int, int, int]] | None:
-    """Where a shard's C-order bytes go in the array's: ``(offset in the array, offset in
-    the shard, length)`` per contiguous run, in order. A shard split along axis ``k`` (its
-    last split axis) is contiguous along ``k`` and the axes after it, so it has one run per
-    index of the axes before ``k``. None for ranges with steps."""
+    """Where a block's C-order bytes (a shard's, or a selection read into its own array) go
+    in the array's: ``(offset in the array, offset in the block, length)`` per contiguous
+    run, in order. A block split along axis ``k`` (its last split axis) is contiguous along
+    ``k`` and the axes after it, so it has one run per index of the axes before ``k``,
+    which may take steps. None where axis ``k`` takes steps, or any axis a negative one."""
     if not shape:
         return [(0, 0, itemsize)]
     ranges = [s.indices(n) for s, n in zip(index, shape, strict=True)]
-    if any(step != 1 for _, _, step in ranges):
+    if any(step < 1 for _, _, step in ranges):
         return None
     if any(stop <= start for start, stop, _ in ranges):
         return []
     split = [
         k
-        for k, ((start, stop, _), n) in enumerate(zip(ranges, shape, strict=True))
-        if (start, stop) != (0, n)
+        for k, ((start, stop, step), n) in enumerate(zip(ranges, shape, strict=True))
+        if (start, stop, step) != (0, n, 1)
     ]
     k = split[-1] if split else 0
+    start_k, stop_k, step_k = ranges[k]
+    if step_k != 1:
+        return None
     inner = math.prod(shape[k + 1 :]) * itemsize  # bytes of one index of axis k
-    start_k, stop_k, _ = ranges[k]
     width = (stop_k - start_k) * inner
     strides = [math.prod(shape[j + 1 :]) * itemsize for j in range(len(shape))]
     runs = []
-    outer = itertools.product(*(range(start, stop) for start, stop, _ in ranges[:k]))
+    outer = itertools.product(*(range(*bounds) for bounds in ranges[:k]))
     for i, position in enumerate(outer):
         offset = sum(p * stride for p, stride in zip(position, strides, strict=False))
         runs.append((offset + start_k * strides[k], i * width, width))
     return runs
 
 
-def _part(data: Any, start: int, stop: int) -> Any:
+def byte_part(data: Any, start: int, stop: int) -> Any:
+    """Bytes ``start`` to ``stop`` of flat bytes, host (NumPy) or device."""
     return data[start:stop] if isinstance(data, np.ndarray) else data.part(start, stop)
 
 

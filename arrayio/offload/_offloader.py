@@ -669,7 +669,8 @@ class Offloader:
             return
         self._residents.finish_read(entry, resident=not entry.freed)
         if not entry.freed:
-            entry.array, entry.from_read, entry.arrived = array, True, arrived_event
+            # (no from_read: get records the stream's use at every get of such a tensor)
+            entry.array, entry.arrived = array, arrived_event
             self._read += entry.nbytes
             self._reads += 1
         self._cond.notify_all()

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrayio.arrays._shards import _runs
+from arrayio.arrays._shards import block_runs
 
 
 @st.composite
@@ -28,7 +28,7 @@ def test_every_run_lands_on_the_shards_bytes_in_the_array(block, itemsize):
     whole = whole.view(f"V{itemsize}").reshape(shape)
     shard = np.ascontiguousarray(whole[index]).reshape(-1).view(np.uint8)
     flat = whole.reshape(-1).view(np.uint8)
-    runs = _runs(index, shape, itemsize)
+    runs = block_runs(index, shape, itemsize)
     assert runs is not None
     assert sum(n for _, _, n in runs) == shard.nbytes
     at_shard = 0
@@ -39,6 +39,6 @@ def test_every_run_lands_on_the_shards_bytes_in_the_array(block, itemsize):
 
 
 def test_a_whole_row_block_is_one_run_and_columns_one_per_row():
-    assert _runs((slice(2, 4), slice(0, 5)), (6, 5), 4) == [(40, 0, 40)]
-    assert _runs((slice(2, 4), slice(1, 3)), (6, 5), 4) == [(44, 0, 8), (64, 8, 8)]
-    assert _runs((slice(0, 2, 2), slice(0, 5)), (6, 5), 4) is None  # a step: not a block
+    assert block_runs((slice(2, 4), slice(0, 5)), (6, 5), 4) == [(40, 0, 40)]
+    assert block_runs((slice(2, 4), slice(1, 3)), (6, 5), 4) == [(44, 0, 8), (64, 8, 8)]
+    assert block_runs((slice(0, 2, 2), slice(0, 5)), (6, 5), 4) is None  # a step: not a block
