@@ -29,7 +29,11 @@ In one run, on files in ``--dir``:
 
   - ``arrayio``, ``zarr.LocalStore``, ``kvikio.GDSStore``: zarr stores, ``array[selection]``
     into GPU memory under ``zarr.config.enable_gpu()`` (``--memory cuda``) or into NumPy
-    (``--memory host``);
+    (``--memory host``). GDSStore runs twice: with the KvikIO thread pool the process
+    started with (KvikIO's default, or ``KVIKIO_NTHREADS``), and as
+    ``kvikio.GDSStore(threads=16)``. The pool is process-wide and arrayio's KvikIO tool
+    resizes it, so each is set again before every read (``gds_kvikio_threads``); the
+    target of 1.2x GDSStore is judged against the faster of the two;
   - ``zarrs``: zarrs-python's Rust codec pipeline (``codec_pipeline.path``
     ``zarrs.ZarrsCodecPipeline``, with ``codec_pipeline.strict`` so that it cannot fall back
     to zarr's pipeline unnoticed) over a LocalStore, into host memory as zarrs requires,
@@ -92,10 +96,17 @@ from arrayio.arrays._buffers import aligned_empty
 from benchmarks._pagecache import evict
 from benchmarks.sweep import machine, parse_size
 
-STORES = ("arrayio", "zarr.LocalStore", "kvikio.GDSStore")
+GDS = "kvikio.GDSStore"
+# KvikIO's thread pool is process-wide, and arrayio's KvikIO tool sizes it for its own arm:
+# GDSStore runs once with the pool KvikIO starts with (its default, or KVIKIO_NTHREADS: what
+# its users have) and once with the pool arrayio's tool uses (what a user who tunes it has).
+GDS_TUNED_THREADS = 16
+GDS_TUNED = f"{GDS}(threads={GDS_TUNED_THREADS})"
+GDS_STORES = (GDS, GDS_TUNED)
+STORES = ("arrayio", "zarr.LocalStore", *GDS_STORES)
 ARRAYIO_JAX = "arrayio.zarr.read(jax)"
 READERS = (*STORES, "zarrs", "tensorstore", ARRAYIO_JAX)
-PEERS = ("zarr.LocalStore", "kvikio.GDSStore", "zarrs", "tensorstore")
+PEERS = ("zarr.LocalStore", *GDS_STORES, "zarrs", "tensorstore")
 # Peers whose reads and decoding run on the CPU into host memory (copied to the GPU after);
 # KvikIO's GDSStore reads into GPU memory.
 CPU_PEERS = ("zarr.LocalStore", "zarrs", "tensorstore")
@@ -415,11 +426,30 @@ def make_store(name: str, root: str) -> Any:
         import zarr
 
         return zarr.storage.LocalStore(root, read_only=True)
-    if name == "kvikio.GDSStore":
+    if name in GDS_STORES:
+        import kvikio.defaults
         from kvikio.zarr import GDSStore
 
+        # Before every open: arrayio's reads in the same process resize the shared pool.
+        kvikio.defaults.set("num_threads", gds_threads(name))
         return GDSStore(root, read_only=True)
     raise ValueError(f"unknown store {name!r}; expected one of {STORES}")
+
+
+_kvikio_start_threads: int | None = None
+
+
+def gds_threads(name: str) -> int:
+    """The KvikIO threads GDSStore reader ``name`` runs with: the tuned count, or the pool
+    KvikIO had when this run first asked (before arrayio's tool resized it)."""
+    if name == GDS_TUNED:
+        return GDS_TUNED_THREADS
+    global _kvikio_start_threads
+    if _kvikio_start_threads is None:
+        import kvikio.defaults
+
+        _kvikio_start_threads = int(kvikio.defaults.get("num_threads"))
+    return _kvikio_start_threads
 
 
 def require(name: str, memory: str) -> None:
@@ -427,13 +457,16 @@ def require(name: str, memory: str) -> None:
     needs = {  # the module and what the reader takes from it
         "arrayio": ("arrayio.zarr", "NVMeStore"),
         "zarr.LocalStore": ("zarr.storage", "LocalStore"),
-        "kvikio.GDSStore": ("kvikio.zarr", "GDSStore"),
+        GDS: ("kvikio.zarr", "GDSStore"),
+        GDS_TUNED: ("kvikio.zarr", "GDSStore"),
         "zarrs": ("zarrs", "ZarrsCodecPipeline"),
         "tensorstore": ("tensorstore", "open"),
     }
     if name in needs:
         module, attribute = needs[name]
         getattr(importlib.import_module(module), attribute)
+        if name in GDS_STORES:
+            gds_threads(name)  # KvikIO's own pool, noted before any of arrayio's reads
     elif name == ARRAYIO_JAX:
         from arrayio.arrays import _frameworks
 
@@ -982,7 +1015,11 @@ def targets(
         judge("disk_ceiling" if codec == "none" else "disk_ceiling_times_ratio", disk * scale, 0.9)
     if cache == "warm" and codec == "none":
         judge("page_cache_ceiling", cache_rate, 0.9)
-        judge("kvikio.GDSStore", peers.get("kvikio.GDSStore"), 1.2)
+        gds = {name: peers[name] for name in GDS_STORES if name in peers}
+        if gds:  # the faster of KvikIO's default pool and the tuned one
+            faster = max(gds, key=gds.__getitem__)
+            judge(GDS, gds[faster], 1.2)
+            out[GDS]["which"] = faster
     if cache == "warm" and codec == "zstd" and scale:
         rates = {
             "page_cache_times_ratio": cache_rate * scale if isinstance(cache_rate, float) else None,
@@ -1220,10 +1257,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "cores": cores(),
         "peers_unavailable": unavailable(args.stores, args.memory),
+        "gds_kvikio_threads": {},
         "scratch": scratch,
         "layouts": {},
         "ceilings": {},
         "rows": [],
+    }
+    report["gds_kvikio_threads"] = {
+        name: gds_threads(name)
+        for name in GDS_STORES
+        if name in args.stores and name not in report["peers_unavailable"]
     }
     print(json.dumps({"peers_unavailable": report["peers_unavailable"]}), flush=True)
     try:

@@ -20,6 +20,7 @@ READERS = (
     "arrayio",
     "zarr.LocalStore",
     "kvikio.GDSStore",
+    "kvikio.GDSStore(threads=16)",
     "zarrs",
     "tensorstore",
     "arrayio.zarr.read(jax)",
@@ -91,8 +92,10 @@ def test_zarr_read_benchmark_runs_every_layout_selection_and_peer(tmp_path, run_
     # An optional peer is either measured or listed as unavailable, with the reason.
     for reader, installed in INSTALLED.items():
         assert (reader in report["peers_unavailable"]) is not installed, reader
-    if "kvikio.GDSStore" in report["peers_unavailable"]:
-        assert report["peers_unavailable"]["kvikio.GDSStore"]
+    for gds in ("kvikio.GDSStore", "kvikio.GDSStore(threads=16)"):
+        if gds in report["peers_unavailable"]:
+            assert report["peers_unavailable"][gds]
+            assert gds not in report["gds_kvikio_threads"]
 
     rows = report["rows"]
     cases = {
@@ -251,3 +254,33 @@ def test_the_proposed_targets_take_the_read_and_the_decode_in_turn():
     assert cold["disk_ceiling_times_ratio"]["bound"] == 8.0
     plain = zarr_read.targets("none", "warm", 9.0, None, {}, {}, ceiling, 1)
     assert "read_then_decode" not in plain
+
+
+def test_each_gdsstore_reader_opens_with_its_own_kvikio_pool(monkeypatch):
+    """KvikIO's pool is process-wide and arrayio's KvikIO tool resizes it: the GDSStore
+    reader of KvikIO's defaults runs with the pool the run started with, the tuned one with
+    16 threads, each set again before every open."""
+    import sys
+    import types
+
+    from benchmarks import zarr_read
+
+    pool = {"num_threads": 3}
+    defaults = types.SimpleNamespace(get=pool.__getitem__, set=pool.__setitem__)
+    opened = []
+    kvikio_zarr = types.SimpleNamespace(
+        GDSStore=lambda root, read_only: opened.append(pool["num_threads"]) or root
+    )
+    kvikio = types.ModuleType("kvikio")
+    kvikio.defaults, kvikio.zarr = defaults, kvikio_zarr
+    monkeypatch.setitem(sys.modules, "kvikio", kvikio)
+    monkeypatch.setitem(sys.modules, "kvikio.defaults", defaults)
+    monkeypatch.setitem(sys.modules, "kvikio.zarr", kvikio_zarr)
+    monkeypatch.setattr(zarr_read, "_kvikio_start_threads", None)
+
+    zarr_read.require("kvikio.GDSStore", "host")  # notes the pool before any read
+    pool["num_threads"] = 8  # an arrayio read resizes it
+    zarr_read.make_store("kvikio.GDSStore(threads=16)", "/data")
+    pool["num_threads"] = 8
+    zarr_read.make_store("kvikio.GDSStore", "/data")
+    assert opened == [16, 3]
