@@ -6,7 +6,11 @@ Rows are the unit of a partial read: a sharding along the leading axis reads eac
 bytes only; a sharding along another axis reads the rows its piece spans and slices them on
 the device (on CPU devices, the rows are read once into host memory and each device copies
 its part). Devices that hold the same rows (replicas) share one read, copied from device to
-device. Every distinct piece of every array moves in one batch of transfers
+device. Where this process's pieces of an array do not cover all of it (``jax.distributed``:
+the other processes hold the rest), a piece that is a range of one later axis is read as
+that range alone (:meth:`Reader.read <arrayio.Reader.read>`: a run per row), so that each
+process reads only its own columns, not every row of them. Every other distinct piece of
+every array moves in one batch of transfers
 (:meth:`Reader.read_row_pieces <arrayio.Reader.read_row_pieces>`): read one after the other,
 pieces of a few megabytes each leave the tools' threads idle between them. An array whose
 pieces here cover all of its rows is checked against its checksum, the pieces' CRC-32Cs
@@ -16,6 +20,7 @@ check the array's one checksum, and does not.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -104,10 +109,16 @@ def _read_group(
     wanted: list[tuple[str, range, Any]] = []  # the reads: key, rows, request
     first_read: dict[tuple[str, tuple[int, ...]], int] = {}  # (key, rows) -> its read
     layouts: dict[str, list[tuple[Any, tuple[int, ...], tuple[Any, ...]]]] = {}
+    blocks: dict[str, list[tuple[Any, tuple[Any, ...]]]] = {}  # key -> (device, index) read alone
     for key, target in group:
         shape = tuple(reader[key].shape)
-        layout = layouts[key] = []
         placements = target.addressable_devices_indices_map(shape)
+        if not _covered(placements.values(), shape):
+            alone = {d: i for d, i in placements.items() if _one_later_range(i, shape)}
+            if alone:
+                blocks[key] = list(alone.items())
+                placements = {d: i for d, i in placements.items() if d not in alone}
+        layout = layouts[key] = []
         # On CPU devices, rows that several devices slice (a sharding along a later axis)
         # are read once into host memory, and each device copies only its part of them:
         # read onto one device, they would be copied whole to the others, then sliced.
@@ -126,10 +137,11 @@ def _read_group(
                 wanted.append((key, span, request))
             layout.append((device, (span.start, span.stop), rest))
     pieces = reader.read_row_pieces(wanted, advance)
+    alone_read = _read_blocks(reader, blocks, advance)
     results: dict[str, Any] = {}
     for key, target in group:
         shape = tuple(reader[key].shape)
-        placed = []
+        placed = list(alone_read.get(key, []))
         for device, rows_read, rest in layouts[key]:
             piece = pieces[first_read[(key, rows_read)]]
             if not isinstance(piece, jax.Array):  # host rows: this device's part, copied
@@ -142,3 +154,65 @@ def _read_group(
             placed.append(piece)
         results[key] = jax.make_array_from_single_device_arrays(shape, target, placed)
     return results
+
+
+def _bounds(index: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """The ``(start, stop)`` of a device's index on every axis (its slices have step 1)."""
+    full = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    return tuple(part.indices(size)[:2] for part, size in zip(full, shape, strict=True))
+
+
+def _covered(indices: Any, shape: tuple[int, ...]) -> bool:
+    """Whether the distinct pieces of ``indices`` (a sharding's, which do not overlap) hold
+    every element of an array of ``shape``."""
+    distinct = {_bounds(index, shape) for index in indices}
+    held = sum(math.prod(stop - start for start, stop in piece) for piece in distinct)
+    return held >= math.prod(shape)
+
+
+def _one_later_range(index: tuple[Any, ...], shape: tuple[int, ...]) -> bool:
+    """Whether a device's piece is part of exactly one later axis (any rows): what
+    :meth:`Reader.read <arrayio.Reader.read>` reads as that range alone."""
+    if len(shape) < 2:
+        return False
+    later = _bounds(index, shape)[1:]
+    return (
+        sum(
+            (start, stop) != (0, size) for (start, stop), size in zip(later, shape[1:], strict=True)
+        )
+        == 1
+    )
+
+
+def _read_blocks(
+    reader: Reader, blocks: dict[str, list[tuple[Any, tuple[Any, ...]]]], advance: Any
+) -> dict[str, list[Any]]:
+    """Each device's piece of ``blocks`` read as its own range (replicas of a piece share
+    one read; on CPU devices it is read into host memory and put on each), by key."""
+    import jax
+
+    out: dict[str, list[Any]] = {}
+    for key, placed in blocks.items():
+        shape = tuple(reader[key].shape)
+        read: dict[tuple[tuple[int, int], ...], Any] = {}
+        for device, index in placed:
+            bounds = _bounds(index, shape)
+            piece = read.get(bounds)
+            if piece is None:
+                (first, last), later = bounds[0], bounds[1:]
+                selection = (slice(first, last),) + tuple(
+                    slice(None) if (start, stop) == (0, size) else slice(start, stop)
+                    for (start, stop), size in zip(later, shape[1:], strict=True)
+                )
+                on_host = device.platform == "cpu"
+                piece = reader.read(
+                    key,
+                    selection,
+                    like="numpy" if on_host else "jax",
+                    device=None if on_host else device,
+                )
+                read[bounds] = piece
+                if advance is not None:
+                    advance(int(piece.nbytes))
+            out.setdefault(key, []).append(jax.device_put(piece, device))
+    return out

@@ -249,3 +249,54 @@ def test_a_checkpoint_in_several_files_loads_a_tensor_parallel_slice_per_process
     # Each process reads half of every matrix and each bias once (its devices share it).
     half_of_matrices = 3 * 32 * 32 * 4
     assert [r["read"] for r in reports] == [half_of_matrices + 3 * 32 * 4] * 2
+
+
+COLUMNS_PROCESS = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import jax
+    process, port, directory = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process)
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import arrayio
+    from arrayio.dispatch import _transfer
+
+    asked = []
+    for name in ("read_many", "read_into"):
+        real = getattr(_transfer, name)
+        def counting(fd, *args, real=real, name=name, **kwargs):
+            if name == "read_many":
+                asked.extend(int(buffer.nbytes) for _, buffer in args[0])
+            else:
+                asked.append(int(args[1].nbytes))
+            return real(fd, *args, **kwargs)
+        setattr(_transfer, name, counting)
+    mesh = Mesh(np.array(jax.devices()), ("model",))
+    columns = NamedSharding(mesh, P(None, "model"))
+    w = arrayio.load(directory + "/w.safetensors", sharding=columns, keys="w")
+    expected = np.arange(8 * 131072, dtype=np.float32).reshape(8, 131072)
+    assert w.sharding == columns
+    for shard in w.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), expected[shard.index])
+    print(json.dumps({"asked": asked}))
+    jax.distributed.shutdown()
+    """
+)
+
+
+def test_each_process_reads_only_its_own_columns(tmp_path: Path, jax_processes) -> None:
+    # A matrix split by columns over two processes of 4 devices: each device's columns are
+    # runs of 64 KiB per row, so each process reads its half of every row and nothing of
+    # the other half (before, each read every row whole, then sliced).
+    import numpy as np
+
+    import arrayio
+
+    matrix = np.arange(8 * 131072, dtype=np.float32).reshape(8, 131072)
+    arrayio.save(tmp_path / "w.safetensors", {"w": matrix})
+    reports = jax_processes(COLUMNS_PROCESS, timeout=180)
+    half = matrix.nbytes // 2
+    for report in reports:
+        assert sum(report["asked"]) == half, report
+        assert set(report["asked"]) == {64 << 10}  # a run per row and device
