@@ -549,7 +549,42 @@ class Dispatcher:
         if forced is None and buffer.nbytes < SMALL_TRANSFER:
             self.last = _SMALL_CHOICE
             return batches.read_one(self._naive, fd, request, path, with_checksum)
+        if forced is None and not with_checksum and self._read_untimed(fd, request, path):
+            return None
         return self._batch("read", fd, [request], path, with_checksum, forced, _ignore)[0]
+
+    def _read_untimed(self, fd: int, request: Request, path: str) -> bool:
+        """Fill one request without checksum through the tool the policy runs untimed for its
+        context (:meth:`Policy.untimed_arm <arrayio.dispatch.policy.Policy.untimed_arm>`):
+        the tool's read and the call's accounting, none of a batch's machinery, which costs
+        about as much as a megabyte's copy from the page cache (a Zarr store asks for its
+        chunks one at a time). False, nothing read: take the full path, as for a tool that
+        fails (the full path then falls back)."""
+        file_offset, buffer = request
+        with self.in_flight:
+            context = self.batch_context(
+                "read", fd, [(file_offset, buffer.nbytes)], buffer_kind(buffer), False
+            )
+            chosen = self.policy.untimed_arm(context)
+            if chosen is None:
+                return False
+            arm, tool = chosen
+            start = self._clock()
+            try:
+                got = _settled_on_failure(lambda t: t.pread(fd, buffer, file_offset).get(), buffer)(
+                    tool
+                )
+            except Exception as error:
+                if not is_tool_failure(error):
+                    raise
+                return False
+            if got != buffer.nbytes:
+                raise batches.truncated(path, file_offset, buffer.nbytes, got)
+            self.policy.account(context, self._clock() - start)
+        self._read_again(context, fd, [(file_offset, buffer.nbytes)])
+        self.last = (context, arm)
+        self._maybe_save()
+        return True
 
     def read_files(
         self,

@@ -806,8 +806,8 @@ class Policy:
                 self.record(context, force, nbytes, self._clock() - start)
             return result, force
         key = context.key()
-        if self.sample_every > 1 and prefer is None:
-            fast = self._exploit_untimed(key, operation)
+        if self.sample_every > 1:
+            fast = self._exploit_untimed(key, operation, prefer)
             if fast is not None:
                 return fast
         tried: list[Arm] = []
@@ -872,29 +872,68 @@ class Policy:
             )
         raise last_error
 
-    def _exploit_untimed(self, key: str, operation: Callable[[Tool], R]) -> tuple[R, Arm] | None:
-        """Run a call of an exploiting, steady context on its chosen tool without the
-        bookkeeping (no timing, no locks), unless this call is the one in ``sample_every``
-        that is timed. None: take the full path (that call, or any tool failure, which the
-        full path then handles with its fallbacks)."""
-        entry = self.table.get(key)
-        if entry is None or entry.phase != EXPLOITING or entry.chosen is None or entry.drift:
+    def _exploit_untimed(
+        self, key: str, operation: Callable[[Tool], R], prefer: Arm | None = None
+    ) -> tuple[R, Arm] | None:
+        """Run a call on the arm :meth:`_untimed_arm` gives, without the bookkeeping. None:
+        take the full path (the timed call, or any tool failure, which the full path then
+        handles with its fallbacks)."""
+        chosen = self._untimed_arm(key, prefer)
+        if chosen is None:
             return None
-        candidates = self._arms.get(key)
-        arm = candidates.by_label.get(entry.chosen) if candidates is not None else None
-        tool = self._tools.get(arm) if arm is not None else None
-        if arm is None or tool is None or arm in self._preparing:
-            return None  # (being set up in the background: the full path has a stand-in)
-        entry.untimed += 1  # a lost update under threads only shifts which call is timed
-        if entry.untimed >= self.sample_every:
-            entry.untimed = 0
-            return None
+        arm, tool = chosen
         try:
             return operation(tool), arm
         except BaseException as error:
             if not is_tool_failure(error):
                 raise
             return None  # the full path retries, marks the failure and falls back
+
+    def untimed_arm(self, context: Context) -> tuple[Arm, Tool] | None:
+        """The arm and tool for a whole call of ``context`` run without the bookkeeping (no
+        timing, no locks), as :meth:`run` runs it; None: the call takes :meth:`run`'s full
+        path (it is the timed one in ``sample_every``, which that path counts and times; it
+        explores; or nothing is settled). An untimed call is counted here. Asking may start a
+        rival's set-up, as :meth:`split` does."""
+        if self.sample_every <= 1:
+            return None
+        split = self.split(context)
+        if split is not None and split.share:
+            return None  # the call is shared with a rival
+        incumbent = split.incumbent if split is not None else None
+        return self._untimed_arm(context.key(), incumbent, leave_timed_call=True)
+
+    def _untimed_arm(
+        self, key: str, prefer: Arm | None, *, leave_timed_call: bool = False
+    ) -> tuple[Arm, Tool] | None:
+        """The chosen arm of an exploiting, steady context and its tool, unless this call is
+        the one in ``sample_every`` that is timed. The same for a call an exploring context
+        gives whole to its best arm so far (``prefer``: while a rival waits for its set-up,
+        every call is such a call, and a store's crowd of chunk reads paid the full path on
+        each)."""
+        entry = self.table.get(key)
+        if entry is None or entry.drift:
+            return None
+        candidates = self._arms.get(key)
+        if prefer is not None:  # measured enough to be the best so far, and usable
+            arm: Arm | None = prefer
+            stats = entry.arms.get(prefer.label)
+            if stats is None or stats.samples < PREPARE_AFTER or stats.unavailable is not None:
+                return None
+        elif entry.phase != EXPLOITING or entry.chosen is None:
+            return None
+        else:
+            arm = candidates.by_label.get(entry.chosen) if candidates is not None else None
+        tool = self._tools.get(arm) if arm is not None else None
+        if arm is None or tool is None or arm in self._preparing:
+            return None  # (being set up in the background: the full path has a stand-in)
+        # A lost update under threads only shifts which call is timed.
+        if entry.untimed + 1 >= self.sample_every:
+            if not leave_timed_call:  # (else the full path counts the call, and times it)
+                entry.untimed = 0
+            return None
+        entry.untimed += 1
+        return arm, tool
 
     def _nothing_available(self, key: str) -> ToolUnavailableError:
         entry = self.table.get(key)

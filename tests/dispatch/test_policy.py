@@ -838,6 +838,38 @@ def test_sampling_times_one_exploiting_call_in_n_and_still_falls_back() -> None:
     assert fast.label in policy.explain(ctx).unavailable
 
 
+def test_a_context_waiting_for_a_rivals_set_up_times_one_call_in_n() -> None:
+    # Until the rival's set-up is earned (the context's calls taking setup_after seconds),
+    # every call of an exploring context goes whole to its best arm so far: sampled as an
+    # exploiting context's calls are, not timed each.
+    world = World({"a": 1 * GB, "b": 1 * GB})
+    policy = make_policy(world, [A, B], skip_first_call=True, setup_after=1e9, sample_every=4)
+    ctx = context()
+
+    def as_the_dispatcher_calls() -> Arm:
+        split = policy.split(ctx)
+        return call(policy, ctx, prefer=split.incumbent if split is not None else None)
+
+    while {r.label: r.samples for r in policy.explain(ctx).arms}.get("a", 0) < PREPARE_AFTER:
+        assert as_the_dispatcher_calls() == A
+    split = policy.split(ctx)
+    assert split is not None and split.incumbent == A and split.share == 0
+    counted = {r.label: r.count for r in policy.explain(ctx).arms}["a"]
+    for _ in range(8):
+        assert call(policy, ctx, prefer=split.incumbent) == A
+    assert {r.label: r.count for r in policy.explain(ctx).arms}["a"] - counted == 2
+    assert world.calls["b"] == 0
+    # Asked by a caller that runs the tool itself: untimed calls come back with their tool;
+    # the timed one is left for the full path, which counts it and times it.
+    given = [policy.untimed_arm(ctx) for _ in range(3)]
+    assert all(g is not None and g[0] == A for g in given)
+    counted = {r.label: r.count for r in policy.explain(ctx).arms}["a"]
+    for _ in range(3):
+        assert policy.untimed_arm(ctx) is None
+    assert call(policy, ctx, prefer=A) == A
+    assert {r.label: r.count for r in policy.explain(ctx).arms}["a"] == counted + 1
+
+
 def test_the_policy_module_still_offers_every_name_it_had() -> None:
     # Its parts moved to modules of their own (arm, explain, failures...); importers of
     # arrayio.dispatch.policy keep working.
@@ -1873,3 +1905,45 @@ policy._start_preparing(arm)
     assert done.exists(), result.stderr
     assert done.read_text() == "set up"
     assert order.read_text() == "set up first"
+
+
+def test_a_settled_read_runs_its_tool_alone_and_one_call_in_n_in_full(exploring, monkeypatch):
+    # A read of a settled context is its tool's read and the call's accounting (a store
+    # asks for its chunks one at a time); one call in sample_every takes the full path and
+    # is timed; a short read is the file's error on either path; a failing tool falls back.
+    from arrayio.dispatch import batches
+
+    world = exploring({"a": 2 * GB, "b": 1 * GB}, [A, B], 8 * MiB)
+    policy = world.dispatcher.policy = make_policy(world.world, [A, B], sample_every=4)
+    while (explained := policy.explain(_context_of_read(world))).phase != "exploiting":
+        world.read(8 * MiB)
+    assert explained.chosen == A.label
+    full = []
+    real = batches.read_batch_of_files
+    monkeypatch.setattr(
+        batches, "read_batch_of_files", lambda *a, **k: full.append(1) or real(*a, **k)
+    )
+    before = world.world.calls["a"]
+    counted = {r.label: r.count for r in policy.explain(_context_of_read(world)).arms}["a"]
+    for _ in range(8):
+        world.read(8 * MiB)
+    assert world.world.calls["a"] - before == 8
+    assert len(full) == 2  # the timed calls
+    timed = {r.label: r.count for r in policy.explain(_context_of_read(world)).arms}["a"]
+    assert timed - counted == 2
+
+    tool = policy.tool(A)
+    short = lambda fd, buffer, offset, checksum=None: IOFuture.completed(buffer.nbytes - 1)  # noqa: E731
+    monkeypatch.setattr(tool, "pread", short)
+    for _ in range(4):  # untimed calls and the timed one
+        with pytest.raises(TruncatedFileError, match="data.bin"):
+            world.dispatcher.read(world.fd, np.empty(8 * MiB, np.uint8), 0, path=str(world.path))
+    monkeypatch.undo()
+
+    world.world.fail("a", lambda: ToolUnavailableError("gone"))
+    world.read(8 * MiB)
+    assert world.dispatcher.last[1] == B
+
+
+def _context_of_read(world) -> Context:
+    return world.dispatcher.batch_context("read", world.fd, [(0, 8 * MiB)], "host", False)
