@@ -500,9 +500,9 @@ class Policy:
         A program that loads, then computes (an eval loop, a notebook's next cell), leaves
         gaps between calls much longer than the set-up: run there, it slows no transfer.
         Back-to-back loads leave none, and wait until the stand-ins' calls reach
-        :attr:`stand_in_for` times the set-up's cost. (Untimed calls of
-        exploiting contexts are not counted: a process with both kinds of context may set
-        up beside one of those.)"""
+        :attr:`stand_in_for` times the set-up's cost. Untimed calls count as calls that
+        start (see :meth:`_untimed_arm`), though not as running ones: a set-up may begin
+        beside one still moving when the watch looks."""
         with self._lock:
             if arm in self._idle_watches:
                 return
@@ -933,6 +933,7 @@ class Policy:
                 entry.untimed = 0
             return None
         entry.untimed += 1
+        self._started += 1  # a call began: no idle gap (see _watch_idle); no lock, as above
         return arm, tool
 
     def _nothing_available(self, key: str) -> ToolUnavailableError:

@@ -861,8 +861,10 @@ def test_a_context_waiting_for_a_rivals_set_up_times_one_call_in_n() -> None:
     assert world.calls["b"] == 0
     # Asked by a caller that runs the tool itself: untimed calls come back with their tool;
     # the timed one is left for the full path, which counts it and times it.
+    started = policy._started
     given = [policy.untimed_arm(ctx) for _ in range(3)]
     assert all(g is not None and g[0] == A for g in given)
+    assert policy._started == started + 3  # calls that start: no idle gap for a set-up
     counted = {r.label: r.count for r in policy.explain(ctx).arms}["a"]
     for _ in range(3):
         assert policy.untimed_arm(ctx) is None
