@@ -549,42 +549,7 @@ class Dispatcher:
         if forced is None and buffer.nbytes < SMALL_TRANSFER:
             self.last = _SMALL_CHOICE
             return batches.read_one(self._naive, fd, request, path, with_checksum)
-        if forced is None and not with_checksum and self._read_untimed(fd, request, path):
-            return None
         return self._batch("read", fd, [request], path, with_checksum, forced, _ignore)[0]
-
-    def _read_untimed(self, fd: int, request: Request, path: str) -> bool:
-        """Fill one request without checksum through the tool the policy runs untimed for its
-        context (:meth:`Policy.untimed_arm <arrayio.dispatch.policy.Policy.untimed_arm>`):
-        the tool's read and the call's accounting, none of a batch's machinery, which costs
-        about as much as a megabyte's copy from the page cache (a Zarr store asks for its
-        chunks one at a time). False, nothing read: take the full path, as for a tool that
-        fails (the full path then falls back)."""
-        file_offset, buffer = request
-        with self.in_flight:
-            context = self.batch_context(
-                "read", fd, [(file_offset, buffer.nbytes)], buffer_kind(buffer), False
-            )
-            chosen = self.policy.untimed_arm(context)
-            if chosen is None:
-                return False
-            arm, tool = chosen
-            start = self._clock()
-            try:
-                got = _settled_on_failure(lambda t: t.pread(fd, buffer, file_offset).get(), buffer)(
-                    tool
-                )
-            except Exception as error:
-                if not is_tool_failure(error):
-                    raise
-                return False
-            if got != buffer.nbytes:
-                raise batches.truncated(path, file_offset, buffer.nbytes, got)
-            self.policy.account(context, self._clock() - start)
-        self._read_again(context, fd, [(file_offset, buffer.nbytes)])
-        self.last = (context, arm)
-        self._maybe_save()
-        return True
 
     def read_files(
         self,
@@ -649,7 +614,12 @@ class Dispatcher:
             prefer = split.incumbent if split is not None else None
             nbytes = sum(buffer.nbytes for _, _, buffer in requests)
             _, arm = self.policy.run(
-                context, nbytes, operation(everything), force=forced, prefer=prefer
+                context,
+                nbytes,
+                operation(everything),
+                force=forced,
+                prefer=prefer,
+                waiting=split is not None and not split.share,  # its rival's set-up
             )
         else:  # the rival reads a share of the requests, the incumbent the rest
             taken = set(rival)
@@ -1207,18 +1177,27 @@ class Dispatcher:
                 direction, fd, ranges, buffer_kind(batch[0][1]), with_checksum
             )
             split = self.policy.split(context) if forced is None else None
-            start = self._clock()
-            if split is None:
-                result, arm = self.policy.run(
-                    context, nbytes, operation(batch, report), force=forced
-                )
-                explored = 0.0
+            alone = direction == "read" and len(batch) == 1 and meanwhile is None
+            quick = None
+            if alone and forced is None and not with_checksum:
+                quick = self._read_untimed(context, split, fd, batch[0], path)
+            result: list[int | None]
+            if quick is not None:
+                arm, result = quick, [None]
+                report(0)
             else:
-                result, arm, explored = self._explore(
-                    context, split, batch, with_checksum, report, operation
-                )
-            if forced is None:
-                self.policy.account(context, self._clock() - start, explored)
+                start = self._clock()
+                if split is None:
+                    result, arm = self.policy.run(
+                        context, nbytes, operation(batch, report), force=forced
+                    )
+                    explored = 0.0
+                else:
+                    result, arm, explored = self._explore(
+                        context, split, batch, with_checksum, report, operation
+                    )
+                if forced is None:
+                    self.policy.account(context, self._clock() - start, explored)
         if direction == "read":
             self._read_again(context, fd, ranges)
         self.last = (context, arm)
@@ -1226,6 +1205,36 @@ class Dispatcher:
             self.last_batch = self.last
         self._maybe_save()
         return result
+
+    def _read_untimed(
+        self, context: Context, split: Split | None, fd: int, request: Request, path: str
+    ) -> Arm | None:
+        """Fill one request without checksum through the tool the policy runs untimed in
+        ``context`` (:meth:`Policy.untimed_arm
+        <arrayio.dispatch.policy.Policy.untimed_arm>`), and account the call: the tool's
+        read, none of a batch's machinery, which costs about as much as a megabyte's copy
+        from the page cache (a Zarr store asks for its chunks one at a time). Returns the
+        arm; None, nothing read: the call takes the full path (a tool that failed is marked
+        so first, and the full path falls back)."""
+        chosen = self.policy.untimed_arm(context, split)
+        if chosen is None:
+            return None
+        arm, tool = chosen
+        file_offset, buffer = request
+        start = self._clock()
+        try:
+            got = _settled_on_failure(lambda t: t.pread(fd, buffer, file_offset).get(), buffer)(
+                tool
+            )
+        except Exception as error:
+            if not is_tool_failure(error):
+                raise
+            self.policy.fail(context, arm, error)
+            return None
+        if got != buffer.nbytes:
+            raise batches.truncated(path, file_offset, buffer.nbytes, got)
+        self.policy.account(context, self._clock() - start)
+        return arm
 
     def _read_again(self, context: Context, fd: int, ranges: list[tuple[int, int]]) -> None:
         """After a read of ``ranges`` of ``fd`` in ``context``: where the context keeps its
@@ -1278,14 +1287,18 @@ class Dispatcher:
                         raise
                     self.policy.fail(context, split.rival, error)
             result, arm = self.policy.run(
-                context, nbytes, operation(batch, report), prefer=split.incumbent
+                context,
+                nbytes,
+                operation(batch, report),
+                prefer=split.incumbent,
+                waiting=not split.share,  # the rival waits for its set-up: a whole call
             )
             return result, arm, 0.0
         pieces, owners = division.pieces, division.owners
         crcs: list[int | None] = [None] * len(pieces)
         left = collections.Counter(owners)  # pieces of each request still to land
 
-        def run(indices: list[int], **choice: Arm) -> Arm:
+        def run(indices: list[int], **choice: Any) -> Arm:
             def landed(k: int) -> None:
                 left[owners[indices[k]]] -= 1
                 if not left[owners[indices[k]]]:

@@ -767,6 +767,7 @@ class Policy:
         *,
         force: Arm | None = None,
         prefer: Arm | None = None,
+        waiting: bool = False,
     ) -> tuple[R, Arm]:
         """Run ``operation`` with the chosen tool, falling back to others when tools fail.
 
@@ -783,6 +784,11 @@ class Policy:
         prefer
             Try this arm first (the incumbent of a :class:`Split` call), then fall back as
             usual.
+        waiting
+            The call is one an exploring context gives whole to ``prefer`` while its rival
+            waits for its set-up (a :class:`Split` of share 0): sampled as an exploiting
+            context's calls are, rather than timed each (the incumbent's part of a shared
+            call is timed).
 
         Returns
         -------
@@ -806,7 +812,7 @@ class Policy:
                 self.record(context, force, nbytes, self._clock() - start)
             return result, force
         key = context.key()
-        if self.sample_every > 1:
+        if self.sample_every > 1 and (prefer is None or waiting):
             fast = self._exploit_untimed(key, operation, prefer)
             if fast is not None:
                 return fast
@@ -889,17 +895,14 @@ class Policy:
                 raise
             return None  # the full path retries, marks the failure and falls back
 
-    def untimed_arm(self, context: Context) -> tuple[Arm, Tool] | None:
-        """The arm and tool for a whole call of ``context`` run without the bookkeeping (no
-        timing, no locks), as :meth:`run` runs it; None: the call takes :meth:`run`'s full
-        path (it is the timed one in ``sample_every``, which that path counts and times; it
-        explores; or nothing is settled). An untimed call is counted here. Asking may start a
-        rival's set-up, as :meth:`split` does."""
-        if self.sample_every <= 1:
+    def untimed_arm(self, context: Context, split: Split | None) -> tuple[Arm, Tool] | None:
+        """The arm and tool for a whole call of ``context`` (whose :meth:`split` is
+        ``split``) run without the bookkeeping (no timing, no locks), as :meth:`run` runs
+        it; None: the call takes :meth:`run`'s full path (it is the timed one in
+        ``sample_every``, which that path counts and times; it is shared with a rival; or
+        nothing is settled). An untimed call is counted here."""
+        if self.sample_every <= 1 or (split is not None and split.share):
             return None
-        split = self.split(context)
-        if split is not None and split.share:
-            return None  # the call is shared with a rival
         incumbent = split.incumbent if split is not None else None
         return self._untimed_arm(context.key(), incumbent, leave_timed_call=True)
 
@@ -933,7 +936,8 @@ class Policy:
                 entry.untimed = 0
             return None
         entry.untimed += 1
-        self._started += 1  # a call began: no idle gap (see _watch_idle); no lock, as above
+        with self._lock:
+            self._started += 1  # a call began: no idle gap (see _watch_idle)
         return arm, tool
 
     def _nothing_available(self, key: str) -> ToolUnavailableError:

@@ -848,7 +848,9 @@ def test_a_context_waiting_for_a_rivals_set_up_times_one_call_in_n() -> None:
 
     def as_the_dispatcher_calls() -> Arm:
         split = policy.split(ctx)
-        return call(policy, ctx, prefer=split.incumbent if split is not None else None)
+        if split is None:
+            return call(policy, ctx)
+        return call(policy, ctx, prefer=split.incumbent, waiting=not split.share)
 
     while {r.label: r.samples for r in policy.explain(ctx).arms}.get("a", 0) < PREPARE_AFTER:
         assert as_the_dispatcher_calls() == A
@@ -856,19 +858,23 @@ def test_a_context_waiting_for_a_rivals_set_up_times_one_call_in_n() -> None:
     assert split is not None and split.incumbent == A and split.share == 0
     counted = {r.label: r.count for r in policy.explain(ctx).arms}["a"]
     for _ in range(8):
-        assert call(policy, ctx, prefer=split.incumbent) == A
+        assert call(policy, ctx, prefer=split.incumbent, waiting=True) == A
     assert {r.label: r.count for r in policy.explain(ctx).arms}["a"] - counted == 2
     assert world.calls["b"] == 0
+    # The incumbent's part of a call shared with a rival is timed each time.
+    for _ in range(4):
+        assert call(policy, ctx, prefer=split.incumbent) == A
+    assert {r.label: r.count for r in policy.explain(ctx).arms}["a"] - counted == 6
     # Asked by a caller that runs the tool itself: untimed calls come back with their tool;
     # the timed one is left for the full path, which counts it and times it.
     started = policy._started
-    given = [policy.untimed_arm(ctx) for _ in range(3)]
+    given = [policy.untimed_arm(ctx, split) for _ in range(3)]
     assert all(g is not None and g[0] == A for g in given)
     assert policy._started == started + 3  # calls that start: no idle gap for a set-up
     counted = {r.label: r.count for r in policy.explain(ctx).arms}["a"]
     for _ in range(3):
-        assert policy.untimed_arm(ctx) is None
-    assert call(policy, ctx, prefer=A) == A
+        assert policy.untimed_arm(ctx, split) is None
+    assert call(policy, ctx, prefer=A, waiting=True) == A
     assert {r.label: r.count for r in policy.explain(ctx).arms}["a"] == counted + 1
 
 
