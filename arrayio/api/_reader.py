@@ -491,6 +491,16 @@ class Reader:
             result = result[:: rows.step]
         return result[0] if squeeze else result
 
+    def _reads_range_alone(self, key: str, axis: int, start: int, stop: int) -> bool:
+        """Whether :meth:`read` of some rows of ``key`` and ``start:stop`` of its later axis
+        ``axis`` reads that range alone, a run per row, rather than the rows whole (runs
+        under :data:`MIN_RUN_BYTES`) or the whole array (Fortran order, compressed)."""
+        stored = self._entry(key)
+        if stored.fortran_order or stored.compressed is not None:
+            return False
+        run = (stop - start) * stored.dtype.itemsize * math.prod(stored.shape[axis + 1 :])
+        return run >= MIN_RUN_BYTES
+
     def _read_block(
         self, stored: _Stored, rows: range, block: tuple[int, int, int], request: Request
     ) -> Any:

@@ -9,8 +9,10 @@ its part). Devices that hold the same rows (replicas) share one read, copied fro
 device. Where this process's pieces of an array do not cover all of it (``jax.distributed``:
 the other processes hold the rest), a piece that is a range of one later axis is read as
 that range alone (:meth:`Reader.read <arrayio.Reader.read>`: a run per row), so that each
-process reads only its own columns, not every row of them. Every other distinct piece of
-every array moves in one batch of transfers
+process reads only its own columns, not every row of them; unless its runs would be short
+(under 64 KiB: the rows are read once and sliced, as they cost less than that many
+requests) or the array is not stored as rows (Fortran order, compressed). Every other
+distinct piece of every array moves in one batch of transfers
 (:meth:`Reader.read_row_pieces <arrayio.Reader.read_row_pieces>`): read one after the other,
 pieces of a few megabytes each leave the tools' threads idle between them. An array whose
 pieces here cover all of its rows is checked against its checksum, the pieces' CRC-32Cs
@@ -114,7 +116,12 @@ def _read_group(
         shape = tuple(reader[key].shape)
         placements = target.addressable_devices_indices_map(shape)
         if not _covered(placements.values(), shape):
-            alone = {d: i for d, i in placements.items() if _one_later_range(i, shape)}
+            alone = {
+                device: index
+                for device, index in placements.items()
+                if (block := _one_later_range(index, shape)) is not None
+                and reader._reads_range_alone(key, *block)
+            }
             if alone:
                 blocks[key] = list(alone.items())
                 placements = {d: i for d, i in placements.items() if d not in alone}
@@ -170,18 +177,18 @@ def _covered(indices: Any, shape: tuple[int, ...]) -> bool:
     return held >= math.prod(shape)
 
 
-def _one_later_range(index: tuple[Any, ...], shape: tuple[int, ...]) -> bool:
-    """Whether a device's piece is part of exactly one later axis (any rows): what
-    :meth:`Reader.read <arrayio.Reader.read>` reads as that range alone."""
+def _one_later_range(index: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """The ``(axis, start, stop)`` of the one later axis a device's piece is part of (any
+    rows), or None: what :meth:`Reader.read <arrayio.Reader.read>` can read as that range."""
     if len(shape) < 2:
-        return False
+        return None
     later = _bounds(index, shape)[1:]
-    return (
-        sum(
-            (start, stop) != (0, size) for (start, stop), size in zip(later, shape[1:], strict=True)
-        )
-        == 1
-    )
+    parts = [
+        (axis, start, stop)
+        for axis, ((start, stop), size) in enumerate(zip(later, shape[1:], strict=True), start=1)
+        if (start, stop) != (0, size)
+    ]
+    return parts[0] if len(parts) == 1 else None
 
 
 def _read_blocks(
