@@ -467,8 +467,7 @@ class Reader:
         rows, squeeze, block = _selection(index, stored.shape)
         if block is not None:
             axis, start, stop = block
-            run = (stop - start) * stored.dtype.itemsize * math.prod(stored.shape[axis + 1 :])
-            if run >= MIN_RUN_BYTES:
+            if _run_bytes(stored, block) >= MIN_RUN_BYTES:
                 result = self._read_block(stored, rows, block, request)
             else:  # runs this small cost more as requests than the bytes between them
                 whole = (slice(rows.start, rows.stop, rows.step),)
@@ -491,15 +490,19 @@ class Reader:
             result = result[:: rows.step]
         return result[0] if squeeze else result
 
-    def _reads_range_alone(self, key: str, axis: int, start: int, stop: int) -> bool:
-        """Whether :meth:`read` of some rows of ``key`` and ``start:stop`` of its later axis
-        ``axis`` reads that range alone, a run per row, rather than the rows whole (runs
-        under :data:`MIN_RUN_BYTES`) or the whole array (Fortran order, compressed)."""
+    def _reads_range_alone(self, key: str, index: tuple[Any, ...]) -> bool:
+        """Whether :meth:`read` of ``index`` of ``key`` (rows and a range of one later axis)
+        reads that range alone, a run per row, rather than the rows whole (runs under
+        :data:`MIN_RUN_BYTES`) or the whole array (Fortran order, compressed), or cannot
+        read it."""
         stored = self._entry(key)
-        if stored.fortran_order or stored.compressed is not None:
+        if len(stored.shape) < 2 or stored.fortran_order or stored.compressed is not None:
             return False
-        run = (stop - start) * stored.dtype.itemsize * math.prod(stored.shape[axis + 1 :])
-        return run >= MIN_RUN_BYTES
+        try:
+            _, _, block = _selection(tuple(index), stored.shape)
+        except IndexError:  # more than one later axis sliced, or a step
+            return False
+        return block is not None and _run_bytes(stored, block) >= MIN_RUN_BYTES
 
     def _read_block(
         self, stored: _Stored, rows: range, block: tuple[int, int, int], request: Request
@@ -904,6 +907,13 @@ def _selection(
     if not sliced or sliced[0][1:] == (0, shape[sliced[0][0]]):
         return rows, squeeze, None
     return rows, squeeze, sliced[0]
+
+
+def _run_bytes(stored: _Stored, block: tuple[int, int, int]) -> int:
+    """The bytes of one run of the file that ``block`` (``(axis, start, stop)`` of a later
+    axis) selects: its range times everything after that axis."""
+    axis, start, stop = block
+    return (stop - start) * stored.dtype.itemsize * math.prod(stored.shape[axis + 1 :])
 
 
 # A range of a later axis is read as a run per row when each run is at least this long;

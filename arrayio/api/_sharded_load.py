@@ -119,8 +119,7 @@ def _read_group(
             alone = {
                 device: index
                 for device, index in placements.items()
-                if (block := _one_later_range(index, shape)) is not None
-                and reader._reads_range_alone(key, *block)
+                if reader._reads_range_alone(key, index)
             }
             if alone:
                 blocks[key] = list(alone.items())
@@ -177,20 +176,6 @@ def _covered(indices: Any, shape: tuple[int, ...]) -> bool:
     return held >= math.prod(shape)
 
 
-def _one_later_range(index: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[int, int, int] | None:
-    """The ``(axis, start, stop)`` of the one later axis a device's piece is part of (any
-    rows), or None: what :meth:`Reader.read <arrayio.Reader.read>` can read as that range."""
-    if len(shape) < 2:
-        return None
-    later = _bounds(index, shape)[1:]
-    parts = [
-        (axis, start, stop)
-        for axis, ((start, stop), size) in enumerate(zip(later, shape[1:], strict=True), start=1)
-        if (start, stop) != (0, size)
-    ]
-    return parts[0] if len(parts) == 1 else None
-
-
 def _read_blocks(
     reader: Reader, blocks: dict[str, list[tuple[Any, tuple[Any, ...]]]], advance: Any
 ) -> dict[str, list[Any]]:
@@ -206,15 +191,10 @@ def _read_blocks(
             bounds = _bounds(index, shape)
             piece = read.get(bounds)
             if piece is None:
-                (first, last), later = bounds[0], bounds[1:]
-                selection = (slice(first, last),) + tuple(
-                    slice(None) if (start, stop) == (0, size) else slice(start, stop)
-                    for (start, stop), size in zip(later, shape[1:], strict=True)
-                )
                 on_host = device.platform == "cpu"
                 piece = reader.read(
                     key,
-                    selection,
+                    tuple(index),
                     like="numpy" if on_host else "jax",
                     device=None if on_host else device,
                 )

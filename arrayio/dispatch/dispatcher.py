@@ -1220,19 +1220,16 @@ class Dispatcher:
         if chosen is None:
             return None
         arm, tool = chosen
-        file_offset, buffer = request
         start = self._clock()
         try:
-            got = _settled_on_failure(lambda t: t.pread(fd, buffer, file_offset).get(), buffer)(
-                tool
-            )
+            _settled_on_failure(
+                lambda t: batches.read_one(t, fd, request, path, False), request[1]
+            )(tool)
         except Exception as error:
             if not is_tool_failure(error):
                 raise
             self.policy.fail(context, arm, error)
             return None
-        if got != buffer.nbytes:
-            raise batches.truncated(path, file_offset, buffer.nbytes, got)
         self.policy.account(context, self._clock() - start)
         return arm
 
