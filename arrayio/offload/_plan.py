@@ -413,8 +413,8 @@ def _kept_back(
     the budget still holds and the predicted step is shorter. Both passes above add tensors
     until the peak fits, and some they sent down early turn out not to be needed for it;
     every byte that stays is a byte the link does not carry twice. One pass, the tensors
-    tried in the reverse of the order they were sent down in (the least useful first):
-    linear in the tensors, where a search to a fixed point would be quadratic."""
+    tried in the reverse of the order they were sent down in (the least useful first): one
+    simulation per tensor, where a search to a fixed point could take that many per round."""
     if best.peak_bytes > budget:
         return best
     for i in reversed(order):
